@@ -1,0 +1,159 @@
+"""Typed configuration: dataclasses that back the Hydra configs in `configs/`.
+
+The dataclasses are the schema: Hydra merges the YAML files into them in struct mode, so a misspelt key or a
+value of the wrong type fails at composition with a message that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class ModelConfig:
+    """ViT architecture and sink-mitigation switches (see `vitsinks.models.build_vit`)."""
+
+    size: str = "vit_cpu"
+    img_size: int | None = None
+    patch_size: int | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    layerscale_init: float | None = None
+    drop_path: float = 0.0
+    gate: str = "none"
+    registers: int = 0
+    attn: str = "softmax"
+
+
+@dataclass
+class DataConfig:
+    """Dataset choice. `root` is needed by the on-disk datasets; `synthetic` is generated on the fly."""
+
+    name: str = "synthetic"
+    root: str | None = None
+    num_classes: int = 10
+    image_size: int = 64  # resolution the synthetic images are drawn at
+    train_size: int = 4096  # synthetic: images per epoch
+    val_size: int = 1024  # synthetic: validation images
+    num_workers: int = 0
+    on_bad_image: str = "skip"  # skip (warn and count) | error
+
+
+@dataclass
+class ViewsConfig:
+    """Multi-crop views (lightly transforms): `n_global` large crops and `n_local` small ones."""
+
+    n_global: int = 2
+    global_size: int = 64
+    global_scale: list[float] = field(default_factory=lambda: [0.3, 1.0])
+    n_local: int = 4
+    local_size: int = 32
+    local_scale: list[float] = field(default_factory=lambda: [0.05, 0.3])
+    color_jitter: float = 0.8  # probability
+    grayscale: float = 0.2
+    blur: float = 0.5
+    solarize: float = 0.1
+    hflip: float = 0.5
+
+
+@dataclass
+class ObjectiveConfig:
+    """LeJEPA: lambda * SIGReg + (1 - lambda) * invariance, on a `LeJEPAProjectionHead`."""
+
+    lamb: float = 0.05
+    slices: int = 1024
+    knots: int = 17
+    proj_hidden: int = 512
+    proj_out: int = 64
+    proj_layers: int = 3
+    probe_lr: float = 1e-3
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. `batch_size` is the global batch (split over ranks); `lr` is for that global batch."""
+
+    epochs: int = 4
+    max_steps: int | None = None  # stop early after this many steps (None: run all epochs)
+    batch_size: int = 64
+    lr: float = 5e-4
+    weight_decay: float = 0.05
+    warmup_epochs: float = 0.5
+    min_lr_ratio: float = 1e-3  # cosine decays to lr * min_lr_ratio
+    grad_clip: float = 1.0
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
+    compile: bool = False
+    log_every: int = 10
+    ckpt_every: int = 100  # steps between periodic checkpoints (last.pt is also written at every epoch end)
+    keep_periodic: bool = True
+
+
+@dataclass
+class WandbConfig:
+    """wandb tracking. `auto`: online when an API key is configured, offline otherwise."""
+
+    mode: str = "auto"  # auto | online | offline | disabled
+    project: str = "vitsinks"
+    entity: str | None = None
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. `local`: this machine, this process."""
+
+    name: str = "local"
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class Config:
+    """The whole run."""
+
+    exp: str = "base"
+    name: str = MISSING
+    seed: int = 0
+    runs_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    views: ViewsConfig = field(default_factory=ViewsConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (the `schema` entry of `configs/config.yaml`)."""
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def config_dir() -> Path:
+    """The `configs/` folder shipped with the repository."""
+    path = Path(__file__).resolve().parent.parent / "configs"
+    if not (path / "config.yaml").is_file():
+        raise FileNotFoundError(
+            f"no Hydra configs at {path}: install vitsinks from its repository checkout (pip install -e .)"
+        )
+    return path
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    """Resolved plain-dict copy of a config."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the config from Python, exactly as the command line would (used by tests and notebooks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides or []))

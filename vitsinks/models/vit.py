@@ -1,0 +1,202 @@
+"""The ViT builder: timm's `VisionTransformer` with gated attention, registers and other attention kinds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from timm.layers import resample_abs_pos_embed, trunc_normal_
+from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
+
+from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """Architecture defaults of one named size (timm's widths, depths and heads)."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch_size: int = 16
+    img_size: int = 224
+
+
+SIZES: dict[str, SizeSpec] = {
+    "vit_cpu": SizeSpec(embed_dim=192, depth=6, num_heads=3, patch_size=8, img_size=64),
+    "vit_tiny": SizeSpec(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": SizeSpec(embed_dim=384, depth=12, num_heads=6),
+    "vit_base": SizeSpec(embed_dim=768, depth=12, num_heads=12),
+    "vit_large": SizeSpec(embed_dim=1024, depth=24, num_heads=16),
+    "vit_huge": SizeSpec(embed_dim=1280, depth=32, num_heads=16, patch_size=14),
+}
+
+
+def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax") -> str:
+    """Human name of a variant: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `sigmoid+reg`, ..."""
+    parts = []
+    if attn != "softmax":
+        parts.append(attn)
+    if gate == "elementwise":
+        parts.append("gate")
+    elif gate == "headwise":
+        parts.append("gate_headwise")
+    if registers:
+        parts.append("reg" if registers == 4 else f"reg{registers}")
+    return "+".join(parts) or "base"
+
+
+class SinkBlock(Block):
+    """timm's pre-norm `Block` whose attention is a `SinkAttention` of the requested gate and kind."""
+
+    def __init__(self, dim: int, num_heads: int, *, gate: GateKind = "none", attn: AttnKind = "softmax",
+                 **kwargs: Any) -> None:
+        kwargs.pop("attn_layer", None)
+        super().__init__(dim, num_heads, attn_layer=SinkAttention, **kwargs)
+        if gate != "none" or attn != "softmax":
+            self.attn = SinkAttention(
+                dim, num_heads, qkv_bias=kwargs.get("qkv_bias", False), qk_norm=kwargs.get("qk_norm", False),
+                scale_norm=kwargs.get("scale_attn_norm", False), proj_bias=kwargs.get("proj_bias", True),
+                attn_drop=kwargs.get("attn_drop", 0.0), proj_drop=kwargs.get("proj_drop", 0.0),
+                norm_layer=kwargs.get("norm_layer"), gate=gate, attn=attn,
+            )
+
+    def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, AttnInternals]:
+        """The block computed from the attention's explicit internals; returns (output, internals)."""
+        it = self.attn.internals(self.norm1(x))
+        x = x + self.drop_path1(self.ls1(self.attn.combine(self.attn.attn_drop(it.attn) @ it.v, it.gate)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x, it
+
+
+class SinkViT(VisionTransformer):
+    """timm `VisionTransformer` built from `SinkBlock`s.
+
+    Registers follow Darcet et al.: R learned tokens after [CLS] with no position embedding, while [CLS]
+    keeps its own. So `pos_embed` covers [CLS] + patches whatever R is, and R registers add exactly R x dim
+    parameters. `load_timm_state_dict` converts timm's two register layouts to this one exactly.
+    """
+
+    def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", **kwargs: Any) -> None:
+        if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
+            raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
+        super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn), **kwargs)
+        self.gate_kind, self.attn_kind = gate, attn
+        if self.num_reg_tokens and self.pos_embed is not None:
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, self.embed_dim))
+            trunc_normal_(self.pos_embed, std=0.02)
+
+    @property
+    def variant(self) -> str:
+        return variant_name(self.gate_kind, self.num_reg_tokens, self.attn_kind)
+
+    def tokens_per_image(self, img_size: int | None = None) -> int:
+        """Sequence length: 1 [CLS] + registers + patches (at `img_size`, default the model's)."""
+        if img_size is None:
+            n = self.patch_embed.num_patches
+        else:
+            n = (img_size // self.patch_embed.patch_size[0]) * (img_size // self.patch_embed.patch_size[1])
+        return self.num_prefix_tokens + n
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.num_reg_tokens or self.pos_embed is None:
+            return super()._pos_embed(x)
+        B = x.shape[0]
+        pos = self.pos_embed
+        if self.dynamic_img_size:
+            _, H, W, C = x.shape
+            if (H, W) != tuple(self.patch_embed.grid_size):
+                pos = resample_abs_pos_embed(pos, new_size=(H, W), old_size=self.patch_embed.grid_size,
+                                             num_prefix_tokens=1)
+            x = x.reshape(B, -1, C)
+        cls = self.cls_token.expand(B, -1, -1) + pos[:, :1]
+        x = torch.cat([cls, self.reg_token.expand(B, -1, -1), x + pos[:, 1:]], dim=1)
+        return self.pos_drop(x)
+
+    def prefix_and_patches(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split (B, N, D) tokens into ([CLS] (B, D), registers (B, R, D), patches (B, P, D))."""
+        r = self.num_reg_tokens
+        return tokens[:, 0], tokens[:, 1 : 1 + r], tokens[:, 1 + r :]
+
+
+def build_vit(
+    size: str = "vit_small",
+    *,
+    img_size: int | None = None,
+    patch_size: int | None = None,
+    embed_dim: int | None = None,
+    depth: int | None = None,
+    num_heads: int | None = None,
+    mlp_ratio: float = 4.0,
+    qkv_bias: bool = True,
+    layerscale_init: float | None = None,
+    drop_path: float = 0.0,
+    gate: GateKind = "none",
+    registers: int = 0,
+    attn: AttnKind = "softmax",
+    num_classes: int = 0,
+    global_pool: str = "token",
+    dynamic_img_size: bool = True,
+) -> SinkViT:
+    """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
+
+    `gate`: none | elementwise | headwise (G1, reference init); `registers`: count; `attn`: softmax | relu |
+    sigmoid | sink_logit. `dynamic_img_size` lets multi-crop views of other sizes through (the position
+    embedding is resampled); it changes no parameter.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    if gate not in GATES:
+        raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
+    if attn not in ATTN_KINDS:
+        raise ValueError(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+    if registers < 0:
+        raise ValueError(f"registers must be >= 0, got {registers}")
+    spec = SIZES[size]
+    return SinkViT(
+        gate=gate,
+        attn=attn,
+        img_size=img_size or spec.img_size,
+        patch_size=patch_size or spec.patch_size,
+        embed_dim=embed_dim or spec.embed_dim,
+        depth=depth or spec.depth,
+        num_heads=num_heads or spec.num_heads,
+        mlp_ratio=mlp_ratio,
+        qkv_bias=qkv_bias,
+        init_values=layerscale_init,
+        drop_path_rate=drop_path,
+        reg_tokens=registers,
+        num_classes=num_classes,
+        global_pool=global_pool,
+        dynamic_img_size=dynamic_img_size,
+    )
+
+
+def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Load a timm `VisionTransformer` state dict of the same configuration into `model`, exactly.
+
+    timm stores position embeddings either for [CLS] + registers + patches (`no_embed_class=False`) or for
+    patches only (`no_embed_class=True`, DINOv2 and timm's register models). Both are mapped to our layout
+    ([CLS] + patches, registers without one) without changing the function the network computes.
+    """
+    sd = dict(state_dict)
+    if isinstance(model.head, nn.Identity):
+        sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
+    pe = sd.get("pos_embed")
+    if pe is not None and model.pos_embed is not None:
+        n_patch, r = model.patch_embed.num_patches, model.num_reg_tokens
+        if pe.shape[1] == n_patch:  # no position embedding on prefix tokens: [CLS] gets a zero one
+            sd["pos_embed"] = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)
+        elif r and pe.shape[1] == n_patch + 1 + r and "reg_token" in sd:  # fold register positions into them
+            sd["reg_token"] = sd["reg_token"] + pe[:, 1 : 1 + r]
+            sd["pos_embed"] = torch.cat([pe[:, :1], pe[:, 1 + r :]], dim=1)
+    try:
+        model.load_state_dict(sd, strict=strict)
+    except RuntimeError as err:
+        raise ValueError(
+            f"state dict does not fit a {model.variant} ViT (dim {model.embed_dim}, depth {len(model.blocks)}, "
+            f"{model.num_reg_tokens} registers): build the model with the checkpoint's configuration.\n{err}"
+        ) from err
