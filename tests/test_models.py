@@ -7,7 +7,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from vitsinks.config import load_config
-from vitsinks.launch import model_from_config
+from vitsinks.train import model_from_config
 from vitsinks.models import ATTN_KINDS, SIZES, SinkAttention, build_vit, load_timm_state_dict
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)

@@ -1,0 +1,50 @@
+"""Datasets: the procedural `synthetic` default, offline `fashion_mnist`, and ImageFolder `imagenet`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from vitsinks.config import DataConfig
+from vitsinks.data.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
+from vitsinks.data.fashion_mnist import FashionMNIST
+from vitsinks.data.imagefolder import BadImage, ImageFolderSplit
+from vitsinks.data.synthetic import SyntheticShapes
+
+DATASETS = ("synthetic", "fashion_mnist", "imagenet")
+
+__all__ = ["DATASETS", "BadImage", "FashionMNIST", "ImageFolderSplit", "SyntheticShapes", "build_dataset",
+           "num_classes"]
+
+
+def _check_root(root: str | None, name: str, example: str) -> Path:
+    if not root:
+        raise FileNotFoundError(f"data={name} needs data.root, e.g. data.root={example}")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"data.root {path} does not exist: point data.root at the {name} folder ({example})")
+    if not any(path.iterdir()):
+        raise FileNotFoundError(f"data.root {path} is empty: copy or mount the {name} data there ({example})")
+    return path
+
+
+def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
+    """The `(PIL image, label)` dataset of `split` (train | val) named by `cfg.name`; fails early on a bad root."""
+    if cfg.name == "synthetic":
+        # train and val are disjoint streams of the same generator
+        length = cfg.train_size if split == "train" else cfg.val_size
+        return SyntheticShapes(cfg.image_size, length, cfg.num_classes, seed=seed * 2 + (split != "train"))
+    if cfg.name == "fashion_mnist":
+        root = _check_root(cfg.root or FASHION_MNIST_ROOT, "fashion_mnist", FASHION_MNIST_ROOT)
+        return FashionMNIST(root, split, size=cfg.image_size)
+    if cfg.name == "imagenet":
+        return ImageFolderSplit(_check_root(cfg.root, "imagenet", "/datasets/imagenet"), split)
+    raise ValueError(f"unknown data.name {cfg.name!r}; choose one of {DATASETS}")
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Number of classes of a built dataset."""
+    if isinstance(dataset, SyntheticShapes):
+        return dataset.num_classes
+    return len(dataset.classes)  # type: ignore[attr-defined]

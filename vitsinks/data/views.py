@@ -1,0 +1,136 @@
+"""Multi-crop views (lightly's transforms), per-sample seeded so that a resumed run sees the same views."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from lightly.transforms.dino_transform import DINOViewTransform
+from lightly.transforms.multi_view_transform import MultiViewTransform
+from lightly.transforms.utils import IMAGENET_NORMALIZE
+from torch.utils.data import Dataset, Sampler
+from torchvision import transforms as T
+
+from vitsinks.config import ViewsConfig
+from vitsinks.data.imagefolder import BadImage
+
+log = logging.getLogger(__name__)
+
+
+def view_transform(v: ViewsConfig) -> MultiViewTransform:
+    """`n_global` global and `n_local` local DINO-style views (crop, flip, jitter, grey, blur, solarize)."""
+
+    def one(size: int, scale: Sequence[float], blur: float, solarize: float) -> DINOViewTransform:
+        return DINOViewTransform(
+            crop_size=size, crop_scale=tuple(scale), hf_prob=v.hflip, cj_prob=v.color_jitter,
+            random_gray_scale=v.grayscale, gaussian_blur=blur, solarization_prob=solarize,
+        )
+
+    # DINO's asymmetry: the first global view is always blurred, the second sometimes solarized.
+    globals_ = [one(v.global_size, v.global_scale, 1.0 if i == 0 else v.blur, 0.0 if i == 0 else v.solarize)
+                for i in range(v.n_global)]
+    locals_ = [one(v.local_size, v.local_scale, v.blur, 0.0) for _ in range(v.n_local)]
+    return MultiViewTransform(globals_ + locals_)
+
+
+def eval_transform(size: int) -> T.Compose:
+    """Deterministic view for probes and diagnostics: resize, centre crop, normalise."""
+    return T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(),
+                      T.Normalize(IMAGENET_NORMALIZE["mean"], IMAGENET_NORMALIZE["std"])])
+
+
+def sample_seed(*keys: int) -> int:
+    """A 32-bit seed that is a pure function of the keys (run seed, epoch, index)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+@contextmanager
+def seeded_rngs(seed: int) -> Iterator[None]:
+    """Seed torch, numpy and python RNGs (all that lightly/torchvision transforms draw from), then restore them."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+class SeededViews(Dataset):
+    """Views of `base[i]` drawn with RNGs seeded by (seed, epoch, i): independent of workers, ranks and resumes.
+
+    A corrupt image yields None (dropped by `collate_views`, which counts it) or, with `on_bad_image="error"`,
+    raises `BadImage` naming the file.
+    """
+
+    def __init__(self, base: Dataset, transform: Any, seed: int, on_bad_image: str = "skip") -> None:
+        if on_bad_image not in ("skip", "error"):
+            raise ValueError(f"data.on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
+        self.base, self.transform, self.seed, self.on_bad_image = base, transform, seed, on_bad_image
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int] | None:
+        try:
+            img, label = self.base[index]
+        except BadImage as err:
+            if self.on_bad_image == "error":
+                raise BadImage(f"{err} (set data.on_bad_image=skip to skip such files)") from err
+            log.warning("skipping %s", err)
+            return None
+        with seeded_rngs(sample_seed(self.seed, self.epoch, index)):
+            return self.transform(img), label
+
+
+def collate_views(batch: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor, int]:
+    """Stack each view over the batch; drop (and count) the images that could not be read."""
+    good = [b for b in batch if b is not None]
+    n_bad = len(batch) - len(good)
+    if not good:
+        return [], torch.zeros(0, dtype=torch.long), n_bad
+    views = [torch.stack([b[0][v] for b in good]) for v in range(len(good[0][0]))]
+    return views, torch.tensor([b[1] for b in good]), n_bad
+
+
+class EpochSampler(Sampler[int]):
+    """One seeded permutation per epoch, cut into global batches; yields this rank's slice of each batch.
+
+    Rank r of W takes items [r * B/W, (r + 1) * B/W) of every global batch of B, so the union over ranks of
+    step k's batch is exactly the single-process batch k. `set_epoch(e, start_batch)` resumes mid-epoch.
+    """
+
+    def __init__(self, n: int, global_batch: int, seed: int, rank: int = 0, world: int = 1) -> None:
+        if global_batch % world:
+            raise ValueError(f"train.batch_size {global_batch} is not divisible by the {world} ranks")
+        if n < global_batch:
+            raise ValueError(f"the dataset has {n} images, fewer than one batch of {global_batch}")
+        self.n, self.batch, self.seed, self.rank, self.world = n, global_batch, seed, rank, world
+        self.local = global_batch // world
+        self.epoch, self.start_batch = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.n // self.batch
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, 0x5A))
+        perm = torch.randperm(self.n, generator=g).tolist()
+        for b in range(self.start_batch, self.batches_per_epoch):
+            lo = b * self.batch + self.rank * self.local
+            yield from perm[lo : lo + self.local]
+
+    def __len__(self) -> int:
+        return (self.batches_per_epoch - self.start_batch) * self.local

@@ -1,0 +1,296 @@
+"""LeJEPA pretraining: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from vitsinks import checkpoint as ckpt
+from vitsinks.config import to_container
+from vitsinks.data import build_dataset, num_classes
+from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
+from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
+from vitsinks.models import build_vit
+from vitsinks.objective import LeJEPAModel, LeJEPAObjective, LossTerms
+from vitsinks.tracking import Tracker
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclass
+class Progress:
+    """Where training stands: epoch, batches done in that epoch, optimizer steps done in total."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+class WarmupCosine:
+    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
+        self.warmup, self.total, self.min_ratio = warmup, max(total, 1), min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def model_from_config(cfg: DictConfig) -> torch.nn.Module:
+    """Build the ViT described by `cfg.model`."""
+    m = cfg.model
+    return build_vit(
+        m.size, img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth,
+        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, layerscale_init=m.layerscale_init,
+        drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _param_groups(model: LeJEPAModel, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the probe apart."""
+    decay, no_decay = [], []
+    for name, p in list(model.backbone.named_parameters()) + list(model.projector.named_parameters()):
+        skip = p.ndim < 2 or name in ("cls_token", "reg_token", "pos_embed")
+        (no_decay if skip else decay).append(p)
+    return [
+        {"params": decay, "lr": lr, "weight_decay": wd},
+        {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+        {"params": list(model.probe.parameters()), "lr": probe_lr, "weight_decay": 0.0},
+    ]
+
+
+class Trainer:
+    """Owns the model, data, optimizer and run directory of one LeJEPA pretraining run."""
+
+    def __init__(self, cfg: DictConfig, dist_info: DistInfo | None = None) -> None:
+        self.cfg = cfg
+        self.dist = dist_info or init_distributed(cfg.cluster.device)
+        self.device = self.dist.device
+        self.run_dir = Path(cfg.runs_dir) / cfg.name
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.bf16 = self._resolve_precision(cfg.train.precision)
+        seed_everything(cfg.seed + self.dist.rank)
+
+        base = build_dataset(cfg.data, "train", cfg.seed)
+        self.val_set = build_dataset(cfg.data, "val", cfg.seed)
+        self.num_classes = num_classes(base)
+        self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, cfg.data.on_bad_image)
+        self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
+        self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
+        if cfg.train.max_steps:
+            self.total_steps = min(self.total_steps, cfg.train.max_steps)
+
+        self.model = LeJEPAModel(model_from_config(cfg), cfg.objective, self.num_classes).to(self.device)
+        sync_batchnorm(self.model, self.device)
+        self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, cfg.train.lr, cfg.train.weight_decay, cfg.objective.probe_lr))
+        warmup = round(cfg.train.warmup_epochs * self.sampler.batches_per_epoch)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, WarmupCosine(warmup, self.total_steps, cfg.train.min_lr_ratio))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # bf16 needs no loss scaling
+        self.net: torch.nn.Module = self.model
+        if self.dist.world > 1:
+            self.net = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if cfg.train.compile:
+            self.net = torch.compile(self.net)
+        self.progress = Progress()
+        self.stop_requested = False
+        self._saved_step = -1
+
+    def _resolve_precision(self, precision: str) -> bool:
+        if precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"train.precision must be auto, bf16 or fp32, got {precision!r}")
+        if precision == "bf16" and self.device.type != "cuda":
+            raise ValueError("train.precision=bf16 needs CUDA (bf16 autocast runs on GPUs only): use auto or fp32")
+        return self.device.type == "cuda" and precision in ("auto", "bf16")
+
+    # ---- state -------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": ckpt.rng_state(),
+            "progress": asdict(self.progress),
+            "config": to_container(self.cfg),
+            "variant": self.model.backbone.variant,
+        }
+
+    def save(self, periodic: bool = False) -> Path:
+        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically, on rank 0."""
+        last = self.ckpt_dir / "last.pt"
+        if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not last.exists()):
+            state = self.state_dict()
+            ckpt.atomic_save(state, last)
+            if periodic and self.cfg.train.keep_periodic:
+                ckpt.atomic_save(state, self.ckpt_dir / f"step_{self.progress.step:07d}.pt")
+            self._saved_step = self.progress.step
+        return last
+
+    def resume(self) -> bool:
+        """Restore everything from `last.pt` if the run directory has one; refuse a checkpoint of another model."""
+        last = self.ckpt_dir / "last.pt"
+        if not last.exists():
+            return False
+        state = ckpt.load(last)
+        ckpt.check_compatible(state["config"]["model"], to_container(self.cfg)["model"], last)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        rng = state["rng"]
+        if self.dist.rank:  # per-rank streams: offset the saved rank-0 state deterministically
+            rng = {**rng, "torch": torch.Generator().manual_seed(
+                sample_seed(self.cfg.seed, self.progress.step, self.dist.rank)).get_state()}
+        ckpt.set_rng_state(rng)
+        return True
+
+    # ---- loop --------------------------------------------------------------------------------------------------
+
+    def _loader(self, epoch: int) -> DataLoader:
+        self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
+        self.train_set.epoch = epoch
+        return DataLoader(
+            self.train_set, batch_size=self.sampler.local, sampler=self.sampler, collate_fn=collate_views,
+            num_workers=self.cfg.data.num_workers, drop_last=True, pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(sample_seed(self.cfg.seed, epoch, 1)),  # keeps global RNG intact
+        )
+
+    def train_step(self, views: list[torch.Tensor], labels: torch.Tensor) -> tuple[LossTerms, torch.Tensor,
+                                                                                   torch.Tensor]:
+        """One optimizer step; returns (loss terms, probe loss, probe accuracy)."""
+        n_global = self.cfg.views.n_global
+        views = [v.to(self.device, non_blocking=True) for v in views]
+        labels = labels.to(self.device).repeat(n_global)
+        self.net.train()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            proj_g, proj_l, logits = self.net(views, n_global)
+        terms = self.objective(proj_g.float(), None if proj_l is None else proj_l.float())
+        probe_loss = F.cross_entropy(logits.float(), labels)
+        total = terms.loss + probe_loss
+        bad = all_reduce_sum((~torch.isfinite(total.detach())).float())
+        if bad.item() > 0:
+            raise NonFiniteLoss(
+                f"non-finite loss at step {self.progress.step + 1}: loss={terms.loss.item():.4g} "
+                f"sigreg={terms.sigreg.item():.4g} invariance={terms.invariance.item():.4g} "
+                f"probe={probe_loss.item():.4g}. Training stopped; {self.ckpt_dir / 'last.pt'} is the last good "
+                f"checkpoint. Lower train.lr or raise objective.lamb and relaunch to resume from it."
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if self.cfg.train.grad_clip > 0:
+            params = list(self.model.backbone.parameters()) + list(self.model.projector.parameters())
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        acc = (logits.argmax(-1) == labels).float().mean()
+        return terms, probe_loss.detach(), acc
+
+    @torch.no_grad()
+    def probe_accuracy(self, max_images: int = 2048) -> float:
+        """Top-1 of the online probe on (up to `max_images` of) the validation split, centre view."""
+        self.model.eval()
+        tf = eval_transform(self.cfg.views.global_size)
+        n = min(len(self.val_set), max_images)
+        correct = 0
+        for lo in range(0, n, 256):
+            items = [self.val_set[i] for i in range(lo, min(n, lo + 256))]
+            x = torch.stack([tf(img) for img, _ in items]).to(self.device)
+            y = torch.tensor([label for _, label in items], device=self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                logits = self.model.probe(self.model.backbone(x))
+            correct += int((logits.argmax(-1) == y).sum())
+        return correct / max(n, 1)
+
+    def request_stop(self) -> None:
+        """Stop after the current step, with a checkpoint (used on preemption)."""
+        self.stop_requested = True
+
+    def fit(self, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
+        """Train to the end (resuming from `last.pt` if present). Returns a summary dict."""
+        resumed = self.resume()
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
+                          active=self.dist.is_main, resume_step=self.progress.step)
+        cfg, p = self.cfg.train, self.progress
+        bar = tqdm(total=self.total_steps, initial=p.step, disable=not self.dist.is_main, desc=self.cfg.name,
+                   unit="step", dynamic_ncols=True)
+        status, bad_images, last_metrics = "finished", 0, {}
+        try:
+            while p.step < self.total_steps and not self.stop_requested:
+                for views, labels, n_bad in self._loader(p.epoch):
+                    bad_images += int(all_reduce_sum(torch.tensor(n_bad)).item())
+                    if not views:
+                        p.batch += 1
+                        continue
+                    t0 = time.perf_counter()
+                    terms, probe_loss, acc = self.train_step(views, labels)
+                    p.batch += 1
+                    p.step += 1
+                    bar.update(1)
+                    if p.step % cfg.log_every == 0 or p.step == self.total_steps:
+                        parts = torch.stack([terms.loss, terms.sigreg, terms.invariance, probe_loss, acc]).detach()
+                        parts = (all_reduce_sum(parts) / self.dist.world).tolist()  # means over the global batch
+                        last_metrics = {
+                            "epoch": p.epoch, **dict(zip(("loss", "sigreg", "invariance", "probe_loss", "probe_acc"),
+                                                         parts, strict=True)),
+                            "lr": self.scheduler.get_last_lr()[0],
+                            "img_per_s": cfg.batch_size / (time.perf_counter() - t0), "bad_images": bad_images,
+                        }
+                        tracker.log(last_metrics, p.step)
+                        bar.set_postfix(loss=f"{last_metrics['loss']:.4f}", probe=f"{last_metrics['probe_acc']:.2f}",
+                                        img_s=f"{last_metrics['img_per_s']:.0f}")
+                    if p.step % cfg.ckpt_every == 0:
+                        self.save(periodic=True)
+                    if on_step is not None:
+                        on_step(self)
+                    if p.step >= self.total_steps or self.stop_requested:
+                        break
+                else:  # the epoch ran out
+                    val_acc = self.probe_accuracy()
+                    tracker.log({"epoch": p.epoch, "val/probe_acc": val_acc}, p.step)
+                    p.epoch, p.batch = p.epoch + 1, 0
+                    self.save()
+            if self.stop_requested and p.step < self.total_steps:
+                status = "interrupted"
+            else:
+                val_acc = self.probe_accuracy()
+                tracker.log({"epoch": p.epoch, "val/probe_acc": val_acc}, p.step)
+                last_metrics["val/probe_acc"] = val_acc
+            self.save()
+        finally:
+            bar.close()
+            tracker.finish()
+        return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": bad_images,
+                **last_metrics}
