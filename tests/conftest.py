@@ -15,6 +15,7 @@ TINY = [
     "objective.proj_hidden=64", "objective.proj_out=32", "objective.slices=128",
     "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4",
     "train.batch_size=16", "train.epochs=2", "train.log_every=1", "train.ckpt_every=3", "wandb.mode=disabled",
+    "diagnostics.enabled=false",
 ]
 
 

@@ -7,8 +7,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from vitsinks.config import load_config
-from vitsinks.train import model_from_config
-from vitsinks.models import ATTN_KINDS, SIZES, SinkAttention, build_vit, load_timm_state_dict
+from vitsinks.models import ATTN_KINDS, SIZES, SinkAttention, build_vit, load_timm_state_dict, model_from_config
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)
 EXPS = ["base", "gate", "reg", "gate+reg", "gate_headwise", "gate_headwise+reg", "relu", "sigmoid", "sink_logit"]
@@ -30,7 +29,7 @@ def timm_vit(**kw) -> VisionTransformer:
 @pytest.mark.parametrize("exp", EXPS)
 def test_every_exp_builds_and_trains(exp: str) -> None:
     cfg = load_config([f"exp={exp}", "model.depth=2", "model.img_size=32"])
-    model = model_from_config(cfg)
+    model = model_from_config(cfg.model)
     x = torch.randn(2, 3, 32, 32)
     out = model(x)
     assert out.shape == (2, model.embed_dim)
@@ -136,7 +135,8 @@ def test_relu_attention_zero_when_all_scores_negative() -> None:
 def test_relu_and_sigmoid_match_hand_formula() -> None:
     torch.manual_seed(1)
     x = torch.randn(1, 6, 8)
-    for kind, fn in [("relu", lambda s, n: torch.relu(s) / n), ("sigmoid", lambda s, n: torch.sigmoid(s - math.log(n)))]:
+    formulas = [("relu", lambda s, n: torch.relu(s) / n), ("sigmoid", lambda s, n: torch.sigmoid(s - math.log(n)))]
+    for kind, fn in formulas:
         attn = SinkAttention(8, 2, attn=kind)
         q, k, _ = attn.qkv(x).reshape(1, 6, 3, 2, 4).permute(2, 0, 3, 1, 4)
         s = q @ k.transpose(-1, -2) / 2.0

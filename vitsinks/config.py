@@ -31,6 +31,7 @@ class ModelConfig:
     gate: str = "none"
     registers: int = 0
     attn: str = "softmax"
+    pretrained: str | None = None  # timm model name (downloads) or a state-dict / checkpoint path
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ViewsConfig:
     n_global: int = 2
     global_size: int = 64
     global_scale: list[float] = field(default_factory=lambda: [0.3, 1.0])
-    n_local: int = 4
+    n_local: int = 2
     local_size: int = 32
     local_scale: list[float] = field(default_factory=lambda: [0.05, 0.3])
     color_jitter: float = 0.8  # probability
@@ -81,7 +82,7 @@ class ObjectiveConfig:
 class TrainConfig:
     """Optimisation. `batch_size` is the global batch (split over ranks); `lr` is for that global batch."""
 
-    epochs: int = 4
+    epochs: int = 3
     max_steps: int | None = None  # stop early after this many steps (None: run all epochs)
     batch_size: int = 64
     lr: float = 5e-4
@@ -106,6 +107,19 @@ class WandbConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """Sink diagnostics: run on a fixed image set at every checkpoint save (and by `vitsinks.diagnose`)."""
+
+    enabled: bool = True
+    n_images: int = 16  # the first n validation images
+    plots: bool = True
+    rule: str = "relaxed"  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
+    eps: float = 0.5
+    ratio: str = "ratio_out"  # ratio_out | ratio_head
+    use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
+
+
+@dataclass
 class ClusterConfig:
     """Where the job runs. `local`: this machine, this process."""
 
@@ -121,12 +135,15 @@ class Config:
     name: str = MISSING
     seed: int = 0
     runs_dir: str = "runs"
+    ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
+    run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 

@@ -22,8 +22,9 @@ from vitsinks import checkpoint as ckpt
 from vitsinks.config import to_container
 from vitsinks.data import build_dataset, num_classes
 from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
+from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
-from vitsinks.models import build_vit
+from vitsinks.models import model_from_config
 from vitsinks.objective import LeJEPAModel, LeJEPAObjective, LossTerms
 from vitsinks.tracking import Tracker
 
@@ -52,16 +53,6 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-
-def model_from_config(cfg: DictConfig) -> torch.nn.Module:
-    """Build the ViT described by `cfg.model`."""
-    m = cfg.model
-    return build_vit(
-        m.size, img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth,
-        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, layerscale_init=m.layerscale_init,
-        drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
-    )
 
 
 def seed_everything(seed: int) -> None:
@@ -104,7 +95,7 @@ class Trainer:
         if cfg.train.max_steps:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
-        self.model = LeJEPAModel(model_from_config(cfg), cfg.objective, self.num_classes).to(self.device)
+        self.model = LeJEPAModel(model_from_config(cfg.model), cfg.objective, self.num_classes).to(self.device)
         sync_batchnorm(self.model, self.device)
         self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
         self.optimizer = torch.optim.AdamW(
@@ -122,6 +113,7 @@ class Trainer:
         self.progress = Progress()
         self.stop_requested = False
         self._saved_step = -1
+        self._diag_images: tuple[torch.Tensor, np.ndarray] | None = None
 
     def _resolve_precision(self, precision: str) -> bool:
         if precision not in ("auto", "bf16", "fp32"):
@@ -153,7 +145,18 @@ class Trainer:
             if periodic and self.cfg.train.keep_periodic:
                 ckpt.atomic_save(state, self.ckpt_dir / f"step_{self.progress.step:07d}.pt")
             self._saved_step = self.progress.step
+            self._diagnose()
         return last
+
+    def _diagnose(self) -> None:
+        """Sink diagnostics of the current weights into `<run>/diagnostics/step_XXXXXXX/` (rank 0, once a step)."""
+        d = self.cfg.diagnostics
+        out = self.run_dir / "diagnostics" / f"step_{self.progress.step:07d}"
+        if not d.enabled or (out / "summary.json").exists():
+            return
+        if self._diag_images is None:
+            self._diag_images = fixed_images(self.val_set, d.n_images, self.cfg.views.global_size)
+        run_diagnostics(self.model.backbone, *self._diag_images, out, d)
 
     def resume(self) -> bool:
         """Restore everything from `last.pt` if the run directory has one; refuse a checkpoint of another model."""
@@ -237,7 +240,7 @@ class Trainer:
 
     def fit(self, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
         """Train to the end (resuming from `last.pt` if present). Returns a summary dict."""
-        resumed = self.resume()
+        self.resume()
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))

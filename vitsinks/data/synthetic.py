@@ -80,7 +80,6 @@ def render(seed: int, index: int, size: int, num_classes: int) -> tuple[np.ndarr
         a, b, c = rng.normal(size=3)
         line = abs(a * (gx - 0.5) + b * (gy - 0.5) + 0.3 * c) / np.hypot(a, b) < rng.uniform(0.004, 0.015)
         img[line] = _rgb(rng.uniform(), 0.3, rng.uniform(0.3, 0.9))
-    img += rng.normal(0, 0.03, img.shape).astype(np.float32)
 
     mask = np.zeros((size, size), np.uint8)
     label = int(rng.integers(num_classes))
@@ -101,6 +100,8 @@ def render(seed: int, index: int, size: int, num_classes: int) -> tuple[np.ndarr
         obj = pattern * c1 + (1 - pattern) * c2
         img[inside] = obj[inside]
         mask[inside] = k + 1
+    # pixel noise last, from its own stream: the scene above does not depend on the resolution
+    img += np.random.default_rng([seed, index, 1]).normal(0, 0.03, img.shape).astype(np.float32)
     return (np.clip(img, 0, 1) * 255).astype(np.uint8), mask, label
 
 

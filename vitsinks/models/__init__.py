@@ -1,7 +1,15 @@
 """Models: the timm-based ViT builder and the attention module family."""
 
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, SinkAttention
-from vitsinks.models.vit import SIZES, SinkBlock, SinkViT, build_vit, load_timm_state_dict, variant_name
+from vitsinks.models.vit import (
+                                 SIZES,
+                                 SinkBlock,
+                                 SinkViT,
+                                 build_vit,
+                                 load_timm_state_dict,
+                                 model_from_config,
+                                 variant_name,
+)
 
 __all__ = [
     "ATTN_KINDS",
@@ -13,5 +21,6 @@ __all__ = [
     "SinkViT",
     "build_vit",
     "load_timm_state_dict",
+    "model_from_config",
     "variant_name",
 ]

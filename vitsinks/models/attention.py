@@ -120,23 +120,28 @@ class SinkAttention(nn.Module):
         g = self.gate(x).sigmoid()
         return g.view(B, N, self.num_heads, -1)  # (.., head_dim) elementwise, (.., 1) headwise
 
-    def _attention_matrix(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def _attention_matrix(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         n = k.shape[-2]
         s = (q * self.scale) @ k.transpose(-2, -1)
-        if self.attn_kind == "softmax":
-            return s.softmax(dim=-1)
-        if self.attn_kind == "relu":
-            return F.relu(s) / n
-        if self.attn_kind == "sigmoid":
-            return torch.sigmoid(s - math.log(n))
-        # sink_logit: softmax over [scores, per-head null logit]; the null key has zero value, so drop it.
-        null = self.sink_logit.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
-        return torch.cat([s, null], dim=-1).softmax(dim=-1)[..., :-1]
+        future = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1) if causal else None
+        if self.attn_kind in ("softmax", "sink_logit"):
+            if future is not None:
+                s = s.masked_fill(future, float("-inf"))
+            if self.attn_kind == "softmax":
+                return s.softmax(dim=-1)
+            # sink_logit: softmax over [scores, per-head null logit]; the null key has zero value, so drop it.
+            null = self.sink_logit.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+            return torch.cat([s, null], dim=-1).softmax(dim=-1)[..., :-1]
+        a = F.relu(s) / n if self.attn_kind == "relu" else torch.sigmoid(s - math.log(n))
+        return a.masked_fill(future, 0.0) if future is not None else a
 
-    def internals(self, x: torch.Tensor) -> AttnInternals:
-        """Explicit attention matrix, values and gate for a pre-normed input `x` of shape (B, N, dim)."""
+    def internals(self, x: torch.Tensor, causal: bool = False) -> AttnInternals:
+        """Explicit attention matrix, values and gate for a pre-normed input `x` of shape (B, N, dim).
+
+        `causal` masks future keys (used by the sequence tasks of `vitsinks.synthetic`; ViTs are bidirectional).
+        """
         q, k, v = self._qkv(x)
-        return AttnInternals(self._attention_matrix(q, k), v, self._gate(x))
+        return AttnInternals(self._attention_matrix(q, k, causal), v, self._gate(x))
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): scale-norm, gate, output projection."""
@@ -159,10 +164,10 @@ class SinkAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if attn_mask is not None or is_causal:
-            raise NotImplementedError("SinkAttention is bidirectional self-attention without masks")
-        if self.uses_fused:
+        if attn_mask is not None:
+            raise NotImplementedError("SinkAttention takes no attention mask (is_causal is supported)")
+        if self.uses_fused and not is_causal:
             q, k, v = self._qkv(x)
             return self.combine(self._fused_heads(q, k, v), self._gate(x))
-        attn, v, gate = self.internals(x)
+        attn, v, gate = self.internals(x, causal=is_causal)
         return self.combine(self.attn_drop(attn) @ v, gate)

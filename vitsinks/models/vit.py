@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,9 +65,9 @@ class SinkBlock(Block):
                 norm_layer=kwargs.get("norm_layer"), gate=gate, attn=attn,
             )
 
-    def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, AttnInternals]:
+    def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:
         """The block computed from the attention's explicit internals; returns (output, internals)."""
-        it = self.attn.internals(self.norm1(x))
+        it = self.attn.internals(self.norm1(x), causal=causal)
         x = x + self.drop_path1(self.ls1(self.attn.combine(self.attn.attn_drop(it.attn) @ it.v, it.gate)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x, it
@@ -200,3 +201,44 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
             f"state dict does not fit a {model.variant} ViT (dim {model.embed_dim}, depth {len(model.blocks)}, "
             f"{model.num_reg_tokens} registers): build the model with the checkpoint's configuration.\n{err}"
         ) from err
+
+
+def _state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
+    """A backbone state dict from a plain state-dict file, a {'state_dict'|'model': ...} wrapper, or a vitsinks
+    training checkpoint (whose model holds `backbone.*`, `projector.*`, `probe.*`)."""
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    for key in ("model", "state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if any(k.startswith("backbone.") for k in obj):
+        obj = {k[len("backbone."):]: v for k, v in obj.items() if k.startswith("backbone.")}
+    return obj
+
+
+def model_from_config(m: Any) -> SinkViT:
+    """Build the ViT of a `ModelConfig` (or any mapping with its fields); load `m.pretrained` if set.
+
+    `pretrained` is a path (state dict, timm checkpoint or vitsinks checkpoint) or a timm model name, whose
+    weights timm downloads; the config must describe the same architecture (e.g. `model=dinov2_small_reg`).
+    """
+    model = build_vit(
+        m.size, img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth,
+        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, layerscale_init=m.layerscale_init,
+        drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
+    )
+    source = getattr(m, "pretrained", None)
+    if source:
+        if Path(source).expanduser().is_file():
+            sd = _state_dict_from_file(Path(source).expanduser())
+        else:
+            import timm
+
+            try:
+                sd = timm.create_model(source, pretrained=True, num_classes=0).state_dict()
+            except Exception as err:  # noqa: BLE001 - unknown name, no network, missing hub files
+                raise ValueError(
+                    f"model.pretrained={source!r} is neither a file nor a timm model whose weights could be loaded "
+                    f"({type(err).__name__}: {err}); pass a state-dict path or a timm name with cached weights"
+                ) from err
+        load_timm_state_dict(model, sd)
+    return model

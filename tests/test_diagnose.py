@@ -1,0 +1,89 @@
+"""Diagnostics at every checkpoint, the over-training picture, the CLI, and pretrained timm weights."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import TINY, tiny_cfg
+from timm.models.vision_transformer import VisionTransformer
+
+from vitsinks.diagnose import diagnose_checkpoint, load_backbone
+from vitsinks.models import model_from_config
+from vitsinks.train import Trainer
+
+PLOTS = {"attention_maps.png", "nop_broadcast_scatter.png", "sink_heatmap.png", "sink_location_by_block.png",
+         "massive_activations.png"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitsinks.diagnose", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_picture(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "name=diag", "diagnostics.enabled=true", "diagnostics.n_images=6")
+    Trainer(cfg).fit()
+    diag = runs / "diag" / "diagnostics"
+    # periodic checkpoints (3, 6), the end of epoch 0 (4) and the end (8)
+    assert sorted(p.name for p in diag.iterdir()) == ["step_0000003", "step_0000004", "step_0000006", "step_0000008"]
+    for d in diag.iterdir():
+        assert PLOTS <= {p.name for p in d.iterdir()}
+        arrays = np.load(d / "per_image.npz")
+        assert arrays["mass"].shape == (6, 2, 3) and arrays["recompute_error"].max() < 1e-5
+        assert json.loads((d / "summary.json").read_text())["shape"]["images"] == 6
+    # the diagnostics are a pure function of the checkpoint: recomputing step 6 from its file gives the same summary
+    again = diagnose_checkpoint(runs / "diag/checkpoints/step_0000006.pt", cfg, out_dir=runs / "again")
+    assert again == json.loads((diag / "step_0000006" / "summary.json").read_text())
+
+    (diag / "step_0000006" / "summary.json").unlink()  # a checkpoint whose diagnostics are missing is redone
+    out = cli(f"run={runs / 'diag'}", *TINY, f"runs_dir={runs}", "n_images=6")
+    assert out.returncode == 0, out.stderr
+    assert (diag / "over_training.png").stat().st_size > 10_000
+    rows = list(csv.DictReader((diag / "over_training.csv").open()))
+    assert [int(r["step"]) for r in rows] == [3, 4, 6, 8]
+    assert json.loads((diag / "step_0000006" / "summary.json").read_text()) == again
+
+
+def test_cli_on_a_checkpoint_with_other_data_and_n_images(runs: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=c", "train.max_steps=2")).fit()
+    ckpt = runs / "c/checkpoints/last.pt"
+    out = cli(f"ckpt={ckpt}", "data=synthetic", "data.image_size=48", "data.num_classes=3", "n_images=4",
+              "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    arrays = np.load(runs / "c/diagnostics/last/per_image.npz")
+    assert arrays["mass"].shape == (4, 2, 3)
+    missing = cli(f"ckpt={runs / 'nope.pt'}")
+    assert missing.returncode == 1 and "nope.pt not found" in missing.stderr
+
+
+def test_checkpoint_backbone_round_trip(runs: Path) -> None:
+    trainer = Trainer(tiny_cfg(runs, "name=rt", "train.max_steps=1"))
+    trainer.fit()
+    model, cfg = load_backbone(runs / "rt/checkpoints/last.pt")
+    x = torch.randn(2, 3, 32, 32)
+    trainer.model.eval()
+    torch.testing.assert_close(model.eval()(x), trainer.model.backbone(x))
+    assert cfg.model.depth == 2
+
+
+def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
+                            reg_tokens=4, no_embed_class=True, init_values=1e-5).eval()  # DINOv2-reg layout
+    path = tmp_path / "dinov2_like.pth"
+    torch.save(ref.state_dict(), path)
+    cfg = tiny_cfg(tmp_path, "exp=reg", f"model.pretrained={path}", "model.layerscale_init=1e-5")
+    model = model_from_config(cfg.model).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
+    out = cli(*TINY, "exp=reg", f"model.pretrained={path}", "model.layerscale_init=1e-5", f"runs_dir={tmp_path}",
+              "n_images=3", "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "diagnostics" / str(path).replace("/", "_") / "summary.json").read_text())
+    assert summary["shape"] == {"images": 3, "blocks": 2, "heads": 3, "registers": 4}

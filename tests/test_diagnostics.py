@@ -1,0 +1,127 @@
+"""Diagnostics against hand-built models, closed forms and a second implementation path."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from vitsinks.diagnostics import (
+    classify,
+    diagnose,
+    diagnose_tokens,
+    events,
+    location,
+    qk_spectrum,
+    stable_rank,
+    summarize,
+)
+from vitsinks.models import SinkBlock, build_vit
+
+
+def hand_block() -> tuple[SinkBlock, torch.Tensor]:
+    """Head 0 routes every query to token 0, whose value is 0; head 1 routes to token 2, whose value is large."""
+    blk = SinkBlock(4, 2, qkv_bias=False, init_values=1.0)
+    blk.norm1 = nn.Identity()
+    x = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0.5], [1, 0, 1, 0], [1, 0, 0, -0.5]], dtype=torch.float32)
+    w = torch.zeros(12, 4)
+    w[0, 0] = w[2, 0] = 50.0  # q: head 0 and head 1 both [50, 0] for every token
+    w[4, 1] = 1.0  # k head 0 = [is token 0, 0]
+    w[6, 2] = 1.0  # k head 1 = [is token 2, 0]
+    w[8, 3] = w[9, 3] = 1.0  # v head 0 = [x3, x3]: zero on token 0
+    w[10, 2] = 10.0  # v head 1 = [10 * is token 2, x3]
+    w[11, 3] = 1.0
+    with torch.no_grad():
+        blk.attn.qkv.weight.copy_(w)
+        blk.attn.proj.weight.copy_(torch.eye(4))
+        blk.attn.proj.bias.zero_()
+        blk.ls1.gamma.copy_(torch.tensor([1.0, 1.0, 2.0, 1.0]))
+    return blk, x[None]
+
+
+def test_hand_built_heads_give_exact_fields() -> None:
+    blk, x = hand_block()
+    d = diagnose_tokens([blk], x)
+    d["num_registers"] = np.array(0)
+    f = {k: d[k][0, 0] for k in ("sink_idx", "mass", "routed_frac", "min_a", "ratio_head", "ratio_out")}
+    assert f["sink_idx"].tolist() == [0, 2]
+    np.testing.assert_allclose(f["mass"], [1, 1], atol=1e-6)
+    assert f["routed_frac"].tolist() == [1.0, 1.0]
+    np.testing.assert_allclose(f["min_a"], [1, 1], atol=1e-6)
+    # head 0: v_0 = 0 -> ratio 0. head 1: ||v_2|| = 10, others 0, 0.5, 0.5 -> 10 / (1/3) = 30;
+    # after W_O = I and LayerScale (1, 1, 2, 1), u_2 = (0, 0, 20, 0) -> 20 / (1/3) = 60.
+    np.testing.assert_allclose(f["ratio_head"], [0, 30], rtol=1e-5)
+    np.testing.assert_allclose(f["ratio_out"], [0, 60], rtol=1e-5)
+    assert abs(d["stable_rank"][0, 0, 1] - 1.0) < 1e-4  # every row of U is u_2: rank one
+    assert classify(d).tolist() == [[[0, 1]]]  # NOP-like, broadcast-like
+    assert location(d).tolist() == [[[0, 2]]]  # [CLS] (token 0), patch
+    assert d["recompute_error"][0] < 1e-6
+
+
+def test_stable_rank_closed_form() -> None:
+    U = torch.diag(torch.tensor([3.0, 2.0, 1.0]))
+    assert abs(stable_rank(U).item() - (9 + 4 + 1) / 9) < 1e-6
+    R = torch.randn(5, 7)
+    expected = torch.linalg.matrix_norm(R, "fro") ** 2 / torch.linalg.matrix_norm(R, 2) ** 2
+    assert abs(stable_rank(R).item() - expected.item()) < 1e-4
+    assert math.isnan(stable_rank(torch.zeros(3, 4)).item())
+
+
+def test_qk_spectrum_matches_direct_svd_of_theta() -> None:
+    torch.manual_seed(0)
+    dim, heads = 12, 3
+    w = torch.randn(3 * dim, dim)
+    frac, gap = qk_spectrum(w, heads)
+    for h in range(heads):
+        wq, wk = w[h * 4 : (h + 1) * 4], w[dim + h * 4 : dim + (h + 1) * 4]
+        sv = torch.linalg.svdvals(wq.T.double() @ wk.double())  # Theta = W_q^T W_k, dim x dim
+        assert abs(frac[h].item() - (sv[0] / sv.sum()).item()) < 1e-5
+        assert abs(gap[h].item() - (sv[0] / sv[1]).item()) < 1e-4
+
+
+@pytest.mark.parametrize("kw", [{}, {"gate": "elementwise", "registers": 2}, {"gate": "headwise"},
+                                {"attn": "relu"}, {"attn": "sigmoid"}, {"attn": "sink_logit"}])
+def test_diagnose_every_variant_shapes_and_recomputation(kw: dict) -> None:
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, depth=3, embed_dim=48, num_heads=3, layerscale_init=0.5, **kw)
+    d = diagnose(model, torch.randn(5, 3, 32, 32), batch_size=2, keep_maps=3)
+    n_tok = model.tokens_per_image()
+    for k in ("sink_idx", "mass", "routed_frac", "min_a", "ratio_head", "ratio_out", "stable_rank"):
+        assert d[k].shape == (5, 3, 3), k
+    assert d["attn_col_mean"].shape == (3, 3, 3, n_tok)
+    assert d["qk_sigma1_frac"].shape == (3, 3) and d["massive_ratio"].shape == (5, 3)
+    assert d["recompute_error"].max() < 1e-5
+    assert ((d["sink_idx"] >= 0) & (d["sink_idx"] < n_tok)).all()
+    assert (d["routed_frac"] <= 1).all() and (d["min_a"] <= d["mass"] + 1e-6).all()
+    s = summarize(d)
+    assert s["shape"] == {"images": 5, "blocks": 3, "heads": 3, "registers": kw.get("registers", 0)}
+
+
+def test_events_rules_and_summary_counts_by_hand() -> None:
+    d = {
+        "routed_frac": np.array([[[1.0, 0.95], [0.5, 0.92]], [[0.0, 0.91], [1.0, 0.1]]]),
+        "min_a": np.array([[[0.9, 0.4], [0.2, 0.6]], [[0.0, 0.55], [0.8, 0.0]]]),
+        "ratio_out": np.array([[[0.1, 0.7], [1.0, 0.3]], [[0.0, 2.0], [0.05, 1.0]]]),
+        "ratio_head": np.ones((2, 2, 2)),
+        "stable_rank": np.array([[[1.0, 1.2], [3.0, 1.0]], [[1.0, 2.0], [1.0, 1.0]]]),
+        "sink_idx": np.array([[[0, 5], [1, 9]], [[0, 2], [0, 0]]]),
+        "num_registers": np.array(1),
+    }
+    ev = events(d)
+    assert ev.sum() == 5
+    assert events(d, "def1", eps=0.5).sum() == 4 and events(d, "def1", eps=0.2).sum() == 2
+    s = summarize({**d, "massive_token": np.zeros((2, 2), int), "massive_ratio": np.ones((2, 2)),
+                   "token_norm_max": np.ones((2, 2)), "qk_sigma1_frac": np.full((2, 2), 0.5),
+                   "qk_sigma1_over_sigma2": np.ones((2, 2)), "recompute_error": np.zeros(2)})
+    # blocks 1..L-1 = block 1 only: image 0 has one event (head 1: ratio 0.3 -> unclassified, patch);
+    # image 1 has one (head 0: ratio 0.05 -> NOP, on [CLS]). Averages over 2 images:
+    assert s["sinks_per_image"]["all"]["all"] == 1.0
+    assert s["sinks_per_image"]["nop"]["cls"] == 0.5 and s["sinks_per_image"]["unclassified"]["patch"] == 0.5
+    # block 0: image 0 heads 0 (NOP, cls) and 1 (broadcast: 0.7 >= 0.5, rank 1.2; patch 5 > 1 register);
+    # image 1 head 1 (ratio 2.0 but stable rank 2.0 -> unclassified; index 2 is past the one register -> patch)
+    b0 = s["sinks_per_image_block0"]
+    assert b0["nop"]["cls"] == 0.5 and b0["broadcast"]["patch"] == 0.5 and b0["unclassified"]["patch"] == 0.5
+    assert s["block_frequency"] == [0.75, 0.5]

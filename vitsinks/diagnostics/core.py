@@ -1,0 +1,115 @@
+"""`diagnose(model, images)`: every sink field of every (image, block, head), from the model's own internals.
+
+The blocks run their normal (fused) forward to move the residual stream on; next to it each block is rebuilt
+from `SinkAttention.internals` (`SinkBlock.forward_explicit`), which both yields A, v and the gate and checks
+that the explicit computation reproduces the model (`recompute_error`). Only one block's attention matrices
+are alive at a time.
+
+For softmax-family attention `mass` is the share of each query's attention on the sink (rows sum to 1, or to
+less than 1 with a sink logit). ReLU and sigmoid attention rows are not normalised: there `mass` is the mean
+raw weight on the dominant key, comparable across heads of one model but not a probability, and the 0.5 / 0.9
+sink thresholds are in those raw units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
+from vitsinks.models import SinkBlock, SinkViT
+
+
+def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
+    """Tokens entering block 0: patches, position embedding, [CLS] and registers (as `forward_features`)."""
+    x = model.patch_embed(images)
+    x = model._pos_embed(x)
+    x = model.patch_drop(x)
+    return model.norm_pre(x)
+
+
+def _layerscale(block: SinkBlock) -> torch.Tensor | None:
+    return getattr(block.ls1, "gamma", None)
+
+
+@torch.no_grad()
+def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool = False,
+                    keep_maps: int = 0) -> dict[str, np.ndarray]:
+    """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
+
+    Also: `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` (B, L) of each block's output
+    residual stream; `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N), the mean
+    attention each key receives, for the attention-map plots.
+    """
+    blocks = list(blocks)
+    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in FIELDS}
+    norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
+    for blk in blocks:
+        ref = blk(x, is_causal=True) if causal else blk(x)
+        out, it = blk.forward_explicit(x, causal=causal)
+        errors.append(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
+        fields = head_fields(it.attn, it.v, blk.attn.proj.weight, _layerscale(blk))
+        for k in FIELDS:
+            per_block[k].append(fields[k])
+        if keep_maps:
+            maps.append(it.attn[:keep_maps].float().mean(-2))
+        del it, out
+        x = ref
+        norms = x.float().norm(dim=-1)  # (B, N)
+        norms_max.append(norms.amax(-1))
+        norms_med.append(norms.median(-1).values)
+        norms_arg.append(norms.argmax(-1))
+    result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in per_block.items()}
+    tmax, tmed = torch.stack(norms_max, 1), torch.stack(norms_med, 1)
+    result.update(
+        token_norm_max=tmax.cpu().numpy(), token_norm_median=tmed.cpu().numpy(),
+        massive_ratio=(tmax / tmed.clamp_min(1e-12)).cpu().numpy(),
+        massive_token=torch.stack(norms_arg, 1).cpu().numpy(), recompute_error=np.array(errors),
+    )
+    if keep_maps:
+        result["attn_col_mean"] = torch.stack(maps, 1).cpu().numpy()
+    return result
+
+
+def spectrum(blocks: Iterable[SinkBlock]) -> dict[str, np.ndarray]:
+    """Per (block, head) query-key spectrum of Theta: `qk_sigma1_frac` and `qk_sigma1_over_sigma2`, (L, H)."""
+    frac, gap = zip(*(qk_spectrum(b.attn.qkv.weight, b.attn.num_heads) for b in blocks), strict=True)
+    return {"qk_sigma1_frac": torch.stack(frac).numpy(), "qk_sigma1_over_sigma2": torch.stack(gap).numpy()}
+
+
+def _cat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {}
+    for k in parts[0]:
+        if k == "recompute_error":
+            out[k] = np.max(np.stack([p[k] for p in parts]), axis=0)
+        else:
+            out[k] = np.concatenate([p[k] for p in parts if k in p], axis=0)
+    return out
+
+
+@torch.no_grad()
+def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
+             keep_maps: int = 4) -> dict[str, np.ndarray]:
+    """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads).
+
+    Adds `num_prefix` and `num_registers` (scalars) so the sink location ([CLS], register, patch) can be read
+    from `sink_idx`, and `grid` (patch rows, columns) for the attention maps.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    parts = []
+    for lo in range(0, len(images), batch_size):
+        batch = images[lo : lo + batch_size].to(device)
+        parts.append(diagnose_tokens(model.blocks, embed(model, batch), keep_maps=max(0, keep_maps - lo)))
+    model.train(was_training)
+    result = _cat(parts)
+    result.update(spectrum(model.blocks))
+    ph, pw = model.patch_embed.patch_size
+    result["num_prefix"] = np.array(model.num_prefix_tokens)
+    result["num_registers"] = np.array(model.num_reg_tokens)
+    result["grid"] = np.array([images.shape[-2] // ph, images.shape[-1] // pw])
+    return result

@@ -1,0 +1,72 @@
+"""Per-head sink fields (SPEC section 3) from one block's explicit attention internals, and the QK spectrum.
+
+Shapes: A (B, H, N, N) with queries i on dim -2 and keys j on dim -1; v (B, H, N, hd); `w_o` the output
+projection weight (dim, H * hd); `ls` the LayerScale gamma (dim,) or None.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FIELDS = ("sink_idx", "mass", "routed_frac", "min_a", "ratio_head", "ratio_out", "stable_rank")
+
+
+def _ratio_to_others(norms: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """||x_s|| / mean_{j != s} ||x_j|| for norms (B, H, N) and sink indices s (B, H)."""
+    n = norms.shape[-1]
+    at_s = norms.gather(-1, s.unsqueeze(-1)).squeeze(-1)
+    others = (norms.sum(-1) - at_s) / max(n - 1, 1)
+    return at_s / others
+
+
+def head_outputs(v: torch.Tensor, w_o: torch.Tensor, ls: torch.Tensor | None) -> torch.Tensor:
+    """u_j = ls * (W_O^h v_j): each head's values after its slice of the output projection, (B, H, N, dim)."""
+    B, H, N, hd = v.shape
+    w_heads = w_o.view(w_o.shape[0], H, hd).permute(1, 0, 2)  # (H, dim, hd)
+    u = torch.einsum("bhnd,hed->bhne", v, w_heads)
+    return u * ls if ls is not None else u
+
+
+def stable_rank(U: torch.Tensor) -> torch.Tensor:
+    """||U||_F^2 / ||U||_2^2 over the last two dims; NaN where U = 0 (undefined)."""
+    gram = U @ U.transpose(-1, -2) if U.shape[-2] <= U.shape[-1] else U.transpose(-1, -2) @ U
+    gram = gram.double()
+    top = torch.linalg.eigvalsh(gram)[..., -1]
+    fro2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return torch.where(top > 0, fro2 / top.clamp_min(1e-300), torch.nan).float()
+
+
+def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
+                ls: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The SPEC fields of every (image, head) of one block, each shaped (B, H)."""
+    attn, v = attn.float(), v.float()
+    s = attn.mean(-2).argmax(-1)  # dominant column: argmax_j mean_i A_ij
+    col = attn.gather(-1, s[..., None, None].expand(*attn.shape[:-1], 1)).squeeze(-1)  # A_is over queries i
+    u = head_outputs(v, w_o.float(), None if ls is None else ls.float())
+    return {
+        "sink_idx": s,
+        "mass": col.mean(-1),
+        "routed_frac": (col >= 0.5).float().mean(-1),
+        "min_a": col.amin(-1),
+        "ratio_head": _ratio_to_others(v.norm(dim=-1), s),
+        "ratio_out": _ratio_to_others(u.norm(dim=-1), s),
+        "stable_rank": stable_rank(attn @ u),  # the head update U = A u, before the gate
+    }
+
+
+def qk_spectrum(qkv_weight: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, (sigma_1 / sum sigma, sigma_1 / sigma_2) of Theta_h = W_Q^h (W_K^h)^T = W_q^T W_k (nn.Linear rows).
+
+    Theta_h is dim x dim of rank <= hd; its nonzero singular values are those of R_q R_k^T, with W_q^T = Q_q R_q
+    and W_k^T = Q_k R_k thin QR factorisations (hd x hd), which is much cheaper than an SVD of Theta.
+    """
+    dim = qkv_weight.shape[1]
+    hd = dim // num_heads
+    w = qkv_weight.detach().double()
+    wq, wk = w[:dim].view(num_heads, hd, dim), w[dim : 2 * dim].view(num_heads, hd, dim)
+    rq = torch.linalg.qr(wq.transpose(1, 2)).R  # (H, hd, hd)
+    rk = torch.linalg.qr(wk.transpose(1, 2)).R
+    sv = torch.linalg.svdvals(rq @ rk.transpose(1, 2))  # descending
+    frac = sv[:, 0] / sv.sum(-1).clamp_min(1e-300)
+    gap = sv[:, 0] / sv[:, 1].clamp_min(1e-300) if hd > 1 else torch.full_like(frac, torch.inf)
+    return frac.float(), gap.float()

@@ -1,0 +1,161 @@
+"""PNG plots of one diagnosed checkpoint, and of sinks over training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, location  # noqa: E402
+
+LOC_COLORS = {"cls": "tab:red", "register": "tab:purple", "patch": "tab:blue"}
+CLASS_COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "unclassified": "tab:green"}
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, top: int = 6) -> Path:
+    """The strongest sink heads (highest mass) of the first images: the image, and the mean attention each patch
+    receives over it; the title gives the sink token and the mass on the prefix tokens."""
+    maps = d["attn_col_mean"]  # (m, L, H, N)
+    m = maps.shape[0]
+    mass = d["mass"][:m]
+    order = np.argsort(mass.reshape(-1))[::-1][:top]
+    n_prefix, (gh, gw) = int(d["num_prefix"]), d["grid"]
+    loc_names = {0: "[CLS]", 1: "register"}
+    fig, axes = plt.subplots(2, top, figsize=(2.2 * top, 4.6))
+    axes = np.asarray(axes).reshape(2, top)
+    for col, flat in enumerate(order):
+        i, blk, h = np.unravel_index(flat, mass.shape)
+        s = int(d["sink_idx"][i, blk, h])
+        where = loc_names.get(int(location(d)[i, blk, h]), f"patch {s - n_prefix}")
+        axes[0, col].imshow(images[i])
+        axes[0, col].set_title(f"img {i}", fontsize=8)
+        heat = maps[i, blk, h, n_prefix:].reshape(gh, gw)
+        axes[1, col].imshow(images[i])
+        axes[1, col].imshow(heat, cmap="inferno", alpha=0.75, extent=(0, images.shape[2], images.shape[1], 0))
+        axes[1, col].set_title(f"b{blk} h{h}: sink {where}\nmass {mass[i, blk, h]:.2f}, prefix "
+                               f"{maps[i, blk, h, :n_prefix].sum():.2f}", fontsize=7)
+        for ax in axes[:, col]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.suptitle("strongest sink heads: mean attention received per patch", fontsize=9)
+    return _save(fig, path)
+
+
+def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, ratio: str = "ratio_out") -> Path:
+    """Value-norm ratio vs stable rank of every sink event, coloured by block, with the class boundaries."""
+    ev = events(d)
+    L = ev.shape[1]
+    blocks = np.broadcast_to(np.arange(L)[None, :, None], ev.shape)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    if ev.any():
+        sc = ax.scatter(d[ratio][ev], d["stable_rank"][ev], c=blocks[ev], cmap="viridis", s=14, alpha=0.7,
+                        vmin=0, vmax=L - 1)
+        fig.colorbar(sc, ax=ax, label="block")
+    else:
+        ax.text(0.5, 0.5, "no sink events (relaxed rule)", ha="center", transform=ax.transAxes)
+    ax.axvline(0.2, color="gray", ls="--", lw=1)
+    ax.axvline(0.5, color="tab:orange", ls="--", lw=1)
+    ax.axhline(1.5, color="tab:orange", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{ratio} (sink value norm / mean of others)")
+    ax.set_ylabel("stable rank of the head update")
+    ax.set_title("sink events: NOP-like (left of 0.2) vs broadcast-like (right of 0.5, rank <= 1.5)", fontsize=9)
+    return _save(fig, path)
+
+
+def sink_heatmap(d: dict[str, np.ndarray], path: Path) -> Path:
+    """Fraction of images on which each (block, head) is a sink."""
+    freq = events(d).mean(axis=0)
+    fig, ax = plt.subplots(figsize=(1 + 0.35 * freq.shape[1], 1 + 0.3 * freq.shape[0]))
+    im = ax.imshow(freq, vmin=0, vmax=1, cmap="magma", aspect="auto")
+    fig.colorbar(im, ax=ax, label="sink frequency over images")
+    ax.set_xlabel("head")
+    ax.set_ylabel("block")
+    ax.set_title("sink frequency (relaxed rule)", fontsize=9)
+    return _save(fig, path)
+
+
+def location_by_block(summary: dict[str, Any], path: Path) -> Path:
+    """Sinks per image in each block, stacked by location and split by NOP / broadcast class."""
+    loc = summary["location_by_block"]
+    cls = summary["class_by_block"]
+    L = len(loc["cls"])
+    x = np.arange(L)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, groups, colors, title in ((axes[0], loc, LOC_COLORS, "where the sink sits"),
+                                      (axes[1], cls, CLASS_COLORS, "what the sink does")):
+        bottom = np.zeros(L)
+        for name in (LOCATIONS if groups is loc else CLASSES):
+            ax.bar(x, groups[name], bottom=bottom, color=colors[name], label=name)
+            bottom += np.array(groups[name])
+        ax.set_xlabel("block")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("sink heads per image")
+    return _save(fig, path)
+
+
+def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
+    """Per block: max / median residual token norm (median over images, 10-90% band) and the largest norm."""
+    ratio = d["massive_ratio"]
+    L = ratio.shape[1]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.plot(range(L), np.median(ratio, 0), "o-", label="max / median token norm")
+    ax.fill_between(range(L), np.percentile(ratio, 10, 0), np.percentile(ratio, 90, 0), alpha=0.25)
+    ax2 = ax.twinx()
+    ax2.plot(range(L), np.median(d["token_norm_max"], 0), "s--", color="tab:red", label="max token norm")
+    ax2.set_ylabel("max token norm", color="tab:red")
+    ax.set_xlabel("block (output residual stream)")
+    ax.set_ylabel("max / median")
+    ax.set_title("massive activations", fontsize=9)
+    ax.legend(loc="upper left", fontsize=7)
+    return _save(fig, path)
+
+
+def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
+    """Sinks per image by class vs step, and the blocks where sinks sit vs step (emergence stages)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in CLASSES:
+        axes[0].plot(steps, [s["sinks_per_image"][name]["all"] for s in summaries], "o-",
+                     color=CLASS_COLORS[name], label=name)
+    axes[0].plot(steps, [s["sinks_per_image_block0"]["all"]["all"] for s in summaries], "k:", label="block 0 (all)")
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("sinks per image (blocks 1..L-1)")
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("sinks per image by class", fontsize=9)
+    grid = np.array([s["block_frequency"] for s in summaries]).T  # (L, checkpoints)
+    im = axes[1].imshow(grid, aspect="auto", origin="lower", cmap="magma", vmin=0,
+                        extent=(-0.5, len(steps) - 0.5, -0.5, grid.shape[0] - 0.5))
+    axes[1].set_xticks(range(len(steps)), [str(s) for s in steps], rotation=45, fontsize=7)
+    axes[1].set_xlabel("checkpoint step")
+    axes[1].set_ylabel("block")
+    axes[1].set_title("sink frequency per block over training", fontsize=9)
+    fig.colorbar(im, ax=axes[1], label="fraction of heads x images")
+    return _save(fig, path)
+
+
+def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndarray, out: Path,
+              ratio: str = "ratio_out") -> list[Path]:
+    """Every per-checkpoint plot into `out`."""
+    return [
+        attention_maps(d, images, out / "attention_maps.png"),
+        nop_broadcast_scatter(d, out / "nop_broadcast_scatter.png", ratio),
+        sink_heatmap(d, out / "sink_heatmap.png"),
+        location_by_block(summary, out / "sink_location_by_block.png"),
+        massive_activations(d, out / "massive_activations.png"),
+    ]
+
+
+__all__ = ["all_plots", "over_training", "classify"]

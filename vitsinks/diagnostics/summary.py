@@ -1,0 +1,99 @@
+"""Sink events, NOP / broadcast classification, sink locations, and the per-checkpoint summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+LOCATIONS = ("cls", "register", "patch")
+CLASSES = ("nop", "broadcast", "unclassified")
+NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
+
+
+def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) -> np.ndarray:
+    """Boolean sink events (images, blocks, heads): `relaxed` (routed_frac >= 0.9) or `def1` (min_a >= 1 - eps)."""
+    if rule == "relaxed":
+        return d["routed_frac"] >= 0.9
+    if rule == "def1":
+        if not 0 < eps <= 0.5:
+            raise ValueError(f"Definition 1 needs 0 < eps <= 0.5, got {eps}")
+        return d["min_a"] >= 1 - eps
+    raise ValueError(f"unknown sink rule {rule!r}: use relaxed or def1")
+
+
+def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
+    """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified.
+
+    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (SPEC section 3).
+    """
+    r = d[ratio]
+    broadcast = r >= BROADCAST_MIN
+    if use_rank:
+        broadcast &= d["stable_rank"] <= BROADCAST_MAX_RANK
+    return np.where(r <= NOP_MAX, 0, np.where(broadcast, 1, 2))
+
+
+def location(d: dict[str, np.ndarray]) -> np.ndarray:
+    """Where each dominant key sits: 0 [CLS], 1 register, 2 patch."""
+    s = d["sink_idx"]
+    r = int(d["num_registers"])
+    return np.where(s == 0, 0, np.where(s <= r, 1, 2))
+
+
+def _fmt(x: float) -> float:
+    return float(np.round(x, 6))
+
+
+def sinks_per_image(ev: np.ndarray, cls: np.ndarray, loc: np.ndarray) -> dict[str, dict[str, float]]:
+    """Events summed over heads and the given blocks, averaged over images; split by class x location."""
+    out: dict[str, dict[str, float]] = {}
+    for ci, cname in enumerate((*CLASSES, "all")):
+        row = {}
+        for li, lname in enumerate((*LOCATIONS, "all")):
+            m = ev.copy()
+            if cname != "all":
+                m &= cls == ci
+            if lname != "all":
+                m &= loc == li
+            row[lname] = _fmt(m.sum(axis=(1, 2)).mean()) if m.size else 0.0
+        out[cname] = row
+    return out
+
+
+def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5, ratio: str = "ratio_out",
+              use_rank: bool = True) -> dict[str, Any]:
+    """The JSON summary of one diagnosed checkpoint (see the README's diagnostics section)."""
+    ev, cls, loc = events(d, rule, eps), classify(d, ratio, use_rank), location(d)
+    n_img, n_blocks, n_heads = ev.shape
+    massive_loc = np.where(d["massive_token"] == 0, 0,
+                           np.where(d["massive_token"] <= int(d["num_registers"]), 1, 2))
+    sink_heads = ev.any(axis=0)
+    return {
+        "rule": {"events": rule, "eps": eps, "ratio": ratio, "use_stable_rank": use_rank},
+        "shape": {"images": n_img, "blocks": n_blocks, "heads": n_heads,
+                  "registers": int(d["num_registers"])},
+        "sinks_per_image": sinks_per_image(ev[:, 1:], cls[:, 1:], loc[:, 1:]),
+        "sinks_per_image_block0": sinks_per_image(ev[:, :1], cls[:, :1], loc[:, :1]),
+        "block_frequency": [_fmt(x) for x in ev.mean(axis=(0, 2))],
+        "head_frequency": [[_fmt(x) for x in row] for row in ev.mean(axis=0)],
+        "location_by_block": {name: [_fmt(x) for x in ((loc == i) & ev).sum(axis=2).mean(axis=0)]
+                              for i, name in enumerate(LOCATIONS)},
+        "class_by_block": {name: [_fmt(x) for x in ((cls == i) & ev).sum(axis=2).mean(axis=0)]
+                           for i, name in enumerate(CLASSES)},
+        "spectrum": {
+            "sigma1_frac_by_block": [_fmt(x) for x in d["qk_sigma1_frac"].mean(axis=1)],
+            "sigma1_frac_sink_heads": _fmt(d["qk_sigma1_frac"][sink_heads].mean()) if sink_heads.any() else None,
+            "sigma1_frac_other_heads": _fmt(d["qk_sigma1_frac"][~sink_heads].mean()) if (~sink_heads).any()
+            else None,
+            "sigma1_over_sigma2_max": _fmt(np.max(d["qk_sigma1_over_sigma2"])),
+        },
+        "massive_activations": {
+            "ratio_by_block": [_fmt(x) for x in np.median(d["massive_ratio"], axis=0)],
+            "max_norm_by_block": [_fmt(x) for x in np.median(d["token_norm_max"], axis=0)],
+            "location_share_by_block": {name: [_fmt(x) for x in (massive_loc == i).mean(axis=0)]
+                                        for i, name in enumerate(LOCATIONS)},
+        },
+        "recompute_error_max": _fmt(float(np.max(d["recompute_error"]))),
+        "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
+    }
