@@ -54,8 +54,8 @@ def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
     }
 
 
-def qk_spectrum(qkv_weight: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head, (sigma_1 / sum sigma, sigma_1 / sigma_2) of Theta_h = W_Q^h (W_K^h)^T = W_q^T W_k (nn.Linear rows).
+def qk_singular_values(qkv_weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Per head, the nonzero singular values (descending, (H, hd)) of Theta_h = W_Q^h (W_K^h)^T = W_q^T W_k.
 
     Theta_h is dim x dim of rank <= hd; its nonzero singular values are those of R_q R_k^T, with W_q^T = Q_q R_q
     and W_k^T = Q_k R_k thin QR factorisations (hd x hd), which is much cheaper than an SVD of Theta.
@@ -66,7 +66,12 @@ def qk_spectrum(qkv_weight: torch.Tensor, num_heads: int) -> tuple[torch.Tensor,
     wq, wk = w[:dim].view(num_heads, hd, dim), w[dim : 2 * dim].view(num_heads, hd, dim)
     rq = torch.linalg.qr(wq.transpose(1, 2)).R  # (H, hd, hd)
     rk = torch.linalg.qr(wk.transpose(1, 2)).R
-    sv = torch.linalg.svdvals(rq @ rk.transpose(1, 2))  # descending
+    return torch.linalg.svdvals(rq @ rk.transpose(1, 2))
+
+
+def qk_spectrum(qkv_weight: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, (sigma_1 / sum sigma, sigma_1 / sigma_2) of Theta_h (see `qk_singular_values`)."""
+    sv = qk_singular_values(qkv_weight, num_heads)
     frac = sv[:, 0] / sv.sum(-1).clamp_min(1e-300)
-    gap = sv[:, 0] / sv[:, 1].clamp_min(1e-300) if hd > 1 else torch.full_like(frac, torch.inf)
+    gap = sv[:, 0] / sv[:, 1].clamp_min(1e-300) if sv.shape[1] > 1 else torch.full_like(frac, torch.inf)
     return frac.float(), gap.float()

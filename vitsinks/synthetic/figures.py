@@ -1,0 +1,84 @@
+"""One PNG per synthetic task, drawn from its JSON result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _matrix(ax: plt.Axes, m: Any, title: str) -> None:
+    ax.imshow(np.asarray(m), cmap="viridis", vmin=0, vmax=1)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+
+
+def trigger_figure(r: dict[str, Any], path: Path) -> Path:
+    models = r["models"]
+    names = list(models)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    x = np.arange(len(names))
+    axes[0].bar(x, [models[n]["bos_attention_nontrigger"] for n in names],
+                color=["tab:red" if "softmax" in n else "tab:blue" for n in names])
+    axes[0].set_xticks(x, names, fontsize=8)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].axhline(0.9, ls="--", color="gray", lw=1)
+    axes[0].axhline(0.05, ls=":", color="gray", lw=1)
+    axes[0].set_ylabel("mean attention on BOS, non-trigger queries")
+    for i, n in enumerate(names):
+        axes[0].text(i, 0.5, f"err {models[n]['task_rel_error']:.1e}", ha="center", rotation=90, fontsize=7)
+    _matrix(axes[1], models["softmax_1h"]["attention_mean"], "softmax, 1 head: mean attention (BOS = column 0)")
+    _matrix(axes[2], models["relu_1h"]["attention_mean"], "ReLU, 1 head: mean attention")
+    fig.suptitle("trigger task: normalisation forces a BOS sink", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def nop_figure(r: dict[str, Any], path: Path) -> Path:
+    m = r["models"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    _matrix(axes[0], m["damping"]["attention_example"],
+            f"damping: NOP sink on BOS (ratio_out {m['damping']['ratio_out']:.2f})")
+    _matrix(axes[1], m["control"]["attention_example"], "control: no damping, no sink")
+    for name, color in (("damping", "tab:red"), ("control", "tab:gray")):
+        sv = np.asarray(m[name]["qk_singular_values"])
+        label = f"{name}: s1/sum {m[name]['qk_sigma1_frac']:.2f}, s1/s2 {m[name]['qk_sigma1_over_sigma2']:.1f}"
+        axes[2].plot(np.arange(1, len(sv) + 1), sv / sv.sum(), "o-", color=color, label=label)
+    axes[2].set_xlabel("singular value index")
+    axes[2].set_ylabel("share of the spectrum of W_Q W_K^T")
+    axes[2].legend(fontsize=7)
+    fig.suptitle("nop task: conditional damping makes a NOP sink and a spike in the QK spectrum", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
+    maps = [np.asarray(a) for a in r["attention_example"]]  # per block (H, N, N)
+    cols = sum(m.shape[0] for m in maps)
+    fig, axes = plt.subplots(1, cols, figsize=(3.3 * cols, 3.6))
+    i = 0
+    for b, m in enumerate(maps):
+        for h in range(m.shape[0]):
+            hub = (b, h) == (r["hub_block"], r["hub_head"])
+            _matrix(axes[i], m[h], f"block {b} head {h}" + (" (hub)" if hub else ""))
+            axes[i].axvline(r["source_example"], color="tab:red", lw=0.8, ls=":")
+            i += 1
+    fig.suptitle(f"broadcast task: hub on the source (red), ratio_out {r['hub_ratio_out']:.2f}, "
+                 f"stable rank {r['hub_stable_rank']:.2f}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_figure}

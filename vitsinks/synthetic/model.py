@@ -1,0 +1,76 @@
+"""A minimal sequence transformer for the synthetic tasks, built from the same `SinkBlock`s as the ViTs.
+
+Blocks are attention-only (the MLP is switched off) so that every token-to-token computation goes through
+attention and the diagnostics see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from vitsinks.models import SinkBlock
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class NoMLP(nn.Module):
+    """Stands in for the block MLP: contributes nothing to the residual stream."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+class SeqModel(nn.Module):
+    """Linear embedding -> `depth` attention-only `SinkBlock`s -> linear readout.
+
+    `out_dim=None` fixes the embedding to an orthonormal map of the features into the residual stream and reads
+    the whole stream out (targets are embedded the same way, see `embed_target`): every residual dimension is
+    then constrained, so "leave this token unchanged" means an attention output of exactly zero, as it does
+    for a real residual stream that later layers read.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int | None, dim: int = 32, depth: int = 1, heads: int = 1,
+                 attn: str = "softmax", causal: bool = False) -> None:
+        super().__init__()
+        self.causal = causal
+        self.embed = nn.Linear(in_dim, dim, bias=out_dim is not None)
+        if out_dim is None:
+            nn.init.orthogonal_(self.embed.weight)
+            self.embed.weight.requires_grad_(False)
+        self.blocks = nn.ModuleList(
+            SinkBlock(dim, heads, attn=attn, qkv_bias=False, proj_bias=False, mlp_layer=NoMLP) for _ in range(depth))
+        self.head = nn.Linear(dim, out_dim) if out_dim is not None else nn.Identity()
+
+    def embed_target(self, y: torch.Tensor) -> torch.Tensor:
+        """Targets in feature space -> targets of the model's output (embedded when the whole stream is read)."""
+        return self.embed(y).detach() if isinstance(self.head, nn.Identity) else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for blk in self.blocks:
+            h = blk(h, is_causal=self.causal)
+        return self.head(h)
+
+
+def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: int, lr: float = 3e-3,
+          seed: int = 0) -> list[float]:
+    """Adam on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    curve = []
+    for _ in range(steps):
+        x, y, w = batch_fn(gen)
+        loss = (((model(x) - model.embed_target(y)) ** 2).mean(-1) * w).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        curve.append(loss.item())
+    return curve
