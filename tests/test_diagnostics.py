@@ -125,3 +125,26 @@ def test_events_rules_and_summary_counts_by_hand() -> None:
     b0 = s["sinks_per_image_block0"]
     assert b0["nop"]["cls"] == 0.5 and b0["broadcast"]["patch"] == 0.5 and b0["unclassified"]["patch"] == 0.5
     assert s["block_frequency"] == [0.75, 0.5]
+
+
+def test_low_rank_fields_match_forming_u_and_U_explicitly() -> None:
+    """ratio_out and stable_rank avoid forming u and U; a direct computation must agree."""
+    from vitsinks.diagnostics import head_fields
+
+    torch.manual_seed(0)
+    B, H, N, hd = 2, 3, 7, 4
+    dim = H * hd
+    attn = torch.softmax(torch.randn(B, H, N, N) * 3, -1)
+    v, w_o, ls = torch.randn(B, H, N, hd), torch.randn(dim, dim), torch.rand(dim) + 0.5
+    f = head_fields(attn, v, w_o, ls)
+    w_heads = w_o.view(dim, H, hd).permute(1, 0, 2)  # W_O^h: (dim, hd) per head
+    u = torch.einsum("hed,bhnd->bhne", w_heads, v) * ls  # (B, H, N, dim)
+    U = attn @ u
+    s = f["sink_idx"]
+    for b in range(B):
+        for h in range(H):
+            norms = u[b, h].norm(dim=-1)
+            others = torch.cat([norms[: s[b, h]], norms[s[b, h] + 1 :]]).mean()
+            assert abs(f["ratio_out"][b, h] - norms[s[b, h]] / others) < 1e-4
+            direct = torch.linalg.matrix_norm(U[b, h], "fro") ** 2 / torch.linalg.matrix_norm(U[b, h], 2) ** 2
+            assert abs(f["stable_rank"][b, h] - direct) < 1e-3

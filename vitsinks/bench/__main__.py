@@ -1,4 +1,4 @@
-"""`python -m vitsinks.bench {models,train} [--size vit_cpu] [--batch N] [--repeats N]`."""
+"""`python -m vitsinks.bench {models,train,diagnostics} [--size NAME] [--batch N] [--repeats N]`."""
 
 from __future__ import annotations
 
@@ -7,19 +7,24 @@ import argparse
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vitsinks.bench", description=__doc__)
-    parser.add_argument("what", choices=["models", "train"], help="which benchmark")
-    parser.add_argument("--size", default="vit_cpu")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("what", choices=["models", "train", "diagnostics"], help="which benchmark")
+    parser.add_argument("--size", default=None, help="model size (default: vit_cpu; vit_small for diagnostics)")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
+    kw = {k: v for k, v in (("batch", args.batch), ("repeats", args.repeats)) if v is not None}
     if args.what == "models":
         from vitsinks.bench.models import run
 
-        run(args.size, args.batch, args.repeats)
-    else:
+        run(args.size or "vit_cpu", **kw)
+    elif args.what == "train":
         from vitsinks.bench.train import run
 
-        run(args.batch, args.repeats)
+        run(**kw)
+    else:
+        from vitsinks.bench.diagnostics import run
+
+        run(args.size or "vit_small", **kw)
 
 
 if __name__ == "__main__":

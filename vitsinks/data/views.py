@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,17 +50,20 @@ def sample_seed(*keys: int) -> int:
 
 @contextmanager
 def seeded_rngs(seed: int) -> Iterator[None]:
-    """Seed torch, numpy and python RNGs (all that lightly/torchvision transforms draw from), then restore them."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    torch.manual_seed(seed)
+    """Seed the RNGs lightly/torchvision transforms draw from (torch's CPU generator, numpy's global one).
+
+    The torch generator is restored afterwards, so the training step's own draws (SIGReg slices, dropout) do
+    not depend on how many images were loaded. numpy's global generator is left seeded: nothing but the
+    transforms uses it, and saving/restoring it would cost more than the transform (see `bench train`).
+    """
+    gen = torch.random.default_generator
+    state = gen.get_state()
+    gen.manual_seed(seed)
     np.random.seed(seed)
-    random.seed(seed)
     try:
         yield
     finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
+        gen.set_state(state)
 
 
 class SeededViews(Dataset):

@@ -19,17 +19,24 @@ def _ratio_to_others(norms: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return at_s / others
 
 
-def head_outputs(v: torch.Tensor, w_o: torch.Tensor, ls: torch.Tensor | None) -> torch.Tensor:
-    """u_j = ls * (W_O^h v_j): each head's values after its slice of the output projection, (B, H, N, dim)."""
-    B, H, N, hd = v.shape
-    w_heads = w_o.view(w_o.shape[0], H, hd).permute(1, 0, 2)  # (H, dim, hd)
-    u = torch.einsum("bhnd,hed->bhne", v, w_heads)
-    return u * ls if ls is not None else u
+def head_output_gram(w_o: torch.Tensor, num_heads: int, ls: torch.Tensor | None) -> torch.Tensor:
+    """K_h = W_h'^T W_h' (H, hd, hd) with W_h' = diag(ls) W_O^h: then u_j = W_h' v_j and ||u_j||^2 = v_j^T K_h v_j."""
+    dim = w_o.shape[0]
+    hd = w_o.shape[1] // num_heads
+    w = w_o.view(dim, num_heads, hd).permute(1, 0, 2)  # (H, dim, hd)
+    if ls is not None:
+        w = w * ls.view(1, dim, 1)
+    return w.transpose(1, 2) @ w
 
 
 def stable_rank(U: torch.Tensor) -> torch.Tensor:
     """||U||_F^2 / ||U||_2^2 over the last two dims; NaN where U = 0 (undefined)."""
     gram = U @ U.transpose(-1, -2) if U.shape[-2] <= U.shape[-1] else U.transpose(-1, -2) @ U
+    return _gram_stable_rank(gram)
+
+
+def _gram_stable_rank(gram: torch.Tensor) -> torch.Tensor:
+    """trace / largest eigenvalue of a PSD Gram matrix (= the stable rank of the matrix it came from)."""
     gram = gram.double()
     top = torch.linalg.eigvalsh(gram)[..., -1]
     fro2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
@@ -38,19 +45,28 @@ def stable_rank(U: torch.Tensor) -> torch.Tensor:
 
 def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
                 ls: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The SPEC fields of every (image, head) of one block, each shaped (B, H)."""
+    """The SPEC fields of every (image, head) of one block, each shaped (B, H).
+
+    u_j = ls * (W_O^h v_j) and U = A u are never formed: with K_h = W_h'^T W_h' (hd x hd), ||u_j||^2 =
+    v_j^T K_h v_j, and U = (A v) W_h'^T has the Gram matrix C^T (A v)^T (A v) C (hd x hd, K_h = C C^T) with the
+    same nonzero eigenvalues as U^T U, so the stable rank needs only hd x hd eigenvalues.
+    """
     attn, v = attn.float(), v.float()
     s = attn.mean(-2).argmax(-1)  # dominant column: argmax_j mean_i A_ij
     col = attn.gather(-1, s[..., None, None].expand(*attn.shape[:-1], 1)).squeeze(-1)  # A_is over queries i
-    u = head_outputs(v, w_o.float(), None if ls is None else ls.float())
+    K = head_output_gram(w_o.float(), attn.shape[1], None if ls is None else ls.float())
+    u_norm = torch.einsum("bhnd,hde,bhne->bhn", v, K, v).clamp_min(0).sqrt()
+    evals, evecs = torch.linalg.eigh(K.double())
+    C = (evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)).float()  # K = C C^T
+    m = (attn @ v) @ C.unsqueeze(0)  # (B, H, N, hd): U's row space, rotated
     return {
         "sink_idx": s,
         "mass": col.mean(-1),
         "routed_frac": (col >= 0.5).float().mean(-1),
         "min_a": col.amin(-1),
         "ratio_head": _ratio_to_others(v.norm(dim=-1), s),
-        "ratio_out": _ratio_to_others(u.norm(dim=-1), s),
-        "stable_rank": stable_rank(attn @ u),  # the head update U = A u, before the gate
+        "ratio_out": _ratio_to_others(u_norm, s),
+        "stable_rank": _gram_stable_rank(m.transpose(-1, -2) @ m),  # the head update U = A u, before the gate
     }
 
 

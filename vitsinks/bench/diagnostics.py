@@ -1,0 +1,62 @@
+"""`python -m vitsinks.bench diagnostics`: diagnostics cost per image relative to a forward pass, and memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.diagnostics import diagnose
+from vitsinks.models import SIZES, build_vit
+
+
+def _setup(size: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    spec = SIZES[size]
+    return build_vit(size).eval(), torch.randn(batch, 3, spec.img_size, spec.img_size)
+
+
+_MEASURE = """
+import gc, json, sys, torch
+from vitsinks.bench.diagnostics import _setup, diagnose
+mode, size, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model, x = _setup(size, batch)
+torch.set_grad_enabled(False)
+model(x[:1])  # allocator and kernels warm, outside the measurement
+gc.collect()
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
+status = lambda key: int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
+base = status("VmRSS:")
+model(x) if mode == "forward" else diagnose(model, x, batch_size=batch, keep_maps=0)
+print(json.dumps((status("VmHWM:") - base) / 1024))
+"""
+
+
+def peak_rss_mb(mode: str, size: str, batch: int) -> float:
+    """Peak resident memory (MB) above the loaded model of a fresh process that runs `mode` once (Linux)."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, mode, size, str(batch)], capture_output=True, text=True,
+                         check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run(size: str = "vit_small", batch: int = 8, repeats: int = 5) -> str:
+    """Print and return the time and memory ratios."""
+    model, x = _setup(size, batch)
+    with torch.no_grad():
+        times = interleaved({"forward": lambda: model(x),
+                             "diagnose": lambda: diagnose(model, x, batch_size=batch, keep_maps=0)},
+                            repeats=repeats, warmup=1)
+    med, lo, hi = ratio_stats(times["diagnose"], times["forward"])
+    fwd, diag = peak_rss_mb("forward", size, batch), peak_rss_mb("diagnose", size, batch)
+    mem = diag / max(fwd, 1e-6)
+    rows = [["time per image, diagnostics / forward", f"{med:.2f}", f"{lo:.2f}-{hi:.2f}", "<= 3"],
+            ["peak memory above the model, diagnostics / forward", f"{mem:.2f}", "", ""]]
+    out = (f"diagnostics (all per-image fields, spectra, recomputation check) on {size}, batch {batch}, "
+           f"{repeats} interleaved rounds; peak memory above the loaded model: forward {fwd:.0f} MB, diagnostics "
+           f"{diag:.0f} MB"
+           f"\n\n" + table(rows, ["measure", "ratio", "IQR", "target"]))
+    print(out)
+    return out
