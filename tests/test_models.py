@@ -206,13 +206,6 @@ def test_state_dict_of_another_architecture_is_a_clear_error() -> None:
         load_timm_state_dict(ours, ref.state_dict())
 
 
-def test_misspelt_config_key_names_it() -> None:
-    with pytest.raises(Exception, match="gatee"):
-        load_config(["model.gatee=elementwise"])
-    with pytest.raises(Exception, match="registers"):
-        load_config(["model.registers=many"])
-
-
 def test_unknown_variant_values_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown gate"):
         build_vit("vit_cpu", gate="sideways")

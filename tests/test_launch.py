@@ -1,0 +1,36 @@
+"""The main command, end to end as a user runs it (tiny settings), and its bad-input exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TINY
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -> None:
+    out = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "diagnostics.enabled=true", "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "gate+reg-vit_cpu-synthetic-s0"
+    assert f"run directory: {run}" in out.stdout and "next:" in out.stdout
+    assert "finished at step 8" in out.stdout
+    assert (run / "config.yaml").read_text().count("registers: 4") == 1
+    assert (run / "checkpoints" / "last.pt").is_file() and (run / "metrics.jsonl").stat().st_size > 0
+    assert (run / "diagnostics" / "step_0000008" / "summary.json").is_file()
+    again = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "train.epochs=3")  # resume and extend
+    assert again.returncode == 0 and "finished at step 12" in again.stdout
+
+
+def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None:
+    missing = launch(*TINY, "data=imagenet", f"data.root={tmp_path / 'nowhere'}")
+    assert missing.returncode == 1
+    assert f"error: data.root {tmp_path / 'nowhere'} does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    gate = launch(*TINY, "model.gate=sideways")
+    assert gate.returncode == 1 and "unknown gate 'sideways'" in gate.stderr
