@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,21 @@ def tiny_cfg(runs: Path, *overrides: str) -> DictConfig:
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+SLURM_BIN = Path(os.environ.get("VITSINKS_SLURM_DIR", "/tmp/vitsinks-slurm")) / "bin"
+if SLURM_BIN.is_dir() and str(SLURM_BIN) not in os.environ.get("PATH", ""):
+    os.environ["PATH"] = f"{SLURM_BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the local cluster's sacct
+
+
+def require_slurm() -> None:
+    """Skip without a responding SLURM, except under CI (CI=true), where a skip would hide a broken cluster."""
+    import shutil
+    import subprocess
+
+    ok = shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+    if not ok:
+        reason = "no responding SLURM (start one: bash slurm/local-cluster.sh start)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; CI must run the SLURM tests")
+        pytest.skip(reason)

@@ -121,10 +121,37 @@ class DiagnosticsConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where the job runs. `local`: this machine, this process."""
+    """Where the job runs: `local` (this machine, this process) or `slurm` (submitit; see slurm/README.md).
 
-    name: str = "local"
+    On SLURM a job has `nodes` x `gpus_per_node` tasks, one process per GPU (`tasks_per_node` CPU processes when
+    `gpus_per_node` is 0); `train.batch_size` stays the global batch and `train.lr` its learning rate.
+    """
+
+    name: str = "local"  # local | slurm
     device: str = "auto"  # auto | cpu | cuda
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int = 1  # CPU jobs only; with GPUs there is one task per GPU
+    cpus_per_task: int = 8
+    mem_gb: int | None = None
+    time_min: int = 240
+    constraint: str | None = None
+    signal_delay_s: int = 120  # the preemption/time-limit signal comes this long before the end
+    max_requeues: int = 3  # requeues after a time-out (preemptions are always requeued)
+    array_parallelism: int = 64  # at most this many array tasks run at once
+    additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch parameters, e.g. {mail-type: END}
+    setup: list[str] = field(default_factory=list)  # shell lines run before the job, e.g. module load ...
+    logs_dir: str | None = None  # submitit's folder (default: <runs_dir>/slurm_logs)
+
+
+@dataclass
+class EvalConfig:
+    """What runs after training. `after_train`: diagnostics (and evaluations) of the final checkpoint."""
+
+    after_train: bool = False
 
 
 @dataclass
@@ -137,6 +164,7 @@ class Config:
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
+    sweep: str | None = None  # `vitsinks.launch status sweep=<dir>`: a sweep directory
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)
@@ -144,12 +172,17 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (the `schema` entry of `configs/config.yaml`)."""
-    ConfigStore.instance().store(name="schema", node=Config)
+    """Register the schema with Hydra's ConfigStore (the `schema` entry of `configs/config.yaml`), and every
+    cluster profile of `slurm/cluster/*.yaml` as an option of the `cluster` group (`cluster=<profile>`)."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    for path in sorted((Path(__file__).resolve().parent.parent / "slurm" / "cluster").glob("*.yaml")):
+        cs.store(group="cluster", name=path.stem, node=OmegaConf.load(path))
 
 
 def config_dir() -> Path:

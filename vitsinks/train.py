@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -111,7 +112,8 @@ class Trainer:
         if cfg.train.compile:
             self.net = torch.compile(self.net)
         self.progress = Progress()
-        self.stop_requested = False
+        self.stop_requested = False  # the decision, identical on all ranks
+        self._stop_signal = False  # this rank's request
         self._saved_step = -1
         self._diag_images: tuple[torch.Tensor, np.ndarray] | None = None
 
@@ -175,6 +177,8 @@ class Trainer:
             rng = {**rng, "torch": torch.Generator().manual_seed(
                 sample_seed(self.cfg.seed, self.progress.step, self.dist.rank)).get_state()}
         ckpt.set_rng_state(rng)
+        if self.dist.is_main:
+            print(f"resuming from {last} at step {self.progress.step}", flush=True)
         return True
 
     # ---- loop --------------------------------------------------------------------------------------------------
@@ -200,8 +204,12 @@ class Trainer:
         terms = self.objective(proj_g.float(), None if proj_l is None else proj_l.float())
         probe_loss = F.cross_entropy(logits.float(), labels)
         total = terms.loss + probe_loss
-        bad = all_reduce_sum((~torch.isfinite(total.detach())).float())
-        if bad.item() > 0:
+        # one collective for both flags: a NaN anywhere stops every rank, and so does a stop request (a signal
+        # may reach the ranks at slightly different times; they must stop after the same step)
+        flags = all_reduce_sum(torch.stack([(~torch.isfinite(total.detach())).float(),
+                                            torch.tensor(float(self._stop_signal), device=total.device)]))
+        self.stop_requested = bool(flags[1].item() > 0)
+        if flags[0].item() > 0:
             raise NonFiniteLoss(
                 f"non-finite loss at step {self.progress.step + 1}: loss={terms.loss.item():.4g} "
                 f"sigreg={terms.sigreg.item():.4g} invariance={terms.invariance.item():.4g} "
@@ -234,9 +242,19 @@ class Trainer:
             correct += int((logits.argmax(-1) == y).sum())
         return correct / max(n, 1)
 
+    def _write_status(self, status: str, **extra: Any) -> None:
+        """`<run>/status.json`: running | finished | interrupted | failed, with the step (read by sweeps)."""
+        if self.dist.is_main and self.run_dir.is_dir():
+            info = {"status": status, "step": self.progress.step, "total_steps": self.total_steps,
+                    "world_size": self.dist.world, "variant": self.model.backbone.variant, **extra}
+            (self.run_dir / "status.json").write_text(json.dumps(info, indent=1))
+
     def request_stop(self) -> None:
-        """Stop after the current step, with a checkpoint (used on preemption)."""
-        self.stop_requested = True
+        """Stop after the current step with a checkpoint (preemption). Safe from a signal handler: with several
+        ranks the request is shared in the next step's collective, so that all ranks stop after the same step."""
+        self._stop_signal = True
+        if self.dist.world == 1:
+            self.stop_requested = True
 
     def fit(self, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
         """Train to the end (resuming from `last.pt` if present). Returns a summary dict."""
@@ -244,6 +262,7 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        self._write_status("running")
         tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
                           active=self.dist.is_main, resume_step=self.progress.step)
         cfg, p = self.cfg.train, self.progress
@@ -292,8 +311,12 @@ class Trainer:
                 tracker.log({"epoch": p.epoch, "val/probe_acc": val_acc}, p.step)
                 last_metrics["val/probe_acc"] = val_acc
             self.save()
+        except BaseException as err:
+            self._write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))
+            raise
         finally:
             bar.close()
             tracker.finish()
+        self._write_status(status)
         return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": bad_images,
                 **last_metrics}

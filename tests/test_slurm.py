@@ -1,0 +1,154 @@
+"""SLURM through submitit against a real single-node SLURM (bash slurm/local-cluster.sh start; CI starts it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, require_slurm, tiny_cfg
+
+from vitsinks.sweep import read_manifest, run_state
+from vitsinks.tracking import read_metrics
+from vitsinks.train import Trainer
+
+CLUSTER = ["cluster=local_slurm"]
+
+
+@pytest.fixture(autouse=True)
+def _slurm() -> None:
+    require_slurm()
+
+
+def launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def job_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def finished(run_dir: Path) -> bool:
+    return run_state(run_dir)["status"] in ("finished", "failed")
+
+
+def final_loss(run_dir: Path) -> float:
+    return [m for m in read_metrics(run_dir) if "loss" in m][-1]["loss"]
+
+
+def test_single_job_trains_to_the_end(runs: Path) -> None:
+    out = launch("exp=gate", *TINY, *CLUSTER, f"runs_dir={runs}", "name=one")
+    assert out.returncode == 0, out.stderr
+    assert "submitted SLURM job" in out.stdout
+    wait_for(lambda: finished(runs / "one"), 240, "the job to finish")
+    assert run_state(runs / "one")["status"] == "finished"
+    assert (runs / "one" / "checkpoints" / "last.pt").is_file()
+
+
+def test_array_of_four_variants_then_relaunch_and_status(runs: Path) -> None:
+    before = job_ids()
+    out = launch("-m", "exp=base,gate,reg,gate+reg", *TINY, *CLUSTER, f"runs_dir={runs}", "train.epochs=1")
+    assert out.returncode == 0, out.stderr
+    assert "as SLURM job array" in out.stdout
+    sweep = Path(out.stdout.split("manifest: ")[1].split()[0]).parent
+    manifest = read_manifest(sweep)
+    ids = [r["job_id"] for r in manifest["runs"]]
+    assert len({i.split("_")[0] for i in ids}) == 1 and sorted(i.split("_")[1] for i in ids) == ["0", "1", "2", "3"]
+    assert len(job_ids() - before) >= 1  # one array
+    runs_dirs = [Path(r["run_dir"]) for r in manifest["runs"]]
+    wait_for(lambda: all(finished(d) for d in runs_dirs), 300, "the four array tasks")
+    for d, exp in zip(runs_dirs, ["base", "gate", "reg", "gate+reg"], strict=True):
+        assert run_state(d)["status"] == "finished" and run_state(d)["variant"] == exp
+        assert (d / "checkpoints" / "last.pt").is_file()
+    status = launch("status", f"sweep={sweep}")
+    assert status.returncode == 0 and status.stdout.count("finished") == 4 and "4/4" in status.stdout
+    # relaunching the sweep leaves the finished runs alone
+    again = launch("-m", "exp=base,gate,reg,gate+reg", *TINY, *CLUSTER, f"runs_dir={runs}", "train.epochs=1")
+    assert again.returncode == 0 and "submitted" not in again.stdout
+    assert all(r["job_id"] is None for r in read_manifest(sweep)["runs"])
+
+
+def _uninterrupted(runs: Path, *overrides: str) -> float:
+    Trainer(tiny_cfg(runs, "name=reference", *overrides)).fit()
+    return final_loss(runs / "reference")
+
+
+LONG = ["data.train_size=256", "train.epochs=2", "train.ckpt_every=4"]  # 32 steps
+
+
+def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path) -> None:
+    out = launch(*TINY, *LONG, *CLUSTER, f"runs_dir={runs}", "name=requeued")
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
+    run = runs / "requeued"
+    wait_for(lambda: run_state(run)["step"] >= 10, 240, "the job to pass step 10")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_for(lambda: finished(run) and run_state(run)["step"] == 32, 300, "the requeued job to finish")
+    log = next((runs / "slurm_logs").glob(f"{job}/*_log.out")).read_text()
+    assert "resuming from" in log  # it really restarted from a checkpoint
+    assert final_loss(run) == _uninterrupted(runs, *LONG)
+
+
+def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> None:
+    out = launch(*TINY, *LONG, *CLUSTER, f"runs_dir={runs}", "name=preempted")
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
+    run = runs / "preempted"
+    wait_for(lambda: run_state(run)["step"] >= 6, 240, "the job to pass step 6")
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    wait_for(lambda: finished(run) and run_state(run)["step"] == 32, 300, "the preempted job to finish")
+    log = next((runs / "slurm_logs").glob(f"{job}/*_log.out")).read_text()
+    err = next((runs / "slurm_logs").glob(f"{job}/*_log.err")).read_text()
+    assert "resuming from" in log and "Caught signal SIGUSR2" in err
+    assert final_loss(run) == _uninterrupted(runs, *LONG)
+
+
+def test_two_task_job_runs_ddp_over_gloo(runs: Path) -> None:
+    out = launch(*TINY, *CLUSTER, "cluster.tasks_per_node=2", "train.max_steps=3", f"runs_dir={runs}", "name=ddp")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: finished(runs / "ddp"), 240, "the 2-task job")
+    state = run_state(runs / "ddp")
+    assert state["status"] == "finished" and state["world_size"] == 2
+    Trainer(tiny_cfg(runs, "name=single", "train.max_steps=3")).fit()
+    a = torch.load(runs / "ddp/checkpoints/last.pt", weights_only=False)["model"]
+    b = torch.load(runs / "single/checkpoints/last.pt", weights_only=False)["model"]
+    torch.testing.assert_close(a["backbone.blocks.1.mlp.fc2.weight"], b["backbone.blocks.1.mlp.fc2.weight"],
+                               atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("cluster.partition=nonexistent", "partition 'nonexistent' does not exist"),
+    ("cluster.time_min=1", "leaves no time to train and save a checkpoint"),
+    ("runs_dir=/proc/vitsinks-unwritable", "cannot write to /proc/vitsinks-unwritable"),
+])
+def test_bad_cluster_settings_fail_before_submitting(runs: Path, override: str, message: str) -> None:
+    before = job_ids()
+    args = [*TINY, *CLUSTER, f"runs_dir={runs}", override]
+    for cmd in (args, ["-m", "exp=base,gate", *args]):
+        out = launch(*cmd)
+        assert out.returncode == 1 and message in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    assert job_ids() == before
+
+
+def test_after_train_diagnoses_the_final_checkpoint(runs: Path) -> None:
+    out = launch(*TINY, *CLUSTER, "train.max_steps=2", "eval.after_train=true", "diagnostics.plots=false",
+                 f"runs_dir={runs}", "name=after")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: (runs / "after/diagnostics/final/summary.json").exists(), 240, "the after-train diagnostics")
+    assert json.loads((runs / "after/diagnostics/final/summary.json").read_text())["shape"]["blocks"] == 2
