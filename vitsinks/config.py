@@ -46,6 +46,7 @@ class DataConfig:
     val_size: int = 1024  # synthetic: validation images
     num_workers: int = 0
     on_bad_image: str = "skip"  # skip (warn and count) | error
+    voc_aug: bool = False  # voc: train on SegmentationClassAug (ImageSets/Segmentation/train_aug.txt)
 
 
 @dataclass
@@ -149,9 +150,26 @@ class ClusterConfig:
 
 @dataclass
 class EvalConfig:
-    """What runs after training. `after_train`: diagnostics (and evaluations) of the final checkpoint."""
+    """Frozen-backbone evaluations (`vitsinks.eval.linear`, `vitsinks.eval.dense`) and what runs after training.
+
+    `after_train`: diagnostics, linear probe and dense probe of the final checkpoint, in the training job.
+    """
 
     after_train: bool = False
+    batch_size: int = 64  # feature extraction
+    max_train_images: int | None = None  # subsample for quick checks (None: the whole split)
+    max_val_images: int | None = None
+    linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3])
+    linear_last_blocks: list[int] = field(default_factory=lambda: [1, 4])
+    linear_epochs: int = 10
+    linear_batch_size: int = 256
+    dense_data: str | None = None  # after_train: the segmentation dataset (default: data.name when it has masks)
+    dense_epochs: int = 10
+    dense_lr: float = 1e-3
+    dense_weight_decay: float = 1e-4
+    dense_batch_size: int = 16
+    dense_augment: bool = False  # random resized crop + flip with features recomputed; False: cached features
+    dense_examples: int = 4  # val images drawn as image | ground truth | prediction
 
 
 @dataclass

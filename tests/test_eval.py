@@ -1,0 +1,166 @@
+"""Evaluation: metrics with exact answers, the linear grid, dataset readers in their real layouts, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, tiny_cfg
+from PIL import Image
+
+from vitsinks.config import DataConfig
+from vitsinks.eval.dense import DenseHead, evaluate
+from vitsinks.eval.linear import train_grid
+from vitsinks.eval.metrics import iou_from_confusion
+from vitsinks.eval.segdata import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
+from vitsinks.models import build_vit
+from vitsinks.train import Trainer
+
+VOC_PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0] + [0] * (252 * 3 - 12) + [224, 224, 192] * 4
+
+
+def test_miou_per_class_iou_and_pixel_accuracy_by_hand() -> None:
+    conf = torch.tensor([[5, 1, 0], [2, 3, 0], [0, 0, 0]])  # class 2 never appears: no IoU, not in the mean
+    r = iou_from_confusion(conf)
+    # class 0: TP 5, FP 2, FN 1 -> 5/8; class 1: TP 3, FP 1, FN 2 -> 3/6
+    assert r["per_class_iou"] == [5 / 8, 0.5, None]
+    assert r["mIoU"] == pytest.approx((5 / 8 + 0.5) / 2)
+    assert r["pixel_acc"] == pytest.approx(8 / 11)
+
+
+class _Constant(torch.utils.data.Dataset):
+    def __init__(self, label: np.ndarray) -> None:
+        self.label = label
+        self.num_classes = 3
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int):
+        return Image.new("RGB", self.label.shape[::-1], (90, 90, 90)), self.label
+
+
+def test_ignore_index_is_left_out_of_the_confusion_matrix() -> None:
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, depth=1, embed_dim=48, num_heads=3).eval()
+    head = DenseHead(48, 3).eval()
+    with torch.no_grad():
+        head.conv.weight.zero_()
+        head.conv.bias.copy_(torch.tensor([0.0, 5.0, 0.0]))  # predicts class 1 everywhere
+    label = np.full((40, 48), IGNORE, np.uint8)  # larger than the model input: sliding window
+    label[:10, :] = 1
+    label[10:12, :] = 2
+    metrics, shown = evaluate(model, head, _Constant(label), 3, 32, examples=1)
+    conf = torch.tensor(metrics["confusion"])
+    assert conf.sum() == 12 * 48 and conf[1, 1] == 10 * 48 and conf[2, 1] == 2 * 48
+    assert metrics["pixel_acc"] == pytest.approx(10 / 12)
+    assert shown[0][2].shape == (40, 48)  # prediction at full label resolution
+
+
+def test_reduce_zero_label() -> None:
+    lab = np.array([[0, 1, 2], [150, 0, 7]], np.uint8)
+    assert reduce_zero_label(lab).tolist() == [[255, 0, 1], [149, 255, 6]]
+
+
+def test_linear_probe_reaches_100_percent_on_separable_features() -> None:
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(4, 16, generator=g) * 4
+
+    def feats(n: int) -> dict[str, torch.Tensor]:
+        y = torch.randint(0, 4, (n,), generator=g)
+        cls = (centers[y] + 0.3 * torch.randn(n, 16, generator=g))[:, None].repeat(1, 4, 1)
+        return {"cls": cls.half(), "patch_mean": torch.randn(n, 16, generator=g).half(), "label": y}
+
+    cells = train_grid(feats(400), feats(200), 4, [1e-3, 1e-2, 1e-1], [1, 4], epochs=5, batch_size=64)
+    assert len(cells) == 3 * 2 * 2
+    assert cells[0]["top1"] == 100.0 and cells[0]["top4"] == 100.0
+    assert {c["pool"] for c in cells} == {"cls", "cls+avgpool"} and {c["n_last"] for c in cells} == {1, 4}
+
+
+def _ade_fixture(root: Path) -> Path:
+    base = root / "ADEChallengeData2016"
+    for split in ("training", "validation"):
+        (base / "images" / split).mkdir(parents=True)
+        (base / "annotations" / split).mkdir(parents=True)
+        for i in range(2):
+            name = f"ADE_{split[:5]}_{i:08d}"
+            Image.new("RGB", (24, 16), "blue").save(base / "images" / split / f"{name}.jpg")
+            lab = np.zeros((16, 24), np.uint8)
+            lab[:, 12:] = 150
+            lab[:4] = 3
+            Image.fromarray(lab).save(base / "annotations" / split / f"{name}.png")
+    return root
+
+
+def test_ade20k_reader(tmp_path: Path) -> None:
+    ds = ade20k(_ade_fixture(tmp_path), "val")
+    img, lab = ds[0]
+    assert len(ds) == 2 and img.size == (24, 16)
+    assert set(np.unique(lab)) == {2, 149, IGNORE}  # 3 -> 2, 150 -> 149, 0 -> ignore
+    cfg = DataConfig(name="ade20k", root=str(tmp_path), num_classes=150)
+    assert len(build_seg_dataset(cfg, "train")) == 2
+
+
+def _voc_fixture(root: Path) -> Path:
+    base = root / "VOCdevkit" / "VOC2012"
+    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
+        (base / d).mkdir(parents=True)
+    for split, names in (("train", ["2007_000032"]), ("val", ["2007_000033", "2007_000039"])):
+        (base / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(names) + "\n")
+        for n in names:
+            Image.new("RGB", (20, 10), "red").save(base / "JPEGImages" / f"{n}.jpg")
+            lab = np.zeros((10, 20), np.uint8)
+            lab[2:8, 5:15] = 1
+            lab[1, :] = 255  # object border
+            png = Image.fromarray(lab, mode="P")
+            png.putpalette(VOC_PALETTE)
+            png.save(base / "SegmentationClass" / f"{n}.png")
+    return root
+
+
+def test_voc_reader_reads_palette_pngs(tmp_path: Path) -> None:
+    ds = voc(_voc_fixture(tmp_path), "val")
+    assert len(ds) == 2
+    img, lab = ds[1]
+    assert Image.open(ds.pairs[1][1]).mode == "P"
+    assert lab.shape == (10, 20) and lab[5, 10] == 1 and lab[0, 0] == 0 and (lab[1] == IGNORE).all()
+
+
+def test_segmentation_bad_input(tmp_path: Path) -> None:
+    root = _voc_fixture(tmp_path / "voc")
+    (root / "VOCdevkit/VOC2012/ImageSets/Segmentation/val.txt").unlink()
+    with pytest.raises(SegmentationError, match="val.txt is missing"):
+        voc(root, "val")
+    ade = _ade_fixture(tmp_path / "ade") / "ADEChallengeData2016"
+    Image.new("RGB", (30, 16)).save(ade / "images" / "validation" / "ADE_valid_00000000.jpg")
+    with pytest.raises(SegmentationError, match="size mismatch"):
+        ade20k(ade.parent, "val")[0]
+    with pytest.raises(SegmentationError, match="class-count mismatch: .* has label 149 .* 100 classes"):
+        ade20k(ade.parent, "val", num_classes=100)[1]
+
+
+def test_linear_and_dense_clis_on_the_embedded_default(runs: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=ev", "train.max_steps=2")).fit()
+    ckpt = runs / "ev" / "checkpoints" / "last.pt"
+    common = [f"ckpt={ckpt}", *TINY, "eval.max_train_images=48", "eval.max_val_images=16"]
+    lin = subprocess.run([sys.executable, "-m", "vitsinks.eval.linear", *common, "eval.linear_epochs=2"],
+                         capture_output=True, text=True, timeout=600)
+    assert lin.returncode == 0, lin.stderr
+    result = json.loads((runs / "ev" / "results" / "linear.json").read_text())
+    assert {c["n_last"] for c in result["grid"]} == {1, 2}  # "last 4" of a 2-block model
+    assert len(result["grid"]) == 6 * 2 * 2 and result["best"]["top1"] == max(c["top1"] for c in result["grid"])
+    dense = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", *common, "eval.dense_epochs=2",
+                            "eval.dense_augment=true", "eval.dense_examples=2"],
+                           capture_output=True, text=True, timeout=600)
+    assert dense.returncode == 0, dense.stderr
+    d = json.loads((runs / "ev" / "results" / "dense_synthetic.json").read_text())
+    assert d["classes"] == 5 and 0 <= d["mIoU"] <= 1 and len(d["per_class_iou"]) == 5
+    assert (runs / "ev" / "results" / "dense_synthetic.png").stat().st_size > 5000
+    missing = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={ckpt}", "data=voc",
+                              f"data.root={runs / 'nowhere'}"], capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr

@@ -1,0 +1,136 @@
+"""Segmentation datasets for the dense probes: ADE20K, Pascal VOC 2012, and the synthetic masks.
+
+Each item is `(PIL RGB image, uint8 label map)` with 255 = ignore; labels are checked against the class count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vitsinks.config import DataConfig
+from vitsinks.data import build_dataset
+from vitsinks.data.synthetic import SyntheticShapes
+
+IGNORE = 255
+ADE_SPLITS = {"train": "training", "val": "validation"}
+
+
+class SegmentationError(ValueError):
+    """A segmentation dataset on disk does not match its layout."""
+
+
+def reduce_zero_label(label: np.ndarray) -> np.ndarray:
+    """ADE20K: 0 (other) -> 255 (ignore), k -> k - 1."""
+    out = label.astype(np.int16) - 1
+    out[label == 0] = IGNORE
+    return out.astype(np.uint8)
+
+
+class SegFiles(Dataset):
+    """Image / label file pairs, with the checks every layout shares."""
+
+    def __init__(self, pairs: list[tuple[Path, Path]], num_classes: int, reduce_zero: bool = False) -> None:
+        self.pairs, self.num_classes, self.reduce_zero = pairs, num_classes, reduce_zero
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, np.ndarray]:
+        img_path, label_path = self.pairs[i]
+        img = Image.open(img_path).convert("RGB")
+        label = np.array(Image.open(label_path))  # palette PNGs give the class indices directly
+        if label.ndim != 2:
+            raise SegmentationError(f"{label_path} is not a single-channel label map (shape {label.shape})")
+        if label.shape != (img.height, img.width):
+            raise SegmentationError(f"size mismatch: image {img_path} is {img.width}x{img.height} but its label "
+                                    f"{label_path} is {label.shape[1]}x{label.shape[0]}")
+        if self.reduce_zero:
+            label = reduce_zero_label(label)
+        bad = label[(label != IGNORE) & (label >= self.num_classes)]
+        if bad.size:
+            raise SegmentationError(f"class-count mismatch: {label_path} has label {int(bad.max())} but the dataset "
+                                    f"is configured with {self.num_classes} classes (data.num_classes)")
+        return img, label
+
+
+def ade20k(root: str | Path, split: str, num_classes: int = 150) -> SegFiles:
+    """`ADEChallengeData2016/{images,annotations}/{training,validation}` under `root` (or `root` itself)."""
+    base = Path(root)
+    if (base / "ADEChallengeData2016").is_dir():
+        base = base / "ADEChallengeData2016"
+    img_dir, ann_dir = base / "images" / ADE_SPLITS[split], base / "annotations" / ADE_SPLITS[split]
+    for d in (img_dir, ann_dir):
+        if not d.is_dir():
+            raise SegmentationError(f"ADE20K folder {d} is missing: data.root must hold "
+                                    f"ADEChallengeData2016/{{images,annotations}}/{{training,validation}}")
+    pairs = []
+    for img in sorted(img_dir.glob("*.jpg")):
+        ann = ann_dir / f"{img.stem}.png"
+        if not ann.is_file():
+            raise SegmentationError(f"ADE20K annotation {ann} for image {img} is missing")
+        pairs.append((img, ann))
+    if not pairs:
+        raise SegmentationError(f"no ADE20K images (*.jpg) in {img_dir}")
+    return SegFiles(pairs, num_classes, reduce_zero=True)
+
+
+def voc(root: str | Path, split: str, num_classes: int = 21, aug: bool = False) -> SegFiles:
+    """`VOCdevkit/VOC2012` under `root` (or `root` itself); split lists in ImageSets/Segmentation."""
+    base = Path(root)
+    for sub in ("VOCdevkit/VOC2012", "VOC2012"):
+        if (base / sub).is_dir():
+            base = base / sub
+            break
+    use_aug = aug and split == "train"
+    list_file = base / "ImageSets" / "Segmentation" / (f"{split}_aug.txt" if use_aug else f"{split}.txt")
+    label_dir = base / ("SegmentationClassAug" if use_aug else "SegmentationClass")
+    if not list_file.is_file():
+        raise SegmentationError(f"VOC split file {list_file} is missing: data.root must hold "
+                                f"VOCdevkit/VOC2012/ImageSets/Segmentation/{{train,val}}.txt")
+    names = [n.strip() for n in list_file.read_text().splitlines() if n.strip()]
+    pairs = []
+    for n in names:
+        img, label = base / "JPEGImages" / f"{n}.jpg", label_dir / f"{n}.png"
+        for p in (img, label):
+            if not p.is_file():
+                raise SegmentationError(f"{p} is listed in {list_file.name} but missing")
+        pairs.append((img, label))
+    return SegFiles(pairs, num_classes)
+
+
+class SyntheticMasks(Dataset):
+    """The synthetic shapes with their per-pixel masks: `num_classes + 1` classes, 0 = background."""
+
+    def __init__(self, base: SyntheticShapes) -> None:
+        self.base = base
+        self.num_classes = base.num_classes + 1
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, np.ndarray]:
+        img, mask, _ = self.base.sample(i)
+        return Image.fromarray(img), mask
+
+
+def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
+    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic)."""
+    if cfg.name == "synthetic":
+        return SyntheticMasks(build_dataset(cfg, split, seed))  # type: ignore[arg-type]
+    if not cfg.root:
+        raise FileNotFoundError(f"data={cfg.name} needs data.root")
+    if not Path(cfg.root).is_dir():
+        raise FileNotFoundError(f"data.root {cfg.root} does not exist: point it at the {cfg.name} folder")
+    if cfg.name == "ade20k":
+        return ade20k(cfg.root, split, cfg.num_classes)
+    if cfg.name == "voc":
+        return voc(cfg.root, split, cfg.num_classes, cfg.voc_aug)
+    raise ValueError(f"data={cfg.name} has no segmentation masks: use ade20k, voc or synthetic for the dense probe")
+
+
+def num_seg_classes(ds: Dataset) -> int:
+    return ds.num_classes  # type: ignore[attr-defined]
