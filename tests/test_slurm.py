@@ -146,9 +146,11 @@ def test_bad_cluster_settings_fail_before_submitting(runs: Path, override: str, 
     assert job_ids() == before
 
 
-def test_after_train_diagnoses_the_final_checkpoint(runs: Path) -> None:
+def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) -> None:
     out = launch(*TINY, *CLUSTER, "train.max_steps=2", "eval.after_train=true", "diagnostics.plots=false",
+                 "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.dense_epochs=1",
                  f"runs_dir={runs}", "name=after")
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: (runs / "after/diagnostics/final/summary.json").exists(), 240, "the after-train diagnostics")
+    wait_for(lambda: (runs / "after/results/dense_synthetic.json").exists(), 300, "the after-train evaluations")
     assert json.loads((runs / "after/diagnostics/final/summary.json").read_text())["shape"]["blocks"] == 2
+    assert json.loads((runs / "after/results/linear.json").read_text())["val_images"] == 8

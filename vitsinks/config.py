@@ -163,7 +163,8 @@ class EvalConfig:
     linear_last_blocks: list[int] = field(default_factory=lambda: [1, 4])
     linear_epochs: int = 10
     linear_batch_size: int = 256
-    dense_data: str | None = None  # after_train: the segmentation dataset (default: data.name when it has masks)
+    dense_data: str | None = None  # after_train: ade20k | voc (default: the training data when it has masks)
+    dense_root: str | None = None
     dense_epochs: int = 10
     dense_lr: float = 1e-3
     dense_weight_decay: float = 1e-4

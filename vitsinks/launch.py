@@ -38,6 +38,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
               f"{trainer.total_steps} steps, device {trainer.device}, {trainer.dist.world} rank(s)")
         print(f"run directory: {trainer.run_dir}")
     summary = trainer.fit()
+    if summary["status"] == "finished" and cfg.eval.after_train and trainer.dist.is_main:
+        from vitsinks.eval import after_train
+
+        summary["after_train"] = after_train(cfg, trainer.run_dir)
     if trainer.dist.is_main:
         print(f"{summary['status']} at step {summary['step']}: loss {summary.get('loss', float('nan')):.4f}, "
               f"online probe val top-1 {summary.get('val/probe_acc', float('nan')):.3f}")

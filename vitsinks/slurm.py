@@ -114,19 +114,12 @@ class TrainJob(submitit.helpers.Checkpointable):
             if caught and summary["status"] == "interrupted" and callable(submitit_handler):
                 submitit_handler(caught[0], None)  # checkpoint() + requeue + exit (rank 0); returns on others
             if summary["status"] == "finished" and cfg.eval.after_train and trainer.dist.is_main:
+                from vitsinks.eval import after_train
+
                 summary["after_train"] = after_train(cfg, trainer.run_dir)
             return summary
         finally:
             cleanup()
-
-
-def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """The work `eval.after_train=true` adds after a finished run: diagnostics of the final checkpoint."""
-    from vitsinks.diagnose import diagnose_checkpoint
-
-    last = run_dir / "checkpoints" / "last.pt"
-    summary = diagnose_checkpoint(last, cfg, out_dir=run_dir / "diagnostics" / "final")
-    return {"diagnostics": str(run_dir / "diagnostics" / "final"), "sinks_per_image": summary["sinks_per_image"]}
 
 
 def submit(cfgs: list[DictConfig], folder: Path) -> list[submitit.Job]:

@@ -1,0 +1,101 @@
+"""The leaderboard against hand-made run folders with known numbers, and its HTML in a real headless browser."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from vitsinks.config import load_config
+from vitsinks.leaderboard import aggregate, build, collect, run_dirs
+
+# (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
+RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.24, 4.0, 0.5),
+        ("gate+reg", 0): (0.60, 70.0, 0.30, 0.0, 1.0), ("gate+reg", 1): (0.62, 72.0, 0.34, 0.0, 3.0)}
+
+
+def _summary(nop: float, broadcast: float) -> dict:
+    locs = {"cls": nop, "register": broadcast, "patch": 0.0}
+    spi = {"nop": {**locs, "all": nop}, "broadcast": {"cls": 0, "register": broadcast, "patch": 0, "all": broadcast},
+           "unclassified": {"cls": 0, "register": 0, "patch": 0, "all": 0},
+           "all": {"cls": nop, "register": broadcast, "patch": 0.0, "all": nop + broadcast}}
+    return {"sinks_per_image": spi, "massive_activations": {"ratio_by_block": [1.5, 3.0 + nop]}}
+
+
+def make_runs(root: Path) -> Path:
+    for (exp, seed), (online, lin, miou, nop, bc) in RUNS.items():
+        run = root / f"{exp}-s{seed}"
+        (run / "results").mkdir(parents=True)
+        (run / "diagnostics" / "final").mkdir(parents=True)
+        (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config([f"exp={exp}", f"seed={seed}"]),
+                                                           resolve=True))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 1.0}) + "\n"
+                                           + json.dumps({"step": 10, "val/probe_acc": online}) + "\n")
+        (run / "results" / "linear.json").write_text(json.dumps({"best": {"top1": lin}}))
+        (run / "results" / "dense_synthetic.json").write_text(json.dumps({"mIoU": miou}))
+        (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(_summary(nop, bc)))
+    return root
+
+
+def test_aggregation_by_hand(tmp_path: Path) -> None:
+    table = {t["variant"]: t for t in aggregate([collect(r) for r in run_dirs(make_runs(tmp_path))])}
+    assert list(table) == ["base", "gate+reg"]
+    base, gr = table["base"], table["gate+reg"]
+    assert base["seeds"] == 2
+    assert base["online_top1"][0] == pytest.approx(52.0) and base["online_top1"][1] == pytest.approx(2 ** 0.5 * 2)
+    assert base["linear_top1"] == (pytest.approx(62.0), pytest.approx(2 ** 0.5 * 2))
+    assert gr["dense_synthetic"][0] == pytest.approx(32.0)
+    assert base["nop"][0] == pytest.approx(3.0) and gr["broadcast"][0] == pytest.approx(2.0)
+    assert base["massive"][0] == pytest.approx(6.0)  # max over blocks of 3 + nop, averaged over seeds
+    assert gr["sinks"][0] == pytest.approx(2.0)
+
+
+def test_outputs_mark_the_best_and_carry_the_reference_block(tmp_path: Path) -> None:
+    out = tmp_path / "lb"
+    build(make_runs(tmp_path / "runs"), out)
+    md = (out / "leaderboard.md").read_text()
+    assert "| gate+reg | 2 | **61.00 ± 1.41** | **71.00 ± 1.41** | **32.00 ± 2.83** |" in md
+    assert "| base | 69.37 | 16.59 | 43.81 | 0.09 / 0.25 |" in md  # reference numbers, separate block
+    rows = list(csv.DictReader((out / "leaderboard.csv").open()))
+    assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0
+    assert (out / "leaderboard.png").stat().st_size > 10_000
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium is missing: CI must install it (apt-get install chromium)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    out = tmp_path / "lb"
+    build(make_runs(tmp_path / "runs"), out)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", (out / "leaderboard.html").as_uri()], capture_output=True,
+                         text=True, timeout=120).stdout
+    assert '<table id="leaderboard">' in dom and "<td>gate+reg</td>" in dom
+    assert '<td class="best">61.00 ± 1.41</td>' in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, *flags, "--window-size=1200,900", f"--screenshot={shot}",
+                    (out / "leaderboard.html").as_uri()], capture_output=True, timeout=120)
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_cli_errors(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", f"runs={tmp_path / 'none'}"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "neither a run folder nor a sweep" in out.stderr
+    usage = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", "rns=x"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "unknown: rns" in usage.stderr

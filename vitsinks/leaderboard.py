@@ -1,0 +1,247 @@
+"""The leaderboard: every variant's quality and mechanism side by side.
+
+    python -m vitsinks.leaderboard runs=runs/sweeps/sweep-<id>      # a sweep folder or its sweep.json
+    python -m vitsinks.leaderboard runs=runs [out=eval/leaderboard]  # every run directory under a folder
+
+Per run: the configuration, the online probe (val top-1), the linear probe, the dense probes (mIoU) and the
+diagnostics summary (sinks per image: NOP-like, broadcast-like, on [CLS] / register / patch; massive-activation
+ratio). Grouped by variant as mean +- std over seeds, the best variant per quality column marked, the reference
+numbers of the papers in a separate block. Writes leaderboard.{md,csv,html,png} into `out`.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import yaml
+from omegaconf import OmegaConf
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vitsinks.sweep import read_manifest  # noqa: E402
+from vitsinks.tracking import read_metrics  # noqa: E402
+
+VARIANT_ORDER = ["base", "gate", "reg", "gate+reg", "gate_headwise", "gate_headwise+reg", "relu", "sigmoid",
+                 "sink_logit"]
+QUALITY = [("online_top1", "online probe top-1"), ("linear_top1", "linear top-1"),
+           ("dense_synthetic", "synthetic mIoU"), ("dense_ade20k", "ADE20K mIoU"), ("dense_voc", "VOC mIoU")]
+MECHANISM = [("sinks", "sinks / image"), ("nop", "NOP-like"), ("broadcast", "broadcast-like"), ("on_cls", "on [CLS]"),
+             ("on_register", "on register"), ("on_patch", "on patch"), ("massive", "massive act. ratio")]
+
+# SPEC section 4 (Kempner gate x register sweep, ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe) and
+# section 3 (sinks per image, epoch 50, ADE20K val, blocks 1-23, relaxed rule, ratio_head).
+REFERENCE = {
+    "columns": ["variant", "IN-1k top-1", "ADE20K mIoU", "VOC mIoU", "broadcast / NOP sinks per image"],
+    "rows": [["base", "69.37", "16.59", "43.81", "0.09 / 0.25"], ["reg", "69.31", "18.71", "49.90", ""],
+             ["gate", "69.52", "18.57", "47.95", "3.80 / 0.00"], ["gate+reg", "69.36", "19.99", "52.17", ""],
+             ["headwise gate", "69.07", "18.51", "47.62", ""], ["headwise gate+reg", "69.13", "19.92", "52.41", ""]],
+    "notes": ["LeJEPA paper, frozen linear IN-1k after 100 epochs: ViT-L 77.1, ViT-H/14 79.",
+              "DINOv2 linear dense probes: ADE20K 44.3 / 47.3 / 47.7 mIoU, VOC 81.1 / 82.5 / 82.1 (ViT-S/B/L)."],
+}
+
+
+def run_dirs(source: str | Path) -> list[Path]:
+    """Run directories of a sweep (folder or sweep.json) or every folder with a config.yaml under `source`."""
+    src = Path(source)
+    if src.name == "sweep.json" or (src / "sweep.json").is_file():
+        return [Path(r["run_dir"]) for r in read_manifest(src)["runs"]]
+    if not src.is_dir():
+        raise FileNotFoundError(f"runs={src} is neither a run folder nor a sweep")
+    found = sorted(p.parent for p in src.glob("*/config.yaml")) or ([src] if (src / "config.yaml").exists() else [])
+    if not found:
+        raise FileNotFoundError(f"no run directories (with config.yaml) under {src}")
+    return found
+
+
+def _latest_summary(run: Path) -> dict[str, Any] | None:
+    final = run / "diagnostics" / "final" / "summary.json"
+    if final.exists():
+        return json.loads(final.read_text())
+    steps = sorted((run / "diagnostics").glob("step_*/summary.json"))
+    return json.loads(steps[-1].read_text()) if steps else None
+
+
+def collect(run: Path) -> dict[str, Any]:
+    """One leaderboard row from a run directory; missing evaluations are NaN."""
+    cfg = OmegaConf.load(run / "config.yaml")
+    row: dict[str, Any] = {"run": run.name, "variant": cfg.exp, "seed": cfg.seed, "model": cfg.model.size,
+                           "data": cfg.data.name}
+    online = [m["val/probe_acc"] for m in read_metrics(run) if "val/probe_acc" in m]
+    row["online_top1"] = 100 * online[-1] if online else math.nan
+    lin = run / "results" / "linear.json"
+    row["linear_top1"] = json.loads(lin.read_text())["best"]["top1"] if lin.exists() else math.nan
+    for name in ("synthetic", "ade20k", "voc"):
+        path = run / "results" / f"dense_{name}.json"
+        row[f"dense_{name}"] = 100 * json.loads(path.read_text())["mIoU"] if path.exists() else math.nan
+    s = _latest_summary(run)
+    if s:
+        spi = s["sinks_per_image"]
+        row.update(sinks=spi["all"]["all"], nop=spi["nop"]["all"], broadcast=spi["broadcast"]["all"],
+                   on_cls=spi["all"]["cls"], on_register=spi["all"]["register"], on_patch=spi["all"]["patch"],
+                   massive=max(s["massive_activations"]["ratio_by_block"]))
+    else:
+        row.update({k: math.nan for k, _ in MECHANISM})
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds per variant (std over n >= 2 seeds; NaN columns stay NaN)."""
+    variants = sorted({r["variant"] for r in rows},
+                      key=lambda v: (VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 99, v))
+    out = []
+    for v in variants:
+        group = [r for r in rows if r["variant"] == v]
+        agg: dict[str, Any] = {"variant": v, "seeds": len(group)}
+        for key, _ in QUALITY + MECHANISM:
+            vals = np.array([r[key] for r in group], dtype=float)
+            vals = vals[~np.isnan(vals)]
+            agg[key] = (float(vals.mean()) if vals.size else math.nan,
+                        float(vals.std(ddof=1)) if vals.size > 1 else math.nan)
+        out.append(agg)
+    return out
+
+
+def _best(table: list[dict[str, Any]]) -> dict[str, str]:
+    best = {}
+    for key, _ in QUALITY:
+        means = [(t[key][0], t["variant"]) for t in table if not math.isnan(t[key][0])]
+        if len(means) > 1:
+            best[key] = max(means)[1]
+    return best
+
+
+def _cell(mean_std: tuple[float, float], digits: int = 2) -> str:
+    m, s = mean_std
+    if math.isnan(m):
+        return "-"
+    return f"{m:.{digits}f}" if math.isnan(s) else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _columns(table: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Only the columns some variant has a value for."""
+    return [(k, n) for k, n in QUALITY + MECHANISM if any(not math.isnan(t[k][0]) for t in table)]
+
+
+def to_markdown(table: list[dict[str, Any]]) -> str:
+    cols, best = _columns(table), _best(table)
+    lines = ["| variant | seeds | " + " | ".join(n for _, n in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for t in table:
+        cells = [f"**{_cell(t[k])}**" if best.get(k) == t["variant"] else _cell(t[k]) for k, _ in cols]
+        lines.append(f"| {t['variant']} | {t['seeds']} | " + " | ".join(cells) + " |")
+    ref = REFERENCE
+    lines += ["", "Bold: best variant per quality column (mean over seeds). Reference numbers (papers, ViT-L, not "
+              "comparable in scale with CPU runs):", "", "| " + " | ".join(ref["columns"]) + " |",
+              "|" + "---|" * len(ref["columns"])] + ["| " + " | ".join(r) + " |" for r in ref["rows"]]
+    lines += [""] + [f"- {n}" for n in ref["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(table: list[dict[str, Any]], title: str) -> str:
+    cols, best = _columns(table), _best(table)
+    head = "".join(f"<th>{html.escape(n)}</th>" for _, n in cols)
+    body = "".join(
+        f"<tr><td>{html.escape(t['variant'])}</td><td>{t['seeds']}</td>"
+        + "".join(f"<td class=\"{'best' if best.get(k) == t['variant'] else ''}\">{html.escape(_cell(t[k]))}</td>"
+                  for k, _ in cols) + "</tr>" for t in table)
+    ref = REFERENCE
+    ref_rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in ref["rows"])
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in ref["notes"])
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1.5em}}
+td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
+th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<table id="leaderboard"><thead><tr><th>variant</th><th>seeds</th>{head}</tr></thead><tbody>{body}</tbody></table>
+<p>Mean ± std over seeds; highlighted: best variant per quality column.</p>
+<h2>Reference numbers (papers, ViT-L)</h2>
+<table id="reference"><thead><tr>{"".join(f"<th>{html.escape(c)}</th>" for c in ref["columns"])}</tr></thead>
+<tbody>{ref_rows}</tbody></table><ul>{notes}</ul>
+<img src="leaderboard.png" alt="quality and sinks per variant" style="max-width:100%"></body></html>
+"""
+
+
+def figure(table: list[dict[str, Any]], path: Path) -> Path:
+    """Quality bars (one group per quality metric) beside sinks per image split by class."""
+    quality = [(k, n) for k, n in QUALITY if any(not math.isnan(t[k][0]) for t in table)]
+    variants = [t["variant"] for t in table]
+    x = np.arange(len(variants))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.8 / max(len(quality), 1)
+    for i, (k, n) in enumerate(quality):
+        means = [t[k][0] for t in table]
+        errs = [0 if math.isnan(t[k][1]) else t[k][1] for t in table]
+        axes[0].bar(x + i * width, means, width, yerr=errs, label=n, capsize=2)
+    axes[0].set_xticks(x + width * (len(quality) - 1) / 2, variants)
+    axes[0].set_ylabel("%")
+    axes[0].set_title("quality", fontsize=10)
+    axes[0].legend(fontsize=7)
+    bottom = np.zeros(len(variants))
+    for key, name, color in (("nop", "NOP-like", "tab:gray"), ("broadcast", "broadcast-like", "tab:orange")):
+        vals = np.nan_to_num([t[key][0] for t in table])
+        axes[1].bar(x, vals, bottom=bottom, color=color, label=name)
+        bottom += vals
+    other = np.nan_to_num([t["sinks"][0] for t in table]) - bottom
+    axes[1].bar(x, other, bottom=bottom, color="tab:green", label="unclassified")
+    axes[1].set_xticks(x, variants)
+    axes[1].set_ylabel("sink heads per image (blocks 1..L-1)")
+    axes[1].set_title("mechanism", fontsize=10)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboard") -> list[dict[str, Any]]:
+    """Collect, aggregate and write leaderboard.{md,csv,html,png}; returns the aggregated table."""
+    rows = [collect(r) for r in run_dirs(source)]
+    table = aggregate(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leaderboard.md").write_text(f"# {title}\n\n" + to_markdown(table))
+    with (out / "leaderboard.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        keys = [k for k, _ in QUALITY + MECHANISM]
+        w.writerow(["variant", "seeds", *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
+        for t in table:
+            w.writerow([t["variant"], t["seeds"], *(f"{v:.4f}" for k in keys for v in t[k])])
+    with (out / "runs.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "leaderboard.html").write_text(to_html(table, title))
+    figure(table, out / "leaderboard.png")
+    return table
+
+
+def main(argv: list[str]) -> int:
+    args = dict(a.split("=", 1) for a in argv if "=" in a)
+    unknown = set(args) - {"runs", "out", "title"}
+    if "runs" not in args or unknown:
+        print(f"usage: python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...]"
+              f"{' (unknown: ' + ', '.join(sorted(unknown)) + ')' if unknown else ''}", file=sys.stderr)
+        return 2
+    out = args.get("out") or str(Path(args["runs"]).parent / "leaderboard" if args["runs"].endswith(".json")
+                                 else Path(args["runs"]) / "leaderboard")
+    try:
+        table = build(args["runs"], out, args.get("title", "vitsinks leaderboard"))
+    except (FileNotFoundError, ValueError, yaml.YAMLError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(to_markdown(table))
+    print(f"written: {out}/leaderboard.md, .csv, .html, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
