@@ -164,3 +164,15 @@ def test_linear_and_dense_clis_on_the_embedded_default(runs: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={ckpt}", "data=voc",
                               f"data.root={runs / 'nowhere'}"], capture_output=True, text=True, timeout=300)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent")
+def test_linear_probe_runs_on_real_fashion_mnist(runs: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=fm", "data=fashion_mnist", "data.image_size=32", "train.max_steps=1")).fit()
+    out = subprocess.run([sys.executable, "-m", "vitsinks.eval.linear", f"ckpt={runs / 'fm/checkpoints/last.pt'}",
+                          "eval.max_train_images=200", "eval.max_val_images=100", "eval.linear_epochs=3"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((runs / "fm" / "results" / "linear.json").read_text())
+    assert result["data"] == "fashion_mnist" and result["classes"] == 10 and result["val_images"] == 100
+    assert result["best"]["top1"] > 20  # well above chance (10%) even for an untrained tiny backbone

@@ -1,4 +1,4 @@
-"""`python -m vitsinks.bench {models,train,diagnostics} [--size NAME] [--batch N] [--repeats N]`."""
+"""`python -m vitsinks.bench {models,train,diagnostics,eval} [--size NAME] [--batch N] [--repeats N]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vitsinks.bench", description=__doc__)
-    parser.add_argument("what", choices=["models", "train", "diagnostics"], help="which benchmark")
+    parser.add_argument("what", choices=["models", "train", "diagnostics", "eval"], help="which benchmark")
     parser.add_argument("--size", default=None, help="model size (default: vit_cpu; vit_small for diagnostics)")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
@@ -21,10 +21,14 @@ def main(argv: list[str] | None = None) -> None:
         from vitsinks.bench.train import run
 
         run(**kw)
-    else:
+    elif args.what == "diagnostics":
         from vitsinks.bench.diagnostics import run
 
         run(args.size or "vit_small", **kw)
+    else:
+        from vitsinks.bench.eval import run
+
+        run(args.size or "vit_cpu", **kw)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from torch.utils.data import Dataset, Subset
 
 from vitsinks.config import config_dir, register_configs
 from vitsinks.diagnose import load_backbone
@@ -39,6 +40,16 @@ def setup(cfg: DictConfig) -> tuple[SinkViT, DictConfig, Path]:
     model = model.to(dist_info.device).eval().requires_grad_(False)
     data = cfg.data if data_overridden() else ckpt_cfg.data
     return model, data, path.parent.parent / "results"
+
+
+def limit(ds: Dataset, n: int | None) -> Dataset:
+    """The first `n` items of `ds` (all when n is None or larger), keeping its `num_classes`."""
+    if not n or n >= len(ds):  # type: ignore[arg-type]
+        return ds
+    sub = Subset(ds, range(n))
+    if hasattr(ds, "num_classes"):
+        sub.num_classes = ds.num_classes  # type: ignore[attr-defined]
+    return sub
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

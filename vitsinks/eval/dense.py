@@ -32,7 +32,8 @@ from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vitsinks.eval.common import hydra_cli, setup, write_result  # noqa: E402
+from vitsinks.checkpoint import atomic_save  # noqa: E402
+from vitsinks.eval.common import hydra_cli, limit, setup, write_result  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
 from vitsinks.eval.metrics import iou_from_confusion  # noqa: E402
 from vitsinks.eval.segdata import IGNORE, build_seg_dataset, num_seg_classes  # noqa: E402
@@ -173,20 +174,12 @@ def plot_examples(shown: list[tuple[Image.Image, np.ndarray, np.ndarray]], class
     return path
 
 
-def _limit(ds: torch.utils.data.Dataset, n: int | None) -> torch.utils.data.Dataset:
-    if n and n < len(ds):  # type: ignore[arg-type]
-        sub = torch.utils.data.Subset(ds, range(n))
-        sub.num_classes = ds.num_classes  # type: ignore[attr-defined]
-        return sub
-    return ds
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate the dense probe; write the JSON and the example PNG."""
     model, data, results_dir = setup(cfg)
     e = cfg.eval
-    train_ds = _limit(build_seg_dataset(data, "train", cfg.seed), e.max_train_images)
-    val_ds = _limit(build_seg_dataset(data, "val", cfg.seed), e.max_val_images)
+    train_ds = limit(build_seg_dataset(data, "train", cfg.seed), e.max_train_images)
+    val_ds = limit(build_seg_dataset(data, "val", cfg.seed), e.max_val_images)
     classes = num_seg_classes(train_ds)
     size = model.patch_embed.img_size[0]
     head = DenseHead(model.embed_dim, classes)
@@ -198,7 +191,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
               "train_images": len(train_ds), "val_images": len(val_ds), "epochs": e.dense_epochs,  # type: ignore
               "augment": e.dense_augment, "train_loss": losses}
     write_result(results_dir / f"dense_{data.name}.json", result)
-    torch.save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
+    atomic_save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
     if shown:
         plot_examples(shown, classes, results_dir / f"dense_{data.name}.png",
                       f"dense probe on {data.name}: mIoU {metrics['mIoU'] * 100:.1f}")

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from vitsinks.data import build_dataset, num_classes
 from vitsinks.data.views import eval_transform
-from vitsinks.eval.common import hydra_cli, setup, write_result
+from vitsinks.eval.common import hydra_cli, limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
 
 POOLS = ("cls", "cls+avgpool")
@@ -85,10 +85,6 @@ def train_grid(train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], cla
     return sorted(results, key=lambda r: -r["top1"])
 
 
-def _limit(ds: torch.utils.data.Dataset, n: int | None) -> torch.utils.data.Dataset:
-    return torch.utils.data.Subset(ds, range(min(n, len(ds)))) if n else ds  # type: ignore[arg-type]
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Extract (or reuse) features, train the grid, write `results/linear.json`."""
     model, data, results_dir = setup(cfg)
@@ -103,13 +99,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return {"cls": cls, "patch_mean": pm, "label": torch.tensor([y for _, y in items])}
 
     splits = {}
-    for split, limit in (("train", e.max_train_images), ("val", e.max_val_images)):
+    for split, n_images in (("train", e.max_train_images), ("val", e.max_val_images)):
         ds = build_dataset(data, split, cfg.seed)
         if split == "train":
             classes = num_classes(ds)
         key = cache_key(Path(cfg.ckpt).resolve(), Path(cfg.ckpt).stat().st_mtime, data.name, data.root, split,
-                        size, n_max, limit)
-        splits[split] = extract(_limit(ds, limit), features, results_dir.parent / "eval_cache" / f"lin-{key}.pt",
+                        size, n_max, n_images)
+        splits[split] = extract(limit(ds, n_images), features, results_dir.parent / "eval_cache" / f"lin-{key}.pt",
                                 e.batch_size, f"features ({split})")
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,
                        e.linear_epochs, e.linear_batch_size, cfg.seed)
