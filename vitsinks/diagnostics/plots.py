@@ -49,38 +49,44 @@ def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, top
         for ax in axes[:, col]:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.suptitle("strongest sink heads: mean attention received per patch", fontsize=9)
+    n_events = int(events(d)[:m].sum())
+    fig.suptitle(f"heads with the most attention on one token (mass), mean attention received per patch; "
+                 f"{n_events} sink events (relaxed rule) in these images", fontsize=9)
     return _save(fig, path)
 
 
 def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, ratio: str = "ratio_out") -> Path:
-    """Value-norm ratio vs stable rank of every sink event, coloured by block, with the class boundaries."""
+    """Value-norm ratio vs stable rank of every (image, block, head): sink events coloured by block, the other
+    heads in grey, with the class boundaries."""
     ev = events(d)
     L = ev.shape[1]
     blocks = np.broadcast_to(np.arange(L)[None, :, None], ev.shape)
     fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.scatter(d[ratio][~ev], d["stable_rank"][~ev], c="lightgray", s=6, label="no sink event")
     if ev.any():
-        sc = ax.scatter(d[ratio][ev], d["stable_rank"][ev], c=blocks[ev], cmap="viridis", s=14, alpha=0.7,
-                        vmin=0, vmax=L - 1)
+        sc = ax.scatter(d[ratio][ev], d["stable_rank"][ev], c=blocks[ev], cmap="viridis", s=16, alpha=0.8,
+                        vmin=0, vmax=L - 1, label="sink event")
         fig.colorbar(sc, ax=ax, label="block")
-    else:
-        ax.text(0.5, 0.5, "no sink events (relaxed rule)", ha="center", transform=ax.transAxes)
     ax.axvline(0.2, color="gray", ls="--", lw=1)
     ax.axvline(0.5, color="tab:orange", ls="--", lw=1)
     ax.axhline(1.5, color="tab:orange", ls=":", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel(f"{ratio} (sink value norm / mean of others)")
+    ax.set_xlabel(f"{ratio} (dominant key's value norm / mean of the others)")
     ax.set_ylabel("stable rank of the head update")
-    ax.set_title("sink events: NOP-like (left of 0.2) vs broadcast-like (right of 0.5, rank <= 1.5)", fontsize=9)
+    ax.set_title(f"{int(ev.sum())} sink events: NOP-like left of 0.2, broadcast-like right of 0.5 with rank <= 1.5",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
 
 
 def sink_heatmap(d: dict[str, np.ndarray], path: Path) -> Path:
     """Fraction of images on which each (block, head) is a sink."""
     freq = events(d).mean(axis=0)
-    fig, ax = plt.subplots(figsize=(1 + 0.35 * freq.shape[1], 1 + 0.3 * freq.shape[0]))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.35 * freq.shape[1]), max(3.0, 1 + 0.3 * freq.shape[0])))
     im = ax.imshow(freq, vmin=0, vmax=1, cmap="magma", aspect="auto")
     fig.colorbar(im, ax=ax, label="sink frequency over images")
+    ax.set_xticks(range(freq.shape[1]))
+    ax.set_yticks(range(freq.shape[0]))
     ax.set_xlabel("head")
     ax.set_ylabel("block")
     ax.set_title("sink frequency (relaxed rule)", fontsize=9)
@@ -102,7 +108,10 @@ def location_by_block(summary: dict[str, Any], path: Path) -> Path:
             bottom += np.array(groups[name])
         ax.set_xlabel("block")
         ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0, top=max(1.0, float(bottom.max()) * 1.1))
         ax.legend(fontsize=7)
+        if not bottom.any():
+            ax.text(0.5, 0.5, "no sink events (relaxed rule)", ha="center", transform=ax.transAxes)
     axes[0].set_ylabel("sink heads per image")
     return _save(fig, path)
 
