@@ -39,7 +39,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     while time.time() < end:
         if predicate():
             return
-        time.sleep(1)
+        time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
@@ -105,17 +105,18 @@ def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path) -> 
 
 
 def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> None:
-    out = launch(*TINY, *LONG, *CLUSTER, f"runs_dir={runs}", "name=preempted")
+    longer = ["data.train_size=512", "train.epochs=2", "train.ckpt_every=8"]  # 64 steps: the signal lands mid-run
+    out = launch(*TINY, *longer, *CLUSTER, f"runs_dir={runs}", "name=preempted")
     assert out.returncode == 0, out.stderr
     job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
     run = runs / "preempted"
     wait_for(lambda: run_state(run)["step"] >= 6, 240, "the job to pass step 6")
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    wait_for(lambda: finished(run) and run_state(run)["step"] == 32, 300, "the preempted job to finish")
+    wait_for(lambda: finished(run) and run_state(run)["step"] == 64, 300, "the preempted job to finish")
     log = next((runs / "slurm_logs").glob(f"{job}/*_log.out")).read_text()
     err = next((runs / "slurm_logs").glob(f"{job}/*_log.err")).read_text()
     assert "resuming from" in log and "Caught signal SIGUSR2" in err
-    assert final_loss(run) == _uninterrupted(runs, *LONG)
+    assert final_loss(run) == _uninterrupted(runs, *longer)
 
 
 def test_two_task_job_runs_ddp_over_gloo(runs: Path) -> None:
