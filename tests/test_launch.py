@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,17 @@ def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None
     assert "Traceback" not in missing.stderr
     gate = launch(*TINY, "model.gate=sideways")
     assert gate.returncode == 1 and "unknown gate 'sideways'" in gate.stderr
+
+
+def test_local_sweep_runs_each_run_and_writes_the_manifest(tmp_path: Path) -> None:
+    args = ["-m", "exp=base,gate", *TINY, "train.max_steps=1", f"runs_dir={tmp_path}"]
+    out = launch(*args)
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads(next(tmp_path.glob("sweeps/sweep-*/sweep.json")).read_text())
+    assert [r["exp"] for r in manifest["runs"]] == ["base", "gate"]
+    assert [r["state"] for r in manifest["runs"]] == ["finished", "finished"]
+    assert all((Path(r["run_dir"]) / "checkpoints" / "last.pt").is_file() for r in manifest["runs"])
+    again = launch(*args)  # relaunch: nothing to do
+    assert again.returncode == 0 and "finished (not relaunched)" in again.stdout and "vitsinks: " not in again.stdout
+    status = launch("status", f"sweep={Path(manifest['sweep_dir'])}")
+    assert status.returncode == 0 and status.stdout.count("1/1") == 2
