@@ -88,35 +88,40 @@ def _uninterrupted(runs: Path, *overrides: str) -> float:
     return final_loss(runs / "reference")
 
 
-LONG = ["data.train_size=256", "train.epochs=2", "train.ckpt_every=4"]  # 32 steps
+LONG = ["data.train_size=1024", "train.epochs=2", "train.ckpt_every=8"]  # 128 steps: the interruption lands mid-run
+
+
+def resumed_at(log: Path) -> list[int]:
+    """Steps the job resumed from, read from its log ("resuming from <last.pt> at step k")."""
+    return [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines() if "resuming from" in line]
+
+
+def _interrupt_and_finish(runs: Path, name: str, interrupt: list[str]) -> tuple[Path, Path]:
+    out = launch(*TINY, *LONG, *CLUSTER, f"runs_dir={runs}", f"name={name}")
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
+    run = runs / name
+    wait_for(lambda: run_state(run)["step"] >= 10, 240, "the job to pass step 10")
+    subprocess.run([*interrupt, job], check=True)
+    log = runs / "slurm_logs" / job / f"{job}_0_log.out"
+    wait_for(lambda: resumed_at(log) and finished(run) and run_state(run)["step"] == 128, 300,
+             "the job to restart and finish")
+    assert 0 < resumed_at(log)[0] < 128  # it really stopped mid-run and resumed from a checkpoint
+    return run, log
 
 
 def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path) -> None:
-    out = launch(*TINY, *LONG, *CLUSTER, f"runs_dir={runs}", "name=requeued")
-    assert out.returncode == 0, out.stderr
-    job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
-    run = runs / "requeued"
-    wait_for(lambda: run_state(run)["step"] >= 10, 240, "the job to pass step 10")
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    wait_for(lambda: finished(run) and run_state(run)["step"] == 32, 300, "the requeued job to finish")
-    log = next((runs / "slurm_logs").glob(f"{job}/*_log.out")).read_text()
-    assert "resuming from" in log  # it really restarted from a checkpoint
+    run, log = _interrupt_and_finish(runs, "requeued", ["scontrol", "requeue"])
+    assert resumed_at(log)[0] % 8 == 0  # killed without a signal: back to the last periodic checkpoint
     assert final_loss(run) == _uninterrupted(runs, *LONG)
 
 
 def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> None:
-    longer = ["data.train_size=512", "train.epochs=2", "train.ckpt_every=8"]  # 64 steps: the signal lands mid-run
-    out = launch(*TINY, *longer, *CLUSTER, f"runs_dir={runs}", "name=preempted")
-    assert out.returncode == 0, out.stderr
-    job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
-    run = runs / "preempted"
-    wait_for(lambda: run_state(run)["step"] >= 6, 240, "the job to pass step 6")
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    wait_for(lambda: finished(run) and run_state(run)["step"] == 64, 300, "the preempted job to finish")
-    log = next((runs / "slurm_logs").glob(f"{job}/*_log.out")).read_text()
-    err = next((runs / "slurm_logs").glob(f"{job}/*_log.err")).read_text()
-    assert "resuming from" in log and "Caught signal SIGUSR2" in err
-    assert final_loss(run) == _uninterrupted(runs, *longer)
+    run, log = _interrupt_and_finish(runs, "preempted", ["scancel", "--signal=USR2"])
+    err = log.with_name(log.name.replace("_log.out", "_log.err")).read_text()
+    assert "Caught signal SIGUSR2" in err
+    assert resumed_at(log)[0] >= 10  # saved when the signal came (after step 10), not at an older checkpoint
+    assert final_loss(run) == _uninterrupted(runs, *LONG)
 
 
 def test_two_task_job_runs_ddp_over_gloo(runs: Path) -> None:
