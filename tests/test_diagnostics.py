@@ -108,6 +108,7 @@ def test_events_rules_and_summary_counts_by_hand() -> None:
         "ratio_head": np.ones((2, 2, 2)),
         "stable_rank": np.array([[[1.0, 1.2], [3.0, 1.0]], [[1.0, 2.0], [1.0, 1.0]]]),
         "sink_idx": np.array([[[0, 5], [1, 9]], [[0, 2], [0, 0]]]),
+        "mass": np.array([[[0.9, 0.5], [0.3, 0.8]], [[0.2, 0.6], [0.4, 0.1]]]),
         "num_registers": np.array(1),
     }
     ev = events(d)
@@ -125,6 +126,7 @@ def test_events_rules_and_summary_counts_by_hand() -> None:
     b0 = s["sinks_per_image_block0"]
     assert b0["nop"]["cls"] == 0.5 and b0["broadcast"]["patch"] == 0.5 and b0["unclassified"]["patch"] == 0.5
     assert s["block_frequency"] == [0.75, 0.5]
+    assert s["max_mass_by_block"] == [0.75, 0.6]  # block 0: (0.9 + 0.6) / 2; block 1: (0.8 + 0.4) / 2
 
 
 def test_low_rank_fields_match_forming_u_and_U_explicitly() -> None:

@@ -179,6 +179,7 @@ def test_corrupt_jpeg_is_skipped_and_counted(runs: Path, tmp_path: Path) -> None
 def test_corrupt_jpeg_raises_when_asked(runs: Path, tmp_path: Path) -> None:
     _imagefolder(tmp_path / "in1k", corrupt=True)
     cfg = tiny_cfg(runs, "data=imagenet", f"data.root={tmp_path / 'in1k'}", "data.on_bad_image=error",
+                   "data.num_workers=2",  # the error crosses from a loader worker to the main process
                    "train.epochs=1")
     with pytest.raises(BadImage, match="n01440764_3.JPEG"):
         Trainer(cfg).fit()

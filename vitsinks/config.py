@@ -183,7 +183,6 @@ class Config:
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
-    sweep: str | None = None  # `vitsinks.launch status sweep=<dir>`: a sweep directory
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)

@@ -134,24 +134,29 @@ def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
 
 
 def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
-    """Sinks per image by class vs step, and the blocks where sinks sit vs step (emergence stages)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    """Sinks per image by class vs step, the blocks where sinks sit vs step (emergence stages), and the mass of
+    each block's strongest head vs step (how concentrated attention gets, also before any event)."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for name in CLASSES:
         axes[0].plot(steps, [s["sinks_per_image"][name]["all"] for s in summaries], "o-",
                      color=CLASS_COLORS[name], label=name)
     axes[0].plot(steps, [s["sinks_per_image_block0"]["all"]["all"] for s in summaries], "k:", label="block 0 (all)")
+    axes[0].set_ylim(bottom=0, top=max(1.0, max(s["sinks_per_image"]["all"]["all"] for s in summaries) * 1.1))
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("sinks per image (blocks 1..L-1)")
     axes[0].legend(fontsize=7)
     axes[0].set_title("sinks per image by class", fontsize=9)
-    grid = np.array([s["block_frequency"] for s in summaries]).T  # (L, checkpoints)
-    im = axes[1].imshow(grid, aspect="auto", origin="lower", cmap="magma", vmin=0,
-                        extent=(-0.5, len(steps) - 0.5, -0.5, grid.shape[0] - 0.5))
-    axes[1].set_xticks(range(len(steps)), [str(s) for s in steps], rotation=45, fontsize=7)
-    axes[1].set_xlabel("checkpoint step")
-    axes[1].set_ylabel("block")
-    axes[1].set_title("sink frequency per block over training", fontsize=9)
-    fig.colorbar(im, ax=axes[1], label="fraction of heads x images")
+    for ax, key, label, title in ((axes[1], "block_frequency", "fraction of heads x images", "sink frequency"),
+                                  (axes[2], "max_mass_by_block", "mean over images", "strongest head's mass")):
+        grid = np.array([s.get(key, [np.nan] * len(s["block_frequency"])) for s in summaries]).T  # (L, ckpts)
+        im = ax.imshow(grid, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1,  # both are fractions
+                       extent=(-0.5, len(steps) - 0.5, -0.5, grid.shape[0] - 0.5))
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=45, fontsize=7)
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_xlabel("checkpoint step")
+        ax.set_ylabel("block")
+        ax.set_title(f"{title} per block over training", fontsize=9)
+        fig.colorbar(im, ax=ax, label=label)
     return _save(fig, path)
 
 

@@ -76,6 +76,7 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
         "sinks_per_image": sinks_per_image(ev[:, 1:], cls[:, 1:], loc[:, 1:]),
         "sinks_per_image_block0": sinks_per_image(ev[:, :1], cls[:, :1], loc[:, :1]),
         "block_frequency": [_fmt(x) for x in ev.mean(axis=(0, 2))],
+        "max_mass_by_block": [_fmt(x) for x in d["mass"].max(axis=2).mean(axis=0)],  # strongest head, per image
         "head_frequency": [[_fmt(x) for x in row] for row in ev.mean(axis=0)],
         "location_by_block": {name: [_fmt(x) for x in ((loc == i) & ev).sum(axis=2).mean(axis=0)]
                               for i, name in enumerate(LOCATIONS)},

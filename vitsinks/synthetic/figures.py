@@ -12,6 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _finish(fig: plt.Figure, title: str, path: Path) -> Path:
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _matrix(ax: plt.Axes, m: Any, title: str) -> None:
     ax.imshow(np.asarray(m), cmap="viridis", vmin=0, vmax=1)
     ax.set_title(title, fontsize=8)
@@ -35,11 +43,7 @@ def trigger_figure(r: dict[str, Any], path: Path) -> Path:
         axes[0].text(i, 0.5, f"err {models[n]['task_rel_error']:.1e}", ha="center", rotation=90, fontsize=7)
     _matrix(axes[1], models["softmax_1h"]["attention_mean"], "softmax, 1 head: mean attention (BOS = column 0)")
     _matrix(axes[2], models["relu_1h"]["attention_mean"], "ReLU, 1 head: mean attention")
-    fig.suptitle("trigger task: normalisation forces a BOS sink", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, "trigger task: normalisation forces a BOS sink", path)
 
 
 def nop_figure(r: dict[str, Any], path: Path) -> Path:
@@ -55,11 +59,7 @@ def nop_figure(r: dict[str, Any], path: Path) -> Path:
     axes[2].set_xlabel("singular value index")
     axes[2].set_ylabel("share of the spectrum of W_Q W_K^T")
     axes[2].legend(fontsize=7)
-    fig.suptitle("nop task: conditional damping makes a NOP sink and a spike in the QK spectrum", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, "nop task: conditional damping makes a NOP sink and a spike in the QK spectrum", path)
 
 
 def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
@@ -73,12 +73,8 @@ def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
             _matrix(axes[i], m[h], f"block {b} head {h}" + (" (hub)" if hub else ""))
             axes[i].axvline(r["source_example"], color="tab:red", lw=0.8, ls=":")
             i += 1
-    fig.suptitle(f"broadcast task: hub on the source (red), ratio_out {r['hub_ratio_out']:.2f}, "
-                 f"stable rank {r['hub_stable_rank']:.2f}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, f"broadcast task: hub on the source (red), ratio_out {r['hub_ratio_out']:.2f}, "
+                        f"stable rank {r['hub_stable_rank']:.2f}", path)
 
 
 FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_figure}
