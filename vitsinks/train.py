@@ -268,11 +268,11 @@ class Trainer:
         cfg, p = self.cfg.train, self.progress
         bar = tqdm(total=self.total_steps, initial=p.step, disable=not self.dist.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True)
-        status, bad_images, last_metrics = "finished", 0, {}
+        status, bad_local, last_metrics = "finished", 0, {}
         try:
             while p.step < self.total_steps and not self.stop_requested:
                 for views, labels, n_bad in self._loader(p.epoch):
-                    bad_images += int(all_reduce_sum(torch.tensor(n_bad)).item())
+                    bad_local += n_bad  # this rank's; summed over ranks when logged
                     if not views:
                         p.batch += 1
                         continue
@@ -288,7 +288,8 @@ class Trainer:
                             "epoch": p.epoch, **dict(zip(("loss", "sigreg", "invariance", "probe_loss", "probe_acc"),
                                                          parts, strict=True)),
                             "lr": self.scheduler.get_last_lr()[0],
-                            "img_per_s": cfg.batch_size / (time.perf_counter() - t0), "bad_images": bad_images,
+                            "img_per_s": cfg.batch_size / (time.perf_counter() - t0),
+                            "bad_images": int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item()),
                         }
                         tracker.log(last_metrics, p.step)
                         bar.set_postfix(loss=f"{last_metrics['loss']:.4f}", probe=f"{last_metrics['probe_acc']:.2f}",
@@ -318,5 +319,6 @@ class Trainer:
             bar.close()
             tracker.finish()
         self._write_status(status)
+        bad_images = int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item())
         return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": bad_images,
                 **last_metrics}

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset
 
 from vitsinks.config import config_dir, register_configs
 from vitsinks.diagnose import load_backbone
-from vitsinks.distributed import init_distributed
+from vitsinks.distributed import init_distributed, is_distributed
 from vitsinks.models import SinkViT
 
 
@@ -53,6 +54,9 @@ def limit(ds: Dataset, n: int | None) -> Dataset:
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write a result JSON atomically, once (rank 0)."""
+    if is_distributed() and dist.get_rank() != 0:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))

@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from lightly.transforms.utils import IMAGENET_NORMALIZE  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -33,6 +34,7 @@ from torchvision.transforms import v2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from vitsinks.checkpoint import atomic_save  # noqa: E402
+from vitsinks.distributed import is_distributed  # noqa: E402
 from vitsinks.eval.common import hydra_cli, limit, setup, write_result  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
 from vitsinks.eval.metrics import iou_from_confusion  # noqa: E402
@@ -140,7 +142,8 @@ def evaluate(model: SinkViT, head: DenseHead, val_ds: torch.utils.data.Dataset, 
     head.to(device).eval()
     conf = MulticlassConfusionMatrix(classes, ignore_index=IGNORE).to(device)
     shown = []
-    for i in tqdm(range(len(val_ds)), desc="dense eval", unit="img"):  # type: ignore[arg-type]
+    rank, world = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+    for i in tqdm(range(rank, len(val_ds), world), desc="dense eval", unit="img", disable=rank != 0):  # type: ignore
         img, label = val_ds[i]
         pred = slide_logits(model, head, img, size, label.shape).argmax(0)
         conf.update(pred.flatten(), torch.from_numpy(label).long().flatten().to(device))
@@ -191,6 +194,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
               "train_images": len(train_ds), "val_images": len(val_ds), "epochs": e.dense_epochs,  # type: ignore
               "augment": e.dense_augment, "train_loss": losses}
     write_result(results_dir / f"dense_{data.name}.json", result)
+    if is_distributed() and dist.get_rank() != 0:
+        return result
     atomic_save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
     if shown:
         plot_examples(shown, classes, results_dir / f"dense_{data.name}.png",
