@@ -176,3 +176,24 @@ def test_linear_probe_runs_on_real_fashion_mnist(runs: Path) -> None:
     result = json.loads((runs / "fm" / "results" / "linear.json").read_text())
     assert result["data"] == "fashion_mnist" and result["classes"] == 10 and result["val_images"] == 100
     assert result["best"]["top1"] > 20  # well above chance (10%) even for an untrained tiny backbone
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent")
+def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
+    from vitsinks.eval.segdata import build_seg_dataset
+
+    data = DataConfig(name="fashion_mnist", root="/usr/share/datasets/fashion-mnist", image_size=32, val_size=8)
+    mosaics = build_seg_dataset(data, "val")
+    img, lab = mosaics[3]
+    again = mosaics[3]
+    assert img.size == (32, 32) and np.array_equal(lab, again[1])  # deterministic per index
+    gray = np.asarray(img)[..., 0]
+    assert ((lab > 0) == (gray > 30)).mean() > 0.95  # item pixels are labelled, background is 0
+    assert len(np.unique(lab)) >= 2 and lab.max() <= 10
+    Trainer(tiny_cfg(runs, "name=fmd", "data=fashion_mnist", "data.image_size=32", "train.max_steps=1")).fit()
+    out = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={runs / 'fmd/checkpoints/last.pt'}",
+                          "eval.max_train_images=32", "eval.max_val_images=8", "eval.dense_epochs=1"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    d = json.loads((runs / "fmd" / "results" / "dense_fashion_mnist.json").read_text())
+    assert d["classes"] == 11 and d["val_images"] == 8 and 0 <= d["mIoU"] <= 1

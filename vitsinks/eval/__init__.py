@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-SEGMENTATION_DATA = ("synthetic", "ade20k", "voc")
+SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
 
 
 def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

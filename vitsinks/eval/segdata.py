@@ -117,10 +117,41 @@ class SyntheticMasks(Dataset):
         return Image.fromarray(img), mask
 
 
+class FashionMNISTMosaic(Dataset):
+    """Fashion-MNIST mosaics: 2-4 real items placed on a `size` x `size` canvas; each item's pixels (grey level
+    > 30) labelled with its class + 1, 0 = background. Item `i` is a pure function of (seed, i)."""
+
+    def __init__(self, base: Dataset, size: int, length: int, seed: int = 0) -> None:
+        self.base, self.size, self.length, self.seed = base, size, length, seed
+        self.num_classes = 11
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, np.ndarray]:
+        rng = np.random.default_rng([self.seed, i])
+        canvas = np.zeros((self.size, self.size), np.uint8)
+        label = np.zeros((self.size, self.size), np.uint8)
+        for _ in range(rng.integers(2, 5)):
+            j = int(rng.integers(len(self.base)))  # type: ignore[arg-type]
+            item = self.base.images[j]  # type: ignore[attr-defined]
+            s = int(rng.integers(self.size // 3, self.size // 2 + 1))
+            item = np.array(Image.fromarray(item).resize((s, s), Image.BILINEAR))
+            y, x = rng.integers(0, self.size - s + 1, size=2)
+            on = item > 30
+            canvas[y : y + s, x : x + s][on] = item[on]
+            label[y : y + s, x : x + s][on] = int(self.base.labels[j]) + 1  # type: ignore[attr-defined]
+        return Image.fromarray(canvas).convert("RGB"), label
+
+
 def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
-    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic)."""
+    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics)."""
     if cfg.name == "synthetic":
         return SyntheticMasks(build_dataset(cfg, split, seed))  # type: ignore[arg-type]
+    if cfg.name == "fashion_mnist":
+        base = build_dataset(cfg, split, seed)
+        return FashionMNISTMosaic(base, cfg.image_size, cfg.train_size if split == "train" else cfg.val_size,
+                                  seed * 2 + (split != "train"))
     if not cfg.root:
         raise FileNotFoundError(f"data={cfg.name} needs data.root")
     if not Path(cfg.root).is_dir():
