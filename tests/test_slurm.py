@@ -88,7 +88,10 @@ def _uninterrupted(runs: Path, *overrides: str) -> float:
     return final_loss(runs / "reference")
 
 
-LONG = ["data.train_size=1024", "train.epochs=2", "train.ckpt_every=8"]  # 128 steps: the interruption lands mid-run
+# 512 steps: long enough that the interruption lands mid-run, also after `scontrol requeue`, whose SIGTERM submitit
+# ignores, so the job trains on until SIGKILL comes KillWait (5 s) later
+LONG = ["data.train_size=4096", "train.epochs=2", "train.ckpt_every=8"]
+TOTAL = 512
 
 
 def resumed_at(log: Path) -> list[int]:
@@ -104,9 +107,9 @@ def _interrupt_and_finish(runs: Path, name: str, interrupt: list[str]) -> tuple[
     wait_for(lambda: run_state(run)["step"] >= 10, 240, "the job to pass step 10")
     subprocess.run([*interrupt, job], check=True)
     log = runs / "slurm_logs" / job / f"{job}_0_log.out"
-    wait_for(lambda: resumed_at(log) and finished(run) and run_state(run)["step"] == 128, 300,
+    wait_for(lambda: resumed_at(log) and finished(run) and run_state(run)["step"] == TOTAL, 400,
              "the job to restart and finish")
-    assert 0 < resumed_at(log)[0] < 128  # it really stopped mid-run and resumed from a checkpoint
+    assert 0 < resumed_at(log)[0] < TOTAL  # it really stopped mid-run and resumed from a checkpoint
     return run, log
 
 
