@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, location  # noqa: E402
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, events, location  # noqa: E402
 
 LOC_COLORS = {"cls": "tab:red", "register": "tab:purple", "patch": "tab:blue"}
 CLASS_COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "unclassified": "tab:green"}
@@ -172,4 +172,4 @@ def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndar
     ]
 
 
-__all__ = ["all_plots", "over_training", "classify"]
+__all__ = ["all_plots", "over_training"]
