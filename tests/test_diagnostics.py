@@ -150,3 +150,28 @@ def test_low_rank_fields_match_forming_u_and_U_explicitly() -> None:
             assert abs(f["ratio_out"][b, h] - norms[s[b, h]] / others) < 1e-4
             direct = torch.linalg.matrix_norm(U[b, h], "fro") ** 2 / torch.linalg.matrix_norm(U[b, h], 2) ** 2
             assert abs(f["stable_rank"][b, h] - direct) < 1e-3
+
+
+def test_continuous_measures_by_hand() -> None:
+    from vitsinks.diagnostics.summary import continuous_measures
+
+    # 2 images, 2 blocks, 2 heads; block 1 head 0 is the strongest (mean mass 0.8) and sits on register 1
+    mass = np.array([[[0.1, 0.2], [0.9, 0.3]], [[0.2, 0.4], [0.7, 0.1]]])
+    d = {
+        "mass": mass, "prefix_mass": mass + 0.05, "routed_frac": np.zeros_like(mass),
+        "min_a": np.array([[[0.0, 0.0], [0.85, 0.0]], [[0.0, 0.0], [0.55, 0.0]]]),
+        "ratio_out": np.array([[[1.0, 1.0], [0.1, 1.0]], [[1.0, 1.0], [0.3, 1.0]]]),
+        "stable_rank": np.full_like(mass, 3.0), "sink_idx": np.array([[[5, 5], [1, 5]], [[5, 5], [1, 5]]]),
+        "num_registers": np.array(4), "gate_mean": np.full_like(mass, 0.25),
+    }
+    m = continuous_measures(d)
+    strong = m["strongest_head_by_block"]
+    assert strong["head"] == [1, 0] and np.allclose(strong["mass"], [0.3, 0.8])
+    assert strong["location"] == ["patch", "register"] and np.isclose(strong["ratio"][1], 0.2)
+    assert np.isclose(strong["prefix_mass"][1], 0.85)
+    assert np.allclose(m["mass_share_by_block"], [1 / 4, 3 / 4]) and np.isclose(m["mass_share"], 4 / 8)
+    # Definition 1 on block 1 only (blocks 1..L-1): min_a 0.85 / 0.55 -> eps 0.5: 2 events, 0.2: 1, 0.1: 0
+    def1 = m["def1_sinks_per_image"]
+    assert [def1[e]["all"] for e in ("0.5", "0.3", "0.2", "0.1")] == [1.0, 0.5, 0.5, 0.0]
+    assert def1["0.5"]["nop"] == 0.5  # only the 0.1-ratio event is NOP-like (0.3 is unclassified)
+    assert m["gate_mean_by_block"] == [0.25, 0.25]

@@ -61,7 +61,7 @@ def test_outputs_mark_the_best_and_carry_the_reference_block(tmp_path: Path) -> 
     out = tmp_path / "lb"
     build(make_runs(tmp_path / "runs"), out)
     md = (out / "leaderboard.md").read_text()
-    assert "| gate+reg | 2 | **61.00 ± 1.41** | **71.00 ± 1.41** | **32.00 ± 2.83** |" in md
+    assert "| gate+reg | 2 | - | **61.00 ± 1.41** | **71.00 ± 1.41** | **32.00 ± 2.83** |" in md
     assert "| base | 69.37 | 16.59 | 43.81 | 0.09 / 0.25 |" in md  # reference numbers, separate block
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
     assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0

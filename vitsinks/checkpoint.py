@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
-             "layerscale_init", "gate", "registers", "attn")
+             "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed")
+# fields added after checkpoints were first written: a checkpoint without them had these values
+ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn"}
 
 
 class CheckpointMismatch(ValueError):
@@ -69,6 +71,7 @@ def describe(model_cfg: dict[str, Any]) -> str:
 
 def check_compatible(ckpt_model: dict[str, Any], run_model: dict[str, Any], path: Path) -> None:
     """Raise `CheckpointMismatch` naming both architectures when they differ in any architecture field."""
+    ckpt_model, run_model = {**ARCH_DEFAULTS, **ckpt_model}, {**ARCH_DEFAULTS, **run_model}
     diff = [k for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
     if diff:
         fields = ", ".join(f"{k}: {ckpt_model.get(k)!r} vs {run_model.get(k)!r}" for k in diff)

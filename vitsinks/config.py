@@ -26,6 +26,10 @@ class ModelConfig:
     num_heads: int | None = None
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
+    proj_bias: bool = True  # attention output-projection bias
+    mlp: bool = True  # False: attention-only blocks (the sink tasks)
+    patch_embed: str = "learned"  # learned | orthonormal (frozen isometry, no bias: targets on the residual stream)
+    pos_embed: str = "learn"  # learn | none
     layerscale_init: float | None = None
     drop_path: float = 0.0
     gate: str = "none"
@@ -47,6 +51,9 @@ class DataConfig:
     num_workers: int = 0
     on_bad_image: str = "skip"  # skip (warn and count) | error
     voc_aug: bool = False  # voc: train on SegmentationClassAug (ImageSets/Segmentation/train_aug.txt)
+    patch_size: int = 4  # sink tasks: the patch grid the task is defined on (set to the model's)
+    marked_frac: float = 0.03  # sinktask_nop: share of patches that receive the update
+    marker: float = 3.0  # sink tasks: strength of the marker that flags a marked / source patch
 
 
 @dataclass
@@ -68,8 +75,13 @@ class ViewsConfig:
 
 @dataclass
 class ObjectiveConfig:
-    """LeJEPA: lambda * SIGReg + (1 - lambda) * invariance, on a `LeJEPAProjectionHead`."""
+    """`lejepa`: lambda * SIGReg + (1 - lambda) * invariance, on a `LeJEPAProjectionHead`.
 
+    `supervised`: the dataset's own targets: per-patch regression on the residual stream for the sink tasks
+    (`data=sinktask_*`), image-level classification (linear head on the final-norm [CLS]) for labelled data.
+    """
+
+    name: str = "lejepa"  # lejepa | supervised
     lamb: float = 0.05
     slices: int = 1024
     knots: int = 17

@@ -43,8 +43,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         summary["after_train"] = after_train(cfg, trainer.run_dir)
     if trainer.dist.is_main:
-        print(f"{summary['status']} at step {summary['step']}: loss {summary.get('loss', float('nan')):.4f}, "
-              f"online probe val top-1 {summary.get('val/probe_acc', float('nan')):.3f}")
+        val = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("val/"))
+        print(f"{summary['status']} at step {summary['step']}: loss {summary.get('loss', float('nan')):.4f}"
+              + (f", {val}" if val else ""))
         print(f"outputs: {trainer.run_dir}/config.yaml, metrics.jsonl, checkpoints/, diagnostics/")
         print(f"next: python -m vitsinks.diagnose run={trainer.run_dir}  (sinks over training); relaunch the same "
               f"command to resume or extend (train.epochs=...); other variants: exp=base|gate|reg|gate+reg")

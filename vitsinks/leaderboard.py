@@ -30,12 +30,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 from vitsinks.sweep import read_manifest  # noqa: E402
 from vitsinks.tracking import read_metrics  # noqa: E402
 
-VARIANT_ORDER = ["base", "gate", "reg", "gate+reg", "gate_headwise", "gate_headwise+reg", "relu", "sigmoid",
-                 "sink_logit"]
+LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study first, then the rest by name
 QUALITY = [("online_top1", "online probe top-1"), ("linear_top1", "linear top-1"),
-           ("dense_synthetic", "synthetic mIoU"), ("dense_ade20k", "ADE20K mIoU"), ("dense_voc", "VOC mIoU")]
+           ("dense_synthetic", "synthetic mIoU"), ("dense_ade20k", "ADE20K mIoU"), ("dense_voc", "VOC mIoU"),
+           ("task_fit", "task fit (1 - rel. error)")]
 MECHANISM = [("sinks", "sinks / image"), ("nop", "NOP-like"), ("broadcast", "broadcast-like"), ("on_cls", "on [CLS]"),
-             ("on_register", "on register"), ("on_patch", "on patch"), ("massive", "massive act. ratio")]
+             ("on_register", "on register"), ("on_patch", "on patch"),
+             ("def1_0.5", "Def.1 eps 0.5"), ("def1_0.3", "Def.1 eps 0.3"), ("def1_0.2", "Def.1 eps 0.2"),
+             ("def1_0.1", "Def.1 eps 0.1"), ("max_mass", "strongest head mass"),
+             ("prefix_mass", "its mass on [CLS]+reg"), ("strong_ratio", "its ratio_out"),
+             ("mass_share", "share mass >= 0.3"), ("gate_mean", "mean gate"), ("massive", "massive act. ratio")]
+LOWER_IS_BETTER: set[str] = set()
 
 # SPEC section 4 (Kempner gate x register sweep, ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe) and
 # section 3 (sinks per image, epoch 50, ADE20K val, blocks 1-23, relaxed rule, ratio_head).
@@ -47,6 +52,14 @@ REFERENCE = {
     "notes": ["LeJEPA paper, frozen linear IN-1k after 100 epochs: ViT-L 77.1, ViT-H/14 79.",
               "DINOv2 linear dense probes: ADE20K 44.3 / 47.3 / 47.7 mIoU, VOC 81.1 / 82.5 / 82.1 (ViT-S/B/L)."],
 }
+
+
+def variant_order() -> list[str]:
+    """Every variant that has a config (`configs/exp/*.yaml`), the study's four first."""
+    from vitsinks.config import config_dir
+
+    names = sorted(p.stem for p in (config_dir() / "exp").glob("*.yaml"))
+    return [v for v in LEADING if v in names] + [v for v in names if v not in LEADING]
 
 
 def run_dirs(source: str | Path) -> list[Path]:
@@ -75,6 +88,8 @@ def collect(run: Path) -> dict[str, Any]:
     cfg = OmegaConf.load(run / "config.yaml")
     row: dict[str, Any] = {"run": run.name, "variant": cfg.exp, "seed": cfg.seed, "model": cfg.model.size,
                            "data": cfg.data.name}
+    fit = [m["val/rel_error"] for m in read_metrics(run) if "val/rel_error" in m]
+    row["task_fit"] = 100 * (1 - fit[-1]) if fit else math.nan
     online = [m["val/probe_acc"] for m in read_metrics(run) if "val/probe_acc" in m]
     row["online_top1"] = 100 * online[-1] if online else math.nan
     lin = run / "results" / "linear.json"
@@ -88,19 +103,45 @@ def collect(run: Path) -> dict[str, Any]:
         row.update(sinks=spi["all"]["all"], nop=spi["nop"]["all"], broadcast=spi["broadcast"]["all"],
                    on_cls=spi["all"]["cls"], on_register=spi["all"]["register"], on_patch=spi["all"]["patch"],
                    massive=max(s["massive_activations"]["ratio_by_block"]))
+        row.update(_continuous(s))
     else:
         row.update({k: math.nan for k, _ in MECHANISM})
+        row.update(sink_at="-", profile=[])
     return row
 
 
+def _continuous(s: dict[str, Any]) -> dict[str, Any]:
+    """The measures that move (diagnostics summaries written before they existed get NaN)."""
+    out: dict[str, Any] = {k: math.nan for k in ("max_mass", "prefix_mass", "strong_ratio", "mass_share",
+                                                 "gate_mean", *(f"def1_{e}" for e in ("0.5", "0.3", "0.2", "0.1")))}
+    out.update(sink_at="-", profile=[])
+    strong = s.get("strongest_head_by_block")
+    if not strong:
+        return out
+    b = int(np.argmax(strong["mass"]))  # the block whose strongest head holds the most mass
+    out.update(max_mass=strong["mass"][b], strong_ratio=strong["ratio"][b], mass_share=s["mass_share"],
+               prefix_mass=strong.get("prefix_mass", [math.nan] * (b + 1))[b],
+               sink_at=f"{strong['location'][b]} (block {b})", profile=list(strong["mass"]),
+               **{f"def1_{e}": v["all"] for e, v in s["def1_sinks_per_image"].items()})
+    if "gate_mean_by_block" in s:
+        out["gate_mean"] = float(np.mean(s["gate_mean_by_block"]))
+    return out
+
+
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds per variant (std over n >= 2 seeds; NaN columns stay NaN)."""
-    variants = sorted({r["variant"] for r in rows},
-                      key=lambda v: (VARIANT_ORDER.index(v) if v in VARIANT_ORDER else 99, v))
+    """Mean and std over seeds per (data, variant) (std over n >= 2 seeds; NaN columns stay NaN). With several
+    datasets in one leaderboard, a row's name is `<data> / <variant>`."""
+    order = {v: i for i, v in enumerate(variant_order())}
+    keys = sorted({(r["data"], r["variant"]) for r in rows}, key=lambda k: (k[0], order.get(k[1], 99), k[1]))
+    several = len({k[0] for k in keys}) > 1
     out = []
-    for v in variants:
-        group = [r for r in rows if r["variant"] == v]
-        agg: dict[str, Any] = {"variant": v, "seeds": len(group)}
+    for data, v in keys:
+        group = [r for r in rows if r["variant"] == v and r["data"] == data]
+        agg: dict[str, Any] = {"variant": f"{data} / {v}" if several else v, "seeds": len(group), "data": data}
+        places = sorted({r.get("sink_at", "-") for r in group})
+        agg["sink_at"] = places[0] if len(places) == 1 else " / ".join(places)
+        profiles = [r["profile"] for r in group if r.get("profile")]
+        agg["profile"] = np.mean(profiles, axis=0).tolist() if profiles else []
         for key, _ in QUALITY + MECHANISM:
             vals = np.array([r[key] for r in group], dtype=float)
             vals = vals[~np.isnan(vals)]
@@ -133,10 +174,15 @@ def _columns(table: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def to_markdown(table: list[dict[str, Any]]) -> str:
     cols, best = _columns(table), _best(table)
-    lines = ["| variant | seeds | " + " | ".join(n for _, n in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    lines = ["| variant | seeds | strongest sink at | " + " | ".join(n for _, n in cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
     for t in table:
         cells = [f"**{_cell(t[k])}**" if best.get(k) == t["variant"] else _cell(t[k]) for k, _ in cols]
-        lines.append(f"| {t['variant']} | {t['seeds']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {t['variant']} | {t['seeds']} | {t['sink_at']} | " + " | ".join(cells) + " |")
+    lines += ["", "Sinks per image: relaxed rule (routed_frac >= 0.9), blocks 1..L-1 (the only block of a one-block "
+              "model); Def.1: min_a >= 1 - eps, same blocks. Strongest head: the (block, head) with the largest mean "
+              "sink mass, where its dominant key sits most often, its mass on the prefix tokens and its value ratio. "
+              "Share mass >= 0.3: of all (image, block, head) triples."]
     ref = REFERENCE
     lines += ["", "Bold: best variant per quality column (mean over seeds). Reference numbers (papers, ViT-L, not "
               "comparable in scale with CPU runs):", "", "| " + " | ".join(ref["columns"]) + " |",
@@ -149,7 +195,7 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
     cols, best = _columns(table), _best(table)
     head = "".join(f"<th>{html.escape(n)}</th>" for _, n in cols)
     body = "".join(
-        f"<tr><td>{html.escape(t['variant'])}</td><td>{t['seeds']}</td>"
+        f"<tr><td>{html.escape(t['variant'])}</td><td>{t['seeds']}</td><td>{html.escape(t['sink_at'])}</td>"
         + "".join(f"<td class=\"{'best' if best.get(k) == t['variant'] else ''}\">{html.escape(_cell(t[k]))}</td>"
                   for k, _ in cols) + "</tr>" for t in table)
     ref = REFERENCE
@@ -161,7 +207,8 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
 td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
 th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></head>
 <body><h1>{html.escape(title)}</h1>
-<table id="leaderboard"><thead><tr><th>variant</th><th>seeds</th>{head}</tr></thead><tbody>{body}</tbody></table>
+<table id="leaderboard"><thead><tr><th>variant</th><th>seeds</th><th>strongest sink at</th>{head}</tr></thead>
+<tbody>{body}</tbody></table>
 <p>Mean ± std over seeds; highlighted: best variant per quality column.</p>
 <h2>Reference numbers (papers, ViT-L)</h2>
 <table id="reference"><thead><tr>{"".join(f"<th>{html.escape(c)}</th>" for c in ref["columns"])}</tr></thead>
@@ -171,17 +218,18 @@ th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></he
 
 
 def figure(table: list[dict[str, Any]], path: Path) -> Path:
-    """Quality bars (one group per quality metric) beside sinks per image split by class."""
+    """Quality bars (one group per quality metric), sinks per image split by class, and the per-block profile of
+    each variant's strongest-head sink mass side by side (never empty: it moves before any sink event)."""
     quality = [(k, n) for k, n in QUALITY if any(not math.isnan(t[k][0]) for t in table)]
     variants = [t["variant"] for t in table]
     x = np.arange(len(variants))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(21, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.1]})
     width = 0.8 / max(len(quality), 1)
     for i, (k, n) in enumerate(quality):
         means = [t[k][0] for t in table]
         errs = [0 if math.isnan(t[k][1]) else t[k][1] for t in table]
         axes[0].bar(x + i * width, means, width, yerr=errs, label=n, capsize=2)
-    axes[0].set_xticks(x + width * (len(quality) - 1) / 2, variants)
+    axes[0].set_xticks(x + width * (len(quality) - 1) / 2, variants, rotation=30, ha="right", fontsize=8)
     axes[0].set_ylabel("%")
     axes[0].set_title("quality", fontsize=10)
     axes[0].legend(fontsize=7)
@@ -192,7 +240,7 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
         bottom += vals
     total = np.nan_to_num([t["sinks"][0] for t in table])
     axes[1].bar(x, total - bottom, bottom=bottom, color="tab:green", label="unclassified")
-    axes[1].set_xticks(x, variants)
+    axes[1].set_xticks(x, variants, rotation=30, ha="right", fontsize=8)
     axes[1].set_ylim(0, max(1.0, float(total.max()) * 1.15))
     axes[1].set_ylabel("sink heads per image (blocks 1..L-1)")
     axes[1].set_title("mechanism", fontsize=10)
@@ -205,10 +253,34 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     handles = axes[1].get_legend_handles_labels()
     extra = massive.get_legend_handles_labels()
     axes[1].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper right")
+    _profiles(axes[2], table)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _profiles(ax: plt.Axes, table: list[dict[str, Any]]) -> None:
+    """Grouped bars: per block, each variant's strongest-head sink mass (mean over seeds), labelled with where
+    that variant's strongest sink sits."""
+    rows = [t for t in table if t["profile"]]
+    if not rows:
+        ax.text(0.5, 0.5, "no diagnostics summaries", ha="center", transform=ax.transAxes)
+        return
+    n_blocks = max(len(t["profile"]) for t in rows)
+    width = 0.85 / len(rows)
+    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+    for i, t in enumerate(rows):
+        prof = np.array(t["profile"])
+        ax.bar(np.arange(len(prof)) + i * width, prof, width, color=colors(i % colors.N),
+               label=f"{t['variant']} ({t['sink_at']})")
+    ax.axhline(0.5, color="gray", ls=":", lw=1)
+    ax.set_xticks(np.arange(n_blocks) + width * (len(rows) - 1) / 2, [str(b) for b in range(n_blocks)])
+    ax.set_xlabel("block")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("strongest head's sink mass (mean over images)")
+    ax.set_title("mechanism per block: strongest head's sink mass (legend: where it sits)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboard") -> list[dict[str, Any]]:
@@ -221,13 +293,15 @@ def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboar
     with (out / "leaderboard.csv").open("w", newline="") as f:
         w = csv.writer(f)
         keys = [k for k, _ in QUALITY + MECHANISM]
-        w.writerow(["variant", "seeds", *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
+        w.writerow(["variant", "seeds", "sink_at", *(f"{k}_{s}" for k in keys for s in ("mean", "std")),
+                    "strongest_mass_by_block"])
         for t in table:
-            w.writerow([t["variant"], t["seeds"], *(f"{v:.4f}" for k in keys for v in t[k])])
+            w.writerow([t["variant"], t["seeds"], t["sink_at"], *(f"{v:.4f}" for k in keys for v in t[k]),
+                        " ".join(f"{v:.4f}" for v in t["profile"])])
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(rows)
+        w.writerows([{**r, "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])
     (out / "leaderboard.html").write_text(to_html(table, title))
     figure(table, out / "leaderboard.png")
     return table

@@ -1,4 +1,8 @@
-"""LeJEPA pretraining: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`."""
+"""Training: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`.
+
+The objective is LeJEPA (multi-crop views, the default) or `supervised` (the dataset's own targets, see
+`vitsinks.supervised`); everything else (optimizer, schedule, checkpoints, diagnostics, status) is shared.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from vitsinks import checkpoint as ckpt
+from vitsinks import supervised as sup
 from vitsinks.config import to_container
-from vitsinks.data import build_dataset, num_classes
+from vitsinks.data import build_dataset, is_sink_task, num_classes
 from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
@@ -62,21 +67,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _param_groups(model: LeJEPAModel, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the probe apart."""
-    decay, no_decay = [], []
-    for name, p in list(model.backbone.named_parameters()) + list(model.projector.named_parameters()):
-        skip = p.ndim < 2 or name in ("cls_token", "reg_token", "pos_embed")
+def _param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the LeJEPA online
+    probe apart with its own learning rate; frozen parameters left out."""
+    decay, no_decay, probe = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith("probe."):
+            probe.append(p)
+            continue
+        skip = p.ndim < 2 or name.removeprefix("backbone.") in ("cls_token", "reg_token", "pos_embed")
         (no_decay if skip else decay).append(p)
-    return [
-        {"params": decay, "lr": lr, "weight_decay": wd},
-        {"params": no_decay, "lr": lr, "weight_decay": 0.0},
-        {"params": list(model.probe.parameters()), "lr": probe_lr, "weight_decay": 0.0},
-    ]
+    groups = [{"params": decay, "lr": lr, "weight_decay": wd}, {"params": no_decay, "lr": lr, "weight_decay": 0.0}]
+    return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
 
 
 class Trainer:
-    """Owns the model, data, optimizer and run directory of one LeJEPA pretraining run."""
+    """Owns the model, data, optimizer and run directory of one training run (LeJEPA or supervised)."""
 
     def __init__(self, cfg: DictConfig, dist_info: DistInfo | None = None) -> None:
         self.cfg = cfg
@@ -87,18 +95,33 @@ class Trainer:
         self.bf16 = self._resolve_precision(cfg.train.precision)
         seed_everything(cfg.seed + self.dist.rank)
 
+        self.supervised = cfg.objective.name == "supervised"
+        if cfg.objective.name not in ("lejepa", "supervised"):
+            raise ValueError(f"unknown objective.name {cfg.objective.name!r}: use objective=lejepa or "
+                             "objective=supervised")
+        if is_sink_task(cfg.data.name) and not self.supervised:
+            raise ValueError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
+                             "with objective=supervised")
         base = build_dataset(cfg.data, "train", cfg.seed)
         self.val_set = build_dataset(cfg.data, "val", cfg.seed)
         self.num_classes = num_classes(base)
-        self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, cfg.data.on_bad_image)
+        if self.supervised:
+            self.train_set = sup.SupervisedSamples(base, cfg.views.global_size, cfg.data.on_bad_image)
+            self.val_samples = sup.SupervisedSamples(self.val_set, cfg.views.global_size, cfg.data.on_bad_image)
+        else:
+            self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, cfg.data.on_bad_image)
         self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
         self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
         if cfg.train.max_steps:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
-        self.model = LeJEPAModel(model_from_config(cfg.model), cfg.objective, self.num_classes).to(self.device)
+        backbone = model_from_config(cfg.model)
+        if self.supervised:
+            self.model: torch.nn.Module = sup.SupervisedModel(backbone, self.num_classes).to(self.device)
+        else:
+            self.model = LeJEPAModel(backbone, cfg.objective, self.num_classes).to(self.device)
+            self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
         sync_batchnorm(self.model, self.device)
-        self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.model, cfg.train.lr, cfg.train.weight_decay, cfg.objective.probe_lr))
         warmup = round(cfg.train.warmup_epochs * self.sampler.batches_per_epoch)
@@ -187,44 +210,66 @@ class Trainer:
         self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
         self.train_set.epoch = epoch
         return DataLoader(
-            self.train_set, batch_size=self.sampler.local, sampler=self.sampler, collate_fn=collate_views,
+            self.train_set, batch_size=self.sampler.local, sampler=self.sampler,
+            collate_fn=sup.collate_supervised if self.supervised else collate_views,
             num_workers=self.cfg.data.num_workers, drop_last=True, pin_memory=self.device.type == "cuda",
             generator=torch.Generator().manual_seed(sample_seed(self.cfg.seed, epoch, 1)),  # keeps global RNG intact
         )
 
-    def train_step(self, views: list[torch.Tensor], labels: torch.Tensor) -> tuple[LossTerms, torch.Tensor,
-                                                                                   torch.Tensor]:
-        """One optimizer step; returns (loss terms, probe loss, probe accuracy)."""
+    def _lejepa_terms(self, views: list[torch.Tensor], labels: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                      dict[str, torch.Tensor]]:
+        """(total loss to minimise, logged terms) of one LeJEPA batch: the objective plus the online probe."""
         n_global = self.cfg.views.n_global
         views = [v.to(self.device, non_blocking=True) for v in views]
         labels = labels.to(self.device).repeat(n_global)
-        self.net.train()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             proj_g, proj_l, logits = self.net(views, n_global)
-        terms = self.objective(proj_g.float(), None if proj_l is None else proj_l.float())
+        terms: LossTerms = self.objective(proj_g.float(), None if proj_l is None else proj_l.float())
         probe_loss = F.cross_entropy(logits.float(), labels)
-        total = terms.loss + probe_loss
+        acc = (logits.argmax(-1) == labels).float().mean()
+        return terms.loss + probe_loss, {"loss": terms.loss, "sigreg": terms.sigreg, "invariance": terms.invariance,
+                                         "probe_loss": probe_loss, "probe_acc": acc}
+
+    def _supervised_terms(self, images: list[torch.Tensor], targets: Any) -> tuple[torch.Tensor,
+                                                                                   dict[str, torch.Tensor]]:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.net(images[0].to(self.device, non_blocking=True))
+        terms = sup.supervised_loss(self.model, out, sup.to_device(targets, self.device))
+        return terms["loss"], terms
+
+    def train_step(self, views: list[torch.Tensor], labels: Any) -> dict[str, torch.Tensor]:
+        """One optimizer step; returns the logged terms (the first is `loss`)."""
+        self.net.train()
+        if self.supervised:
+            total, terms = self._supervised_terms(views, labels)
+        else:
+            total, terms = self._lejepa_terms(views, labels)
         # one collective for both flags: a NaN anywhere stops every rank, and so does a stop request (a signal
         # may reach the ranks at slightly different times; they must stop after the same step)
         flags = all_reduce_sum(torch.stack([(~torch.isfinite(total.detach())).float(),
                                             torch.tensor(float(self._stop_signal), device=total.device)]))
         self.stop_requested = bool(flags[1].item() > 0)
         if flags[0].item() > 0:
+            parts = " ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
             raise NonFiniteLoss(
-                f"non-finite loss at step {self.progress.step + 1}: loss={terms.loss.item():.4g} "
-                f"sigreg={terms.sigreg.item():.4g} invariance={terms.invariance.item():.4g} "
-                f"probe={probe_loss.item():.4g}. Training stopped; {self.ckpt_dir / 'last.pt'} is the last good "
-                f"checkpoint. Lower train.lr or raise objective.lamb and relaunch to resume from it."
+                f"non-finite loss at step {self.progress.step + 1}: {parts}. Training stopped; "
+                f"{self.ckpt_dir / 'last.pt'} is the last good checkpoint. Lower train.lr (LeJEPA: or raise "
+                f"objective.lamb) and relaunch to resume from it."
             )
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
-        if self.cfg.train.grad_clip > 0:
-            params = list(self.model.backbone.parameters()) + list(self.model.projector.parameters())
+        if self.cfg.train.grad_clip > 0:  # the backbone and its heads; the online probe is not clipped
+            params = [p for n, p in self.model.named_parameters() if p.requires_grad and not n.startswith("probe.")]
             torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        acc = (logits.argmax(-1) == labels).float().mean()
-        return terms, probe_loss.detach(), acc
+        return {k: v.detach() for k, v in terms.items()}
+
+    def validate(self) -> dict[str, float]:
+        """Validation metrics: `val/probe_acc` (LeJEPA's online probe), `val/top1` or `val/rel_error`."""
+        if self.supervised:
+            return sup.evaluate(self.model, self.val_samples, self.device, self.bf16)
+        return {"val/probe_acc": self.probe_accuracy()}
 
     @torch.no_grad()
     def probe_accuracy(self, max_images: int = 2048) -> float:
@@ -277,23 +322,23 @@ class Trainer:
                         p.batch += 1
                         continue
                     t0 = time.perf_counter()
-                    terms, probe_loss, acc = self.train_step(views, labels)
+                    terms = self.train_step(views, labels)
                     p.batch += 1
                     p.step += 1
                     bar.update(1)
                     if p.step % cfg.log_every == 0 or p.step == self.total_steps:
-                        parts = torch.stack([terms.loss, terms.sigreg, terms.invariance, probe_loss, acc]).detach()
+                        parts = torch.stack(list(terms.values())).float()
                         parts = (all_reduce_sum(parts) / self.dist.world).tolist()  # means over the global batch
                         last_metrics = {
-                            "epoch": p.epoch, **dict(zip(("loss", "sigreg", "invariance", "probe_loss", "probe_acc"),
-                                                         parts, strict=True)),
+                            "epoch": p.epoch, **dict(zip(terms, parts, strict=True)),
                             "lr": self.scheduler.get_last_lr()[0],
                             "img_per_s": cfg.batch_size / (time.perf_counter() - t0),
                             "bad_images": int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item()),
                         }
                         tracker.log(last_metrics, p.step)
-                        bar.set_postfix(loss=f"{last_metrics['loss']:.4f}", probe=f"{last_metrics['probe_acc']:.2f}",
-                                        img_s=f"{last_metrics['img_per_s']:.0f}")
+                        acc = last_metrics.get("probe_acc", last_metrics.get("acc"))
+                        bar.set_postfix(loss=f"{last_metrics['loss']:.4f}", img_s=f"{last_metrics['img_per_s']:.0f}",
+                                        **({} if acc is None else {"acc": f"{acc:.2f}"}))
                     if p.step % cfg.ckpt_every == 0:
                         self.save(periodic=True)
                     if on_step is not None:
@@ -301,16 +346,15 @@ class Trainer:
                     if p.step >= self.total_steps or self.stop_requested:
                         break
                 else:  # the epoch ran out
-                    val_acc = self.probe_accuracy()
-                    tracker.log({"epoch": p.epoch, "val/probe_acc": val_acc}, p.step)
+                    tracker.log({"epoch": p.epoch, **self.validate()}, p.step)
                     p.epoch, p.batch = p.epoch + 1, 0
                     self.save()
             if self.stop_requested and p.step < self.total_steps:
                 status = "interrupted"
             else:
-                val_acc = self.probe_accuracy()
-                tracker.log({"epoch": p.epoch, "val/probe_acc": val_acc}, p.step)
-                last_metrics["val/probe_acc"] = val_acc
+                val = self.validate()
+                tracker.log({"epoch": p.epoch, **val}, p.step)
+                last_metrics.update(val)
             self.save()
         except BaseException as err:
             self._write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))

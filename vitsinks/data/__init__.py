@@ -10,12 +10,13 @@ from vitsinks.config import DataConfig
 from vitsinks.data.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
 from vitsinks.data.fashion_mnist import FashionMNIST
 from vitsinks.data.imagefolder import BadImage, ImageFolderSplit
+from vitsinks.data.sinktasks import SinkTask, is_sink_task, sink_task_name
 from vitsinks.data.synthetic import SyntheticShapes
 
-DATASETS = ("synthetic", "fashion_mnist", "imagenet")
+DATASETS = ("synthetic", "fashion_mnist", "imagenet", "sinktask_nop", "sinktask_broadcast")
 
-__all__ = ["DATASETS", "BadImage", "FashionMNIST", "ImageFolderSplit", "SyntheticShapes", "build_dataset",
-           "num_classes"]
+__all__ = ["DATASETS", "BadImage", "FashionMNIST", "ImageFolderSplit", "SinkTask", "SyntheticShapes",
+           "build_dataset", "is_sink_task", "num_classes"]
 
 
 def _check_root(root: str | None, name: str, example: str) -> Path:
@@ -35,6 +36,10 @@ def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
         # train and val are disjoint streams of the same generator
         length = cfg.train_size if split == "train" else cfg.val_size
         return SyntheticShapes(cfg.image_size, length, cfg.num_classes, seed=seed * 2 + (split != "train"))
+    if is_sink_task(cfg.name):
+        length = cfg.train_size if split == "train" else cfg.val_size
+        return SinkTask(sink_task_name(cfg.name), cfg.image_size, cfg.patch_size, length,
+                        seed=seed * 2 + (split != "train"), marked_frac=cfg.marked_frac, marker=cfg.marker)
     if cfg.name == "fashion_mnist":
         root = _check_root(cfg.root or FASHION_MNIST_ROOT, "fashion_mnist", FASHION_MNIST_ROOT)
         return FashionMNIST(root, split, size=cfg.image_size)
@@ -47,4 +52,6 @@ def num_classes(dataset: Dataset) -> int:
     """Number of classes of a built dataset."""
     if isinstance(dataset, SyntheticShapes):
         return dataset.num_classes
+    if isinstance(dataset, SinkTask):
+        return 0  # per-patch regression targets, no classes
     return len(dataset.classes)  # type: ignore[attr-defined]

@@ -20,9 +20,17 @@ __all__ = ["FIELDS", "classify", "diagnose", "diagnose_tokens", "embed", "events
 
 
 def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
-    """The first `n` images of `dataset` as a normalised batch (n, 3, size, size) and as uint8 RGB for plots."""
+    """The first `n` images of `dataset` as a normalised batch (n, 3, size, size) and as uint8 RGB for plots.
+
+    Datasets of tensors (the sink tasks) are taken as they are, shown min-max scaled per image."""
+    first = [dataset[i][0] for i in range(min(n, len(dataset)))]  # type: ignore[arg-type]
+    if isinstance(first[0], torch.Tensor):  # tensor datasets (the sink tasks) are model inputs already
+        x = torch.stack(first)
+        lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+        show = ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
+        return x, show
     tf = eval_transform(size)
-    pil = [dataset[i][0] for i in range(min(n, len(dataset)))]  # type: ignore[arg-type]
+    pil = first
     x = torch.stack([tf(im) for im in pil])
     show = np.stack([np.asarray(im.convert("RGB").resize((size, size))) for im in pil])
     return x, show

@@ -37,15 +37,19 @@ def _layerscale(block: SinkBlock) -> torch.Tensor | None:
 
 @torch.no_grad()
 def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool = False,
-                    keep_maps: int = 0) -> dict[str, np.ndarray]:
+                    keep_maps: int = 0, num_prefix: int = 1) -> dict[str, np.ndarray]:
     """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
+
+    Beside the SPEC fields: `prefix_mass`, the mean over queries of the attention on the first `num_prefix`
+    tokens ([CLS] and registers: a sink split over several registers shows here, not in `mass`), and
+    `gate_mean`, the head's mean gate value over tokens (NaN without a gate).
 
     Also: `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` (B, L) of each block's output
     residual stream; `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N), the mean
     attention each key receives, for the attention-map plots.
     """
     blocks = list(blocks)
-    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in FIELDS}
+    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass", "gate_mean")}
     norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
     for blk in blocks:
         ref = blk(x, is_causal=True) if causal else blk(x)
@@ -54,6 +58,10 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
         fields = head_fields(it.attn, it.v, blk.attn.proj.weight, _layerscale(blk))
         for k in FIELDS:
             per_block[k].append(fields[k])
+        per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
+        per_block["gate_mean"].append(
+            torch.full_like(fields["mass"], torch.nan) if it.gate is None
+            else it.gate.float().mean(dim=-1).mean(dim=1).expand_as(fields["mass"]))
         if keep_maps:
             maps.append(it.attn[:keep_maps].float().mean(-2))
         del it, out
@@ -104,7 +112,8 @@ def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
     parts = []
     for lo in range(0, len(images), batch_size):
         batch = images[lo : lo + batch_size].to(device)
-        parts.append(diagnose_tokens(model.blocks, embed(model, batch), keep_maps=max(0, keep_maps - lo)))
+        parts.append(diagnose_tokens(model.blocks, embed(model, batch), keep_maps=max(0, keep_maps - lo),
+                                     num_prefix=model.num_prefix_tokens))
     model.train(was_training)
     result = _cat(parts)
     result.update(spectrum(model.blocks))

@@ -90,4 +90,4 @@ def qk_spectrum(qkv_weight: torch.Tensor, num_heads: int) -> tuple[torch.Tensor,
     sv = qk_singular_values(qkv_weight, num_heads)
     frac = sv[:, 0] / sv.sum(-1).clamp_min(1e-300)
     gap = sv[:, 0] / sv[:, 1].clamp_min(1e-300) if sv.shape[1] > 1 else torch.full_like(frac, torch.inf)
-    return frac.float(), gap.float()
+    return frac.float().cpu(), gap.float().cpu()  # cpu: the callers turn them into numpy arrays

@@ -61,19 +61,73 @@ def sinks_per_image(ev: np.ndarray, cls: np.ndarray, loc: np.ndarray) -> dict[st
     return out
 
 
+DEF1_EPS = (0.5, 0.3, 0.2, 0.1)  # the reference's sensitivity table
+MASS_SHARE_MIN = 0.3
+
+
+def scored_blocks(n_blocks: int) -> slice:
+    """The blocks that sinks per image count: 1..L-1 as in the reference (block 0 is reported apart), or the only
+    block of a one-block model."""
+    return slice(1, None) if n_blocks > 1 else slice(0, 1)
+
+
+def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[str, list]:
+    """Per block, the head with the largest mean sink mass (max over heads of the mean over images of `mass`):
+    its index, that mass, where its dominant key sits most often ([CLS] / register / patch), the median value
+    ratio of that key, and its mean attention on the prefix tokens ([CLS] + registers)."""
+    mean_mass = d["mass"].mean(axis=0)  # (L, H)
+    heads = mean_mass.argmax(axis=1)
+    blocks = np.arange(len(heads))
+    loc = location(d)[:, blocks, heads]  # (images, L)
+    out = {
+        "head": heads.tolist(),
+        "mass": [_fmt(x) for x in mean_mass[blocks, heads]],
+        "location": [LOCATIONS[int(np.bincount(loc[:, b], minlength=3).argmax())] for b in blocks],
+        "ratio": [_fmt(x) for x in np.nanmedian(d[ratio][:, blocks, heads], axis=0)],
+    }
+    if "prefix_mass" in d:
+        out["prefix_mass"] = [_fmt(x) for x in d["prefix_mass"].mean(axis=0)[blocks, heads]]
+    return out
+
+
+def continuous_measures(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> dict[str, Any]:
+    """Measures that move before any sink event: the strongest head per block, the share of (image, head) pairs
+    with mass >= 0.3, Definition-1 counts at several eps (sinks per image, by class), and the mean gate."""
+    cls = classify(d, ratio, use_rank)
+    blocks = scored_blocks(d["mass"].shape[1])
+    strong = d["mass"] >= MASS_SHARE_MIN
+    def1 = {}
+    for eps in DEF1_EPS:
+        ev = events(d, "def1", eps)[:, blocks]
+        def1[str(eps)] = {"all": _fmt(ev.sum(axis=(1, 2)).mean()),
+                          **{name: _fmt((ev & (cls[:, blocks] == i)).sum(axis=(1, 2)).mean())
+                             for i, name in enumerate(CLASSES[:2])}}
+    out: dict[str, Any] = {
+        "strongest_head_by_block": strongest_heads(d, ratio),
+        "mass_share_by_block": [_fmt(x) for x in strong.mean(axis=(0, 2))],
+        "mass_share": _fmt(strong.mean()),
+        "def1_sinks_per_image": def1,
+    }
+    if "gate_mean" in d and not np.isnan(d["gate_mean"]).all():
+        out["gate_mean_by_block"] = [_fmt(x) for x in d["gate_mean"].mean(axis=(0, 2))]
+    return out
+
+
 def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5, ratio: str = "ratio_out",
               use_rank: bool = True) -> dict[str, Any]:
     """The JSON summary of one diagnosed checkpoint (see the README's diagnostics section)."""
     ev, cls, loc = events(d, rule, eps), classify(d, ratio, use_rank), location(d)
     n_img, n_blocks, n_heads = ev.shape
+    blocks = scored_blocks(n_blocks)
     massive_loc = np.where(d["massive_token"] == 0, 0,
                            np.where(d["massive_token"] <= int(d["num_registers"]), 1, 2))
     sink_heads = ev.any(axis=0)
     return {
-        "rule": {"events": rule, "eps": eps, "ratio": ratio, "use_stable_rank": use_rank},
+        "rule": {"events": rule, "eps": eps, "ratio": ratio, "use_stable_rank": use_rank,
+                 "blocks_counted": "1..L-1" if n_blocks > 1 else "0 (the only block)"},
         "shape": {"images": n_img, "blocks": n_blocks, "heads": n_heads,
                   "registers": int(d["num_registers"])},
-        "sinks_per_image": sinks_per_image(ev[:, 1:], cls[:, 1:], loc[:, 1:]),
+        "sinks_per_image": sinks_per_image(ev[:, blocks], cls[:, blocks], loc[:, blocks]),
         "sinks_per_image_block0": sinks_per_image(ev[:, :1], cls[:, :1], loc[:, :1]),
         "block_frequency": [_fmt(x) for x in ev.mean(axis=(0, 2))],
         "max_mass_by_block": [_fmt(x) for x in d["mass"].max(axis=2).mean(axis=0)],  # strongest head, per image
@@ -95,6 +149,7 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
             "location_share_by_block": {name: [_fmt(x) for x in (massive_loc == i).mean(axis=0)]
                                         for i, name in enumerate(LOCATIONS)},
         },
+        **continuous_measures(d, ratio, use_rank),
         "recompute_error_max": _fmt(float(np.max(d["recompute_error"]))),
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }

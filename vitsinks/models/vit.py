@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from timm.layers import resample_abs_pos_embed, trunc_normal_
@@ -13,6 +13,9 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
+
+PatchEmbedKind = Literal["learned", "orthonormal"]
+PATCH_EMBEDS: tuple[str, ...] = ("learned", "orthonormal")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,21 @@ def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax") 
     return "+".join(parts) or "base"
 
 
+class NoMLP(nn.Module):
+    """Stands in for a block's MLP (`mlp=False`): contributes exactly nothing to the residual stream.
+
+    Attention-only blocks are what the sink tasks need: an MLP after attention could cancel a broadcast update
+    with a marker-dependent gate, so the theory (a softmax head can only do nothing through a sink) binds only
+    where nothing after attention can undo its output.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
 class SinkBlock(Block):
     """timm's pre-norm `Block` whose attention is a `SinkAttention` of the requested gate and kind."""
 
@@ -81,14 +99,41 @@ class SinkViT(VisionTransformer):
     parameters. `load_timm_state_dict` converts timm's two register layouts to this one exactly.
     """
 
-    def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", **kwargs: Any) -> None:
+    def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", mlp: bool = True,
+                 patch_embed: PatchEmbedKind = "learned", **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
+        if not mlp:
+            kwargs["mlp_layer"] = NoMLP
         super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn), **kwargs)
         self.gate_kind, self.attn_kind = gate, attn
+        if patch_embed == "orthonormal":
+            self._fix_patch_embed()
         if self.num_reg_tokens and self.pos_embed is not None:
             self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, self.embed_dim))
             trunc_normal_(self.pos_embed, std=0.02)
+
+    def _fix_patch_embed(self) -> None:
+        """A frozen, bias-free patch embedding with orthonormal columns: patch pixels enter the residual stream
+        isometrically, so targets defined on patch pixels can be embedded into the stream exactly. The columns are
+        also orthogonal to the all-ones direction, which LayerNorm subtracts: on patch content the pre-norm is then
+        a pure rescaling by the token's norm."""
+        proj = self.patch_embed.proj
+        dim, feats = proj.out_channels, proj.weight[0].numel()
+        if dim < feats + 1:
+            raise ValueError(f"model.patch_embed=orthonormal needs embed_dim >= {feats + 1} (channels x patch "
+                             f"pixels + 1), got {dim}: raise model.embed_dim or lower model.patch_size")
+        w = torch.randn(dim, feats)
+        w -= w.mean(0, keepdim=True)  # orthogonal to the all-ones vector ...
+        w = torch.linalg.qr(w).Q  # ... and orthonormal (Q spans the same, centred, column space)
+        proj.weight = nn.Parameter(w.reshape_as(proj.weight).contiguous(), requires_grad=False)
+        proj.bias = None
+
+    @torch.no_grad()
+    def embed_patches(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> patch embeddings (B, P, dim), without position embedding or prefix tokens."""
+        x = self.patch_embed(pixels)
+        return x.reshape(x.shape[0], -1, x.shape[-1])
 
     @property
     def variant(self) -> str:
@@ -133,6 +178,10 @@ def build_vit(
     num_heads: int | None = None,
     mlp_ratio: float = 4.0,
     qkv_bias: bool = True,
+    proj_bias: bool = True,
+    mlp: bool = True,
+    patch_embed: PatchEmbedKind = "learned",
+    pos_embed: str = "learn",
     layerscale_init: float | None = None,
     drop_path: float = 0.0,
     gate: GateKind = "none",
@@ -145,8 +194,11 @@ def build_vit(
     """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
 
     `gate`: none | elementwise | headwise (G1, reference init); `registers`: count; `attn`: softmax | relu |
-    sigmoid | sink_logit. `dynamic_img_size` lets multi-crop views of other sizes through (the position
-    embedding is resampled); it changes no parameter.
+    sigmoid | sink_logit. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
+    `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
+    position embedding (both for the sink tasks, whose targets live on the residual stream).
+    `dynamic_img_size` lets multi-crop views of other sizes through (the position embedding is resampled); it
+    changes no parameter.
     """
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -154,12 +206,20 @@ def build_vit(
         raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
     if attn not in ATTN_KINDS:
         raise ValueError(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+    if patch_embed not in PATCH_EMBEDS:
+        raise ValueError(f"unknown patch embedding {patch_embed!r}; choose one of {PATCH_EMBEDS}")
+    if pos_embed not in ("learn", "none"):
+        raise ValueError(f"unknown position embedding {pos_embed!r}; choose learn or none")
     if registers < 0:
         raise ValueError(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
     return SinkViT(
         gate=gate,
         attn=attn,
+        mlp=mlp,
+        patch_embed=patch_embed,
+        pos_embed=pos_embed,
+        proj_bias=proj_bias,
         img_size=img_size or spec.img_size,
         patch_size=patch_size or spec.patch_size,
         embed_dim=embed_dim or spec.embed_dim,
@@ -223,7 +283,9 @@ def model_from_config(m: Any) -> SinkViT:
     """
     model = build_vit(
         m.size, img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth,
-        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, layerscale_init=m.layerscale_init,
+        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, proj_bias=getattr(m, "proj_bias", True),
+        mlp=getattr(m, "mlp", True), patch_embed=getattr(m, "patch_embed", "learned"),
+        pos_embed=getattr(m, "pos_embed", "learn"), layerscale_init=m.layerscale_init,
         drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
     )
     source = getattr(m, "pretrained", None)
