@@ -122,7 +122,7 @@ def test_nop_task_predictions_for_registers_and_gates(nop_runs: dict[str, Path])
     task = SinkTask("nop", seed=1)
     items = [task.sample(i) for i in range(32)]
     with torch.no_grad():
-        x = model.norm_pre(model._pos_embed(model.patch_embed(torch.stack([it["image"] for it in items]))))
+        x = model.embed_tokens(torch.stack([it["image"] for it in items]))
         gate = model.blocks[0].attn.internals(model.blocks[0].norm1(x)).gate.mean(dim=(2, 3))[:, 1:]  # (B, P)
     marked = torch.stack([it["marked"] for it in items])
     assert gate[~marked].mean() < 0.3 < gate[marked].mean()

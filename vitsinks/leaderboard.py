@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from vitsinks.diagnostics.summary import DEF1_EPS  # noqa: E402
 from vitsinks.sweep import read_manifest  # noqa: E402
 from vitsinks.tracking import read_metrics  # noqa: E402
 
@@ -36,11 +37,9 @@ QUALITY = [("online_top1", "online probe top-1"), ("linear_top1", "linear top-1"
            ("task_fit", "task fit (1 - rel. error)")]
 MECHANISM = [("sinks", "sinks / image"), ("nop", "NOP-like"), ("broadcast", "broadcast-like"), ("on_cls", "on [CLS]"),
              ("on_register", "on register"), ("on_patch", "on patch"),
-             ("def1_0.5", "Def.1 eps 0.5"), ("def1_0.3", "Def.1 eps 0.3"), ("def1_0.2", "Def.1 eps 0.2"),
-             ("def1_0.1", "Def.1 eps 0.1"), ("max_mass", "strongest head mass"),
+             *((f"def1_{e}", f"Def.1 eps {e}") for e in DEF1_EPS), ("max_mass", "strongest head mass"),
              ("prefix_mass", "its mass on [CLS]+reg"), ("strong_ratio", "its ratio_out"),
              ("mass_share", "share mass >= 0.3"), ("gate_mean", "mean gate"), ("massive", "massive act. ratio")]
-LOWER_IS_BETTER: set[str] = set()
 
 # SPEC section 4 (Kempner gate x register sweep, ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe) and
 # section 3 (sinks per image, epoch 50, ADE20K val, blocks 1-23, relaxed rule, ratio_head).
@@ -88,9 +87,10 @@ def collect(run: Path) -> dict[str, Any]:
     cfg = OmegaConf.load(run / "config.yaml")
     row: dict[str, Any] = {"run": run.name, "variant": cfg.exp, "seed": cfg.seed, "model": cfg.model.size,
                            "data": cfg.data.name}
-    fit = [m["val/rel_error"] for m in read_metrics(run) if "val/rel_error" in m]
+    metrics = read_metrics(run)
+    fit = [m["val/rel_error"] for m in metrics if "val/rel_error" in m]
     row["task_fit"] = 100 * (1 - fit[-1]) if fit else math.nan
-    online = [m["val/probe_acc"] for m in read_metrics(run) if "val/probe_acc" in m]
+    online = [m["val/probe_acc"] for m in metrics if "val/probe_acc" in m]
     row["online_top1"] = 100 * online[-1] if online else math.nan
     lin = run / "results" / "linear.json"
     row["linear_top1"] = json.loads(lin.read_text())["best"]["top1"] if lin.exists() else math.nan
@@ -105,15 +105,14 @@ def collect(run: Path) -> dict[str, Any]:
                    massive=max(s["massive_activations"]["ratio_by_block"]))
         row.update(_continuous(s))
     else:
-        row.update({k: math.nan for k, _ in MECHANISM})
-        row.update(sink_at="-", profile=[])
+        row.update({k: math.nan for k, _ in MECHANISM}, **_continuous({}))
     return row
 
 
 def _continuous(s: dict[str, Any]) -> dict[str, Any]:
     """The measures that move (diagnostics summaries written before they existed get NaN)."""
     out: dict[str, Any] = {k: math.nan for k in ("max_mass", "prefix_mass", "strong_ratio", "mass_share",
-                                                 "gate_mean", *(f"def1_{e}" for e in ("0.5", "0.3", "0.2", "0.1")))}
+                                                 "gate_mean", *(f"def1_{e}" for e in DEF1_EPS))}
     out.update(sink_at="-", profile=[])
     strong = s.get("strongest_head_by_block")
     if not strong:

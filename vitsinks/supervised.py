@@ -29,11 +29,7 @@ log = logging.getLogger(__name__)
 
 def residual_stream(backbone: SinkViT, images: torch.Tensor) -> torch.Tensor:
     """All tokens after the last block, before the final norm (B, N, dim): `forward_features` without `norm`."""
-    x = backbone.patch_embed(images)
-    x = backbone._pos_embed(x)
-    x = backbone.patch_drop(x)
-    x = backbone.norm_pre(x)
-    return backbone.blocks(x)
+    return backbone.blocks(backbone.embed_tokens(images))
 
 
 def embed_targets(backbone: SinkViT, target: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,10 @@
 
 Images are patch grids of Gaussian noise rescaled to one norm per patch (the content: every patch then enters
 the pre-norm at the same scale, so the tasks are exactly solvable by an attention-only block); a marker, a
-constant `marker / sqrt(patch pixels)` on
-every pixel of the first channel (a unit direction e of the patch-pixel space, scaled), flags special patches;
-the content is orthogonal to e. Targets are per patch, in patch-pixel space (B, P, C * p * p), with a weight per
-patch; the supervised objective embeds them into the residual stream with the model's own isometric patch
-embedding (see `vitsinks.supervised`).
+constant `marker / sqrt(patch pixels)` on every pixel of the first channel (a unit direction e of the
+patch-pixel space, scaled), flags special patches; the content is orthogonal to e. Targets are per patch, in
+patch-pixel space (B, P, C * p * p), with a weight per patch; the supervised objective embeds them into the
+residual stream with the model's own isometric patch embedding (see `vitsinks.supervised`).
 
 - `nop`: `round(marked_frac * P)` (at least 1) marked patches at random positions must receive the mean content
   of all patches; every other patch must leave the network unchanged. The marked patches carry half of the loss

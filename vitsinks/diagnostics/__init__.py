@@ -30,9 +30,8 @@ def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.
         show = ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
         return x, show
     tf = eval_transform(size)
-    pil = first
-    x = torch.stack([tf(im) for im in pil])
-    show = np.stack([np.asarray(im.convert("RGB").resize((size, size))) for im in pil])
+    x = torch.stack([tf(im) for im in first])
+    show = np.stack([np.asarray(im.convert("RGB").resize((size, size))) for im in first])
     return x, show
 
 

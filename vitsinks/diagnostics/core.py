@@ -25,10 +25,7 @@ from vitsinks.models import SinkBlock, SinkViT
 
 def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
     """Tokens entering block 0: patches, position embedding, [CLS] and registers (as `forward_features`)."""
-    x = model.patch_embed(images)
-    x = model._pos_embed(x)
-    x = model.patch_drop(x)
-    return model.norm_pre(x)
+    return model.embed_tokens(images)
 
 
 def _layerscale(block: SinkBlock) -> torch.Tensor | None:

@@ -129,6 +129,11 @@ class SinkViT(VisionTransformer):
         proj.weight = nn.Parameter(w.reshape_as(proj.weight).contiguous(), requires_grad=False)
         proj.bias = None
 
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """Tokens entering block 0 (B, N, dim): patches, position embedding, [CLS] and registers, as in
+        `forward_features`."""
+        return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(images))))
+
     @torch.no_grad()
     def embed_patches(self, pixels: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> patch embeddings (B, P, dim), without position embedding or prefix tokens."""

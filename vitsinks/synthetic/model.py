@@ -12,18 +12,9 @@ import torch
 from torch import nn
 
 from vitsinks.models import SinkBlock
+from vitsinks.models.vit import NoMLP
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-class NoMLP(nn.Module):
-    """Stands in for the block MLP: contributes nothing to the residual stream."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(x)
 
 
 class SeqModel(nn.Module):
