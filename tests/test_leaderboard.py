@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -99,3 +100,29 @@ def test_cli_errors(tmp_path: Path) -> None:
     assert out.returncode == 1 and "neither a run folder nor a sweep" in out.stderr
     usage = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", "rns=x"], capture_output=True, text=True)
     assert usage.returncode == 2 and "unknown: rns" in usage.stderr
+
+
+def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(tmp_path: Path) -> None:
+    """Variants come from configs/exp (no hand-kept list): the four first, then the rest by name; the pathway
+    share, the attention's common-mode share and an intervention summary reach their columns."""
+    for exp in ("global+pen", "base", "reg+global+pen", "gate"):
+        run = tmp_path / exp
+        (run / "diagnostics" / "final").mkdir(parents=True)
+        (run / "interventions" / "last").mkdir(parents=True)
+        (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config([f"exp={exp}"]), resolve=True))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/probe_acc": 0.5}) + "\n")
+        summary = {**_summary(1.0, 0.0), "common_mode_by_block": [0.2, 0.4]}
+        if "global" in exp:
+            summary["pathway"] = {"share_by_block": [0.5, None, 0.7]}
+        (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(summary))
+        by_class = {"blocks 1..L-1": {"nop": {"zero_sink_value": {"final_patch_relrms": 0.25}}},
+                    "block 0": {"nop": {"zero_sink_value": {"final_patch_relrms": 9.0}}}}
+        (run / "interventions" / "last" / "summary.json").write_text(json.dumps({"by_class": by_class}))
+    table = build(tmp_path, tmp_path / "lb")
+    assert [t["variant"] for t in table] == ["base", "gate", "global+pen", "reg+global+pen"]
+    rows = {t["variant"]: t for t in table}
+    assert rows["global+pen"]["pathway_share"][0] == pytest.approx(0.6) and math.isnan(rows["base"]["pathway_share"][0])
+    assert rows["base"]["common_mode"][0] == pytest.approx(0.3)
+    assert rows["gate"]["causal_zero_nop"][0] == pytest.approx(0.25)  # the main scope, not block 0
+    md = (tmp_path / "lb" / "leaderboard.md").read_text()
+    assert "pathway share of update" in md and "zero v_s, NOP heads" in md

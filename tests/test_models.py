@@ -6,11 +6,19 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitsinks.config import load_config
-from vitsinks.models import ATTN_KINDS, SIZES, SinkAttention, build_vit, load_timm_state_dict, model_from_config
+from vitsinks.config import exp_names, load_config
+from vitsinks.models import (
+    ATTN_KINDS,
+    SIZES,
+    SinkAttention,
+    build_vit,
+    load_timm_state_dict,
+    model_from_config,
+    run_variant,
+)
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)
-EXPS = ["base", "gate", "reg", "gate+reg", "gate_headwise", "gate_headwise+reg", "relu", "sigmoid", "sink_logit"]
+EXPS = exp_names()  # every configs/exp/*.yaml
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -36,7 +44,7 @@ def test_every_exp_builds_and_trains(exp: str) -> None:
     out.square().mean().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
-    assert model.variant == exp
+    assert run_variant(cfg) == exp and model.variant == exp.removesuffix("+pen")
 
 
 @pytest.mark.parametrize("size", ["vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"])

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import TINY, require_slurm, tiny_cfg
 
+from vitsinks.config import load_config
 from vitsinks.sweep import read_manifest, run_state
 from vitsinks.tracking import read_metrics
 from vitsinks.train import Trainer
@@ -34,13 +35,19 @@ def job_ids() -> set[str]:
     return set(out.split())
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
+def wait_progress(done, progress, what: str, stall: float = 300.0, cap: float = 3600.0) -> None:
+    """Wait until `done()`, failing only when `progress()` (e.g. the run's step) has not changed for `stall` seconds:
+    a loaded machine makes the job slower, not stuck. `cap` only guards against a job that moves forever."""
+    start = changed = time.time()
+    last = progress()
+    while not done():
+        now, current = time.time(), progress()
+        if current != last:
+            last, changed = current, now
+        if now - changed > stall or now - start > cap:
+            raise AssertionError(f"no progress for {now - changed:.0f}s ({now - start:.0f}s in all) waiting for "
+                                 f"{what}; last progress: {current}")
         time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def finished(run_dir: Path) -> bool:
@@ -55,7 +62,7 @@ def test_single_job_trains_to_the_end(runs: Path) -> None:
     out = launch("exp=gate", *TINY, *CLUSTER, f"runs_dir={runs}", "name=one")
     assert out.returncode == 0, out.stderr
     assert "submitted SLURM job" in out.stdout
-    wait_for(lambda: finished(runs / "one"), 240, "the job to finish")
+    wait_progress(lambda: finished(runs / "one"), lambda: run_state(runs / "one"), "the job to finish")
     assert run_state(runs / "one")["status"] == "finished"
     assert (runs / "one" / "checkpoints" / "last.pt").is_file()
 
@@ -71,7 +78,8 @@ def test_array_of_four_variants_then_relaunch_and_status(runs: Path) -> None:
     assert len({i.split("_")[0] for i in ids}) == 1 and sorted(i.split("_")[1] for i in ids) == ["0", "1", "2", "3"]
     assert len(job_ids() - before) >= 1  # one array
     runs_dirs = [Path(r["run_dir"]) for r in manifest["runs"]]
-    wait_for(lambda: all(finished(d) for d in runs_dirs), 300, "the four array tasks")
+    wait_progress(lambda: all(finished(d) for d in runs_dirs), lambda: [run_state(d) for d in runs_dirs],
+                  "the four array tasks")
     for d, exp in zip(runs_dirs, ["base", "gate", "reg", "gate+reg"], strict=True):
         assert run_state(d)["status"] == "finished" and run_state(d)["variant"] == exp
         assert (d / "checkpoints" / "last.pt").is_file()
@@ -104,11 +112,11 @@ def _interrupt_and_finish(runs: Path, name: str, interrupt: list[str]) -> tuple[
     assert out.returncode == 0, out.stderr
     job = out.stdout.split("submitted SLURM job ")[1].split(":")[0]
     run = runs / name
-    wait_for(lambda: run_state(run)["step"] >= 10, 240, "the job to pass step 10")
+    wait_progress(lambda: run_state(run)["step"] >= 10, lambda: run_state(run), "the job to pass step 10")
     subprocess.run([*interrupt, job], check=True)
     log = runs / "slurm_logs" / job / f"{job}_0_log.out"
-    wait_for(lambda: resumed_at(log) and finished(run) and run_state(run)["step"] == TOTAL, 400,
-             "the job to restart and finish")
+    wait_progress(lambda: resumed_at(log) and finished(run) and run_state(run)["step"] == TOTAL,
+                  lambda: (run_state(run), resumed_at(log) if log.exists() else []), "the job to restart and finish")
     assert 0 < resumed_at(log)[0] < TOTAL  # it really stopped mid-run and resumed from a checkpoint
     return run, log
 
@@ -127,13 +135,15 @@ def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> Non
     assert final_loss(run) == _uninterrupted(runs, *LONG)
 
 
-def test_two_task_job_runs_ddp_over_gloo(runs: Path) -> None:
-    out = launch(*TINY, *CLUSTER, "cluster.tasks_per_node=2", "train.max_steps=3", f"runs_dir={runs}", "name=ddp")
+@pytest.mark.parametrize("exp", ["base", "global+pen"])  # the penalty sums its terms over ranks before the ratio
+def test_two_task_job_runs_ddp_over_gloo(runs: Path, exp: str) -> None:
+    out = launch(*TINY, *CLUSTER, f"exp={exp}", "cluster.tasks_per_node=2", "train.max_steps=3", f"runs_dir={runs}",
+                 "name=ddp")
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: finished(runs / "ddp"), 240, "the 2-task job")
+    wait_progress(lambda: finished(runs / "ddp"), lambda: run_state(runs / "ddp"), "the 2-task job")
     state = run_state(runs / "ddp")
     assert state["status"] == "finished" and state["world_size"] == 2
-    Trainer(tiny_cfg(runs, "name=single", "train.max_steps=3")).fit()
+    Trainer(tiny_cfg(runs, f"exp={exp}", "name=single", "train.max_steps=3")).fit()
     a = torch.load(runs / "ddp/checkpoints/last.pt", weights_only=False)["model"]
     b = torch.load(runs / "single/checkpoints/last.pt", weights_only=False)["model"]
     torch.testing.assert_close(a["backbone.blocks.1.mlp.fc2.weight"], b["backbone.blocks.1.mlp.fc2.weight"],
@@ -160,6 +170,40 @@ def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) ->
                  "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.dense_epochs=1",
                  f"runs_dir={runs}", "name=after")
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: (runs / "after/results/dense_synthetic.json").exists(), 300, "the after-train evaluations")
+    wait_progress(lambda: (runs / "after/results/dense_synthetic.json").exists(),
+                  lambda: sorted(str(f) for f in (runs / "after").rglob("*")), "the after-train evaluations")
     assert json.loads((runs / "after/diagnostics/final/summary.json").read_text())["shape"]["blocks"] == 2
     assert json.loads((runs / "after/results/linear.json").read_text())["val_images"] == 8
+
+
+def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path) -> None:
+    cfg = load_config(["exp=base", "data=sinktask_nop", f"runs_dir={runs}", "name=nop", "wandb.mode=disabled",
+                       "diagnostics.enabled=false"])
+    Trainer(cfg).fit()
+    args = [f"run={runs / 'nop'}", "n_images=32", "heldout_images=8", "intervene.min_events=10",
+            "edits=[zero_sink_value,redirect_sink_attention]", f"runs_dir={runs}"]
+    before = job_ids()
+    out = subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args, "nshards=2", *CLUSTER],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "submitted SLURM job array" in out.stdout
+    folder = runs / "nop" / "interventions" / "last"
+    ids = json.loads((folder / "shards" / "array.json").read_text())["job_ids"]
+    assert len(ids) == 2 and set(ids).isdisjoint(before)
+    metas = [folder / "shards" / f"{k}-of-2" / "meta.json" for k in (0, 1)]
+    # wait on the cluster's own progress: until both tasks have left the queue (a safety cap only for a hang)
+
+    def queued() -> list[str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %t"], capture_output=True, text=True).stdout.splitlines()
+        return sorted(line for line in out if line.split()[0] in ids)
+
+    wait_progress(lambda: not queued(), lambda: (queued(), [m.is_file() for m in metas]), "the array to finish")
+    assert all(m.is_file() for m in metas), [p.read_text()[-2000:] for p in (runs / "slurm_logs").rglob("*.err")]
+    merged = subprocess.run([sys.executable, "-m", "vitsinks.intervene", f"merge={folder}"], capture_output=True,
+                            text=True, timeout=300)
+    assert merged.returncode == 0, merged.stderr
+    local = subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args, f"intervene.out={runs / 'local'}"],
+                           capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    assert sorted((folder / "interventions.csv").read_text().splitlines()) == \
+        sorted((runs / "local" / "interventions.csv").read_text().splitlines())

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
+from vitsinks.synthetic.model import SeqModel
+from vitsinks.synthetic.pathway_task import ablated, evaluate_arm, pathway_batch, task_constants, train_arm
 
 
 def test_trigger_softmax_sinks_on_bos_relu_does_not() -> None:
@@ -45,3 +49,39 @@ def test_cli_writes_json_and_figure(tmp_path: Path) -> None:
     assert (tmp_path / "broadcast.png").stat().st_size > 10_000
     bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown task" in bad.stderr
+
+
+def test_broadcast_pathway_task_reproduces_the_reference_pattern() -> None:
+    """SPEC section 7 (seed 0, 800 steps of batch 128): attention alone routes layer 2 to the source (inflow >= 0.8);
+    with the global pathway and the penalty neither layer sinks (<= 0.15) at a task MSE within 10% of attention
+    alone, and the trained model then needs its pathway far more than layer 2's attention."""
+    x, y, _ = pathway_batch(torch.Generator().manual_seed(10_007), batch=512)
+    attention = evaluate_arm(train_arm("attention", 0, 800, 128)[0], x, y)
+    penalised = evaluate_arm(train_arm("global+pen", 0, 800, 128)[0], x, y)
+    assert attention["inflow"][1] >= 0.8
+    assert max(penalised["inflow"]) <= 0.15
+    assert penalised["mse"] <= 1.1 * attention["mse"]
+    assert penalised["d_mse_no_pathway"] > 10 * penalised["d_mse_no_attention_layer2"]
+
+
+def test_arms_see_the_same_batches_and_ablation_removes_what_it_names() -> None:
+    a, b = pathway_batch(torch.Generator().manual_seed(3)), pathway_batch(torch.Generator().manual_seed(3))
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    x, y, _ = a
+    u, R = task_constants()
+    src = (x @ u).argmax(-1)
+    assert torch.allclose(y - x, (x[torch.arange(len(x)), src] @ R)[:, None].expand_as(x), atol=1e-5)
+    torch.manual_seed(0)
+    model = SeqModel(64, None, dim=64, depth=2, heads=1, pathway={"state_dim": 8})
+    h = model.embed(x[:4])
+    with torch.no_grad():
+        with ablated(model, pathway=True, attention_block=1):
+            out = model(x[:4])
+        mid = model.blocks[0](h) - model.blocks[0].pathway(model.blocks[0].norm1(h))
+        assert torch.allclose(out, mid, atol=1e-5)  # block 1 adds nothing, block 0 only its attention
+
+
+def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:
+    bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "broadcast_pathway only" in bad.stderr

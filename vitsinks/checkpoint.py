@@ -12,9 +12,11 @@ import numpy as np
 import torch
 
 ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
-             "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed")
+             "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
+             "global_pathway")
 # fields added after checkpoints were first written: a checkpoint without them had these values
-ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn"}
+ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn",
+                 "global_pathway": {"enabled": False, "state_dim": 64, "gate": "learned", "layerscale_init": None}}
 
 
 class CheckpointMismatch(ValueError):
@@ -64,14 +66,23 @@ def load(path: Path) -> dict[str, Any]:
 def describe(model_cfg: dict[str, Any]) -> str:
     from vitsinks.models import variant_name
 
-    return (f"{variant_name(model_cfg['gate'], model_cfg['registers'], model_cfg['attn'])} "
+    pathway = bool((model_cfg.get("global_pathway") or {}).get("enabled"))
+    return (f"{variant_name(model_cfg['gate'], model_cfg['registers'], model_cfg['attn'], pathway)} "
             f"{model_cfg['size']} (dim {model_cfg.get('embed_dim') or 'default'}, "
             f"depth {model_cfg.get('depth') or 'default'})")
 
 
+def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Architecture fields with defaults filled in; a switched-off pathway's settings do not matter."""
+    out = {**ARCH_DEFAULTS, **model_cfg}
+    if not (out["global_pathway"] or {}).get("enabled"):
+        out["global_pathway"] = {"enabled": False}
+    return out
+
+
 def check_compatible(ckpt_model: dict[str, Any], run_model: dict[str, Any], path: Path) -> None:
     """Raise `CheckpointMismatch` naming both architectures when they differ in any architecture field."""
-    ckpt_model, run_model = {**ARCH_DEFAULTS, **ckpt_model}, {**ARCH_DEFAULTS, **run_model}
+    ckpt_model, run_model = _arch(ckpt_model), _arch(run_model)
     diff = [k for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
     if diff:
         fields = ", ".join(f"{k}: {ckpt_model.get(k)!r} vs {run_model.get(k)!r}" for k in diff)

@@ -15,6 +15,16 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 @dataclass
+class GlobalPathwayConfig:
+    """The SPEC section 7 global pathway beside attention in every block (`vitsinks.models.pathway`)."""
+
+    enabled: bool = False
+    state_dim: int = 64  # d_g
+    gate: str = "learned"  # recipient gate: learned (sigmoid(w . z_i + b)) | hier (times a per-image gate from g)
+    layerscale_init: float | None = None  # ls3; None: no LayerScale on the pathway
+
+
+@dataclass
 class ModelConfig:
     """ViT architecture and sink-mitigation switches (see `vitsinks.models.build_vit`)."""
 
@@ -35,6 +45,7 @@ class ModelConfig:
     gate: str = "none"
     registers: int = 0
     attn: str = "softmax"
+    global_pathway: GlobalPathwayConfig = field(default_factory=GlobalPathwayConfig)
     pretrained: str | None = None  # timm model name (downloads) or a state-dict / checkpoint path
 
 
@@ -89,6 +100,9 @@ class ObjectiveConfig:
     proj_out: int = 64
     proj_layers: int = 3
     probe_lr: float = 1e-3
+    cm_penalty: float = 0.0  # lambda_B of the common-mode penalty on every block's attention update (0: off)
+    cm_skip_blocks: int = 0  # the first blocks the penalty leaves out
+    cm_pre_gate: bool = False  # penalise the attention update before the attention gate
 
 
 @dataclass
@@ -130,6 +144,32 @@ class DiagnosticsConfig:
     eps: float = 0.5
     ratio: str = "ratio_out"  # ratio_out | ratio_head
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
+
+
+@dataclass
+class InterveneConfig:
+    """Causal interventions (`vitsinks.intervene`, SPEC section 6): one head edited at a time, attention held fixed.
+
+    Head selection (when `heads` is empty) per class (NOP / broadcast): heads with >= `min_events` events of that
+    class among the images, the `top_k` of blocks >= 1 and the `top_k_block0` of block 0 by event count; a head
+    enters a class's means if it has >= `min_class_events` events of that class. Events and classes follow the
+    `diagnostics` settings (rule, eps, ratio, use_stable_rank).
+    """
+
+    n_images: int = 256  # the first n validation images are edited
+    heldout_images: int = 64  # the next ones: the source of mean_sink_value (disjoint from the edited images)
+    batch_size: int = 32
+    heads: list[str] = field(default_factory=list)  # ["block:head", ...]; empty: automatic selection
+    edits: list[str] = field(default_factory=list)  # empty: every edit that applies to the model
+    min_events: int = 50
+    top_k: int = 16
+    top_k_block0: int = 4
+    min_class_events: int = 20
+    seed: int = 0  # the random non-sink patches of donor_nonsink_value / zero_random_nonsink_value
+    shard: int = 0  # this process edits heads[shard::nshards]
+    nshards: int = 1
+    merge: str | None = None  # a folder of shards to join into the final outputs
+    out: str | None = None  # default: <run>/interventions/<checkpoint> (or <runs_dir>/interventions/<model>)
 
 
 @dataclass
@@ -202,6 +242,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    intervene: InterveneConfig = field(default_factory=InterveneConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -223,6 +264,11 @@ def config_dir() -> Path:
             f"no Hydra configs at {path}: install vitsinks from its repository checkout (pip install -e .)"
         )
     return path
+
+
+def exp_names() -> list[str]:
+    """Every variant that has a config (`configs/exp/*.yaml`), sorted by name."""
+    return sorted(p.stem for p in (config_dir() / "exp").glob("*.yaml"))
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:

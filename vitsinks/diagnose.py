@@ -33,7 +33,11 @@ STEP_RE = re.compile(r"step_(\d+)\.pt$")
 
 def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
     """The backbone of a vitsinks checkpoint, built from the configuration stored in it."""
-    state = ckpt.load(path)
+    return backbone_from_state(ckpt.load(path), path)
+
+
+def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, DictConfig]:
+    """The backbone and run configuration of a loaded vitsinks checkpoint (`path` names it in errors)."""
     if "config" not in state or "model" not in state:
         raise ValueError(f"{path} is not a vitsinks training checkpoint (no config/model inside)")
     cfg = OmegaConf.create(state["config"])
@@ -85,7 +89,8 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     return rows
 
 
-def _data_overridden() -> bool:
+def data_overridden() -> bool:
+    """Whether this Hydra command line chose the data (`data=`, `data.name=`, `data.root=`)."""
     return any(o.split("=")[0].lstrip("+") in ("data", "data.name", "data.root")
                for o in HydraConfig.get().overrides.task)
 
@@ -99,7 +104,7 @@ def main(cfg: DictConfig) -> None:
             path = Path(cfg.ckpt)
             if not path.is_file():
                 raise FileNotFoundError(f"checkpoint {path} not found")
-            s = diagnose_checkpoint(path, cfg, cfg.data if _data_overridden() else None)
+            s = diagnose_checkpoint(path, cfg, cfg.data if data_overridden() else None)
             print(json.dumps(s["sinks_per_image"], indent=1))
             print(f"outputs in {path.parent.parent / 'diagnostics' / path.stem}")
         else:  # a model from the config, typically model.pretrained=<timm name or file>

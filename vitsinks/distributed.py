@@ -71,7 +71,7 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _differentiable_sum(x: torch.Tensor) -> torch.Tensor:
+def differentiable_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over ranks whose backward sums the gradients over ranks (the gradient of the global objective)."""
     with warnings.catch_warnings():  # deprecated in favour of a private API; lightly's SIGReg uses it too
         warnings.simplefilter("ignore", FutureWarning)
@@ -88,8 +88,8 @@ class AllReduceBatchNorm1d(nn.BatchNorm1d):
         if not (self.training and is_distributed()):
             return super().forward(x)
         n = all_reduce_sum(torch.tensor(float(x.shape[0]), device=x.device))
-        mean = _differentiable_sum(x.sum(0)) / n
-        var = _differentiable_sum((x - mean).square().sum(0)) / n
+        mean = differentiable_sum(x.sum(0)) / n
+        var = differentiable_sum((x - mean).square().sum(0)) / n
         with torch.no_grad():
             self.num_batches_tracked += 1
             self.running_mean.lerp_(mean.detach(), self.momentum)

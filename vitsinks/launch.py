@@ -20,6 +20,7 @@ from vitsinks import sweep as sw
 from vitsinks.checkpoint import CheckpointMismatch
 from vitsinks.config import config_dir, load_config, register_configs
 from vitsinks.data import BadImage
+from vitsinks.models import run_variant
 from vitsinks.train import NonFiniteLoss, Trainer
 
 log = logging.getLogger("vitsinks")
@@ -33,7 +34,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer = Trainer(cfg)
     n = sum(p.numel() for p in trainer.model.backbone.parameters())
     if trainer.dist.is_main:
-        print(f"vitsinks: {trainer.model.backbone.variant} {cfg.model.size} ({n / 1e6:.2f}M parameters, "
+        print(f"vitsinks: {run_variant(cfg)} {cfg.model.size} ({n / 1e6:.2f}M parameters, "
               f"{trainer.model.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
               f"{trainer.total_steps} steps, device {trainer.device}, {trainer.dist.world} rank(s)")
         print(f"run directory: {trainer.run_dir}")

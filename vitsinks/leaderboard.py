@@ -35,11 +35,18 @@ LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study 
 QUALITY = [("online_top1", "online probe top-1"), ("linear_top1", "linear top-1"),
            ("dense_synthetic", "synthetic mIoU"), ("dense_ade20k", "ADE20K mIoU"), ("dense_voc", "VOC mIoU"),
            ("task_fit", "task fit (1 - rel. error)")]
+# `python -m vitsinks.intervene` summaries: mean final-patch rel. RMS change per (class, edit), main scope
+CAUSAL = [("causal_zero_nop", "zero v_s, NOP heads (rel. change)", "nop", "zero_sink_value"),
+          ("causal_redirect_nop", "redirect, NOP heads", "nop", "redirect_sink_attention"),
+          ("causal_zero_broadcast", "zero v_s, broadcast heads", "broadcast", "zero_sink_value"),
+          ("causal_drop_registers", "drop registers", "model", "drop_registers")]
 MECHANISM = [("sinks", "sinks / image"), ("nop", "NOP-like"), ("broadcast", "broadcast-like"), ("on_cls", "on [CLS]"),
              ("on_register", "on register"), ("on_patch", "on patch"),
              *((f"def1_{e}", f"Def.1 eps {e}") for e in DEF1_EPS), ("max_mass", "strongest head mass"),
              ("prefix_mass", "its mass on [CLS]+reg"), ("strong_ratio", "its ratio_out"),
-             ("mass_share", "share mass >= 0.3"), ("gate_mean", "mean gate"), ("massive", "massive act. ratio")]
+             ("mass_share", "share mass >= 0.3"), ("gate_mean", "mean gate"), ("massive", "massive act. ratio"),
+             ("common_mode", "attn. common-mode share"), ("pathway_share", "pathway share of update"),
+             *((k, n) for k, n, _, _ in CAUSAL)]
 
 # SPEC section 4 (Kempner gate x register sweep, ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe) and
 # section 3 (sinks per image, epoch 50, ADE20K val, blocks 1-23, relaxed rule, ratio_head).
@@ -55,9 +62,9 @@ REFERENCE = {
 
 def variant_order() -> list[str]:
     """Every variant that has a config (`configs/exp/*.yaml`), the study's four first."""
-    from vitsinks.config import config_dir
+    from vitsinks.config import exp_names
 
-    names = sorted(p.stem for p in (config_dir() / "exp").glob("*.yaml"))
+    names = exp_names()
     return [v for v in LEADING if v in names] + [v for v in names if v not in LEADING]
 
 
@@ -80,6 +87,25 @@ def _latest_summary(run: Path) -> dict[str, Any] | None:
         return json.loads(final.read_text())
     steps = sorted((run / "diagnostics").glob("step_*/summary.json"))
     return json.loads(steps[-1].read_text()) if steps else None
+
+
+def _causal(run: Path) -> dict[str, float]:
+    """The causal columns from the run's intervention summary (`interventions/last`, else the newest one)."""
+    folder = run / "interventions"
+    path = folder / "last" / "summary.json"
+    if not path.is_file():
+        found = sorted(folder.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
+        path = found[-1] if found else None
+    out = {k: math.nan for k, _, _, _ in CAUSAL}
+    if path is None:
+        return out
+    by_class = json.loads(path.read_text())["by_class"]
+    main = next((v for k, v in by_class.items() if k not in ("block 0", "whole model")), {})
+    for key, _, cls, edit in CAUSAL:
+        cell = (by_class.get("whole model", {}) if cls == "model" else main).get(cls, {}).get(edit)
+        if cell is not None:
+            out[key] = cell["final_patch_relrms"]
+    return out
 
 
 def collect(run: Path) -> dict[str, Any]:
@@ -106,14 +132,21 @@ def collect(run: Path) -> dict[str, Any]:
         row.update(_continuous(s))
     else:
         row.update({k: math.nan for k, _ in MECHANISM}, **_continuous({}))
+    row.update(_causal(run))
     return row
 
 
 def _continuous(s: dict[str, Any]) -> dict[str, Any]:
     """The measures that move (diagnostics summaries written before they existed get NaN)."""
     out: dict[str, Any] = {k: math.nan for k in ("max_mass", "prefix_mass", "strong_ratio", "mass_share",
-                                                 "gate_mean", *(f"def1_{e}" for e in DEF1_EPS))}
+                                                 "gate_mean", "common_mode", "pathway_share",
+                                                 *(f"def1_{e}" for e in DEF1_EPS))}
     out.update(sink_at="-", profile=[])
+    if s.get("common_mode_by_block"):
+        out["common_mode"] = float(np.mean(s["common_mode_by_block"]))
+    shares = [v for v in s.get("pathway", {}).get("share_by_block", []) if v is not None]
+    if shares:
+        out["pathway_share"] = float(np.mean(shares))
     strong = s.get("strongest_head_by_block")
     if not strong:
         return out
@@ -159,11 +192,14 @@ def _best(table: list[dict[str, Any]]) -> dict[str, str]:
     return best
 
 
-def _cell(mean_std: tuple[float, float], digits: int = 2) -> str:
+def _cell(mean_std: tuple[float, float], key: str = "") -> str:
+    """`mean ± std` with 2 decimals; the causal columns (relative changes spanning decades) in 2 significant
+    digits."""
     m, s = mean_std
     if math.isnan(m):
         return "-"
-    return f"{m:.{digits}f}" if math.isnan(s) else f"{m:.{digits}f} ± {s:.{digits}f}"
+    fmt = "{:.2g}" if key.startswith("causal_") else "{:.2f}"
+    return fmt.format(m) if math.isnan(s) else f"{fmt.format(m)} ± {fmt.format(s)}"
 
 
 def _columns(table: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -176,12 +212,18 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
     lines = ["| variant | seeds | strongest sink at | " + " | ".join(n for _, n in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for t in table:
-        cells = [f"**{_cell(t[k])}**" if best.get(k) == t["variant"] else _cell(t[k]) for k, _ in cols]
+        cells = [f"**{_cell(t[k], k)}**" if best.get(k) == t["variant"] else _cell(t[k], k) for k, _ in cols]
         lines.append(f"| {t['variant']} | {t['seeds']} | {t['sink_at']} | " + " | ".join(cells) + " |")
     lines += ["", "Sinks per image: relaxed rule (routed_frac >= 0.9), blocks 1..L-1 (the only block of a one-block "
               "model); Def.1: min_a >= 1 - eps, same blocks. Strongest head: the (block, head) with the largest mean "
               "sink mass, where its dominant key sits most often, its mass on the prefix tokens and its value ratio. "
-              "Share mass >= 0.3: of all (image, block, head) triples."]
+              "Share mass >= 0.3: of all (image, block, head) triples. "
+              "Attn. common-mode share: the common-mode penalty of the attention update (SPEC section 7), mean over "
+              "blocks; pathway share: the global pathway's share of the block update's energy."]
+    if any(not math.isnan(t[k][0]) for t in table for k, *_ in CAUSAL):
+        lines += ["", "Causal columns (`python -m vitsinks.intervene`): final patch tokens' relative RMS change when "
+                  "one head's sink value is zeroed (or its sink attention redirected), mean over the head's events "
+                  "of that class, then over heads; drop registers: the whole model run without them."]
     ref = REFERENCE
     lines += ["", "Bold: best variant per quality column (mean over seeds). Reference numbers (papers, ViT-L, not "
               "comparable in scale with CPU runs):", "", "| " + " | ".join(ref["columns"]) + " |",
@@ -195,7 +237,7 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
     head = "".join(f"<th>{html.escape(n)}</th>" for _, n in cols)
     body = "".join(
         f"<tr><td>{html.escape(t['variant'])}</td><td>{t['seeds']}</td><td>{html.escape(t['sink_at'])}</td>"
-        + "".join(f"<td class=\"{'best' if best.get(k) == t['variant'] else ''}\">{html.escape(_cell(t[k]))}</td>"
+        + "".join(f"<td class=\"{'best' if best.get(k) == t['variant'] else ''}\">{html.escape(_cell(t[k], k))}</td>"
                   for k, _ in cols) + "</tr>" for t in table)
     ref = REFERENCE
     ref_rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in ref["rows"])
@@ -295,7 +337,8 @@ def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboar
         w.writerow(["variant", "seeds", "sink_at", *(f"{k}_{s}" for k in keys for s in ("mean", "std")),
                     "strongest_mass_by_block"])
         for t in table:
-            w.writerow([t["variant"], t["seeds"], t["sink_at"], *(f"{v:.4f}" for k in keys for v in t[k]),
+            w.writerow([t["variant"], t["seeds"], t["sink_at"],
+                        *(f"{v:.4g}" if k.startswith("causal_") else f"{v:.4f}" for k in keys for v in t[k]),
                         " ".join(f"{v:.4f}" for v in t["profile"])])
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

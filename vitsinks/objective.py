@@ -1,7 +1,9 @@
-"""The LeJEPA objective (lightly's SIGReg + invariance term) and the model it trains."""
+"""The LeJEPA objective (lightly's SIGReg + invariance term) and the model it trains, and the common-mode penalty
+that any objective can add (SPEC section 7)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -10,7 +12,9 @@ from lightly.models.modules import LeJEPAProjectionHead
 from torch import nn
 
 from vitsinks.config import ObjectiveConfig
-from vitsinks.models import SinkViT
+from vitsinks.distributed import differentiable_sum, is_distributed
+from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.models.pathway import CM_EPS
 
 
 class LossTerms(NamedTuple):
@@ -43,6 +47,11 @@ class LeJEPAObjective(nn.Module):
         return LossTerms(self.lamb * sig + (1.0 - self.lamb) * inv, sig, inv)
 
 
+def online_probe(dim: int, num_classes: int) -> nn.Sequential:
+    """The online linear probe of LeJEPA runs: LayerNorm + Linear on the final-norm [CLS]."""
+    return nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, num_classes))
+
+
 class LeJEPAModel(nn.Module):
     """Backbone + LeJEPA projector + online probe (LayerNorm + Linear on the detached final-norm [CLS])."""
 
@@ -50,7 +59,7 @@ class LeJEPAModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.projector = LeJEPAProjectionHead(backbone.embed_dim, cfg.proj_hidden, cfg.proj_out, cfg.proj_layers)
-        self.probe = nn.Sequential(nn.LayerNorm(backbone.embed_dim), nn.Linear(backbone.embed_dim, num_classes))
+        self.probe = online_probe(backbone.embed_dim, num_classes)
 
     def forward(self, views: list[torch.Tensor], n_global: int) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                           torch.Tensor]:
@@ -66,3 +75,37 @@ class LeJEPAModel(nn.Module):
             emb_l = self.backbone(torch.cat(views[n_global:]))
             proj_l = self.projector(emb_l).view(len(views) - n_global, B, -1)
         return proj_g, proj_l, self.probe(emb_g.detach())
+
+
+class CommonModePenalty:
+    """`lambda_B * sum_l pen_l` over the blocks after `cm_skip_blocks`, pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block
+    l's attention update o over the global batch: each term is averaged over the step's forward passes (LeJEPA's
+    global and local views) and, under DDP, over the ranks (a differentiable all-reduce) before the ratio, so several
+    ranks compute what one process would on the whole batch."""
+
+    def __init__(self, blocks: Iterable[SinkBlock], cfg: ObjectiveConfig) -> None:
+        self.blocks = list(blocks)
+        if cfg.cm_penalty < 0:
+            raise ValueError(f"objective.cm_penalty must be >= 0, got {cfg.cm_penalty}")
+        if not 0 <= cfg.cm_skip_blocks < len(self.blocks):
+            raise ValueError(f"objective.cm_skip_blocks={cfg.cm_skip_blocks} leaves no block to penalise (the model "
+                             f"has {len(self.blocks)}): use 0..{len(self.blocks) - 1}")
+        self.lamb, self.skip = cfg.cm_penalty, cfg.cm_skip_blocks
+        for blk in self.blocks:
+            blk.collect_cm, blk.cm_pre_gate = True, cfg.cm_pre_gate
+
+    def reset(self) -> None:
+        for blk in self.blocks:
+            blk.cm_terms.clear()
+
+    def __call__(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(lambda_B * the penalty to add to the loss, logged terms: `cm_penalty` and `cm/block<l>`); resets."""
+        if any(not blk.cm_terms for blk in self.blocks):
+            raise RuntimeError("the common-mode penalty was read before a forward pass with gradients recorded it")
+        terms = torch.stack([torch.stack(blk.cm_terms).mean(0) for blk in self.blocks])  # (blocks, 2)
+        self.reset()
+        if is_distributed():
+            terms = differentiable_sum(terms) / torch.distributed.get_world_size()
+        per_block = terms[:, 0] / (terms[:, 1] + CM_EPS)
+        total = per_block[self.skip :].sum()
+        return self.lamb * total, {"cm_penalty": total, **{f"cm/block{i}": p for i, p in enumerate(per_block)}}

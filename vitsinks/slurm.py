@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +123,16 @@ class TrainJob(submitit.helpers.Checkpointable):
             cleanup()
 
 
-def submit(cfgs: list[DictConfig], folder: Path) -> list[submitit.Job]:
-    """One job for one config, one job array (`map_array`) for several; all configs share the cluster shape."""
+def submit(cfgs: list[DictConfig], folder: Path,
+           job: Callable[[dict[str, Any]], Any] | None = None) -> list[submitit.Job]:
+    """One job for one config, one job array (`map_array`) for several; all configs share the cluster shape.
+    `job` is the callable each task runs on its config (default: training, `TrainJob`)."""
     ex = executor(cfgs[0], folder)
     configs = [to_container(c) for c in cfgs]
+    fn = job or TrainJob()
     if len(configs) == 1:
-        return [ex.submit(TrainJob(), configs[0])]
-    return ex.map_array(TrainJob(), configs)
+        return [ex.submit(fn, configs[0])]
+    return ex.map_array(fn, configs)
 
 
 def job_state(job_id: str, folder: Path) -> str:

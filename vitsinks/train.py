@@ -30,8 +30,8 @@ from vitsinks.data import build_dataset, is_sink_task, num_classes
 from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
-from vitsinks.models import model_from_config
-from vitsinks.objective import LeJEPAModel, LeJEPAObjective, LossTerms
+from vitsinks.models import model_from_config, run_variant
+from vitsinks.objective import CommonModePenalty, LeJEPAModel, LeJEPAObjective, LossTerms
 from vitsinks.tracking import Tracker
 
 
@@ -122,6 +122,7 @@ class Trainer:
             self.model = LeJEPAModel(backbone, cfg.objective, self.num_classes).to(self.device)
             self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
         sync_batchnorm(self.model, self.device)
+        self.cm_penalty = CommonModePenalty(backbone.blocks, cfg.objective) if cfg.objective.cm_penalty else None
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.model, cfg.train.lr, cfg.train.weight_decay, cfg.objective.probe_lr))
         warmup = round(cfg.train.warmup_epochs * self.sampler.batches_per_epoch)
@@ -158,7 +159,7 @@ class Trainer:
             "rng": ckpt.rng_state(),
             "progress": asdict(self.progress),
             "config": to_container(self.cfg),
-            "variant": self.model.backbone.variant,
+            "variant": run_variant(self.cfg),
         }
 
     def save(self, periodic: bool = False) -> Path:
@@ -240,10 +241,16 @@ class Trainer:
     def train_step(self, views: list[torch.Tensor], labels: Any) -> dict[str, torch.Tensor]:
         """One optimizer step; returns the logged terms (the first is `loss`)."""
         self.net.train()
+        if self.cm_penalty:
+            self.cm_penalty.reset()
         if self.supervised:
             total, terms = self._supervised_terms(views, labels)
         else:
             total, terms = self._lejepa_terms(views, labels)
+        if self.cm_penalty:
+            extra, cm_terms = self.cm_penalty()
+            total = total + extra
+            terms.update(cm_terms)
         # one collective for both flags: a NaN anywhere stops every rank, and so does a stop request (a signal
         # may reach the ranks at slightly different times; they must stop after the same step)
         flags = all_reduce_sum(torch.stack([(~torch.isfinite(total.detach())).float(),
@@ -291,7 +298,7 @@ class Trainer:
         """`<run>/status.json`: running | finished | interrupted | failed, with the step (read by sweeps)."""
         if self.dist.is_main and self.run_dir.is_dir():
             info = {"status": status, "step": self.progress.step, "total_steps": self.total_steps,
-                    "world_size": self.dist.world, "variant": self.model.backbone.variant, **extra}
+                    "world_size": self.dist.world, "variant": run_variant(self.cfg), **extra}
             (self.run_dir / "status.json").write_text(json.dumps(info, indent=1))
 
     def request_stop(self) -> None:

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# The ViT sink tasks x the variants base, gate, reg, gate+reg, relu, 2 seeds each (20 runs of 256 steps; about
-# 8 minutes on 2 CPU cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), then
-# one leaderboard with a row per (task, variant) and the figures of eval/sinktasks/.
+# The ViT sink tasks x the variants base, gate, reg, gate+reg, relu and the global-pathway family (global,
+# global+pen, gate+global+pen, reg+global+pen), 2 seeds each (36 runs of 256 steps; about 15 minutes on 2 CPU
+# cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
+# of every final checkpoint (256 images, heads selected by SPEC section 6; a run without a qualifying head and
+# without registers has nothing to edit and is said so), then one leaderboard with a row per (task, variant), and
+# every run's intervention report copied to eval/sinktasks/interventions/<run>/.
 #   bash eval/sinktasks/make_sinktask_leaderboard.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/sinktasks}
 for task in sinktask_nop sinktask_broadcast; do
-  python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu seed=0,1 data="$task" runs_dir="$RUNS" \
-    wandb.mode=disabled
+  python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,global,global+pen,gate+global+pen,reg+global+pen \
+    seed=0,1 data="$task" runs_dir="$RUNS" wandb.mode=disabled
+done
+for run in "$RUNS"/*-s[0-9]/; do
+  run=${run%/}
+  if ! out=$(python -m vitsinks.intervene run="$run" 2>&1); then
+    grep -q "no head has" <<<"$out" || { echo "$out" >&2; exit 1; }
+    echo "$(basename "$run"): no head with sink events and no registers: no interventions"
+    continue
+  fi
+  echo "$(basename "$run"): interventions in $run/interventions/last"
+  dest=eval/sinktasks/interventions/$(basename "$run")
+  mkdir -p "$dest"
+  cp "$run"/interventions/last/{by_class.md,by_head.csv,summary.json,interventions.png} "$dest"/
 done
 python -m vitsinks.leaderboard runs="$RUNS" out=eval/sinktasks/leaderboard \
   title="vitsinks sink tasks: attention-only ViT, 1 block, 2 heads, 256 steps (CPU)"

@@ -1,4 +1,4 @@
-"""`python -m vitsinks.bench {models,train,diagnostics,eval} [--size NAME] [--batch N] [--repeats N]`."""
+"""`python -m vitsinks.bench {models,train,diagnostics,eval,intervene} [--size NAME] [--batch N] [--repeats N]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vitsinks.bench", description=__doc__)
-    parser.add_argument("what", choices=["models", "train", "diagnostics", "eval"], help="which benchmark")
+    parser.add_argument("what", choices=["models", "train", "diagnostics", "eval", "intervene"], help="which benchmark")
     parser.add_argument("--size", default=None, help="model size (default: vit_cpu; vit_small for diagnostics)")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
         from vitsinks.bench.diagnostics import run
 
         run(args.size or "vit_small", **kw)
+    elif args.what == "intervene":
+        from vitsinks.bench.intervene import run
+
+        run(args.size or "vit_cpu", **kw)
     else:
         from vitsinks.bench.eval import run
 

@@ -15,15 +15,24 @@ from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.summary import classify, events, location, summarize
 
-__all__ = ["FIELDS", "classify", "diagnose", "diagnose_tokens", "embed", "events", "fixed_images", "head_fields",
-           "location", "qk_spectrum", "run_diagnostics", "spectrum", "stable_rank", "summarize"]
+__all__ = ["FIELDS", "classify", "dataset_items", "diagnose", "diagnose_tokens", "embed", "events", "fixed_images",
+           "head_fields", "images_of", "location", "qk_spectrum", "run_diagnostics", "spectrum", "stable_rank",
+           "summarize"]
 
 
-def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
-    """The first `n` images of `dataset` as a normalised batch (n, 3, size, size) and as uint8 RGB for plots.
+def dataset_items(dataset: Dataset, start: int, n: int) -> list[tuple]:
+    """Items `start` .. `start + n - 1` of `dataset`; asking for more than it holds is an error."""
+    if start + n > len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"the validation split has {len(dataset)} items; items {start}..{start + n - 1} were "  # type: ignore[arg-type]
+                         f"asked for: lower the number of images or use a larger split")
+    return [dataset[i] for i in range(start, start + n)]
+
+
+def images_of(items: list[tuple], size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """Dataset items' images as a normalised batch (n, 3, size, size) and as uint8 RGB for plots.
 
     Datasets of tensors (the sink tasks) are taken as they are, shown min-max scaled per image."""
-    first = [dataset[i][0] for i in range(min(n, len(dataset)))]  # type: ignore[arg-type]
+    first = [item[0] for item in items]
     if isinstance(first[0], torch.Tensor):  # tensor datasets (the sink tasks) are model inputs already
         x = torch.stack(first)
         lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
@@ -33,6 +42,11 @@ def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.
     x = torch.stack([tf(im) for im in first])
     show = np.stack([np.asarray(im.convert("RGB").resize((size, size))) for im in first])
     return x, show
+
+
+def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """The first `n` images of `dataset` (all of them when it holds fewer), see `images_of`."""
+    return images_of(dataset_items(dataset, 0, min(n, len(dataset))), size)  # type: ignore[arg-type]
 
 
 def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
-from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.models import AttnInternals, SinkBlock, SinkViT
 
 
 def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
@@ -28,7 +28,8 @@ def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
     return model.embed_tokens(images)
 
 
-def _layerscale(block: SinkBlock) -> torch.Tensor | None:
+def layerscale(block: SinkBlock) -> torch.Tensor | None:
+    """The block's attention LayerScale gamma (dim,), or None without LayerScale."""
     return getattr(block.ls1, "gamma", None)
 
 
@@ -41,18 +42,23 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     tokens ([CLS] and registers: a sink split over several registers shows here, not in `mass`), and
     `gate_mean`, the head's mean gate value over tokens (NaN without a gate).
 
-    Also: `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` (B, L) of each block's output
+    Also (B, L): the common-mode terms of each block's attention update and the global pathway's fields (see
+    `update_fields`); `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` of each block's output
     residual stream; `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N), the mean
     attention each key receives, for the attention-map plots.
     """
     blocks = list(blocks)
     per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass", "gate_mean")}
     norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
+    update: dict[str, list[torch.Tensor]] = {}
+    with_pathway = any(blk.pathway is not None for blk in blocks)
     for blk in blocks:
         ref = blk(x, is_causal=True) if causal else blk(x)
         out, it = blk.forward_explicit(x, causal=causal)
         errors.append(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
-        fields = head_fields(it.attn, it.v, blk.attn.proj.weight, _layerscale(blk))
+        for k, v in update_fields(blk, x, it, with_pathway).items():
+            update.setdefault(k, []).append(v)
+        fields = head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk))
         for k in FIELDS:
             per_block[k].append(fields[k])
         per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
@@ -67,7 +73,7 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
         norms_max.append(norms.amax(-1))
         norms_med.append(norms.median(-1).values)
         norms_arg.append(norms.argmax(-1))
-    result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in per_block.items()}
+    result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in {**per_block, **update}.items()}
     tmax, tmed = torch.stack(norms_max, 1), torch.stack(norms_med, 1)
     result.update(
         token_norm_max=tmax.cpu().numpy(), token_norm_median=tmed.cpu().numpy(),
@@ -79,13 +85,33 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     return result
 
 
+def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals, with_pathway: bool) -> dict[str, torch.Tensor]:
+    """Per image (B,) of one block: `cm_num` / `cm_den`, the squared token-mean and the mean square of the attention
+    update o = ls1 * attn(z) (their ratio is the common-mode penalty); with `with_pathway`, the global pathway's
+    `pw_entropy` (of the pooling weights pi), `pw_top_token` (argmax pi), `pw_gamma` (mean recipient gate) and
+    `pw_share` (its update's energy over the attention's plus its own), NaN / -1 in blocks without one."""
+    o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate)).float()
+    out = {"cm_num": o.mean(dim=1).square().mean(-1), "cm_den": o.square().mean(dim=(1, 2))}
+    if not with_pathway:
+        return out
+    nan = torch.full_like(out["cm_num"], torch.nan)
+    if blk.pathway is None:
+        return {**out, "pw_entropy": nan, "pw_top_token": torch.full_like(nan, -1), "pw_gamma": nan, "pw_share": nan}
+    pw = blk.pathway.internals(blk.norm1(x))
+    energy = (pw.gamma * pw.write).float().square().mean(dim=(1, 2))
+    return {**out, "pw_entropy": -(pw.pi * pw.pi.clamp_min(1e-30).log()).sum(-1),
+            "pw_top_token": pw.pi.argmax(-1).float(), "pw_gamma": pw.gamma.float().mean(dim=(1, 2)),
+            "pw_share": energy / (energy + out["cm_den"]).clamp_min(1e-30)}
+
+
 def spectrum(blocks: Iterable[SinkBlock]) -> dict[str, np.ndarray]:
     """Per (block, head) query-key spectrum of Theta: `qk_sigma1_frac` and `qk_sigma1_over_sigma2`, (L, H)."""
     frac, gap = zip(*(qk_spectrum(b.attn.qkv.weight, b.attn.num_heads) for b in blocks), strict=True)
     return {"qk_sigma1_frac": torch.stack(frac).numpy(), "qk_sigma1_over_sigma2": torch.stack(gap).numpy()}
 
 
-def _cat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Join per-batch `diagnose_tokens` results along images (the recomputation error: its maximum)."""
     out = {}
     for k in parts[0]:
         if k == "recompute_error":
@@ -112,7 +138,7 @@ def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
         parts.append(diagnose_tokens(model.blocks, embed(model, batch), keep_maps=max(0, keep_maps - lo),
                                      num_prefix=model.num_prefix_tokens))
     model.train(was_training)
-    result = _cat(parts)
+    result = concat_fields(parts)
     result.update(spectrum(model.blocks))
     ph, pw = model.patch_embed.patch_size
     result["num_prefix"] = np.array(model.num_prefix_tokens)

@@ -19,13 +19,17 @@ def _ratio_to_others(norms: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return at_s / others
 
 
-def head_output_gram(w_o: torch.Tensor, num_heads: int, ls: torch.Tensor | None) -> torch.Tensor:
-    """K_h = W_h'^T W_h' (H, hd, hd) with W_h' = diag(ls) W_O^h: then u_j = W_h' v_j and ||u_j||^2 = v_j^T K_h v_j."""
+def head_output_weight(w_o: torch.Tensor, num_heads: int, ls: torch.Tensor | None) -> torch.Tensor:
+    """W_h' = diag(ls) W_O^h per head, (H, dim, hd): the map from a head's value v_j to its update u_j = W_h' v_j."""
     dim = w_o.shape[0]
     hd = w_o.shape[1] // num_heads
-    w = w_o.view(dim, num_heads, hd).permute(1, 0, 2)  # (H, dim, hd)
-    if ls is not None:
-        w = w * ls.view(1, dim, 1)
+    w = w_o.view(dim, num_heads, hd).permute(1, 0, 2)
+    return w * ls.view(1, dim, 1) if ls is not None else w
+
+
+def head_output_gram(w_o: torch.Tensor, num_heads: int, ls: torch.Tensor | None) -> torch.Tensor:
+    """K_h = W_h'^T W_h' (H, hd, hd) with W_h' = diag(ls) W_O^h: then u_j = W_h' v_j and ||u_j||^2 = v_j^T K_h v_j."""
+    w = head_output_weight(w_o, num_heads, ls)
     return w.transpose(1, 2) @ w
 
 

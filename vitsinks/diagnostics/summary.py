@@ -113,6 +113,27 @@ def continuous_measures(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_
     return out
 
 
+def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Per block: the common-mode penalty of the attention update over the diagnosed images (SPEC section 7), and
+    for models with the global pathway its pooling entropy, where its top pooled token sits most often, its mean
+    recipient gate and its share of the block update's energy."""
+    out: dict[str, Any] = {}
+    if "cm_num" in d:
+        out["common_mode_by_block"] = [_fmt(x) for x in d["cm_num"].mean(0) / np.maximum(d["cm_den"].mean(0), 1e-30)]
+    if "pw_share" in d:
+        top = d["pw_top_token"]
+        loc = np.where(top == 0, 0, np.where(top <= int(d["num_registers"]), 1, 2))
+        has = ~np.isnan(d["pw_share"]).all(axis=0)
+        out["pathway"] = {
+            "entropy_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_entropy"].mean(0), has, strict=True)],
+            "top_token_by_block": [LOCATIONS[int(np.bincount(loc[:, b], minlength=3).argmax())] if h else None
+                                   for b, h in enumerate(has)],
+            "gamma_mean_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_gamma"].mean(0), has, strict=True)],
+            "share_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_share"].mean(0), has, strict=True)],
+        }
+    return out
+
+
 def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5, ratio: str = "ratio_out",
               use_rank: bool = True) -> dict[str, Any]:
     """The JSON summary of one diagnosed checkpoint (see the README's diagnostics section)."""
@@ -150,6 +171,7 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
                                         for i, name in enumerate(LOCATIONS)},
         },
         **continuous_measures(d, ratio, use_rank),
+        **update_measures(d),
         "recompute_error_max": _fmt(float(np.max(d["recompute_error"]))),
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }

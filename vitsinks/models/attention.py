@@ -163,11 +163,15 @@ class SinkAttention(nn.Module):
             q, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2), attn_mask=bias, dropout_p=drop
         )
 
+    def heads(self, x: torch.Tensor, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-head outputs (B, heads, N, head_dim), fused where possible, and the gate (see `AttnInternals`)."""
+        if self.uses_fused and not is_causal:
+            q, k, v = self._qkv(x)
+            return self._fused_heads(q, k, v), self._gate(x)
+        attn, v, gate = self.internals(x, causal=is_causal)
+        return self.attn_drop(attn) @ v, gate
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None:
             raise NotImplementedError("SinkAttention takes no attention mask (is_causal is supported)")
-        if self.uses_fused and not is_causal:
-            q, k, v = self._qkv(x)
-            return self.combine(self._fused_heads(q, k, v), self._gate(x))
-        attn, v, gate = self.internals(x, causal=is_causal)
-        return self.combine(self.attn_drop(attn) @ v, gate)
+        return self.combine(*self.heads(x, is_causal))

@@ -13,6 +13,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
+from vitsinks.models.pathway import GlobalPathway, common_mode_terms
 
 PatchEmbedKind = Literal["learned", "orthonormal"]
 PATCH_EMBEDS: tuple[str, ...] = ("learned", "orthonormal")
@@ -39,8 +40,9 @@ SIZES: dict[str, SizeSpec] = {
 }
 
 
-def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax") -> str:
-    """Human name of a variant: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `sigmoid+reg`, ..."""
+def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax", global_pathway: bool = False) -> str:
+    """Human name of an architecture: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `reg+global`,
+    ... (a run's variant adds `+pen` when it trains with the common-mode penalty, see `run_variant`)."""
     parts = []
     if attn != "softmax":
         parts.append(attn)
@@ -50,7 +52,17 @@ def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax") 
         parts.append("gate_headwise")
     if registers:
         parts.append("reg" if registers == 4 else f"reg{registers}")
+    if global_pathway:
+        parts.append("global")
     return "+".join(parts) or "base"
+
+
+def run_variant(cfg: Any) -> str:
+    """The variant of a run config: the architecture's name, `+pen` with the common-mode penalty."""
+    m = cfg.model
+    pathway = m.get("global_pathway") or {}
+    name = variant_name(m.gate, m.registers, m.attn, bool(pathway.get("enabled", False)))
+    return name + ("+pen" if cfg.objective.get("cm_penalty", 0) else "")
 
 
 class NoMLP(nn.Module):
@@ -69,12 +81,21 @@ class NoMLP(nn.Module):
 
 
 class SinkBlock(Block):
-    """timm's pre-norm `Block` whose attention is a `SinkAttention` of the requested gate and kind."""
+    """timm's pre-norm `Block` whose attention is a `SinkAttention` of the requested gate and kind, optionally with
+    the global pathway beside it (`pathway`: `GlobalPathway` keyword arguments).
+
+    With `collect_cm` set (by the common-mode penalty) every forward that builds a graph appends the common-mode
+    terms (`common_mode_terms`) of its attention update ls1 * attn(z) (before the gate with `cm_pre_gate`) to
+    `cm_terms`.
+    """
 
     def __init__(self, dim: int, num_heads: int, *, gate: GateKind = "none", attn: AttnKind = "softmax",
-                 **kwargs: Any) -> None:
+                 pathway: dict[str, Any] | None = None, **kwargs: Any) -> None:
         kwargs.pop("attn_layer", None)
         super().__init__(dim, num_heads, attn_layer=SinkAttention, **kwargs)
+        self.pathway = GlobalPathway(dim, **pathway) if pathway else None
+        self.collect_cm, self.cm_pre_gate = False, False
+        self.cm_terms: list[torch.Tensor] = []
         if gate != "none" or attn != "softmax":
             self.attn = SinkAttention(
                 dim, num_heads, qkv_bias=kwargs.get("qkv_bias", False), qk_norm=kwargs.get("qk_norm", False),
@@ -86,9 +107,32 @@ class SinkBlock(Block):
     def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:
         """The block computed from the attention's explicit internals; returns (output, internals)."""
         it = self.attn.internals(self.norm1(x), causal=causal)
-        x = x + self.drop_path1(self.ls1(self.attn.combine(self.attn.attn_drop(it.attn) @ it.v, it.gate)))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x, it
+        return self.from_heads(x, self.attn.attn_drop(it.attn) @ it.v, it.gate), it
+
+    def from_heads(self, x: torch.Tensor, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """The block's output for input `x` given its attention heads' outputs (B, heads, N, head_dim) and gate:
+        the residual update through gate, output projection and LayerScale (plus the global pathway), then the
+        MLP. The interventions call it with edited head outputs."""
+        return self._finish(x, self.norm1(x), heads_out, gate)
+
+    def _finish(self, x: torch.Tensor, z: torch.Tensor, heads_out: torch.Tensor,
+                gate: torch.Tensor | None) -> torch.Tensor:
+        o = self.ls1(self.attn.combine(heads_out, gate))
+        if self.collect_cm and torch.is_grad_enabled():
+            pre = self.ls1(self.attn.combine(heads_out, None)) if self.cm_pre_gate and gate is not None else o
+            self.cm_terms.append(common_mode_terms(pre))
+        if self.pathway is not None:
+            o = self.pathway.add_to(o, z)  # one residual branch: stochastic depth drops both together
+        x = x + self.drop_path1(o)
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if self.pathway is None and not self.collect_cm:  # timm's own forward
+            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        if attn_mask is not None:
+            raise NotImplementedError("SinkBlock takes no attention mask (is_causal is supported)")
+        z = self.norm1(x)
+        return self._finish(x, z, *self.attn.heads(z, is_causal))
 
 
 class SinkViT(VisionTransformer):
@@ -100,13 +144,14 @@ class SinkViT(VisionTransformer):
     """
 
     def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", mlp: bool = True,
-                 patch_embed: PatchEmbedKind = "learned", **kwargs: Any) -> None:
+                 patch_embed: PatchEmbedKind = "learned", pathway: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
         if not mlp:
             kwargs["mlp_layer"] = NoMLP
-        super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn), **kwargs)
-        self.gate_kind, self.attn_kind = gate, attn
+        super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn, pathway=pathway), **kwargs)
+        self.gate_kind, self.attn_kind, self.has_pathway = gate, attn, bool(pathway)
         if patch_embed == "orthonormal":
             self._fix_patch_embed()
         if self.num_reg_tokens and self.pos_embed is not None:
@@ -142,7 +187,7 @@ class SinkViT(VisionTransformer):
 
     @property
     def variant(self) -> str:
-        return variant_name(self.gate_kind, self.num_reg_tokens, self.attn_kind)
+        return variant_name(self.gate_kind, self.num_reg_tokens, self.attn_kind, self.has_pathway)
 
     def tokens_per_image(self, img_size: int | None = None) -> int:
         """Sequence length: 1 [CLS] + registers + patches (at `img_size`, default the model's)."""
@@ -192,6 +237,7 @@ def build_vit(
     gate: GateKind = "none",
     registers: int = 0,
     attn: AttnKind = "softmax",
+    global_pathway: dict[str, Any] | None = None,
     num_classes: int = 0,
     global_pool: str = "token",
     dynamic_img_size: bool = True,
@@ -202,8 +248,9 @@ def build_vit(
     sigmoid | sink_logit. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
     `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
     position embedding (both for the sink tasks, whose targets live on the residual stream).
-    `dynamic_img_size` lets multi-crop views of other sizes through (the position embedding is resampled); it
-    changes no parameter.
+    `global_pathway`: `GlobalPathway` keyword arguments (`state_dim`, `gate`, `init_values`) to add the SPEC
+    section 7 pathway to every block, or None. `dynamic_img_size` lets multi-crop views of other sizes through (the
+    position embedding is resampled); it changes no parameter.
     """
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -223,6 +270,7 @@ def build_vit(
         attn=attn,
         mlp=mlp,
         patch_embed=patch_embed,
+        pathway=global_pathway,
         pos_embed=pos_embed,
         proj_bias=proj_bias,
         img_size=img_size or spec.img_size,
@@ -280,6 +328,14 @@ def _state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
+def pathway_kwargs(cfg: Any) -> dict[str, Any] | None:
+    """`GlobalPathway` keyword arguments from a `GlobalPathwayConfig` (None when it is off or absent)."""
+    if not cfg or not cfg.get("enabled", False):
+        return None
+    return {"state_dim": cfg.get("state_dim", 64), "gate": cfg.get("gate", "learned"),
+            "init_values": cfg.get("layerscale_init")}
+
+
 def model_from_config(m: Any) -> SinkViT:
     """Build the ViT of a `ModelConfig` (or any mapping with its fields); load `m.pretrained` if set.
 
@@ -292,6 +348,7 @@ def model_from_config(m: Any) -> SinkViT:
         mlp=getattr(m, "mlp", True), patch_embed=getattr(m, "patch_embed", "learned"),
         pos_embed=getattr(m, "pos_embed", "learn"), layerscale_init=m.layerscale_init,
         drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
+        global_pathway=pathway_kwargs(getattr(m, "global_pathway", None)),
     )
     source = getattr(m, "pretrained", None)
     if source:

@@ -7,6 +7,7 @@ attention and the diagnostics see it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ class SeqModel(nn.Module):
     """
 
     def __init__(self, in_dim: int, out_dim: int | None, dim: int = 32, depth: int = 1, heads: int = 1,
-                 attn: str = "softmax", causal: bool = False) -> None:
+                 attn: str = "softmax", causal: bool = False, pathway: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.causal = causal
         self.embed = nn.Linear(in_dim, dim, bias=out_dim is not None)
@@ -35,7 +36,8 @@ class SeqModel(nn.Module):
             nn.init.orthogonal_(self.embed.weight)
             self.embed.weight.requires_grad_(False)
         self.blocks = nn.ModuleList(
-            SinkBlock(dim, heads, attn=attn, qkv_bias=False, proj_bias=False, mlp_layer=NoMLP) for _ in range(depth))
+            SinkBlock(dim, heads, attn=attn, qkv_bias=False, proj_bias=False, mlp_layer=NoMLP, pathway=pathway)
+            for _ in range(depth))
         self.head = nn.Linear(dim, out_dim) if out_dim is not None else nn.Identity()
 
     def embed_target(self, y: torch.Tensor) -> torch.Tensor:
@@ -50,18 +52,25 @@ class SeqModel(nn.Module):
 
 
 def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: int, lr: float = 3e-3,
-          seed: int = 0) -> list[float]:
-    """Adam on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve."""
+          seed: int = 0, weight_decay: float = 0.0, cosine: bool = True,
+          penalty: Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None) -> list[float]:
+    """AdamW on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve.
+
+    The batches depend on `seed` only, so models trained with one seed see the same batches. `penalty` (e.g.
+    `vitsinks.objective.CommonModePenalty`) adds its term after every forward pass.
+    """
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if cosine else None
     curve = []
     for _ in range(steps):
         x, y, w = batch_fn(gen)
         loss = (((model(x) - model.embed_target(y)) ** 2).mean(-1) * w).sum() / w.sum()
+        total = loss + penalty()[0] if penalty is not None else loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         curve.append(loss.item())
     return curve

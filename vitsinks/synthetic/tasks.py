@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch
 from vitsinks.diagnostics import classify, diagnose_tokens, events, spectrum
 from vitsinks.diagnostics.fields import qk_singular_values
 from vitsinks.synthetic.model import SeqModel, train
+from vitsinks.synthetic.pathway_task import run_broadcast_pathway
 
 CONTENT = 8  # content dimension of every task
 
@@ -130,17 +132,26 @@ def run_trigger(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
             "expected": "softmax: BOS attention >= 0.9 (max over heads); relu: <= 0.05; similar task error"}
 
 
+def train_nop(steps: int = 1500, seed: int = 0, control: bool = False) -> tuple[SeqModel, list[float]]:
+    """The NOP task's one-head model (or its control), trained; returns (model, loss curve)."""
+    torch.manual_seed(seed)
+    model = SeqModel(CONTENT + 1, None, heads=1)
+    return model, train(model, partial(nop_batch, control=control), steps, seed=seed)
+
+
+def train_broadcast(steps: int = 1500, seed: int = 0) -> tuple[SeqModel, list[float]]:
+    """The broadcast task's two-layer, two-head model, trained; returns (model, loss curve)."""
+    torch.manual_seed(seed)
+    model = SeqModel(CONTENT + 1, CONTENT, dim=32, depth=2, heads=2)
+    return model, train(model, broadcast_batch, steps, seed=seed)
+
+
 def run_nop(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
     """The damping model vs its control: where the sink sits, its class, and the QK spectrum."""
     out: dict[str, Any] = {"task": "nop", "seed": seed, "steps": steps, "models": {}}
     for name, control in (("damping", False), ("control", True)):
-        torch.manual_seed(seed)
-        model = SeqModel(CONTENT + 1, None, heads=1)
-
-        def batch(g: torch.Generator, control: bool = control):
-            return nop_batch(g, control=control)
-
-        curve = train(model, batch, steps, seed=seed)
+        model, curve = train_nop(steps, seed, control)
+        batch = partial(nop_batch, control=control)
         x, _, _ = batch(torch.Generator().manual_seed(7))
         d = _diagnose(model, x)
         ev, cls = events(d), classify(d)
@@ -162,9 +173,7 @@ def run_nop(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
 
 def run_broadcast(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
     """Two layers: find the hub head and classify it."""
-    torch.manual_seed(seed)
-    model = SeqModel(CONTENT + 1, CONTENT, dim=32, depth=2, heads=2)
-    curve = train(model, broadcast_batch, steps, seed=seed)
+    model, curve = train_broadcast(steps, seed)
     x, _, _ = broadcast_batch(torch.Generator().manual_seed(7))
     src = x[..., CONTENT].argmax(-1).numpy()
     d = _diagnose(model, x)
@@ -184,4 +193,4 @@ def run_broadcast(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
     }
 
 
-TASKS = {"trigger": run_trigger, "nop": run_nop, "broadcast": run_broadcast}
+TASKS = {"trigger": run_trigger, "nop": run_nop, "broadcast": run_broadcast, "broadcast_pathway": run_broadcast_pathway}

@@ -1,0 +1,145 @@
+"""`python -m vitsinks.intervene` on checkpoints of the ViT sink tasks trained by the real pipeline: the theory's
+predictions, the outputs, reused diagnostics, shards and their merge, the leaderboard's causal column, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_cfg
+
+from vitsinks.config import load_config
+from vitsinks.diagnose import diagnose_checkpoint
+from vitsinks.intervene import run
+from vitsinks.interventions.report import merge
+from vitsinks.leaderboard import collect
+from vitsinks.train import Trainer
+
+
+def _train(runs: Path, name: str, exp: str, task: str, *extra: str) -> Path:
+    cfg = load_config([f"exp={exp}", f"data=sinktask_{task}", f"runs_dir={runs}", f"name={name}",
+                       "wandb.mode=disabled", "diagnostics.plots=false", "seed=0", *extra])
+    return Path(Trainer(cfg).fit()["run_dir"])
+
+
+@pytest.fixture(scope="module")
+def task_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    runs = tmp_path_factory.mktemp("intervene_runs")
+    return {"nop": _train(runs, "nop", "base", "nop"), "broadcast": _train(runs, "bc", "base", "broadcast"),
+            "broadcast_1h": _train(runs, "bc1", "base", "broadcast", "model.num_heads=1")}
+
+
+def _cfg(run_dir: Path, *overrides: str):
+    return load_config([f"run={run_dir}", "intervene.n_images=96", "intervene.heldout_images=32",
+                        "intervene.min_events=20", *overrides])
+
+
+def _cell(summary: dict, cls: str, edit: str) -> dict:
+    return summary["by_class"]["block 0 (only)"][cls][edit]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[str, Path]) -> None:
+    run_dir = task_runs["nop"]
+    out = _cli(f"run={run_dir}", "n_images=96", "heldout_images=32", "intervene.min_events=20")
+    assert out.returncode == 0, out.stderr
+    folder = run_dir / "interventions" / "last"
+    summary = json.loads((folder / "summary.json").read_text())
+    zero, mean = _cell(summary, "nop", "zero_sink_value"), _cell(summary, "nop", "mean_sink_value")
+    redirect = _cell(summary, "nop", "redirect_sink_attention")
+    assert zero["final_patch_relrms"] < 0.01 and mean["final_patch_relrms"] < 0.01
+    assert redirect["final_patch_relrms"] > 10 * max(zero["final_patch_relrms"], mean["final_patch_relrms"])
+    assert summary["selected"] == ["0:0", "0:1"] and zero["n_heads"] == 2
+    with (folder / "interventions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 96 * 2 * 6  # images x heads x edits (no gate, no registers)
+    assert {r["event_class"] for r in rows} == {"nop"} and {r["sink_loc"] for r in rows} == {"cls"}
+    assert float(summary["checks"]["value_edit_error_max"]) < 1e-8
+    assert "| nop | redirect_sink_attention | 2 |" in (folder / "by_class.md").read_text()
+    assert (folder / "interventions.png").stat().st_size > 10_000 and (folder / "config.yaml").is_file()
+    assert "interventions (heads x batches)" in out.stderr  # the progress bar
+    row = collect(run_dir)  # the leaderboard's causal columns read this summary
+    assert row["causal_zero_nop"] == zero["final_patch_relrms"]
+    assert row["causal_redirect_nop"] == redirect["final_patch_relrms"]
+
+
+def test_broadcast_task_sink_moves_every_patch_coherently_towards_the_donor(task_runs: dict[str, Path]) -> None:
+    summary, _ = run(_cfg(task_runs["broadcast"]))
+    assert _cell(summary, "broadcast", "zero_sink_value")["coherence"] > 0.8
+    # one head carries the whole payload: swapping in the donor's sink value moves the patches to the donor's
+    one, _ = run(_cfg(task_runs["broadcast_1h"]))
+    assert _cell(one, "broadcast", "zero_sink_value")["coherence"] > 0.8
+    assert _cell(one, "broadcast", "donor_sink_value")["donor_cosine"] >= 0.9
+
+
+def test_reused_diagnostics_are_checked_against_the_live_ones(task_runs: dict[str, Path]) -> None:
+    run_dir = task_runs["nop"]
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    cfg = _cfg(run_dir, "intervene.out=" + str(run_dir / "iv_reuse"), "intervene.edits=[zero_sink_value]")
+    diagnose_checkpoint(ckpt, load_config(["diagnostics.n_images=128", "diagnostics.plots=false"]))
+    summary, _ = run(cfg)
+    assert summary["stage1"].startswith("reused") and "per_image.npz" in summary["stage1"]
+    npz = run_dir / "diagnostics" / "last" / "per_image.npz"
+    d = dict(np.load(npz))
+    d["sink_idx"] = (d["sink_idx"] + 1) % 65  # stale: other sinks than this checkpoint has
+    np.savez_compressed(npz, **d)
+    with pytest.raises(ValueError, match="stale"):
+        run(cfg)
+    ckpt.touch()  # a checkpoint newer than its diagnostics: they are not reused at all
+    assert run(cfg)[0]["stage1"] == "computed"
+
+
+def test_shards_merge_to_the_unsharded_result(task_runs: dict[str, Path], tmp_path: Path) -> None:
+    run_dir = task_runs["nop"]
+    base = ["intervene.edits=[zero_sink_value,donor_nonsink_value]", "intervene.n_images=40"]
+    run(_cfg(run_dir, *base, f"intervene.out={tmp_path / 'whole'}"))
+    sharded = tmp_path / "sharded"
+    for k in (0, 1):
+        meta, _ = run(_cfg(run_dir, *base, f"intervene.out={sharded}", f"intervene.shard={k}", "intervene.nshards=2"))
+        assert meta["heads"] == [["0:0"], ["0:1"]][k]
+    with pytest.raises(ValueError, match="missing"):
+        (sharded / "shards" / "1-of-2" / "meta.json").rename(sharded / "meta.json.bak")
+        merge(sharded)
+    (sharded / "meta.json.bak").rename(sharded / "shards" / "1-of-2" / "meta.json")
+    merge(sharded)
+    assert "nshards: 2" in (sharded / "config.yaml").read_text()
+    whole = (tmp_path / "whole" / "interventions.csv").read_text().splitlines()
+    joined = (sharded / "interventions.csv").read_text().splitlines()
+    assert sorted(whole) == sorted(joined) and len(whole) == 1 + 40 * 2 * 2
+
+
+def test_online_probe_effects_and_register_edit_on_a_lejepa_checkpoint(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "exp=reg", "name=probe")
+    Trainer(cfg).fit()
+    summary, out = run(load_config([f"run={runs / 'probe'}", "intervene.n_images=16", "intervene.heldout_images=0",
+                                    "intervene.edits=[drop_registers]"]))
+    cell = summary["by_class"]["whole model"]["model"]["drop_registers"]
+    assert cell["final_patch_relrms"] > 0 and 0 <= cell["probe_agree"] <= 1 and cell["probe_kl"] >= 0
+    with (out / "interventions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 16 and all(r["probe_ce"] and r["probe_ce_base"] for r in rows)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("intervene.heads=[0:7]", "head 7 is out of range"), ("intervene.edits=[zap]", "unknown edit"),
+    ("intervene.edits=[open_gate]", "needs a gated model"), ("intervene.edits=[drop_registers]", "register tokens"),
+    ("intervene.n_images=9999", "validation split has 512 items")])
+def test_bad_input_is_refused_with_its_fix(task_runs: dict[str, Path], override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        run(_cfg(task_runs["nop"], override))
+
+
+def test_the_command_line_exits_1_with_one_line(task_runs: dict[str, Path], tmp_path: Path) -> None:
+    for args, message in (([f"run={task_runs['nop']}", "heads=0:7"], "head 7 is out of range"),
+                          ([f"run={tmp_path / 'nothing'}"], "checkpoints/last.pt")):
+        out = _cli(*args)
+        assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr

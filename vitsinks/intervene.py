@@ -1,0 +1,188 @@
+"""Causal interventions on sink heads from the command line (SPEC section 6).
+
+    python -m vitsinks.intervene ckpt=runs/<name>/checkpoints/last.pt [data=...] [n_images=256]
+    python -m vitsinks.intervene run=runs/<name> heads=[0:1,3:0] edits=[zero_sink_value,redirect_sink_attention]
+    python -m vitsinks.intervene model=vit_small model.pretrained=<timm name or file> data=imagenet data.root=...
+    python -m vitsinks.intervene ckpt=... shard=0 nshards=4         # a quarter of the heads (then merge=...)
+    python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
+    python -m vitsinks.intervene merge=runs/<name>/interventions/last
+
+Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s); `mean_sink_value` averages
+over the next `intervene.heldout_images`. Outputs in `<run>/interventions/<checkpoint>/` (or `intervene.out`):
+interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
+Interventions run in float32 on the configured device (`cluster.device`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks import checkpoint as ckpt
+from vitsinks.config import config_dir, register_configs, to_container
+from vitsinks.data import build_dataset
+from vitsinks.diagnose import backbone_from_state, data_overridden
+from vitsinks.diagnostics import dataset_items, images_of
+from vitsinks.interventions import Rules, classifier_from_state, from_vit, intervene, report
+from vitsinks.interventions.edits import EditCheckFailed
+from vitsinks.models import model_from_config
+
+ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
+
+
+def _device(cfg: DictConfig) -> torch.device:
+    if cfg.cluster.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.cluster.device)
+
+
+def _source(cfg: DictConfig, data_given: bool) -> dict[str, Any]:
+    """The model to edit, its data, image size, seed, output folder and (for a checkpoint) reusable diagnostics."""
+    path = Path(cfg.run) / "checkpoints" / "last.pt" if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
+    if path is not None:
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run
+                                                                     else ""))
+        state = ckpt.load(path)
+        model, ccfg = backbone_from_state(state, path)
+        head = classifier_from_state(state["model"])
+        npz = path.parent.parent / "diagnostics" / path.stem / "per_image.npz"
+        reusable = not data_given and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
+        return {"model": model, "head": head, "data": cfg.data if data_given else ccfg.data,
+                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{path.parent.parent.name}/{path.stem}",
+                "out": path.parent.parent / "interventions" / path.stem, "npz": npz if reusable else None,
+                "id": f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"}
+    model = model_from_config(cfg.model)
+    name = str(cfg.model.pretrained or cfg.name).replace("/", "_")
+    return {"model": model, "head": None, "data": cfg.data, "size": model.patch_embed.img_size[0], "seed": cfg.seed,
+            "name": name, "out": Path(cfg.runs_dir) / "interventions" / name, "npz": None,
+            "id": f"{cfg.model.pretrained}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
+
+
+def _stage1(npz: Path | None, n: int) -> dict[str, np.ndarray] | None:
+    if npz is None:
+        return None
+    d = dict(np.load(npz))
+    if d["sink_idx"].shape[0] < n:
+        return None
+    return {k: v[:n] if v.ndim >= 3 and v.shape[0] >= n else v for k, v in d.items()}
+
+
+def output_dir(cfg: DictConfig, source: dict[str, Any]) -> Path:
+    return Path(cfg.intervene.out) if cfg.intervene.out else source["out"]
+
+
+def run(cfg: DictConfig, data_given: bool = False) -> tuple[dict[str, Any], Path]:
+    """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
+    (the summary or the shard's metadata, the output folder)."""
+    st = cfg.intervene
+    src = _source(cfg, data_given)
+    out = output_dir(cfg, src)
+    items = dataset_items(build_dataset(src["data"], "val", src["seed"]), 0, st.n_images + st.heldout_images)
+    x, _ = images_of(items, src["size"])
+    labels = None
+    if isinstance(items[0][1], (int, np.integer)):
+        labels = torch.tensor([int(it[1]) for it in items[: st.n_images]])
+    device = _device(cfg)
+    subject = from_vit(src["model"].to(device), None if src["head"] is None else src["head"].to(device))
+    rules = Rules(cfg.diagnostics.rule, cfg.diagnostics.eps, cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank)
+    stage1 = _stage1(src["npz"], st.n_images)
+    res = intervene(subject, x[: st.n_images].to(device), None if labels is None else labels.to(device),
+                    x[st.n_images :].to(device), st, rules, stage1)
+    settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
+    key_src = json.dumps([src["id"], to_container(src["data"]), settings, cfg.diagnostics.rule, cfg.diagnostics.eps,
+                          cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank], sort_keys=True, default=str)
+    meta = {"subject": f"{src['name']} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
+            "selected": [f"{b}:{h}" for b, h in res.selected], "heads": [f"{b}:{h}" for b, h in res.heads],
+            "edits": res.edits, "min_class_events": st.min_class_events, "mean_source": res.mean_source,
+            "checks": res.checks.as_dict(), "stage1": f"reused {src['npz']}" if stage1 is not None else "computed",
+            "rule": {"events": rules.rule, "eps": rules.eps, "ratio": rules.ratio, "use_stable_rank": rules.use_rank},
+            "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
+    config = OmegaConf.to_yaml(cfg, resolve=True)
+    if st.nshards > 1:
+        (report.write_shard(out, st.shard, st.nshards, res.rows, meta) / "config.yaml").write_text(config)
+        return meta, out
+    summary = report.write_outputs(out, res.rows, meta)
+    (out / "config.yaml").write_text(config)
+    return summary, out
+
+
+def shard_job(config: dict[str, Any], data_given: bool = False) -> str:
+    """What one SLURM array task runs: one shard."""
+    run(OmegaConf.create(config), data_given)
+    return f"shard {config['intervene']['shard']} of {config['intervene']['nshards']} done"
+
+
+def submit_shards(cfg: DictConfig, data_given: bool) -> Path:
+    """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
+    from vitsinks import slurm
+
+    slurm.check_submittable(cfg)
+    out = output_dir(cfg, _source(cfg, data_given))
+    cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
+    jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_given=data_given))
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    (out / "shards" / "array.json").write_text(json.dumps({"job_ids": [j.job_id for j in jobs]}, indent=1))
+    print(f"submitted SLURM job array {jobs[0].job_id.split('_')[0]} ({len(jobs)} shards); when it has finished:\n"
+          f"  python -m vitsinks.intervene merge={out}")
+    return out
+
+
+def main(cfg: DictConfig) -> None:
+    try:
+        st = cfg.intervene
+        if st.merge:
+            summary = report.merge(Path(st.merge))
+            print(report.to_markdown(summary))
+            print(f"outputs in {st.merge}")
+            return
+        overridden = data_overridden()
+        if cfg.cluster.name == "slurm" and st.nshards > 1:
+            submit_shards(cfg, overridden)
+            return
+        result, out = run(cfg, overridden)
+        if st.nshards > 1:
+            print(f"shard {st.shard} of {st.nshards} written to {out / 'shards'}; when every shard is done: "
+                  f"python -m vitsinks.intervene merge={out}")
+        else:
+            print(report.to_markdown(result))
+            print(f"outputs in {out}")
+    except EditCheckFailed as err:
+        print(f"error: built-in check failed: {err}", file=sys.stderr)
+        sys.exit(3)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _alias_argv(argv: list[str]) -> list[str]:
+    """`n_images=`, `heads=`, `edits=`, `shard=`, ... are short for `intervene.<key>=`; a single head or edit needs
+    no brackets."""
+    out = []
+    for a in argv:
+        m = re.match(rf"^({'|'.join(ALIASES)})=(.*)$", a)
+        if m:
+            key, value = m.groups()
+            if key in ("heads", "edits") and not value.startswith("["):
+                value = f"[{value}]"
+            a = f"intervene.{key}={value}"
+        out.append(a)
+    return out
+
+
+register_configs()
+hydra_main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(main)
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *_alias_argv(sys.argv[1:])]
+    hydra_main()

@@ -1,0 +1,131 @@
+"""Causal interventions on sink heads (SPEC section 6): edit one head, hold its attention fixed, measure what moves.
+
+`intervene(subject, images, ...)` runs stage 1 (the diagnostics fields, or a reused copy, to pick heads), the
+held-out mean sink values, and the edits over batches; `vitsinks.interventions.report` turns its rows into the
+tables, the summary and the figure. `python -m vitsinks.intervene` is the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vitsinks.diagnostics.core import concat_fields, diagnose_tokens
+from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
+from vitsinks.interventions.engine import (
+    Checks,
+    NoSinkHeads,
+    Plan,
+    Rules,
+    parse_heads,
+    require_events,
+    run_batch,
+    select_heads,
+)
+from vitsinks.interventions.engine import mean_sink_values as _mean_sink_values
+from vitsinks.interventions.subject import Subject, classifier_from_state, from_sequence_model, from_vit
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EDITS", "EditCheckFailed", "Result", "Rules", "Subject", "classifier_from_state", "from_sequence_model",
+           "from_vit", "intervene", "stage_one"]
+
+
+@dataclass
+class Result:
+    """Rows (one per image, head, edit) and what produced them."""
+
+    rows: list[dict[str, Any]]
+    heads: list[tuple[int, int]]  # the heads this shard edited
+    selected: list[tuple[int, int]]  # every selected head, before sharding
+    edits: list[str]
+    checks: Checks
+    n_blocks: int
+    n_images: int
+    mean_source: dict[str, str] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[str, np.ndarray]:
+    """The per-(image, block, head) diagnostics fields of `images` (what head selection reads)."""
+    parts = [diagnose_tokens(subject.blocks, subject.embed(images[lo : lo + batch_size]), causal=subject.causal,
+                             num_prefix=subject.num_prefix) for lo in range(0, len(images), batch_size)]
+    return concat_fields(parts)
+
+
+def batches(n: int, size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of at most `size` (a trailing batch of one image joins the one before: donors need two)."""
+    if n < 2:
+        raise ValueError(f"interventions need at least 2 images (got {n}): raise n_images")
+    size = max(size, 2)
+    out = [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] == 1:
+        out[-2:] = [(out[-2][0], n)]
+    return out
+
+
+def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | None, heldout: torch.Tensor,
+              settings: Any, rules: Rules | None = None, stage1: dict[str, np.ndarray] | None = None,
+              progress: bool = True) -> Result:
+    """Select heads (or check `settings.heads`), then run every edit on every selected head of this shard.
+
+    `settings` has the fields of `InterveneConfig`; `stage1` are diagnostics fields of `images` computed before
+    (e.g. the checkpoint's `per_image.npz`): their sink positions are checked against the live ones, and a
+    mismatch is an error (stale diagnostics).
+    """
+    rules = rules or Rules()
+    n_blocks = len(subject.blocks)
+    ranges = batches(len(images), settings.batch_size)
+    edits = resolve_edits(list(settings.edits), subject.gated, subject.num_registers)
+    reused = stage1 is not None
+    d = stage1 if reused else stage_one(subject, images, settings.batch_size)
+    if list(settings.heads):
+        selected = parse_heads(settings.heads, n_blocks, subject.heads(0))
+        require_events(d, rules, selected)
+    else:
+        try:
+            selected = select_heads(d, rules, settings.min_events, settings.top_k, settings.top_k_block0)
+        except NoSinkHeads as err:
+            if not any(e in MODEL_EDITS for e in edits):
+                raise
+            log.warning("%s; running the whole-model edits (%s) only", err, ", ".join(MODEL_EDITS))
+            selected = []
+    if not 0 <= settings.shard < settings.nshards:
+        raise ValueError(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
+    heads = selected[settings.shard :: settings.nshards]
+    plan = Plan(heads, edits)
+    if heads and "mean_sink_value" in edits:
+        if len(heldout) == 0:
+            raise ValueError("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
+        _mean_sink_values(subject, heldout, plan, rules, settings.batch_size)
+    checks, rows = Checks(), []
+    model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
+    bar = tqdm(total=len(ranges) * (len(heads) + model_edits), desc="interventions (heads x batches)",
+               unit="head", disable=not progress)
+    for i, (lo, hi) in enumerate(ranges):
+        rows += run_batch(subject, images[lo:hi], None if labels is None else labels[lo:hi], lo, plan, rules,
+                          settings.seed, checks, check_blocks=i == 0, model_edits=model_edits)
+        bar.update(len(heads) + model_edits)
+    bar.close()
+    if reused:
+        _check_fresh(d, rows)
+    return Result(rows, heads, selected, edits, checks, n_blocks, len(images),
+                  {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()})
+
+
+def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:
+    """Reused diagnostics must describe these images under this model: the sink of every live event must sit
+    where the reused fields put it."""
+    bad = [r for r in rows if r["block"] >= 0 and r["event_class"] != "none"
+           and int(d["sink_idx"][r["image"], r["block"], r["head"]]) != r["sink_idx"]]
+    if bad:
+        r = bad[0]
+        raise ValueError(f"the reused diagnostics do not match this checkpoint (image {r['image']}, head "
+                         f"{r['block']}:{r['head']}: sink at {r['sink_idx']} now, "
+                         f"{int(d['sink_idx'][r['image'], r['block'], r['head']])} in the diagnostics): they are "
+                         f"stale; rerun python -m vitsinks.diagnose on the checkpoint or delete its diagnostics")

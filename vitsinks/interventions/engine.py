@@ -1,0 +1,315 @@
+"""The intervention pass: select heads, then per batch cache the residual stream at every block input, edit one
+head at a time with its attention held fixed, run the rest of the network from that block's output, and measure.
+
+Per (image, head, edit) row: the head's event class on that image (none / other / nop / broadcast, from the
+same block internals), where its sink sits, and the metrics of SPEC section 6:
+
+- `final_patch_relrms`: sqrt(mean_i ||P'_i - P_i||^2) / sqrt(mean_i ||P_i||^2) over the final patch tokens, the
+  sink token excluded;
+- `coherence`: the share of the change's energy common to all patches, ||mean_i dP_i||^2 / mean_i ||dP_i||^2
+  (NaN for a change at float32 rounding level, rel. RMS < 1e-6: its direction means nothing);
+- `donor_cosine` (donor edits): cosine between the mean patch change and (donor's mean final patch - own);
+- with a classifier: `probe_agree`, `probe_kl` (KL(before || after)), `probe_ce`, `probe_correct`, and the
+  unedited `probe_ce_base`, `probe_correct_base`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitsinks.data.views import sample_seed
+from vitsinks.diagnostics.core import layerscale
+from vitsinks.diagnostics.fields import head_fields, head_output_weight
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events
+from vitsinks.interventions.edits import (
+    DONOR_EDITS,
+    EDITS,
+    GATE_EDITS,
+    RECOMPUTE_TOL,
+    VALUE_CHECK_TOL,
+    VALUE_EDITS,
+    EditCheckFailed,
+    apply_value,
+    check_value_edit,
+    redirect,
+    value_edit,
+)
+from vitsinks.interventions.subject import Subject
+
+Head = tuple[int, int]
+EVENT_CLASSES = ("none", "other", "nop", "broadcast")
+COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)
+
+
+@dataclass
+class Rules:
+    """How events and classes are read from the fields (the `diagnostics` settings)."""
+
+    rule: str = "relaxed"
+    eps: float = 0.5
+    ratio: str = "ratio_out"
+    use_rank: bool = True
+
+    def event_class(self, f: dict[str, np.ndarray]) -> np.ndarray:
+        """none / other / nop / broadcast per entry of arrays of fields (any shape)."""
+        ev, cls = events(f, self.rule, self.eps), classify(f, self.ratio, self.use_rank)
+        names = np.array([{"nop": "nop", "broadcast": "broadcast"}.get(c, "other") for c in CLASSES])
+        return np.where(ev, names[cls], "none")
+
+
+@dataclass
+class Checks:
+    """The largest errors of the built-in checks seen so far."""
+
+    recompute_error: float = 0.0
+    value_edit_error: float = 0.0
+    value_edits_checked: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"recompute_error_max": f"{self.recompute_error:.3e}", "recompute_tol": RECOMPUTE_TOL,
+                "value_edit_error_max": f"{self.value_edit_error:.3e}", "value_edit_tol": VALUE_CHECK_TOL,
+                "value_edits_checked": self.value_edits_checked}
+
+
+@dataclass
+class Plan:
+    """What to edit: heads (block, head), edits, and the held-out mean sink value of each head."""
+
+    heads: list[Head]
+    edits: list[str]
+    mean_values: dict[Head, torch.Tensor] = field(default_factory=dict)
+    mean_source: dict[Head, str] = field(default_factory=dict)
+
+    def blocks(self) -> list[int]:
+        return sorted({b for b, _ in self.heads})
+
+
+class NoSinkHeads(ValueError):
+    """No head has enough sink events to be selected."""
+
+
+def select_heads(d: dict[str, np.ndarray], rules: Rules, min_events: int, top_k: int,
+                 top_k_block0: int) -> list[Head]:
+    """SPEC section 6: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
+    that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
+    block counts as blocks >= 1). Raises ValueError when no head qualifies."""
+    cls = rules.event_class(d)  # (images, L, H)
+    n_blocks = cls.shape[1]
+    chosen: list[Head] = []
+    best = {}
+    for name in ("nop", "broadcast"):
+        counts = (cls == name).sum(axis=0)
+        best[name] = int(counts.max())
+        groups = [(range(1, n_blocks), top_k), ([0], top_k_block0)] if n_blocks > 1 else [([0], top_k)]
+        for blocks, k in groups:
+            cand = [(int(counts[b, h]), b, h) for b in blocks for h in range(counts.shape[1])
+                    if counts[b, h] >= min_events]
+            chosen += [(b, h) for _, b, h in sorted(cand, key=lambda t: (-t[0], t[1], t[2]))[:k]]
+    if not chosen:
+        raise NoSinkHeads(f"no head has >= {min_events} NOP or broadcast sink events among {cls.shape[0]} images "
+                         f"(most per head: NOP {best['nop']}, broadcast {best['broadcast']}; rule "
+                         f"{rules.rule}): lower intervene.min_events, raise n_images, or name heads=block:head")
+    return list(dict.fromkeys(chosen))
+
+
+def parse_heads(specs: Sequence[str], n_blocks: int, n_heads: int) -> list[Head]:
+    """`["3:1", "5:0"]` -> [(3, 1), (5, 0)], each checked against the model."""
+    heads = []
+    for spec in specs:
+        try:
+            b, h = (int(x) for x in str(spec).split(":"))
+        except ValueError:
+            raise ValueError(f"heads entry {spec!r} is not block:head (e.g. heads=[3:1,5:0])") from None
+        if not 0 <= b < n_blocks:
+            raise ValueError(f"heads entry {spec}: block {b} is out of range (the model has blocks 0..{n_blocks - 1})")
+        if not 0 <= h < n_heads:
+            raise ValueError(f"heads entry {spec}: head {h} is out of range (block {b} has heads 0..{n_heads - 1})")
+        heads.append((b, h))
+    return list(dict.fromkeys(heads))
+
+
+def require_events(d: dict[str, np.ndarray], rules: Rules, heads: Sequence[Head]) -> None:
+    """Every named head must have at least one sink event among the images."""
+    ev = rules.event_class(d) != "none"
+    empty = [f"{b}:{h}" for b, h in heads if not ev[:, b, h].any()]
+    if empty:
+        raise ValueError(f"head(s) {', '.join(empty)} have no sink events on the {ev.shape[0]} images (rule "
+                         f"{rules.rule}): there is no sink to edit; pick other heads or omit heads= to select them")
+
+
+def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
+    return head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk))
+
+
+@torch.no_grad()
+def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: Rules, batch_size: int) -> None:
+    """Fill `plan.mean_values`: per head, the mean of v_s over the head's sink events on the held-out `inputs`
+    (over every held-out image when it has no event there; `plan.mean_source` says which)."""
+    sums = {hd: [None, 0, None, 0] for hd in plan.heads}  # event sum, count, all-image sum, count
+    blocks = plan.blocks()
+    for lo in range(0, len(inputs), batch_size):
+        x = subject.embed(inputs[lo : lo + batch_size])
+        for b, blk in enumerate(subject.blocks):
+            if b in blocks:
+                it = blk.attn.internals(blk.norm1(x), causal=subject.causal)
+                f = _fields(blk, it)
+                ev = rules.event_class({k: v.cpu().numpy() for k, v in f.items()}) != "none"
+                for bb, h in plan.heads:
+                    if bb != b:
+                        continue
+                    vs = it.v[torch.arange(len(x)), h, f["sink_idx"][:, h]].double()  # (B, hd)
+                    acc = sums[(b, h)]
+                    m = torch.as_tensor(ev[:, h], device=vs.device)
+                    acc[0] = vs[m].sum(0) + (0 if acc[0] is None else acc[0])
+                    acc[1] += int(m.sum())
+                    acc[2] = vs.sum(0) + (0 if acc[2] is None else acc[2])
+                    acc[3] += len(vs)
+            x = subject.block(b, x)
+    for hd, (ev_sum, n_ev, all_sum, n_all) in sums.items():
+        use_events = n_ev > 0
+        plan.mean_values[hd] = ((ev_sum / n_ev) if use_events else (all_sum / n_all)).float()
+        plan.mean_source[hd] = f"{n_ev} held-out events" if use_events else f"all {n_all} held-out images (no event)"
+
+
+def _masked_mean(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return (t * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp_min(1)
+
+
+def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sink: torch.Tensor | None,
+                  donor: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Metrics (B,) of a change of the final tokens (B, N, D), over patches (>= num_prefix) except the sink."""
+    P, Pe = base[:, num_prefix:].double(), edited[:, num_prefix:].double()
+    keep = torch.ones(P.shape[:2], dtype=P.dtype, device=P.device)
+    if sink is not None:
+        idx = sink - num_prefix
+        rows = (idx >= 0).nonzero().squeeze(-1)
+        keep[rows, idx[rows]] = 0.0
+    d = Pe - P
+    n = keep.sum(1).clamp_min(1)
+    energy = ((d**2).sum(-1) * keep).sum(1) / n
+    mean_d = _masked_mean(d, keep)
+    base_energy = ((P**2).sum(-1) * keep).sum(1) / n
+    out = {"final_patch_relrms": energy.sqrt() / base_energy.sqrt().clamp_min(1e-300),
+           "coherence": torch.where(energy > (COHERENCE_FLOOR**2) * base_energy,
+                                    (mean_d**2).sum(-1) / energy.clamp_min(1e-300), torch.nan)}
+    if donor is not None:
+        mean_p = _masked_mean(P, keep)
+        out["donor_cosine"] = F.cosine_similarity(mean_d, mean_p[donor] - mean_p, dim=-1)
+    return out
+
+
+def probe_metrics(base_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:
+    """Classifier effects of an edit (B,): agreement, KL(before || after), and with labels CE and correctness."""
+    lp0, lp = F.log_softmax(base_logits.double(), -1), F.log_softmax(logits.double(), -1)
+    out = {"probe_agree": (logits.argmax(-1) == base_logits.argmax(-1)).double(),
+           "probe_kl": (lp0.exp() * (lp0 - lp)).sum(-1)}
+    if labels is not None:
+        out.update(probe_ce=F.nll_loss(lp, labels, reduction="none"),
+                   probe_correct=(logits.argmax(-1) == labels).double(),
+                   probe_ce_base=F.nll_loss(lp0, labels, reduction="none"),
+                   probe_correct_base=(base_logits.argmax(-1) == labels).double())
+    return out
+
+
+def _rows(first: int, block: int, head: int, edit: str, cls: np.ndarray, sink: np.ndarray, loc: np.ndarray,
+          metrics: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    vals = {k: v.detach().cpu().numpy() for k, v in metrics.items()}
+    return [{"image": first + i, "block": block, "head": head, "edit": edit, "event_class": str(cls[i]),
+             "sink_idx": int(sink[i]), "sink_loc": str(loc[i]), **{k: float(v[i]) for k, v in vals.items()}}
+            for i in range(len(cls))]
+
+
+def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_out: torch.Tensor, h: int,
+                 sink: torch.Tensor, edit: str, donor: torch.Tensor, mean_value: torch.Tensor | None,
+                 gen: torch.Generator, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
+    """The final tokens after editing head `h` of block `b` (input `x_in`, internals `it`, head outputs
+    `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form."""
+    out, gate = heads_out, it.gate
+    if edit in VALUE_EDITS:
+        ve = value_edit(edit, it.v[:, h], sink, donor, subject.num_prefix, mean_value, gen)
+        v_new = apply_value(it.v[:, h], ve)
+        err = check_value_edit(it.attn[:, h], it.v[:, h], v_new, ve, w_head)
+        checks.value_edit_error = max(checks.value_edit_error, err)
+        checks.value_edits_checked += 1
+        if not err < VALUE_CHECK_TOL:
+            raise EditCheckFailed(f"{edit} on head {b}:{h} changed the head update by {err:.2e} away from its closed "
+                                  f"form A_:p (u'_p - u_p) (tolerance {VALUE_CHECK_TOL:.0e})")
+        new_head = it.attn[:, h] @ v_new
+    elif edit == "redirect_sink_attention":
+        new_head = redirect(it.attn[:, h], sink) @ it.v[:, h]
+    elif edit in GATE_EDITS:
+        gate, new_head = it.gate.clone(), None
+        gate[:, :, h] = 1.0 if edit == "open_gate" else 0.0
+    else:
+        raise ValueError(f"{edit!r} is not a head edit")
+    if new_head is not None:
+        out = heads_out.clone()
+        out[:, h] = new_head
+    return subject.readout(subject.run(subject.blocks[b].from_heads(x_in, out, gate), b + 1))
+
+
+@torch.no_grad()
+def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, plan: Plan,
+              rules: Rules, seed: int, checks: Checks, check_blocks: bool, model_edits: bool) -> list[dict[str, Any]]:
+    """All rows of one batch of images (global indices `first`...). `check_blocks`: rebuild every edited block
+    from (A, v, gate) and compare with the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
+    B = len(inputs)
+    if B < 2:
+        raise ValueError("an intervention batch needs at least 2 images (the donor edits take another image's value)")
+    donor = (torch.arange(B, device=inputs.device) + 1) % B
+    xs = [subject.embed(inputs)]
+    for b in range(len(subject.blocks)):
+        xs.append(subject.block(b, xs[-1]))
+    base = subject.readout(xs[-1])
+    base_logits = subject.classifier(base) if subject.classifier else None
+
+    def measure(before: torch.Tensor, final: torch.Tensor, sink: torch.Tensor | None, with_donor: bool,
+                num_prefix: int) -> dict[str, torch.Tensor]:
+        m = patch_metrics(before, final, num_prefix, sink, donor if with_donor else None)
+        if base_logits is not None:
+            m.update(probe_metrics(base_logits, subject.classifier(final), labels))
+        return m
+
+    rows: list[dict[str, Any]] = []
+    if model_edits and "drop_registers" in plan.edits:
+        final = subject.readout(subject.run(subject.without_registers(xs[0])))
+        none = np.full(B, "model")
+        m = measure(subject.without_registers(base), final, None, False, 1)
+        rows += _rows(first, -1, -1, "drop_registers", none, np.full(B, -1), none, m)
+    for b in plan.blocks():
+        blk, x_in = subject.blocks[b], xs[b]
+        it = blk.attn.internals(blk.norm1(x_in), causal=subject.causal)
+        heads_out = it.attn @ it.v
+        if check_blocks:
+            ref = xs[b + 1]
+            err = float((blk.from_heads(x_in, heads_out, it.gate) - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+            checks.recompute_error = max(checks.recompute_error, err)
+            if not err < RECOMPUTE_TOL:
+                raise EditCheckFailed(f"block {b} rebuilt from its attention internals differs from the model's own "
+                                      f"forward by {err:.2e} (tolerance {RECOMPUTE_TOL:.0e}): the edits would not act "
+                                      f"on the computation the model runs")
+        f = _fields(blk, it)
+        fn = {k: v.cpu().numpy() for k, v in f.items()}
+        classes = rules.event_class(fn)  # (B, H)
+        loc_idx = np.where(fn["sink_idx"] == 0, 0, np.where(fn["sink_idx"] <= subject.num_registers, 1, 2))
+        w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
+        for bb, h in plan.heads:
+            if bb != b:
+                continue
+            sink = f["sink_idx"][:, h]
+            for edit in plan.edits:
+                if edit == "drop_registers":
+                    continue
+                gen = torch.Generator().manual_seed(sample_seed(seed, first, b, h, EDITS.index(edit)))
+                final = edited_final(subject, b, x_in, it, heads_out, h, sink, edit, donor,
+                                     plan.mean_values.get((b, h)), gen, w_heads[h], checks)
+                rows += _rows(first, b, h, edit, classes[:, h], fn["sink_idx"][:, h],
+                              np.array(LOCATIONS)[loc_idx[:, h]],
+                              measure(base, final, sink, edit in DONOR_EDITS, subject.num_prefix))
+    return rows

@@ -1,0 +1,275 @@
+"""Intervention outputs: `interventions.csv` (one row per image, head, edit), `by_head.csv`, `by_class.md`,
+`summary.json` and `interventions.png`; shards and their merge.
+
+Aggregation (SPEC section 6): per head, edit and event class, the mean over the head's events of that class; then
+per class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of
+block 0 are reported apart in models with more than one block. NaN entries (a coherence of an exactly zero change,
+probe columns without a classifier) are left out of the means.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vitsinks.interventions.edits import EDITS  # noqa: E402
+
+ROW_FIELDS = ("image", "block", "head", "edit", "event_class", "sink_idx", "sink_loc", "final_patch_relrms",
+              "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce", "probe_correct", "probe_ce_base",
+              "probe_correct_base")
+METRICS = ("final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce_delta",
+           "probe_top1_delta")
+CLASS_ORDER = ("nop", "broadcast", "other", "none", "model")
+COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "model": "tab:purple"}
+INT_FIELDS = ("image", "block", "head", "sink_idx")
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """The rows as CSV (empty cells for metrics a row does not have), written atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="raise")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k, "")) for k in
+                        ROW_FIELDS})
+    os.replace(tmp, path)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows written by `write_rows`, numbers parsed (empty cells: absent)."""
+    out = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in r.items():
+                if v == "":
+                    continue
+                row[k] = int(v) if k in INT_FIELDS else v if k in ("edit", "event_class", "sink_loc") else float(v)
+            out.append(row)
+    return out
+
+
+def _metric(r: dict[str, Any], key: str) -> float:
+    if key == "probe_ce_delta":
+        return r["probe_ce"] - r["probe_ce_base"] if "probe_ce" in r else math.nan
+    if key == "probe_top1_delta":
+        return r["probe_correct"] - r["probe_correct_base"] if "probe_correct" in r else math.nan
+    return r.get(key, math.nan)
+
+
+def _nanmean(vals: list[float]) -> float:
+    arr = np.asarray(vals, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    return float(arr.mean()) if arr.size else math.nan
+
+
+def by_head(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (block, head, edit, event class): the number of images and the mean of every metric over them."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["block"], r["head"], r["edit"], r["event_class"])].append(r)
+    edit_rank = {e: i for i, e in enumerate(EDITS)}
+    keys = sorted(groups, key=lambda k: (k[0], k[1], edit_rank.get(k[2], 99), CLASS_ORDER.index(k[3])))
+    return [{"block": b, "head": h, "edit": e, "event_class": c, "n": len(groups[(b, h, e, c)]),
+             **{m: _nanmean([_metric(r, m) for r in groups[(b, h, e, c)]]) for m in METRICS}}
+            for b, h, e, c in keys]
+
+
+def scope_of(block: int, n_blocks: int) -> str:
+    if block < 0:
+        return "whole model"
+    return "block 0" if n_blocks > 1 and block == 0 else ("blocks 1..L-1" if n_blocks > 1 else "block 0 (only)")
+
+
+def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int) -> dict[str, Any]:
+    """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events."""
+    out: dict[str, Any] = {}
+    for cls in ("nop", "broadcast", "model"):
+        for r in head_rows:
+            if r["event_class"] != cls or (cls != "model" and r["n"] < min_class_events):
+                continue
+            cell = out.setdefault(scope_of(r["block"], n_blocks), {}).setdefault(cls, {}).setdefault(
+                r["edit"], {"heads": [], "_vals": defaultdict(list)})
+            cell["heads"].append(f"{r['block']}:{r['head']}" if r["block"] >= 0 else "all")
+            for m in METRICS:
+                cell["_vals"][m].append(r[m])
+    for scope in out.values():
+        for edits in scope.values():
+            for cell in edits.values():
+                vals = cell.pop("_vals")
+                cell["n_heads"] = len(cell["heads"])
+                for m in METRICS:
+                    arr = np.asarray(vals[m], dtype=float)
+                    arr = arr[~np.isnan(arr)]
+                    cell[m] = float(arr.mean()) if arr.size else math.nan
+                    cell[f"{m}_std"] = float(arr.std(ddof=1)) if arr.size > 1 else math.nan
+    return out
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+    if x is None or math.isnan(x):
+        return "-"
+    return f"{x:.2e}" if 0 < abs(x) < 10 ** -(digits - 1) else f"{x:.{digits}f}"
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    """by_class.md: one table per scope, a row per (class, edit)."""
+    lines = [f"# Interventions: {summary['subject']}", "",
+             f"{summary['n_images']} images, heads {', '.join(summary['selected']) or '-'}; edits: "
+             f"{', '.join(summary['edits'])}. Mean over a head's events of the class, then over heads with >= "
+             f"{summary['min_class_events']} such events (std over heads). Final patch rel. RMS change excludes the "
+             "sink token.", ""]
+    shown = [m for m in METRICS if any(not math.isnan(c.get(m, math.nan)) for s in summary["by_class"].values()
+                                       for e in s.values() for c in e.values())]
+    for scope, classes in summary["by_class"].items():
+        lines += [f"## {scope}", "", "| class | edit | heads | " + " | ".join(shown) + " |",
+                  "|---|---|---|" + "---|" * len(shown)]
+        for cls in CLASS_ORDER:
+            for edit in EDITS:
+                c = classes.get(cls, {}).get(edit)
+                if c is None:
+                    continue
+                cells = [_fmt(c[m]) + ("" if math.isnan(c[f"{m}_std"]) else f" ± {_fmt(c[f'{m}_std'])}")
+                         for m in shown]
+                lines.append(f"| {cls} | {edit} | {c['n_heads']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if not summary["by_class"]:
+        lines += ["No head has enough events of a class to be averaged (see by_head.csv).", ""]
+    ch = summary["checks"]
+    lines += [f"Built-in checks: block recomputation max rel. error {ch['recompute_error_max']} (< "
+              f"{ch['recompute_tol']}), {ch['value_edits_checked']} value edits checked in float64, max rel. error "
+              f"{ch['value_edit_error_max']} (< {ch['value_edit_tol']})."]
+    return "\n".join(lines) + "\n"
+
+
+def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
+    """The reference's Figure 6 layout: per edit a bar per class (mean over heads) and a dot per head; panels for
+    the final patch change (log scale), its coherence and the donor cosine. Main scope (blocks >= 1, or the only
+    block), plus the whole-model edits."""
+    scopes = [s for s in summary["by_class"] if s not in ("block 0", "whole model")]
+    cells = {cls: summary["by_class"].get(scopes[0], {}).get(cls, {}) if scopes else {} for cls in ("nop", "broadcast")}
+    cells["model"] = summary["by_class"].get("whole model", {}).get("model", {})
+    classes = [c for c in ("nop", "broadcast", "model") if cells[c]]
+    edits = [e for e in EDITS if any(e in cells[c] for c in classes)]
+    panels = (("final_patch_relrms", "final patch rel. RMS change (sink excluded)", edits),
+              ("coherence", "coherence: share of the change common to all patches", edits),
+              ("donor_cosine", "donor edits: cosine of the change\nto (donor - own) final patches", [e for e in edits
+                                                                                     if e.startswith("donor")]))
+    fig, axes = plt.subplots(1, 3, figsize=(max(15.0, 1.3 * len(edits) + 11), 4.8),
+                             gridspec_kw={"width_ratios": [len(edits) or 1, len(edits) or 1, 2]})
+    width = 0.8 / max(len(classes), 1)
+    for ax, (metric, title, names) in zip(axes, panels, strict=True):
+        x = np.arange(len(names))
+        for i, cls in enumerate(classes):
+            shown = False
+            for j, e in enumerate(names):
+                c = cells[cls].get(e)
+                if c is None or math.isnan(c[metric]):
+                    continue
+                pos = x[j] + (i - (len(classes) - 1) / 2) * width
+                ax.bar(pos, c[metric], width, color=COLORS[cls], alpha=0.75, label=None if shown else cls)
+                shown = True
+                heads = {f"{r['block']}:{r['head']}" if r["block"] >= 0 else "all": r[metric] for r in head_rows
+                         if r["edit"] == e and r["event_class"] == cls}
+                dots = [heads[h] for h in c["heads"] if h in heads and not math.isnan(heads[h])]
+                ax.plot(np.full(len(dots), pos), dots, "o", color="black", ms=3)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if metric == "final_patch_relrms":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(-1.05 if metric == "donor_cosine" else 0, 1.05)
+            ax.axhline(0, color="black", lw=0.5)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, title="head's event class", title_fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing to show", ha="center", transform=ax.transAxes)
+    fig.suptitle(f"interventions on {summary['subject']} ({summary['n_images']} images; bar: mean over heads, "
+                 f"dot: one head)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """Every output file into `out`; returns the summary (also `summary.json`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    heads = by_head(rows)
+    summary = {**meta, "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"])}
+    write_rows(rows, out / "interventions.csv")
+    tmp = out / ".by_head.csv.tmp"
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["block", "head", "edit", "event_class", "n", *METRICS])
+        w.writeheader()
+        w.writerows(heads)
+    os.replace(tmp, out / "by_head.csv")
+    _atomic_text(out / "by_class.md", to_markdown(summary))
+    _atomic_text(out / "summary.json", json.dumps(summary, indent=1))
+    figure(heads, summary, out / "interventions.png")
+    return summary
+
+
+def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
+    """A shard's rows and metadata under `out/shards/<shard>-of-<nshards>/`."""
+    folder = out / "shards" / f"{shard}-of-{nshards}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_rows(rows, folder / "rows.csv")
+    _atomic_text(folder / "meta.json", json.dumps(meta, indent=1))
+    return folder
+
+
+def merge(out: Path) -> dict[str, Any]:
+    """Join the shards under `out/shards/` into the final outputs; every shard of one run must be present."""
+    metas = {p.parent: json.loads(p.read_text()) for p in sorted((out / "shards").glob("*-of-*/meta.json"))}
+    if not metas:
+        raise FileNotFoundError(f"no shards under {out / 'shards'}: run with shard=k nshards=n first")
+    keys = {m["key"] for m in metas.values()}
+    if len(keys) > 1:
+        raise ValueError(f"the shards under {out / 'shards'} come from different settings or checkpoints: delete the "
+                         f"stale ones and rerun them")
+    n = next(iter(metas.values()))["nshards"]
+    have = {m["shard"] for m in metas.values() if m["nshards"] == n}
+    missing = sorted(set(range(n)) - have)
+    if missing or len(metas) != n:
+        raise ValueError(f"shards {missing or 'of another nshards'} of {n} are missing or extra under {out / 'shards'}:"
+                         f" run the missing ones (shard=k nshards={n}) before merging")
+    ordered = sorted(metas.items(), key=lambda kv: kv[1]["shard"])
+    rows = [r for folder, _ in ordered for r in read_rows(folder / "rows.csv")]
+    meta = dict(ordered[0][1])
+    for k in ("shard", "nshards", "heads"):
+        meta.pop(k, None)
+    meta["mean_source"] = {k: v for _, m in ordered for k, v in m["mean_source"].items()}
+    meta["checks"] = _merge_checks([m["checks"] for _, m in ordered])
+    meta["merged_shards"] = n
+    summary = write_outputs(out, rows, meta)
+    config = ordered[0][0] / "config.yaml"
+    if config.is_file():  # the shards' settings (shard 0's copy)
+        _atomic_text(out / "config.yaml", config.read_text())
+    return summary
+
+
+def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(checks[0])
+    for key in ("recompute_error_max", "value_edit_error_max"):
+        out[key] = f"{max(float(c[key]) for c in checks):.3e}"
+    out["value_edits_checked"] = sum(c["value_edits_checked"] for c in checks)
+    return out

@@ -1,0 +1,124 @@
+"""The explicit global pathway (SPEC section 7, the seed paper's Eqs. 4-5) and the common-mode penalty.
+
+A block with a pathway computes, from the same pre-normed tokens z as its attention,
+
+    pi_j = softmax_j(w_P . z_j),   g = sum_j pi_j W_VG z_j,   gamma_i = sigmoid(w_gamma . z_i + b_gamma)
+    x_i <- x_i + ls1 * o_i^attn + ls3 * gamma_i W_OG g
+
+a broadcast channel that needs no attention sink (w_P, W_VG, W_OG without biases, trunc-normal std 0.02; b_gamma = 0,
+so gamma = 0.5 at init; ls3 LayerScale or none). `hier` recipient gates multiply gamma_i by a per-image gate read
+from the global state, sigmoid(w_h . g + b_h): the image decides whether to broadcast, each token whether to receive
+(SPEC names the option without a formula; this is vitsinks' choice).
+
+The common-mode penalty of a block's attention update o (B, N, dim) is E(mean_i o_i) / (E(o) + 1e-12), E the mean
+squared entry: 0 for an update of zero mean over tokens, 1 for the same update at every token.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from timm.layers import LayerScale, trunc_normal_
+from torch import nn
+
+RecipientGate = Literal["learned", "hier"]
+RECIPIENT_GATES: tuple[str, ...] = ("learned", "hier")
+CM_EPS = 1e-12
+
+
+class PathwayInternals(NamedTuple):
+    """pi (B, N) pooling weights, g (B, state_dim) global state, gamma (B, N, 1) recipient gate, write (B, 1, dim)
+    ls3 * W_OG g: the pathway's update of token i is gamma_i * write."""
+
+    pi: torch.Tensor
+    g: torch.Tensor
+    gamma: torch.Tensor
+    write: torch.Tensor
+
+
+class GlobalPathway(nn.Module):
+    """Attention-free broadcast: one softmax pool over the tokens into a `state_dim` state, written back to every
+    token through a recipient gate.
+
+    The three maps of the tokens (pooling score w_P, recipient gate w_gamma, state value W_VG) are the rows of one
+    bias-free `inp` Linear (one matmul: the pathway is small, so kernel launches, not FLOPs, set its cost); the gate
+    has its own bias. `w_pool`, `w_gamma`, `w_value` name the rows.
+    """
+
+    def __init__(self, dim: int, state_dim: int = 64, gate: RecipientGate = "learned",
+                 init_values: float | None = None) -> None:
+        super().__init__()
+        if gate not in RECIPIENT_GATES:
+            raise ValueError(f"unknown recipient gate {gate!r}; choose one of {RECIPIENT_GATES}")
+        if state_dim < 1:
+            raise ValueError(f"global pathway state_dim must be >= 1, got {state_dim}")
+        self.gate_kind = gate
+        self.inp = nn.Linear(dim, 2 + state_dim, bias=False)  # rows: w_P, w_gamma, W_VG
+        self.gamma_bias = nn.Parameter(torch.zeros(1))  # b_gamma
+        self.out = nn.Linear(state_dim, dim, bias=False)  # W_OG
+        self.image_gate = nn.Linear(state_dim, 1) if gate == "hier" else None
+        self.ls3 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.init_weights()
+
+    @property
+    def w_pool(self) -> torch.Tensor:
+        return self.inp.weight[0]
+
+    @property
+    def w_gamma(self) -> torch.Tensor:
+        return self.inp.weight[1]
+
+    @property
+    def w_value(self) -> torch.Tensor:
+        return self.inp.weight[2:]
+
+    def init_weights(self) -> None:
+        """SPEC section 7: trunc-normal std 0.02 weights, zero gate biases (gamma = 0.5 at init)."""
+        for lin in (self.inp, self.out, self.image_gate):
+            if lin is not None:
+                trunc_normal_(lin.weight, std=0.02)
+        nn.init.zeros_(self.gamma_bias)
+        if self.image_gate is not None:
+            nn.init.zeros_(self.image_gate.bias)
+
+    def internals(self, z: torch.Tensor) -> PathwayInternals:
+        """Everything the pathway computes on pre-normed tokens z (B, N, dim)."""
+        h = self.inp(z)
+        pi = h[..., 0].softmax(dim=-1)
+        g = (pi.unsqueeze(1) @ h[..., 2:]).squeeze(1)
+        gamma = (h[..., 1:2] + self.gamma_bias).sigmoid()
+        if self.image_gate is not None:
+            gamma = gamma * self.image_gate(g).sigmoid().unsqueeze(1)
+        # ls3 * (gamma_i W_OG g) = gamma_i * (ls3 * W_OG g): LayerScale on the per-image write, before broadcasting
+        return PathwayInternals(pi, g, gamma, self.ls3(self.out(g)).unsqueeze(1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """The pathway's update of the residual stream, (B, N, dim)."""
+        it = self.internals(z)
+        return it.gamma * it.write
+
+    def add_to(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o + the pathway's update, in one fused multiply-add (what the block runs)."""
+        it = self.internals(z)
+        return torch.addcmul(o, it.gamma, it.write)
+
+
+def common_mode_terms(o: torch.Tensor) -> torch.Tensor:
+    """(E(mean_i o_i), E(o)) of an update o (B, N, dim) as a float32 tensor (2,), differentiable: the penalty's
+    numerator and denominator, kept apart so that they can be summed over ranks before the ratio."""
+    o = o.float()
+    energy = torch.linalg.vector_norm(o).square() / o.numel()  # E(o) in one reduction, no o**2 tensor
+    return torch.stack([o.mean(dim=1).square().mean(), energy])
+
+
+def common_mode_penalty(o: torch.Tensor) -> torch.Tensor:
+    """E(mean_i o_i) / (E(o) + 1e-12) of an update o (B, N, dim), in float32, differentiable through both terms."""
+    num, den = common_mode_terms(o)
+    return num / (den + CM_EPS)
+
+
+def common_mode_share(o: torch.Tensor) -> torch.Tensor:
+    """The same ratio per image (B,), for the diagnostics."""
+    o = o.float()
+    return o.mean(dim=1).square().mean(-1) / (o.square().mean(dim=(1, 2)) + CM_EPS)
