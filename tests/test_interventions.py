@@ -266,3 +266,12 @@ def test_named_heads_without_events_and_bad_heads_are_refused() -> None:
                       progress=False)
     with pytest.raises(NoSinkHeads):  # automatic selection finds nothing and no whole-model edit was asked for
         intervene(subject, x, None, x[:0], InterveneConfig(edits=["zero_sink_value"]), stage1=d, progress=False)
+
+
+def test_a_model_with_non_finite_weights_is_refused_not_measured() -> None:
+    model, subject, x, d = _setup()
+    with torch.no_grad():
+        model.blocks[2].attn.proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="not finite"):
+        intervene(subject, x, None, x[:0], InterveneConfig(heads=["1:0"], edits=["zero_sink_value"]), stage1=d,
+                  progress=False)

@@ -98,7 +98,7 @@ def select_heads(d: dict[str, np.ndarray], rules: Rules, min_events: int, top_k:
                  top_k_block0: int) -> list[Head]:
     """SPEC section 6: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
     that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
-    block counts as blocks >= 1). Raises ValueError when no head qualifies."""
+    block counts as blocks >= 1). Raises `NoSinkHeads` (a ValueError) when no head qualifies."""
     cls = rules.event_class(d)  # (images, L, H)
     n_blocks = cls.shape[1]
     chosen: list[Head] = []
@@ -170,6 +170,8 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
                     acc[1] += int(m.sum())
                     acc[2] = vs.sum(0) + (0 if acc[2] is None else acc[2])
                     acc[3] += len(vs)
+            if b == blocks[-1]:
+                break  # nothing later is needed
             x = subject.block(b, x)
     for hd, (ev_sum, n_ev, all_sum, n_all) in sums.items():
         use_events = n_ev > 0
@@ -267,10 +269,15 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
     for b in range(len(subject.blocks)):
         xs.append(subject.block(b, xs[-1]))
     base = subject.readout(xs[-1])
+    if not torch.isfinite(base).all():
+        raise ValueError(f"the model's final tokens are not finite on images {first}..{first + B - 1} (NaN or inf "
+                         f"weights or inputs): nothing can be measured; check the checkpoint (a run that diverged?)")
     base_logits = subject.classifier(base) if subject.classifier else None
 
     def measure(before: torch.Tensor, final: torch.Tensor, sink: torch.Tensor | None, with_donor: bool,
                 num_prefix: int) -> dict[str, torch.Tensor]:
+        if not torch.isfinite(final).all():
+            raise EditCheckFailed(f"an edit made the final tokens non-finite on images {first}..{first + B - 1}")
         m = patch_metrics(before, final, num_prefix, sink, donor if with_donor else None)
         if base_logits is not None:
             m.update(probe_metrics(base_logits, subject.classifier(final), labels))
