@@ -73,9 +73,10 @@ def _stage1(npz: Path | None, n: int) -> dict[str, np.ndarray] | None:
     if npz is None:
         return None
     d = dict(np.load(npz))
-    if d["sink_idx"].shape[0] < n:
+    images = d["sink_idx"].shape[0]
+    if images < n:
         return None
-    return {k: v[:n] if v.ndim >= 3 and v.shape[0] >= n else v for k, v in d.items()}
+    return {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
 
 
 def output_dir(cfg: DictConfig, source: dict[str, Any]) -> Path:
