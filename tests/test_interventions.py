@@ -212,13 +212,15 @@ def test_gate_and_register_edits_change_what_they_should() -> None:
     assert all(v > 0 for vals in by_edit.values() for v in vals)
     assert len(by_edit["drop_registers"]) == 4 and {r["block"] for r in res.rows if r["edit"] == "drop_registers"} \
         == {-1}
-    with torch.no_grad():  # close_gate by hand: head 0's slice of the gate at 0 in the last block
+    with torch.no_grad():  # close_gate on the model's own forward: its attention output loses head 0's gated part
         blk = model.blocks[2]
         h_in = model.blocks[1](model.blocks[0](model.embed_tokens(x)))
         it = blk.attn.internals(blk.norm1(h_in))
-        gate = it.gate.clone()
-        gate[:, :, 0] = 0
-        closed = model.norm(blk.from_heads(h_in, it.attn @ it.v, gate))
+        hd = blk.attn.head_dim
+        delta = (it.gate[:, :, 0] * (it.attn[:, 0] @ it.v[:, 0])) @ blk.attn.proj.weight[:, :hd].T
+        hook = blk.attn.register_forward_hook(lambda mod, inp, out: out - delta)
+        closed = model.norm(model.blocks(model.embed_tokens(x)))
+        hook.remove()
         base = model.norm(model.blocks(model.embed_tokens(x)))
     ours = [r["final_patch_relrms"] for r in res.rows if r["edit"] == "close_gate"]
     assert np.allclose(ours, _hand_relrms(base, closed, d["sink_idx"][:, 2, 0].tolist()), rtol=1e-4, atol=1e-7)

@@ -46,9 +46,28 @@ def _device(cfg: DictConfig) -> torch.device:
     return torch.device(cfg.cluster.device)
 
 
+def checkpoint_path(cfg: DictConfig) -> Path | None:
+    """The checkpoint `ckpt=` names, `run=`'s last.pt, or None (a model from the config)."""
+    return Path(cfg.run) / "checkpoints" / "last.pt" if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
+
+
+def _model_name(cfg: DictConfig) -> str:
+    return str(cfg.model.pretrained or cfg.name).replace("/", "_")
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """`intervene.out`, else `<run>/interventions/<checkpoint>`, else `<runs_dir>/interventions/<model>`."""
+    if cfg.intervene.out:
+        return Path(cfg.intervene.out)
+    path = checkpoint_path(cfg)
+    if path is not None:
+        return path.parent.parent / "interventions" / path.stem
+    return Path(cfg.runs_dir) / "interventions" / _model_name(cfg)
+
+
 def _source(cfg: DictConfig, data_given: bool) -> dict[str, Any]:
-    """The model to edit, its data, image size, seed, output folder and (for a checkpoint) reusable diagnostics."""
-    path = Path(cfg.run) / "checkpoints" / "last.pt" if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
+    """The model to edit, its classifier, data, image size, seed and (for a checkpoint) reusable diagnostics."""
+    path = checkpoint_path(cfg)
     if path is not None:
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run
@@ -60,12 +79,11 @@ def _source(cfg: DictConfig, data_given: bool) -> dict[str, Any]:
         reusable = not data_given and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
         return {"model": model, "head": head, "data": cfg.data if data_given else ccfg.data,
                 "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{path.parent.parent.name}/{path.stem}",
-                "out": path.parent.parent / "interventions" / path.stem, "npz": npz if reusable else None,
+                "npz": npz if reusable else None,
                 "id": f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"}
     model = model_from_config(cfg.model)
-    name = str(cfg.model.pretrained or cfg.name).replace("/", "_")
     return {"model": model, "head": None, "data": cfg.data, "size": model.patch_embed.img_size[0], "seed": cfg.seed,
-            "name": name, "out": Path(cfg.runs_dir) / "interventions" / name, "npz": None,
+            "name": _model_name(cfg), "npz": None,
             "id": f"{cfg.model.pretrained}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
 
 
@@ -79,16 +97,12 @@ def _stage1(npz: Path | None, n: int) -> dict[str, np.ndarray] | None:
     return {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
 
 
-def output_dir(cfg: DictConfig, source: dict[str, Any]) -> Path:
-    return Path(cfg.intervene.out) if cfg.intervene.out else source["out"]
-
-
 def run(cfg: DictConfig, data_given: bool = False) -> tuple[dict[str, Any], Path]:
     """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
     (the summary or the shard's metadata, the output folder)."""
     st = cfg.intervene
     src = _source(cfg, data_given)
-    out = output_dir(cfg, src)
+    out = output_dir(cfg)
     items = dataset_items(build_dataset(src["data"], "val", src["seed"]), 0, st.n_images + st.heldout_images)
     x, _ = images_of(items, src["size"])
     labels = None
@@ -129,7 +143,10 @@ def submit_shards(cfg: DictConfig, data_given: bool) -> Path:
     from vitsinks import slurm
 
     slurm.check_submittable(cfg)
-    out = output_dir(cfg, _source(cfg, data_given))
+    path = checkpoint_path(cfg)
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    out = output_dir(cfg)
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_given=data_given))
     (out / "shards").mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,8 @@ def pathway_flop_share(dim: int, tokens: int, state_dim: int = 64) -> float:
     return (dim * (state_dim + 3) + state_dim * dim / tokens) / block
 
 
-def _step_fn(exp: str, size: str, x: torch.Tensor) -> Callable[[], None]:
-    """A train step of `exp`'s model (its common-mode penalty included when the variant has one)."""
-    cfg = load_config([f"exp={exp}", f"model={size}"])
-    model = model_from_config(cfg.model)
-    penalty = CommonModePenalty(model.blocks, cfg.objective) if cfg.objective.cm_penalty else None
+def _step(model: torch.nn.Module, x: torch.Tensor, penalty: CommonModePenalty | None = None) -> Callable[[], None]:
+    """One train step of `model` on `x` (plus the common-mode penalty when given)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
@@ -45,15 +42,11 @@ def _step_fn(exp: str, size: str, x: torch.Tensor) -> Callable[[], None]:
     return step
 
 
-def _timm_step(ref: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-4)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        ref(x).square().mean().backward()
-        opt.step()
-
-    return step
+def _exp_step(exp: str, size: str, x: torch.Tensor) -> Callable[[], None]:
+    """A train step of `exp`'s model, its common-mode penalty included when the variant has one."""
+    cfg = load_config([f"exp={exp}", f"model={size}"])
+    model = model_from_config(cfg.model)
+    return _step(model, x, CommonModePenalty(model.blocks, cfg.objective) if cfg.objective.cm_penalty else None)
 
 
 def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: list[str] | None = None) -> str:
@@ -63,9 +56,9 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: lis
     x = torch.randn(batch, 3, spec.img_size, spec.img_size)
     ref = VisionTransformer(img_size=spec.img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
                             depth=spec.depth, num_heads=spec.num_heads, num_classes=0, dynamic_img_size=True)
-    fns = {"timm": _timm_step(ref, x)}
+    fns = {"timm": _step(ref, x)}
     for name in variants or exp_names():
-        fns[name] = _step_fn(name, size, x)
+        fns[name] = _exp_step(name, size, x)
     times = interleaved(fns, repeats=repeats)
     tokens = 1 + (spec.img_size // spec.patch_size) ** 2
     target = {"base": "<= 1.03", "gate": f"<= {1 + gate_flop_share(spec.embed_dim, tokens) + 0.05:.3f}"}

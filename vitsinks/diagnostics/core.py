@@ -13,7 +13,7 @@ sink thresholds are in those raw units.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -122,6 +122,18 @@ def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 @torch.no_grad()
+def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tensor], torch.Tensor],
+                    inputs: torch.Tensor, batch_size: int = 16, causal: bool = False, keep_maps: int = 0,
+                    num_prefix: int = 1) -> dict[str, np.ndarray]:
+    """`diagnose_tokens` over `inputs` in batches (each embedded by `embed_fn`), joined along images."""
+    blocks = list(blocks)
+    parts = [diagnose_tokens(blocks, embed_fn(inputs[lo : lo + batch_size]), causal=causal,
+                             keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix)
+             for lo in range(0, len(inputs), batch_size)]
+    return concat_fields(parts)
+
+
+@torch.no_grad()
 def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
              keep_maps: int = 4) -> dict[str, np.ndarray]:
     """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads).
@@ -132,13 +144,9 @@ def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    parts = []
-    for lo in range(0, len(images), batch_size):
-        batch = images[lo : lo + batch_size].to(device)
-        parts.append(diagnose_tokens(model.blocks, embed(model, batch), keep_maps=max(0, keep_maps - lo),
-                                     num_prefix=model.num_prefix_tokens))
+    result = diagnose_inputs(model.blocks, lambda batch: embed(model, batch.to(device)), images, batch_size,
+                             keep_maps=keep_maps, num_prefix=model.num_prefix_tokens)
     model.train(was_training)
-    result = concat_fields(parts)
     result.update(spectrum(model.blocks))
     ph, pw = model.patch_embed.patch_size
     result["num_prefix"] = np.array(model.num_prefix_tokens)

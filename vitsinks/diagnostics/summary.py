@@ -34,11 +34,14 @@ def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool 
     return np.where(r <= NOP_MAX, 0, np.where(broadcast, 1, 2))
 
 
+def token_location(index: np.ndarray, num_registers: int) -> np.ndarray:
+    """Where token indices sit: 0 [CLS] (or a sequence's first token), 1 register, 2 patch."""
+    return np.where(index == 0, 0, np.where(index <= num_registers, 1, 2))
+
+
 def location(d: dict[str, np.ndarray]) -> np.ndarray:
     """Where each dominant key sits: 0 [CLS], 1 register, 2 patch."""
-    s = d["sink_idx"]
-    r = int(d["num_registers"])
-    return np.where(s == 0, 0, np.where(s <= r, 1, 2))
+    return token_location(d["sink_idx"], int(d["num_registers"]))
 
 
 def _fmt(x: float) -> float:
@@ -122,7 +125,7 @@ def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
         out["common_mode_by_block"] = [_fmt(x) for x in d["cm_num"].mean(0) / np.maximum(d["cm_den"].mean(0), 1e-30)]
     if "pw_share" in d:
         top = d["pw_top_token"]
-        loc = np.where(top == 0, 0, np.where(top <= int(d["num_registers"]), 1, 2))
+        loc = token_location(top, int(d["num_registers"]))
         has = ~np.isnan(d["pw_share"]).all(axis=0)
         out["pathway"] = {
             "entropy_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_entropy"].mean(0), has, strict=True)],
@@ -140,8 +143,7 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
     ev, cls, loc = events(d, rule, eps), classify(d, ratio, use_rank), location(d)
     n_img, n_blocks, n_heads = ev.shape
     blocks = scored_blocks(n_blocks)
-    massive_loc = np.where(d["massive_token"] == 0, 0,
-                           np.where(d["massive_token"] <= int(d["num_registers"]), 1, 2))
+    massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
     sink_heads = ev.any(axis=0)
     return {
         "rule": {"events": rule, "eps": eps, "ratio": ratio, "use_stable_rank": use_rank,

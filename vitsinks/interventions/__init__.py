@@ -15,19 +15,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vitsinks.diagnostics.core import concat_fields, diagnose_tokens
+from vitsinks.diagnostics.core import diagnose_inputs
 from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
     Checks,
     NoSinkHeads,
     Plan,
     Rules,
+    mean_sink_values,
     parse_heads,
     require_events,
     run_batch,
     select_heads,
 )
-from vitsinks.interventions.engine import mean_sink_values as _mean_sink_values
 from vitsinks.interventions.subject import Subject, classifier_from_state, from_sequence_model, from_vit
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,10 @@ class Result:
     mean_source: dict[str, str] = field(default_factory=dict)
 
 
-@torch.no_grad()
 def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[str, np.ndarray]:
     """The per-(image, block, head) diagnostics fields of `images` (what head selection reads)."""
-    parts = [diagnose_tokens(subject.blocks, subject.embed(images[lo : lo + batch_size]), causal=subject.causal,
-                             num_prefix=subject.num_prefix) for lo in range(0, len(images), batch_size)]
-    return concat_fields(parts)
+    return diagnose_inputs(subject.blocks, subject.embed, images, batch_size, causal=subject.causal,
+                           num_prefix=subject.num_prefix)
 
 
 def batches(n: int, size: int) -> list[tuple[int, int]]:
@@ -102,7 +100,7 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
     if heads and "mean_sink_value" in edits:
         if len(heldout) == 0:
             raise ValueError("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
-        _mean_sink_values(subject, heldout, plan, rules, settings.batch_size)
+        mean_sink_values(subject, heldout, plan, rules, settings.batch_size)
     checks, rows = Checks(), []
     model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
     bar = tqdm(total=len(ranges) * (len(heads) + model_edits), desc="interventions (heads x batches)",

@@ -12,13 +12,12 @@ from typing import NamedTuple
 
 import torch
 
+EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value", "redirect_sink_attention",
+         "zero_random_nonsink_value", "open_gate", "close_gate", "drop_registers")  # the order of every table
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value",
                "zero_random_nonsink_value")
-ATTENTION_EDITS = ("redirect_sink_attention",)
 GATE_EDITS = ("open_gate", "close_gate")
 MODEL_EDITS = ("drop_registers",)  # the whole model run without its register tokens (not one head)
-HEAD_EDITS = (*VALUE_EDITS[:4], *ATTENTION_EDITS, VALUE_EDITS[4], *GATE_EDITS)
-EDITS = (*HEAD_EDITS, *MODEL_EDITS)
 DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 RECOMPUTE_TOL = 1e-4  # the block rebuilt from (A, v, gate) vs the model's own forward, relative

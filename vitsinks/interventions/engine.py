@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from vitsinks.data.views import sample_seed
 from vitsinks.diagnostics.core import layerscale
 from vitsinks.diagnostics.fields import head_fields, head_output_weight
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, token_location
 from vitsinks.interventions.edits import (
     DONOR_EDITS,
     EDITS,
@@ -43,7 +43,6 @@ from vitsinks.interventions.edits import (
 from vitsinks.interventions.subject import Subject
 
 Head = tuple[int, int]
-EVENT_CLASSES = ("none", "other", "nop", "broadcast")
 COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)
 
 
@@ -304,7 +303,7 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         f = _fields(blk, it)
         fn = {k: v.cpu().numpy() for k, v in f.items()}
         classes = rules.event_class(fn)  # (B, H)
-        loc_idx = np.where(fn["sink_idx"] == 0, 0, np.where(fn["sink_idx"] <= subject.num_registers, 1, 2))
+        loc_idx = token_location(fn["sink_idx"], subject.num_registers)
         w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
         for bb, h in plan.heads:
             if bb != b:

@@ -1,7 +1,7 @@
 """Models: the timm-based ViT builder, the attention module family and the global pathway."""
 
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, SinkAttention
-from vitsinks.models.pathway import RECIPIENT_GATES, GlobalPathway, common_mode_penalty, common_mode_share
+from vitsinks.models.pathway import RECIPIENT_GATES, GlobalPathway, common_mode_penalty
 from vitsinks.models.vit import (
     SIZES,
     SinkBlock,
@@ -25,7 +25,6 @@ __all__ = [
     "SinkViT",
     "build_vit",
     "common_mode_penalty",
-    "common_mode_share",
     "load_timm_state_dict",
     "model_from_config",
     "run_variant",

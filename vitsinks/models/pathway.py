@@ -116,9 +116,3 @@ def common_mode_penalty(o: torch.Tensor) -> torch.Tensor:
     """E(mean_i o_i) / (E(o) + 1e-12) of an update o (B, N, dim), in float32, differentiable through both terms."""
     num, den = common_mode_terms(o)
     return num / (den + CM_EPS)
-
-
-def common_mode_share(o: torch.Tensor) -> torch.Tensor:
-    """The same ratio per image (B,), for the diagnostics."""
-    o = o.float()
-    return o.mean(dim=1).square().mean(-1) / (o.square().mean(dim=(1, 2)) + CM_EPS)
