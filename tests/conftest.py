@@ -46,3 +46,38 @@ def require_slurm() -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{reason}; CI must run the SLURM tests")
         pytest.skip(reason)
+
+
+def require_fashion_mnist() -> None:
+    """Skip without the Debian package dataset-fashion-mnist, except under CI (CI=true), which installs it."""
+    from vitsinks.data import FASHION_MNIST_ROOT
+
+    if not Path(FASHION_MNIST_ROOT).is_dir():
+        reason = "Debian package dataset-fashion-mnist absent (apt-get install dataset-fashion-mnist)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; CI must run the Fashion-MNIST tests")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """Every matplotlib figure saved during the test, in order, kept open so a test can read the data it draws."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    drawn: list[Figure] = []
+    savefig = Figure.savefig
+
+    def record(self: Figure, *args, **kwargs):
+        drawn.append(self)
+        return savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    monkeypatch.setitem(plt.rcParams, "figure.max_open_warning", 0)
+    monkeypatch.setattr(plt, "close", lambda *args, **kwargs: None)
+    return drawn
+
+
+def bar_heights(ax) -> list[float]:
+    """Heights of an axes' bars, in drawing order."""
+    return [p.get_height() for p in ax.patches]

@@ -50,3 +50,78 @@ def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
     assert "Available options in 'exp'" in bad.stderr and "gate+reg" in bad.stderr
     job = launch("exp=gate+reg", "--cfg", "job")
     assert job.returncode == 0 and "gate: elementwise" in job.stdout and "registers: 4" in job.stdout
+
+
+@pytest.mark.parametrize("key, bad, allowed", [
+    ("model.gate", "sideways", "none, elementwise, headwise"),
+    ("model.attn", "tanh", "softmax, relu, sigmoid, sink_logit"),
+    ("model.patch_embed", "conv", "learned, orthonormal"),
+    ("model.global_pathway.gate", "open", "learned, hier"),
+    ("train.precision", "fp16", "auto, bf16, fp32"),
+    ("wandb.mode", "loud", "auto, online, offline, disabled"),
+    ("data.on_bad_image", "ignore", "skip, error"),
+    ("data.name", "imagenet21k", "synthetic, fashion_mnist, imagenet"),
+    ("diagnostics.ratio", "ratio_in", "ratio_out, ratio_head"),
+    ("diagnostics.rule", "strict", "relaxed, def1"),
+    ("objective.name", "dino", "lejepa, supervised"),
+    ("cluster.name", "slurmm", "local, slurm"),
+    ("cluster.device", "tpu", "auto, cpu, cuda"),
+])
+def test_closed_sets_stop_at_composition_with_the_allowed_values(key: str, bad: str, allowed: str) -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        load_config([f"{key}={bad}"])
+    assert bad in str(err.value) and allowed in str(err.value.__cause__ or err.value)
+
+
+def test_the_composed_values_are_plain_strings_where_they_are_saved() -> None:
+    from vitsinks.config import to_container
+
+    saved = to_container(load_config(["exp=gate+reg"]))
+    assert saved["model"]["gate"] == "elementwise" and type(saved["model"]["gate"]) is str
+
+
+def test_imagenet_loader_workers_follow_the_machine() -> None:
+    from vitsinks.data import loader_workers
+
+    cfg = load_config(["data=imagenet", "data.root=/datasets/imagenet"])
+    assert cfg.data.num_workers is None and 0 <= loader_workers(cfg.data.num_workers) <= 8
+
+
+def test_every_imported_package_is_declared() -> None:
+    """Each third-party module imported anywhere in vitsinks comes from a dependency in pyproject.toml."""
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=\[ ;]", d)[0].lower().replace("_", "-") for d in
+                project["dependencies"] + [d for ds in project["optional-dependencies"].values() for d in ds]}
+    dists = md.packages_distributions()
+    stdlib = sys.stdlib_module_names
+    missing = set()
+    for path in (root / "vitsinks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in stdlib or top == "vitsinks":
+                    continue
+                installed = dists.get(top, [{"mmseg": "mmsegmentation"}.get(top, top)])  # optional, not installed
+                if not {d.lower().replace("_", "-") for d in installed} & declared:
+                    missing.add(f"{top} ({path.name})")
+    assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
+
+
+def test_readme_install_commands_refresh_package_lists_and_stop_the_cluster() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    second = next(ln for ln in readme.splitlines() if "dataset-fashion-mnist" in ln and "pytest" in ln)
+    assert second.index("apt-get update") < second.index("apt-get install")
+    assert second.rstrip().endswith("bash slurm/local-cluster.sh stop")

@@ -9,13 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import require_fashion_mnist
 from PIL import Image
 
 from vitsinks.config import DataConfig, ViewsConfig
-from vitsinks.data import FASHION_MNIST_ROOT, BadImage, FashionMNIST, ImageFolderSplit, build_dataset
+from vitsinks.data import (
+    FASHION_MNIST_ROOT,
+    BadImage,
+    FashionMNIST,
+    ImageFolderSplit,
+    build_dataset,
+    loader_workers,
+    read_item,
+)
 from vitsinks.data.fashion_mnist import read_idx
 from vitsinks.data.synthetic import SyntheticShapes, class_spec, render
 from vitsinks.data.views import EpochSampler, SeededViews, collate_views, view_transform
+from vitsinks.errors import BadValue
 
 
 def test_synthetic_is_deterministic_and_seeded() -> None:
@@ -72,8 +82,8 @@ def test_fashion_mnist_from_a_folder_of_idx_files(tmp_path: Path) -> None:
         FashionMNIST(tmp_path, "train")
 
 
-@pytest.mark.skipif(not Path(FASHION_MNIST_ROOT).is_dir(), reason="Debian package dataset-fashion-mnist absent")
 def test_real_fashion_mnist_package() -> None:
+    require_fashion_mnist()
     ds = build_dataset(DataConfig(name="fashion_mnist", root=FASHION_MNIST_ROOT), "val")
     assert len(ds) == 10_000 and sorted(set(ds.targets)) == list(range(10))
 
@@ -124,3 +134,45 @@ def test_sampler_shards_union_equals_single_process_batches() -> None:
     assert list(s) != single and sorted(s) == sorted(single)
     with pytest.raises(ValueError, match="not divisible"):
         EpochSampler(40, 8, seed=0, world=3)
+
+
+def imagefolder(root: Path, classes: dict[str, tuple[int, int]], size: int = 32) -> Path:
+    """An ImageFolder tree: for each class a colour, `n_train` train and `n_val` val images."""
+    rng = np.random.default_rng(0)
+    for k, (cls, (n_train, n_val)) in enumerate(classes.items()):
+        for split, n in (("train", n_train), ("val", n_val)):
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                arr = np.clip(rng.normal(60 + 120 * k, 20, (size, size, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(arr).save(root / split / cls / f"{i}.JPEG")
+    return root
+
+
+def test_class_indices_come_from_the_train_split(tmp_path: Path) -> None:
+    root = imagefolder(tmp_path, {"a": (2, 1), "b": (2, 0), "c": (2, 1)})
+    (root / "val" / "b").rmdir()  # the val split lacks a class folder
+    with pytest.raises(BadValue, match="missing: b"):
+        build_dataset(DataConfig(name="imagenet", root=str(root)), "val")
+    (root / "val" / "b").mkdir()  # an empty folder is fine: the labels keep the train split's numbering
+    val = build_dataset(DataConfig(name="imagenet", root=str(root)), "val")
+    assert val.classes == ["a", "b", "c"] and [label for _, label in val.samples] == [0, 2]
+    (root / "val" / "d").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "val" / "d" / "x.JPEG")
+    with pytest.raises(BadValue, match="not in train: d"):
+        build_dataset(DataConfig(name="imagenet", root=str(root)), "val")
+
+
+def test_read_item_skips_or_names_a_bad_image(tmp_path: Path) -> None:
+    root = imagefolder(tmp_path, {"a": (2, 0)})
+    (root / "train" / "a" / "1.JPEG").write_bytes(b"not a jpeg")
+    ds = ImageFolderSplit(root, "train")
+    assert read_item(ds, 0)[1] == 0 and read_item(ds, 1, "skip") is None
+    with pytest.raises(BadImage, match=r"1\.JPEG.*on_bad_image=skip"):
+        read_item(ds, 1, "error")
+
+
+def test_loader_workers_default_fits_the_machine(monkeypatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert loader_workers(None) == 1 and loader_workers(3) == 3
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert loader_workers(None) == 8

@@ -13,7 +13,8 @@ import torch
 from conftest import TINY, tiny_cfg
 from timm.models.vision_transformer import VisionTransformer
 
-from vitsinks.diagnose import diagnose_checkpoint, load_backbone
+from vitsinks.checkpoint import load_backbone
+from vitsinks.diagnose import diagnose_checkpoint, over_training
 from vitsinks.models import model_from_config
 from vitsinks.train import Trainer
 
@@ -26,7 +27,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_picture(runs: Path) -> None:
+def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_picture(runs: Path,
+                                                                                     figures: list) -> None:
     cfg = tiny_cfg(runs, "name=diag", "diagnostics.enabled=true", "diagnostics.n_images=6")
     Trainer(cfg).fit()
     diag = runs / "diag" / "diagnostics"
@@ -48,6 +50,12 @@ def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_pic
     rows = list(csv.DictReader((diag / "over_training.csv").open()))
     assert [int(r["step"]) for r in rows] == [3, 4, 6, 8]
     assert json.loads((diag / "step_0000006" / "summary.json").read_text()) == again
+    rows = over_training(runs / "diag", cfg)  # the picture draws the summaries' numbers
+    curves, frequency = figures[-1].axes[:2]
+    for line, name in zip(curves.lines, ("nop", "broadcast", "unclassified"), strict=False):
+        assert line.get_label() == name and list(line.get_xdata()) == [3, 4, 6, 8]
+        assert list(line.get_ydata()) == [r["sinks_per_image"][name]["all"] for _, r in rows]
+    np.testing.assert_array_equal(frequency.images[0].get_array(), np.array([r["block_frequency"] for _, r in rows]).T)
 
 
 def test_cli_on_a_checkpoint_with_other_data_and_n_images(runs: Path) -> None:

@@ -175,3 +175,30 @@ def test_continuous_measures_by_hand() -> None:
     assert [def1[e]["all"] for e in ("0.5", "0.3", "0.2", "0.1")] == [1.0, 0.5, 0.5, 0.0]
     assert def1["0.5"]["nop"] == 0.5  # only the 0.1-ratio event is NOP-like (0.3 is unclassified)
     assert m["gate_mean_by_block"] == [0.25, 0.25]
+
+
+def test_the_recomputation_check_fails_loudly_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    import json
+
+    from vitsinks.diagnostics import run_diagnostics
+    from vitsinks.errors import CheckFailed
+
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, depth=2, embed_dim=48, num_heads=3)
+    images = torch.randn(3, 3, 32, 32)
+    shown = np.zeros((3, 32, 32, 3), np.uint8)
+    summary = run_diagnostics(model, images, shown, tmp_path / "ok", None)
+    text = (tmp_path / "ok" / "summary.json").read_text()
+    stored = json.loads(text)["recompute_error_max"]
+    assert 0 < stored < 1e-5 and stored == summary["recompute_error_max"]  # unrounded (it used to read 0.0)
+    assert "e-" in text.split('"recompute_error_max":')[1].split(",")[0]  # scientific notation in the file
+    explicit = SinkBlock.forward_explicit
+
+    def drifting(self, x, causal=False):  # an explicit path that no longer computes what the model computes
+        out, it = explicit(self, x, causal=causal)
+        return out * (1 + 1e-3), it
+
+    monkeypatch.setattr(SinkBlock, "forward_explicit", drifting)
+    with pytest.raises(CheckFailed, match=r"block \d differs .* by 1\.\d+e-03 .*tolerance 1e-04"):
+        run_diagnostics(model, images, shown, tmp_path / "bad", None)
+    assert not (tmp_path / "bad" / "summary.json").exists()

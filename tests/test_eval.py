@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, tiny_cfg
+from conftest import TINY, require_fashion_mnist, tiny_cfg
 from PIL import Image
 
 from vitsinks.config import DataConfig
@@ -140,7 +140,7 @@ def test_segmentation_bad_input(tmp_path: Path) -> None:
     Image.new("RGB", (30, 16)).save(ade / "images" / "validation" / "ADE_valid_00000000.jpg")
     with pytest.raises(SegmentationError, match="size mismatch"):
         ade20k(ade.parent, "val")[0]
-    with pytest.raises(SegmentationError, match="class-count mismatch: .* has label 149 .* 100 classes"):
+    with pytest.raises(SegmentationError, match="class-count mismatch: .* holds label value 150 .* 100 classes"):
         ade20k(ade.parent, "val", num_classes=100)[1]
 
 
@@ -166,8 +166,8 @@ def test_linear_and_dense_clis_on_the_embedded_default(runs: Path) -> None:
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
-@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent")
 def test_linear_probe_runs_on_real_fashion_mnist(runs: Path) -> None:
+    require_fashion_mnist()
     Trainer(tiny_cfg(runs, "name=fm", "data=fashion_mnist", "data.image_size=32", "train.max_steps=1")).fit()
     out = subprocess.run([sys.executable, "-m", "vitsinks.eval.linear", f"ckpt={runs / 'fm/checkpoints/last.pt'}",
                           "eval.max_train_images=200", "eval.max_val_images=100", "eval.linear_epochs=3"],
@@ -178,8 +178,8 @@ def test_linear_probe_runs_on_real_fashion_mnist(runs: Path) -> None:
     assert result["best"]["top1"] > 20  # well above chance (10%) even for an untrained tiny backbone
 
 
-@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent")
 def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
+    require_fashion_mnist()
     from vitsinks.eval.segdata import build_seg_dataset
 
     data = DataConfig(name="fashion_mnist", root="/usr/share/datasets/fashion-mnist", image_size=32, val_size=8)
@@ -197,3 +197,124 @@ def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
     assert out.returncode == 0, out.stderr
     d = json.loads((runs / "fmd" / "results" / "dense_fashion_mnist.json").read_text())
     assert d["classes"] == 11 and d["val_images"] == 8 and 0 <= d["mIoU"] <= 1
+
+
+def _trained(runs: Path, name: str = "ev2", *overrides: str) -> Path:
+    Trainer(tiny_cfg(runs, f"name={name}", "train.max_steps=1", *overrides)).fit()
+    return runs / name / "checkpoints" / "last.pt"
+
+
+def _eval_cfg(runs: Path, ckpt: Path, *overrides: str):
+    return tiny_cfg(runs, f"ckpt={ckpt}", "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1",
+                    "eval.dense_epochs=2", "eval.linear_lrs=[0.01]", *overrides)
+
+
+def test_feature_caches_are_keyed_on_what_determines_them(runs: Path, tmp_path: Path) -> None:
+    from vitsinks.eval import linear
+    from vitsinks.eval.features import cache_key
+
+    ckpt = _trained(runs)
+    linear.run(_eval_cfg(runs, ckpt))
+    linear.run(_eval_cfg(runs, ckpt, "seed=1"))  # another seed draws other synthetic images: new features
+    assert len(list((runs / "ev2" / "eval_cache").glob("lin-*.pt"))) == 4  # (train, val) x 2 seeds
+    root = _voc_fixture(tmp_path)
+    data = DataConfig(name="voc", root=str(root))
+    ds = voc(root, "train")
+    key = cache_key(ckpt, data, ds, 0, size=32)
+    assert key == cache_key(ckpt, data, voc(root, "train"), 0, size=32)
+    assert key != cache_key(ckpt, DataConfig(name="voc", root=str(root), voc_aug=True), ds, 0, size=32)
+    assert key != cache_key(ckpt, data, ds, 0, size=64)
+    label = root / "VOCdevkit/VOC2012/SegmentationClass/2007_000032.png"
+    Image.fromarray(np.zeros((10, 20), np.uint8)).save(label)  # relabelled on disk: a new key
+    assert key != cache_key(ckpt, data, voc(root, "train"), 0, size=32)
+
+
+def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path, figures: list) -> None:
+    from vitsinks.eval import dense
+
+    ckpt = _trained(runs)
+    cfg = _eval_cfg(runs, ckpt, "eval.dense_examples=2")
+    first = dense.run(cfg)
+    axes = figures[-1].axes  # rows of image | ground truth | prediction, drawn from the validation items
+    val = build_seg_dataset(cfg.data, "val", cfg.seed)
+    assert len(axes) == 6
+    for row in range(2):
+        img, label = val[row]
+        assert np.array_equal(axes[3 * row].images[0].get_array(), np.asarray(img))
+        colours = axes[3 * row + 1].images[0].get_array().reshape(-1, 3)
+        assert len(np.unique(colours, axis=0)) == len(np.unique(label))
+    head = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["head"]
+    second = dense.run(_eval_cfg(runs, ckpt))
+    assert first["mIoU"] == second["mIoU"] and first["train_loss"] == second["train_loss"]
+    again = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["head"]
+    assert all(torch.equal(head[k], again[k]) for k in head)
+    augmented = [dense.run(_eval_cfg(runs, ckpt, "eval.dense_augment=true"))["mIoU"] for _ in range(2)]
+    assert augmented[0] == augmented[1]
+
+
+def test_after_train_runs_the_dense_probe_on_other_data_or_says_why_not(runs: Path, tmp_path: Path, capsys) -> None:
+    from test_data import imagefolder
+
+    from vitsinks.eval import after_train
+
+    require_fashion_mnist()
+    cfg = tiny_cfg(runs, "name=at", "train.max_steps=1", "eval.dense_data=fashion_mnist", "eval.max_train_images=16",
+                   "eval.max_val_images=8", "eval.linear_epochs=1", "eval.dense_epochs=1", "eval.linear_lrs=[0.01]")
+    Trainer(cfg).fit()
+    out = after_train(cfg, runs / "at")
+    assert out["dense"]["data"] == "fashion_mnist" and 0 <= out["dense"]["mIoU"] <= 1
+    assert json.loads((runs / "at" / "results" / "dense_fashion_mnist.json").read_text())["classes"] == 11
+    root = imagefolder(tmp_path / "inet", {"a": (8, 2), "b": (8, 2)})
+    cfg = tiny_cfg(runs, "name=at2", "data=imagenet", f"data.root={root}", "data.num_workers=0", "train.max_steps=1",
+                   "eval.max_train_images=16", "eval.linear_epochs=1", "eval.linear_lrs=[0.01]")
+    Trainer(cfg).fit()
+    out = after_train(cfg, runs / "at2")
+    assert "dense" not in out and "dense probe skipped: data=imagenet has no segmentation masks" in \
+        capsys.readouterr().out
+
+
+def test_one_bad_validation_image_does_not_lose_the_run(runs: Path, tmp_path: Path) -> None:
+    from test_data import imagefolder
+
+    root = imagefolder(tmp_path / "inet", {"a": (8, 3), "b": (8, 3)})
+    (root / "val" / "a" / "0.JPEG").write_bytes(b"\xff\xd8 truncated")
+    common = ["data=imagenet", f"data.root={root}", "data.num_workers=0", "train.max_steps=2",
+              "diagnostics.enabled=true", "diagnostics.plots=false", "diagnostics.n_images=6"]
+    summary = Trainer(tiny_cfg(runs, "name=badval", *common)).fit()
+    assert summary["status"] == "finished" and (runs / "badval/checkpoints/last.pt").is_file()
+    d = np.load(runs / "badval/diagnostics/step_0000002/per_image.npz")
+    assert d["mass"].shape[0] == 5  # the 5 readable of the 6 validation images
+    from vitsinks.data import BadImage
+
+    with pytest.raises(BadImage, match="0.JPEG.*on_bad_image=skip"):
+        Trainer(tiny_cfg(runs, "name=badval2", *common, "data.on_bad_image=error")).fit()
+
+
+def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_path: Path) -> None:
+    from test_cli import one_line_error, run
+    from test_data import imagefolder
+
+    from vitsinks.eval import dense
+
+    ckpt = _trained(runs)
+    root = imagefolder(tmp_path / "inet", {"a": (4, 1), "b": (4, 1)})
+    (root / "val" / "b" / "0.JPEG").unlink()
+    (root / "val" / "b").rmdir()
+    line = one_line_error(run("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}"))
+    assert "missing: b" in line
+    (root / "val" / "b").mkdir()
+    (root / "val" / "b" / "0.JPEG").write_bytes(b"garbage")
+    line = one_line_error(run("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
+                              "data.on_bad_image=error"))
+    assert "cannot decode image" in line and "0.JPEG" in line
+    line = one_line_error(run("vitsinks.diagnose", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
+                              "data.on_bad_image=error", "n_images=4"))
+    assert "cannot decode image" in line
+    voc_root = _voc_fixture(tmp_path / "voc")
+    jpeg = voc_root / "VOCdevkit/VOC2012/JPEGImages/2007_000039.jpg"
+    jpeg.write_bytes(jpeg.read_bytes()[:60])  # truncated
+    voc_data = ["data=voc", f"data.root={voc_root}", "data.image_size=32"]
+    line = one_line_error(run("vitsinks.eval.dense", f"ckpt={ckpt}", *voc_data, "data.on_bad_image=error"))
+    assert "2007_000039.jpg" in line
+    result = dense.run(_eval_cfg(runs, ckpt, *voc_data))  # skipped under the default policy
+    assert result["val_images"] == 2 and 0 <= result["mIoU"] <= 1

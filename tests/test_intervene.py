@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_cfg
+from conftest import bar_heights, tiny_cfg
 
 from vitsinks.config import load_config
 from vitsinks.diagnose import diagnose_checkpoint
 from vitsinks.intervene import run
+from vitsinks.interventions import report
+from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
 from vitsinks.leaderboard import collect
 from vitsinks.train import Trainer
@@ -48,7 +50,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[str, Path]) -> None:
+def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[str, Path], tmp_path: Path,
+                                                               figures: list) -> None:
     run_dir = task_runs["nop"]
     out = _cli(f"run={run_dir}", "n_images=96", "heldout_images=32", "intervene.min_events=20")
     assert out.returncode == 0, out.stderr
@@ -66,6 +69,12 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
     assert float(summary["checks"]["value_edit_error_max"]) < 1e-8
     assert "| nop | redirect_sink_attention | 2 |" in (folder / "by_class.md").read_text()
     assert (folder / "interventions.png").stat().st_size > 10_000 and (folder / "config.yaml").is_file()
+    heads = report.by_head(report.read_rows(folder / "interventions.csv"))
+    report.figure(heads, summary, tmp_path / "again.png")  # the bars are the summary's class means
+    scope = next(s for s in summary["by_class"] if s not in ("block 0", "whole model"))
+    shown = [e for e in EDITS if e in summary["by_class"][scope]["nop"]]
+    assert bar_heights(figures[-1].axes[0]) == [summary["by_class"][scope]["nop"][e]["final_patch_relrms"]
+                                                for e in shown]
     assert "interventions (heads x batches)" in out.stderr  # the progress bar
     row = collect(run_dir)  # the leaderboard's causal columns read this summary
     assert row["causal_zero_nop"] == zero["final_patch_relrms"]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from conftest import TINY
 
+from vitsinks.tracking import read_metrics
+
 
 def launch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
@@ -26,6 +28,10 @@ def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -
     assert (run / "diagnostics" / "step_0000008" / "summary.json").is_file()
     again = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "train.epochs=3")  # resume and extend
     assert again.returncode == 0 and "finished at step 12" in again.stdout
+    last_loss = [m for m in read_metrics(run) if "loss" in m][-1]["loss"]
+    done = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "train.epochs=3")  # nothing left: says the last loss
+    assert done.returncode == 0 and f"finished at step 12: loss {last_loss:.4f}" in done.stdout
+    assert "nan" not in done.stdout
 
 
 def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None:
@@ -34,7 +40,7 @@ def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None
     assert f"error: data.root {tmp_path / 'nowhere'} does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
     gate = launch(*TINY, "model.gate=sideways")
-    assert gate.returncode == 1 and "unknown gate 'sideways'" in gate.stderr
+    assert gate.returncode == 1 and "'sideways', expected one of [none, elementwise, headwise]" in gate.stderr
 
 
 def test_local_sweep_runs_each_run_and_writes_the_manifest(tmp_path: Path) -> None:

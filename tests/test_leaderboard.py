@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import bar_heights
 from omegaconf import OmegaConf
 
 from vitsinks.config import load_config
-from vitsinks.leaderboard import aggregate, build, collect, run_dirs
+from vitsinks.leaderboard import QUALITY, aggregate, build, collect, run_dirs
 
 # (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
 RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.24, 4.0, 0.5),
@@ -58,15 +60,22 @@ def test_aggregation_by_hand(tmp_path: Path) -> None:
     assert gr["sinks"][0] == pytest.approx(2.0)
 
 
-def test_outputs_mark_the_best_and_carry_the_reference_block(tmp_path: Path) -> None:
+def test_outputs_mark_the_best_and_carry_the_reference_block(tmp_path: Path, figures: list) -> None:
     out = tmp_path / "lb"
-    build(make_runs(tmp_path / "runs"), out)
+    table = build(make_runs(tmp_path / "runs"), out)
     md = (out / "leaderboard.md").read_text()
     assert "| gate+reg | 2 | - | **61.00 ± 1.41** | **71.00 ± 1.41** | **32.00 ± 2.83** |" in md
     assert "| base | 69.37 | 16.59 | 43.81 | 0.09 / 0.25 |" in md  # reference numbers, separate block
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
     assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0
     assert (out / "leaderboard.png").stat().st_size > 10_000
+    quality, mechanism = figures[-1].axes[:2]  # the bars are the table's numbers
+    shown = [k for k, _ in QUALITY if any(not math.isnan(t[k][0]) for t in table)]
+    assert bar_heights(quality) == [t[k][0] for k in shown for t in table] and "linear_top1" in shown
+    stacked = np.array(bar_heights(mechanism)).reshape(3, len(table))  # NOP, broadcast, unclassified per variant
+    assert stacked[0].tolist() == [t["nop"][0] for t in table] and stacked[1].tolist() == \
+        [t["broadcast"][0] for t in table]
+    np.testing.assert_allclose(stacked.sum(0), [t["sinks"][0] for t in table])
 
 
 def _chromium() -> str | None:
@@ -99,7 +108,7 @@ def test_cli_errors(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert out.returncode == 1 and "neither a run folder nor a sweep" in out.stderr
     usage = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", "rns=x"], capture_output=True, text=True)
-    assert usage.returncode == 2 and "unknown: rns" in usage.stderr
+    assert usage.returncode == 1 and "rns" in usage.stderr and "usage: python -m vitsinks.leaderboard" in usage.stderr
 
 
 def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(tmp_path: Path) -> None:

@@ -77,6 +77,9 @@ def test_array_of_four_variants_then_relaunch_and_status(runs: Path) -> None:
     ids = [r["job_id"] for r in manifest["runs"]]
     assert len({i.split("_")[0] for i in ids}) == 1 and sorted(i.split("_")[1] for i in ids) == ["0", "1", "2", "3"]
     assert len(job_ids() - before) >= 1  # one array
+    names = subprocess.run(["squeue", "-h", "-t", "all", "-j", manifest["array_job_id"], "-o", "%j"],
+                           capture_output=True, text=True).stdout.split()
+    assert names and set(names) == {f"vitsinks-{sweep.name}"}  # the array is named after the sweep, not one exp
     runs_dirs = [Path(r["run_dir"]) for r in manifest["runs"]]
     wait_progress(lambda: all(finished(d) for d in runs_dirs), lambda: [run_state(d) for d in runs_dirs],
                   "the four array tasks")
@@ -85,10 +88,16 @@ def test_array_of_four_variants_then_relaunch_and_status(runs: Path) -> None:
         assert (d / "checkpoints" / "last.pt").is_file()
     status = launch("status", f"sweep={sweep}")
     assert status.returncode == 0 and status.stdout.count("finished") == 4 and "4/4" in status.stdout
-    # relaunching the sweep leaves the finished runs alone
+    # relaunching the sweep leaves the finished runs alone and keeps their job ids and logs
     again = launch("-m", "exp=base,gate,reg,gate+reg", *TINY, *CLUSTER, f"runs_dir={runs}", "train.epochs=1")
     assert again.returncode == 0 and "submitted" not in again.stdout
-    assert all(r["job_id"] is None for r in read_manifest(sweep)["runs"])
+    kept = read_manifest(sweep)
+    assert [r["job_id"] for r in kept["runs"]] == ids and kept["array_job_id"] == manifest["array_job_id"]
+    assert all(Path(r["stdout"]).is_file() for r in kept["runs"])
+    # with nothing left to submit, the partition is still checked
+    bad = launch("-m", "exp=base,gate,reg,gate+reg", *TINY, *CLUSTER, f"runs_dir={runs}", "train.epochs=1",
+                 "cluster.partition=nope")
+    assert bad.returncode == 1 and "partition 'nope' does not exist" in bad.stderr
 
 
 def _uninterrupted(runs: Path, *overrides: str) -> float:

@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
+from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.model import SeqModel
 from vitsinks.synthetic.pathway_task import ablated, evaluate_arm, pathway_batch, task_constants, train_arm
 
@@ -41,14 +43,20 @@ def test_broadcast_task_hub_is_classified_broadcast() -> None:
     assert r["hub_ratio_out"] >= 0.5 and r["hub_stable_rank"] <= 1.5
 
 
-def test_cli_writes_json_and_figure(tmp_path: Path) -> None:
+def test_cli_writes_json_and_figure(tmp_path: Path, figures: list) -> None:
     out = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast", "steps=300",
                           f"out={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "broadcast.json").read_text())["task"] == "broadcast"
     assert (tmp_path / "broadcast.png").stat().st_size > 10_000
+    r = json.loads((tmp_path / "broadcast.json").read_text())
+    FIGURES["broadcast"](r, tmp_path / "again.png")  # the panels are the result's attention maps, hub marked
+    drawn = [ax.images[0].get_array() for ax in figures[-1].axes if ax.images]
+    expected = [np.asarray(m)[h] for m in r["attention_example"] for h in range(np.asarray(m).shape[0])]
+    assert len(drawn) == len(expected) and all(np.array_equal(d, e) for d, e in zip(drawn, expected, strict=True))
+    assert sum("(hub)" in ax.get_title() for ax in figures[-1].axes) == 1
     bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nope"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown task" in bad.stderr
+    assert bad.returncode == 1 and "unknown task" in bad.stderr
 
 
 def test_broadcast_pathway_task_reproduces_the_reference_pattern() -> None:
@@ -84,4 +92,4 @@ def test_arms_see_the_same_batches_and_ablation_removes_what_it_names() -> None:
 def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}"],
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "broadcast_pathway only" in bad.stderr
+    assert bad.returncode == 1 and "broadcast_pathway only" in bad.stderr

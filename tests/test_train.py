@@ -16,8 +16,9 @@ from PIL import Image
 from vitsinks import checkpoint as ckpt
 from vitsinks.checkpoint import CheckpointMismatch
 from vitsinks.data import BadImage
+from vitsinks.optim import WarmupCosine
 from vitsinks.tracking import read_metrics
-from vitsinks.train import NonFiniteLoss, Trainer, WarmupCosine
+from vitsinks.train import NonFiniteLoss, Trainer
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -1,15 +1,23 @@
-"""Atomic checkpoints holding the whole training state, and the check that a checkpoint fits the run."""
+"""Checkpoints: the one loader (training state, backbone, resume candidates), the atomic writer that refuses
+non-finite weights, and the check that a checkpoint fits the run."""
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from vitsinks import files
+from vitsinks.errors import BadValue, NonFinite
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from vitsinks.models import SinkViT
 
 ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
              "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
@@ -19,23 +27,33 @@ ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_
                  "global_pathway": {"enabled": False, "state_dim": 64, "gate": "learned", "layerscale_init": None}}
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(BadValue):
     """A checkpoint was written by a run of another variant or architecture."""
 
 
-def atomic_save(obj: Any, path: Path) -> None:
-    """Write `obj` to a temp file beside `path`, fsync, then rename: `path` is either the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+STEP_RE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def non_finite(tensors: dict[str, Any]) -> list[str]:
+    """Names of the floating-point tensors of a state dict that hold NaN or inf."""
+    return [k for k, v in tensors.items() if torch.is_tensor(v) and v.is_floating_point() and
+            not bool(torch.isfinite(v).all())]
+
+
+def check_finite(tensors: dict[str, Any], what: str) -> None:
+    """`NonFinite` naming `what` and the first bad tensors when any weight is NaN or inf."""
+    bad = non_finite(tensors)
+    if bad:
+        raise NonFinite(f"{what} holds non-finite weights (NaN or inf) in {len(bad)} tensors, e.g. "
+                        f"{', '.join(bad[:3])}: the run diverged; lower train.lr and train from an earlier "
+                        f"checkpoint")
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """Write a training state atomically (the old file or the new one, never a partial one); a state whose model
+    weights are not finite is refused with `NonFinite` and nothing is written."""
+    check_finite(state["model"], f"the model about to be saved to {path}")
+    files.torch_save(state, path)
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,12 +73,88 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU; an unreadable file is a clear error naming it."""
+    """Load a checkpoint on the CPU; an unreadable file is a `BadValue` naming it (truncated, or not one)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        raise ValueError(f"cannot read checkpoint {path} ({err}); it may be truncated: delete it to start over") \
-            from err
+        if _is_torch_archive(path):
+            raise BadValue(f"cannot read checkpoint {path} ({type(err).__name__}): it is truncated or corrupt; "
+                           f"resume from another checkpoint of the run (checkpoints/step_*.pt) or delete it to "
+                           f"start over") from err
+        raise BadValue(f"{path} is not a PyTorch checkpoint ({type(err).__name__}): pass a file written by "
+                       f"vitsinks (runs/<name>/checkpoints/*.pt)") from err
+
+
+def _is_torch_archive(path: Path) -> bool:
+    """Whether a file starts like `torch.save`'s zip archive (a truncated one still does)."""
+    with Path(path).open("rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def backbone_state(obj: dict[str, Any]) -> dict[str, Any]:
+    """The backbone's tensors of a model state dict: `backbone.*` keys without the prefix (the LeJEPA and supervised
+    wrappers), or the dict itself when it has none."""
+    if any(k.startswith("backbone.") for k in obj):
+        return {k.removeprefix("backbone."): v for k, v in obj.items() if k.startswith("backbone.")}
+    return obj
+
+
+def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, DictConfig]:
+    """The backbone and run configuration of a loaded vitsinks checkpoint (`path` names it in errors); refuses
+    non-finite weights."""
+    from omegaconf import OmegaConf
+
+    from vitsinks.models import model_from_config
+
+    if not isinstance(state, dict) or "config" not in state or "model" not in state:
+        raise BadValue(f"{path} is not a vitsinks training checkpoint (no config/model inside): pass "
+                       f"runs/<name>/checkpoints/last.pt, or model.pretrained=<file> for a plain state dict")
+    cfg = OmegaConf.create(state["config"])
+    model = model_from_config(OmegaConf.merge(cfg.model, {"pretrained": None}))
+    sd = backbone_state(state["model"])
+    check_finite(sd, f"checkpoint {path}")
+    model.load_state_dict(sd)
+    return model, cfg
+
+
+def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
+    """The backbone of a vitsinks checkpoint file, built from the configuration stored in it."""
+    path = Path(path)
+    if not path.is_file():
+        from vitsinks.errors import InputNotFound
+
+        raise InputNotFound(f"checkpoint {path} not found")
+    return backbone_from_state(load(path), path)
+
+
+def resume_candidates(ckpt_dir: Path) -> list[Path]:
+    """`last.pt`, then the periodic `step_*.pt` newest first: the order resuming tries them in."""
+    steps = sorted((p for p in ckpt_dir.glob("step_*.pt") if STEP_RE.match(p.name)),
+                   key=lambda p: int(STEP_RE.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+    last = ckpt_dir / "last.pt"
+    return ([last] if last.is_file() else []) + steps
+
+
+def load_for_resume(ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """(path, state, notes) of the newest checkpoint of a run that loads and holds finite weights; the notes say
+    which newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it
+    has some but none is usable (nothing is overwritten)."""
+    notes: list[str] = []
+    candidates = resume_candidates(ckpt_dir)
+    for path in candidates:
+        try:
+            state = load(path)
+            if not isinstance(state, dict) or not {"model", "progress", "config"} <= set(state):
+                raise BadValue(f"{path} is not a vitsinks training checkpoint")
+            check_finite(state["model"], str(path))
+        except (BadValue, NonFinite) as err:
+            notes.append(str(err).split(":")[0])
+            continue
+        return path, state, notes
+    if candidates:
+        raise BadValue(f"no usable checkpoint in {ckpt_dir} ({'; '.join(notes)}): nothing was overwritten; delete "
+                       f"the folder to start over, or pick another run name (name=...)")
+    return None
 
 
 def describe(model_cfg: dict[str, Any]) -> str:
@@ -80,14 +174,22 @@ def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_compatible(ckpt_model: dict[str, Any], run_model: dict[str, Any], path: Path) -> None:
-    """Raise `CheckpointMismatch` naming both architectures when they differ in any architecture field."""
-    ckpt_model, run_model = _arch(ckpt_model), _arch(run_model)
-    diff = [k for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
+# Beside the architecture, the fields that give the run's other modules their shapes (probe and head sizes).
+STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), ("objective", "proj_hidden"),
+              ("objective", "proj_out"), ("objective", "proj_layers"))
+
+
+def check_compatible(ckpt_cfg: dict[str, Any], run_cfg: dict[str, Any], path: Path) -> None:
+    """Raise `CheckpointMismatch` naming both sides when a checkpoint's run config differs from this run's in an
+    architecture field or in a field that shapes the saved state (data, classes, projector)."""
+    ckpt_model, run_model = _arch(ckpt_cfg["model"]), _arch(run_cfg["model"])
+    diff = [(k, ckpt_model.get(k), run_model.get(k)) for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
+    diff += [(f"{a}.{b}", ckpt_cfg[a][b], run_cfg.get(a, {}).get(b)) for a, b in STATE_KEYS
+             if b in ckpt_cfg.get(a, {}) and ckpt_cfg[a][b] != run_cfg.get(a, {}).get(b)]
     if diff:
-        fields = ", ".join(f"{k}: {ckpt_model.get(k)!r} vs {run_model.get(k)!r}" for k in diff)
+        fields = ", ".join(f"{k}: {old!r} vs {new!r}" for k, old, new in diff)
         raise CheckpointMismatch(
-            f"{path} holds a {describe(ckpt_model)} model but this run is {describe(run_model)} ({fields}). "
-            f"Nothing was overwritten: pick another run name (name=...) or runs_dir, or relaunch with the "
-            f"checkpoint's settings."
+            f"{path} holds a {describe(ckpt_model)} model trained with other settings than this run's "
+            f"{describe(run_model)} ({fields}). Nothing was overwritten: pick another run name (name=...) or "
+            f"runs_dir, or relaunch with the checkpoint's settings."
         )

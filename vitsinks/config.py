@@ -6,12 +6,33 @@ value of the wrong type fails at composition with a message that names it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from vitsinks.errors import ConfigError, InputNotFound
+
+# Closed sets: a value outside them stops at composition with the allowed values (member names are the values).
+Gate = StrEnum("Gate", "none elementwise headwise", module=__name__)
+Attn = StrEnum("Attn", "softmax relu sigmoid sink_logit", module=__name__)
+PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
+PosEmbed = StrEnum("PosEmbed", "learn none", module=__name__)
+RecipientGate = StrEnum("RecipientGate", "learned hier", module=__name__)
+DataName = StrEnum("DataName", "synthetic fashion_mnist imagenet sinktask_nop sinktask_broadcast ade20k voc",
+                   module=__name__)
+OnBadImage = StrEnum("OnBadImage", "skip error", module=__name__)
+Objective = StrEnum("Objective", "lejepa supervised", module=__name__)
+Precision = StrEnum("Precision", "auto bf16 fp32", module=__name__)
+WandbMode = StrEnum("WandbMode", "auto online offline disabled", module=__name__)
+SinkRule = StrEnum("SinkRule", "relaxed def1", module=__name__)
+SinkRatio = StrEnum("SinkRatio", "ratio_out ratio_head", module=__name__)
+ClusterName = StrEnum("ClusterName", "local slurm", module=__name__)
+Device = StrEnum("Device", "auto cpu cuda", module=__name__)
 
 
 @dataclass
@@ -20,7 +41,7 @@ class GlobalPathwayConfig:
 
     enabled: bool = False
     state_dim: int = 64  # d_g
-    gate: str = "learned"  # recipient gate: learned (sigmoid(w . z_i + b)) | hier (times a per-image gate from g)
+    gate: RecipientGate = RecipientGate.learned  # learned: sigmoid(w . z_i + b); hier: times a per-image gate from g
     layerscale_init: float | None = None  # ls3; None: no LayerScale on the pathway
 
 
@@ -38,13 +59,13 @@ class ModelConfig:
     qkv_bias: bool = True
     proj_bias: bool = True  # attention output-projection bias
     mlp: bool = True  # False: attention-only blocks (the sink tasks)
-    patch_embed: str = "learned"  # learned | orthonormal (frozen isometry, no bias: targets on the residual stream)
-    pos_embed: str = "learn"  # learn | none
+    patch_embed: PatchEmbed = PatchEmbed.learned  # orthonormal: frozen isometry, no bias (sink tasks)
+    pos_embed: PosEmbed = PosEmbed.learn  # learn | none
     layerscale_init: float | None = None
     drop_path: float = 0.0
-    gate: str = "none"
+    gate: Gate = Gate.none
     registers: int = 0
-    attn: str = "softmax"
+    attn: Attn = Attn.softmax
     global_pathway: GlobalPathwayConfig = field(default_factory=GlobalPathwayConfig)
     pretrained: str | None = None  # timm model name (downloads) or a state-dict / checkpoint path
 
@@ -53,14 +74,14 @@ class ModelConfig:
 class DataConfig:
     """Dataset choice. `root` is needed by the on-disk datasets; `synthetic` is generated on the fly."""
 
-    name: str = "synthetic"
+    name: DataName = DataName.synthetic
     root: str | None = None
     num_classes: int = 10
     image_size: int = 64  # resolution the synthetic images are drawn at
     train_size: int = 4096  # synthetic: images per epoch
     val_size: int = 1024  # synthetic: validation images
-    num_workers: int = 0
-    on_bad_image: str = "skip"  # skip (warn and count) | error
+    num_workers: int | None = 0  # None: min(8, the CPUs this process may use)
+    on_bad_image: OnBadImage = OnBadImage.skip  # skip (warn and count) | error
     voc_aug: bool = False  # voc: train on SegmentationClassAug (ImageSets/Segmentation/train_aug.txt)
     patch_size: int = 4  # sink tasks: the patch grid the task is defined on (set to the model's)
     marked_frac: float = 0.03  # sinktask_nop: share of patches that receive the update
@@ -92,7 +113,7 @@ class ObjectiveConfig:
     (`data=sinktask_*`), image-level classification (linear head on the final-norm [CLS]) for labelled data.
     """
 
-    name: str = "lejepa"  # lejepa | supervised
+    name: Objective = Objective.lejepa
     lamb: float = 0.05
     slices: int = 1024
     knots: int = 17
@@ -117,7 +138,7 @@ class TrainConfig:
     warmup_epochs: float = 0.5
     min_lr_ratio: float = 1e-3  # cosine decays to lr * min_lr_ratio
     grad_clip: float = 1.0
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
+    precision: Precision = Precision.auto  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
     compile: bool = False
     log_every: int = 10
     ckpt_every: int = 100  # steps between periodic checkpoints (last.pt is also written at every epoch end)
@@ -128,7 +149,7 @@ class TrainConfig:
 class WandbConfig:
     """wandb tracking. `auto`: online when an API key is configured, offline otherwise."""
 
-    mode: str = "auto"  # auto | online | offline | disabled
+    mode: WandbMode = WandbMode.auto
     project: str = "vitsinks"
     entity: str | None = None
 
@@ -140,9 +161,9 @@ class DiagnosticsConfig:
     enabled: bool = True
     n_images: int = 16  # the first n validation images
     plots: bool = True
-    rule: str = "relaxed"  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
+    rule: SinkRule = SinkRule.relaxed  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
     eps: float = 0.5
-    ratio: str = "ratio_out"  # ratio_out | ratio_head
+    ratio: SinkRatio = SinkRatio.ratio_out
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
 
 
@@ -180,8 +201,8 @@ class ClusterConfig:
     `gpus_per_node` is 0); `train.batch_size` stays the global batch and `train.lr` its learning rate.
     """
 
-    name: str = "local"  # local | slurm
-    device: str = "auto"  # auto | cpu | cuda
+    name: ClusterName = ClusterName.local
+    device: Device = Device.auto
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -215,7 +236,7 @@ class EvalConfig:
     linear_last_blocks: list[int] = field(default_factory=lambda: [1, 4])
     linear_epochs: int = 10
     linear_batch_size: int = 256
-    dense_data: str | None = None  # after_train: ade20k | voc (default: the training data when it has masks)
+    dense_data: DataName | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
     dense_epochs: int = 10
     dense_lr: float = 1e-3
@@ -260,7 +281,7 @@ def config_dir() -> Path:
     """The `configs/` folder shipped with the repository."""
     path = Path(__file__).resolve().parent.parent / "configs"
     if not (path / "config.yaml").is_file():
-        raise FileNotFoundError(
+        raise InputNotFound(
             f"no Hydra configs at {path}: install vitsinks from its repository checkout (pip install -e .)"
         )
     return path
@@ -273,13 +294,75 @@ def exp_names() -> list[str]:
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
     """Resolved plain-dict copy of a config."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True,  # type: ignore[return-value]
+                                  enum_to_str=True)
 
 
 def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose the config from Python, exactly as the command line would (used by tests and notebooks)."""
+    """Compose the config from Python, exactly as the command line would (used by tests and notebooks), and
+    check its numbers (`check_config`)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides or []))
+        cfg = compose(config_name="config", overrides=list(overrides or []))
+    check_config(cfg)
+    return cfg
+
+
+# (field, lowest allowed, lower bound inclusive); None values mean "the default" and are not checked.
+RANGES: tuple[tuple[str, float, bool], ...] = (
+    ("train.epochs", 1, True), ("train.max_steps", 1, True), ("train.batch_size", 1, True), ("train.lr", 0, False),
+    ("train.weight_decay", 0, True), ("train.warmup_epochs", 0, True), ("train.min_lr_ratio", 0, True),
+    ("train.grad_clip", 0, True), ("train.log_every", 1, True), ("train.ckpt_every", 1, True),
+    ("model.img_size", 1, True), ("model.patch_size", 1, True), ("model.embed_dim", 1, True),
+    ("model.depth", 1, True), ("model.num_heads", 1, True), ("model.mlp_ratio", 0, False),
+    ("model.registers", 0, True), ("model.drop_path", 0, True), ("model.global_pathway.state_dim", 1, True),
+    ("data.num_classes", 0, True), ("data.image_size", 1, True), ("data.train_size", 1, True),
+    ("data.val_size", 1, True), ("data.num_workers", 0, True), ("data.patch_size", 1, True),
+    ("views.n_global", 1, True), ("views.global_size", 1, True), ("views.n_local", 0, True),
+    ("views.local_size", 1, True), ("objective.lamb", 0, True), ("objective.cm_penalty", 0, True),
+    ("objective.cm_skip_blocks", 0, True), ("diagnostics.n_images", 1, True), ("diagnostics.eps", 0, False),
+    ("intervene.n_images", 2, True), ("intervene.heldout_images", 0, True), ("intervene.batch_size", 2, True),
+    ("intervene.nshards", 1, True), ("intervene.shard", 0, True), ("eval.batch_size", 1, True),
+    ("eval.max_train_images", 1, True), ("eval.max_val_images", 1, True), ("eval.linear_epochs", 1, True),
+    ("eval.linear_batch_size", 1, True), ("eval.dense_epochs", 1, True), ("eval.dense_batch_size", 1, True),
+    ("eval.dense_lr", 0, False), ("cluster.nodes", 1, True), ("cluster.gpus_per_node", 0, True),
+    ("cluster.tasks_per_node", 1, True), ("cluster.cpus_per_task", 1, True), ("cluster.time_min", 1, True),
+)
+UPPER = {"train.min_lr_ratio": 1, "model.drop_path": 0.999, "objective.lamb": 1, "diagnostics.eps": 0.5}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Numbers out of range and sizes that do not fit, checked once after composition: `ConfigError` naming the
+    field, its value and what is allowed (the closed sets are enums, checked by OmegaConf itself)."""
+    problems = []
+    for key, low, inclusive in RANGES:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        high = UPPER.get(key, math.inf)
+        if not math.isfinite(value) or value < low or (value == low and not inclusive) or value > high:
+            bound = f"{'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high < math.inf else "")
+            problems.append(f"{key}={value} (must be {bound})")
+    for key in ("eval.linear_lrs", "eval.linear_last_blocks"):
+        if any(not math.isfinite(v) or v <= 0 for v in OmegaConf.select(cfg, key, default=[]) or []):
+            problems.append(f"{key}={list(OmegaConf.select(cfg, key))} (every entry must be > 0)")
+    m = cfg.model
+    from vitsinks.models.vit import SIZES
+
+    if m.size not in SIZES:
+        problems.append(f"model.size={m.size} (choose one of {', '.join(sorted(SIZES))})")
+    else:
+        spec = SIZES[m.size]
+        img, patch = m.img_size or spec.img_size, m.patch_size or spec.patch_size
+        dim, heads = m.embed_dim or spec.embed_dim, m.num_heads or spec.num_heads
+        if img > 0 and patch > 0 and img % patch:
+            problems.append(f"model.img_size={img} is not a multiple of model.patch_size={patch}")
+        if dim > 0 and heads > 0 and dim % heads:
+            problems.append(f"model.embed_dim={dim} is not divisible by model.num_heads={heads}")
+    st = cfg.intervene
+    if st.shard is not None and st.nshards is not None and st.shard >= st.nshards:
+        problems.append(f"intervene.shard={st.shard} (must be < intervene.nshards={st.nshards})")
+    if problems:
+        raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))

@@ -63,6 +63,11 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def rank_world() -> tuple[int, int]:
+    """(this process's rank, number of ranks): (0, 1) outside a process group."""
+    return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+
+
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over ranks (identity in one process); not differentiable."""
     if is_distributed():

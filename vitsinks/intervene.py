@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks import checkpoint as ckpt
-from vitsinks.config import config_dir, register_configs, to_container
+from vitsinks import files
+from vitsinks.checkpoint import backbone_from_state
+from vitsinks.cli import data_overrides, hydra_command, pick_data
+from vitsinks.config import to_container
 from vitsinks.data import build_dataset
-from vitsinks.diagnose import backbone_from_state, data_overridden
 from vitsinks.diagnostics import dataset_items, images_of
+from vitsinks.errors import InputNotFound
 from vitsinks.interventions import Rules, classifier_from_state, from_vit, intervene, report
-from vitsinks.interventions.edits import EditCheckFailed
 from vitsinks.models import model_from_config
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
@@ -65,19 +65,19 @@ def output_dir(cfg: DictConfig) -> Path:
     return Path(cfg.runs_dir) / "interventions" / _model_name(cfg)
 
 
-def _source(cfg: DictConfig, data_given: bool) -> dict[str, Any]:
+def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
     """The model to edit, its classifier, data, image size, seed and (for a checkpoint) reusable diagnostics."""
     path = checkpoint_path(cfg)
     if path is not None:
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run
+            raise InputNotFound(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run
                                                                      else ""))
         state = ckpt.load(path)
         model, ccfg = backbone_from_state(state, path)
         head = classifier_from_state(state["model"])
         npz = path.parent.parent / "diagnostics" / path.stem / "per_image.npz"
-        reusable = not data_given and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
-        return {"model": model, "head": head, "data": cfg.data if data_given else ccfg.data,
+        reusable = not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
+        return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
                 "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{path.parent.parent.name}/{path.stem}",
                 "npz": npz if reusable else None,
                 "id": f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"}
@@ -97,11 +97,11 @@ def _stage1(npz: Path | None, n: int) -> dict[str, np.ndarray] | None:
     return {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
 
 
-def run(cfg: DictConfig, data_given: bool = False) -> tuple[dict[str, Any], Path]:
+def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str, Any], Path]:
     """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
     (the summary or the shard's metadata, the output folder)."""
     st = cfg.intervene
-    src = _source(cfg, data_given)
+    src = _source(cfg, data_keys)
     out = output_dir(cfg)
     items = dataset_items(build_dataset(src["data"], "val", src["seed"]), 0, st.n_images + st.heldout_images)
     x, _ = images_of(items, src["size"])
@@ -125,82 +125,59 @@ def run(cfg: DictConfig, data_given: bool = False) -> tuple[dict[str, Any], Path
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
     config = OmegaConf.to_yaml(cfg, resolve=True)
     if st.nshards > 1:
-        (report.write_shard(out, st.shard, st.nshards, res.rows, meta) / "config.yaml").write_text(config)
+        files.write_text(report.write_shard(out, st.shard, st.nshards, res.rows, meta) / "config.yaml", config)
         return meta, out
     summary = report.write_outputs(out, res.rows, meta)
-    (out / "config.yaml").write_text(config)
+    files.write_text(out / "config.yaml", config)
     return summary, out
 
 
-def shard_job(config: dict[str, Any], data_given: bool = False) -> str:
+def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> str:
     """What one SLURM array task runs: one shard."""
-    run(OmegaConf.create(config), data_given)
+    run(OmegaConf.create(config), data_keys)
     return f"shard {config['intervene']['shard']} of {config['intervene']['nshards']} done"
 
 
-def submit_shards(cfg: DictConfig, data_given: bool) -> Path:
+def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
     from vitsinks import slurm
 
     slurm.check_submittable(cfg)
     path = checkpoint_path(cfg)
     if path is not None and not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} not found")
+        raise InputNotFound(f"checkpoint {path} not found")
     out = output_dir(cfg)
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
-    jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_given=data_given))
+    jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))
     (out / "shards").mkdir(parents=True, exist_ok=True)
-    (out / "shards" / "array.json").write_text(json.dumps({"job_ids": [j.job_id for j in jobs]}, indent=1))
+    files.write_text(out / "shards" / "array.json", json.dumps({"job_ids": [j.job_id for j in jobs]}, indent=1))
     print(f"submitted SLURM job array {jobs[0].job_id.split('_')[0]} ({len(jobs)} shards); when it has finished:\n"
           f"  python -m vitsinks.intervene merge={out}")
     return out
 
 
 def main(cfg: DictConfig) -> None:
-    try:
-        st = cfg.intervene
-        if st.merge:
-            summary = report.merge(Path(st.merge))
-            print(report.to_markdown(summary))
-            print(f"outputs in {st.merge}")
-            return
-        overridden = data_overridden()
-        if cfg.cluster.name == "slurm" and st.nshards > 1:
-            submit_shards(cfg, overridden)
-            return
-        result, out = run(cfg, overridden)
-        if st.nshards > 1:
-            print(f"shard {st.shard} of {st.nshards} written to {out / 'shards'}; when every shard is done: "
-                  f"python -m vitsinks.intervene merge={out}")
-        else:
-            print(report.to_markdown(result))
-            print(f"outputs in {out}")
-    except EditCheckFailed as err:
-        print(f"error: built-in check failed: {err}", file=sys.stderr)
-        sys.exit(3)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    st = cfg.intervene
+    if st.merge:
+        summary = report.merge(Path(st.merge))
+        print(report.to_markdown(summary))
+        print(f"outputs in {st.merge}")
+        return
+    overridden = data_overrides()
+    if cfg.cluster.name == "slurm" and st.nshards > 1:
+        submit_shards(cfg, overridden)
+        return
+    result, out = run(cfg, overridden)
+    if st.nshards > 1:
+        print(f"shard {st.shard} of {st.nshards} written to {out / 'shards'}; when every shard is done: "
+              f"python -m vitsinks.intervene merge={out}")
+    else:
+        print(report.to_markdown(result))
+        print(f"outputs in {out}")
 
 
-def _alias_argv(argv: list[str]) -> list[str]:
-    """`n_images=`, `heads=`, `edits=`, `shard=`, ... are short for `intervene.<key>=`; a single head or edit needs
-    no brackets."""
-    out = []
-    for a in argv:
-        m = re.match(rf"^({'|'.join(ALIASES)})=(.*)$", a)
-        if m:
-            key, value = m.groups()
-            if key in ("heads", "edits") and not value.startswith("["):
-                value = f"[{value}]"
-            a = f"intervene.{key}={value}"
-        out.append(a)
-    return out
-
-
-register_configs()
-hydra_main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(main)
+# `n_images=`, `heads=`, `edits=`, `shard=`, ... are short for `intervene.<key>=`; one head or edit needs no brackets
+cli = hydra_command(main, aliases={k: f"intervene.{k}" for k in ALIASES}, lists=("heads", "edits"))
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *_alias_argv(sys.argv[1:])]
-    hydra_main()
+    cli()

@@ -8,25 +8,21 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from vitsinks import sweep as sw
-from vitsinks.checkpoint import CheckpointMismatch
-from vitsinks.config import config_dir, load_config, register_configs
-from vitsinks.data import BadImage
+from vitsinks.cli import compose, guarded, hydra_command
+from vitsinks.config import exp_names, to_container
+from vitsinks.errors import ConfigError, UserError
 from vitsinks.models import run_variant
-from vitsinks.train import NonFiniteLoss, Trainer
+from vitsinks.train import Trainer
 
 log = logging.getLogger("vitsinks")
-
-# Errors that mean "the input is wrong", not "vitsinks is broken": one readable line, non-zero exit.
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointMismatch, NonFiniteLoss, BadImage, ValueError)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -45,17 +41,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         summary["after_train"] = after_train(cfg, trainer.run_dir)
     if trainer.dist.is_main:
         val = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("val/"))
-        print(f"{summary['status']} at step {summary['step']}: loss {summary.get('loss', float('nan')):.4f}"
+        loss = summary.get("loss")
+        print(f"{summary['status']} at step {summary['step']}"
+              + (f": loss {loss:.4f}" if loss is not None else " (nothing left to train)")
               + (f", {val}" if val else ""))
         print(f"outputs: {trainer.run_dir}/config.yaml, metrics.jsonl, checkpoints/, diagnostics/")
         print(f"next: python -m vitsinks.diagnose run={trainer.run_dir}  (sinks over training); relaunch the same "
-              f"command to resume or extend (train.epochs=...); other variants: exp=base|gate|reg|gate+reg")
+              f"command to resume or extend (train.epochs=...); other variants: exp={'|'.join(exp_names())}")
     return summary
 
 
 def _absolute(cfg: DictConfig) -> DictConfig:
-    """Run directories as absolute paths (a SLURM job does not start where it was submitted)."""
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    """A plain resolved copy with an absolute runs_dir (a SLURM job does not start where it was submitted)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(to_container(cfg))
     cfg.runs_dir = str(Path(cfg.runs_dir).resolve())
     return cfg
 
@@ -70,50 +70,42 @@ def submit_one(cfg: DictConfig) -> None:
     print(f"logs: {job.paths.stdout}, {job.paths.stderr}")
 
 
-def main(cfg: DictConfig) -> None:
-    try:
-        if cfg.cluster.name == "slurm":
-            submit_one(cfg)
-        else:
-            run(cfg)
-    except USER_ERRORS as err:
-        _fail(err)
-
-
-def _fail(err: BaseException) -> None:
-    if os.environ.get("VITSINKS_TRACEBACK"):
-        raise err
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(1)
+def single(cfg: DictConfig) -> None:
+    """One run: here, or submitted as one SLURM job."""
+    if cfg.cluster.name == "slurm":
+        submit_one(cfg)
+    else:
+        run(cfg)
 
 
 def multirun(overrides: list[str]) -> int:
     """Expand the sweep, skip finished runs, then run the rest here in turn or submit them as one job array."""
     combos = sw.expand(overrides)
-    cfgs = [_absolute(load_config(o)) for o in combos]
+    cfgs = [_absolute(compose(o)) for o in combos]
     if len({c.cluster.name for c in cfgs}) != 1:
-        raise ValueError("a sweep cannot mix clusters: give cluster=... once, not as a sweep")
+        raise ConfigError("a sweep cannot mix clusters: give cluster=... once, not as a sweep")
+    sw.name_runs(combos, cfgs)
     folder = sw.sweep_dir(cfgs[0].runs_dir, overrides)
-    entries = [sw.entry(i, o, c) for i, (o, c) in enumerate(zip(combos, cfgs, strict=True))]
-    todo = [i for i, e in enumerate(entries) if not sw.is_finished(Path(e["run_dir"]))]
-    for i, e in enumerate(entries):
-        e["cluster"] = cfgs[0].cluster.name
-        e["job_id"] = None
-        e["state"] = "pending" if i in todo else "finished (not relaunched)"
-    meta = {"command": "python -m vitsinks.launch -m " + " ".join(overrides), "sweep_dir": str(folder)}
     manifest = folder / "sweep.json"
+    old = sw.read_manifest(manifest) if manifest.is_file() else None
+    entries = [sw.entry(i, o, c) for i, (o, c) in enumerate(zip(combos, cfgs, strict=True))]
+    todo = [i for i, c in enumerate(cfgs) if not sw.is_finished(Path(entries[i]["run_dir"]), c)]
+    meta = sw.carry_over(old, entries, todo, cfgs[0].cluster.name)
+    meta["command"] = "python -m vitsinks.launch -m " + " ".join(overrides)
+    meta["sweep_dir"] = str(folder)
     failed = 0
-    if cfgs[0].cluster.name == "slurm" and todo:
+    if cfgs[0].cluster.name == "slurm":
         from vitsinks import slurm
 
-        slurm.check_submittable(cfgs[todo[0]])
-        jobs = slurm.submit([cfgs[i] for i in todo], folder / "slurm")
-        for i, job in zip(todo, jobs, strict=True):
-            entries[i].update(job_id=job.job_id, state="submitted", stdout=str(job.paths.stdout),
-                              stderr=str(job.paths.stderr))
-        meta["array_job_id"] = jobs[0].job_id.split("_")[0]
+        slurm.check_submittable(cfgs[todo[0] if todo else 0])
+        if todo:
+            jobs = slurm.submit([cfgs[i] for i in todo], folder / "slurm", name=f"vitsinks-{folder.name}")
+            for i, job in zip(todo, jobs, strict=True):
+                entries[i].update(job_id=job.job_id, state="submitted", stdout=str(job.paths.stdout),
+                                  stderr=str(job.paths.stderr))
+            meta["array_job_id"] = jobs[0].job_id.split("_")[0]
+            print(f"submitted {len(jobs)} runs as SLURM job array {meta['array_job_id']}")
         sw.write_manifest(manifest, entries, **meta)
-        print(f"submitted {len(jobs)} runs as SLURM job array {meta['array_job_id']}")
     else:
         sw.write_manifest(manifest, entries, **meta)
         for i in todo:
@@ -121,8 +113,9 @@ def multirun(overrides: list[str]) -> int:
             sw.write_manifest(manifest, entries, **meta)
             try:
                 entries[i]["state"] = run(cfgs[i])["status"]
-            except USER_ERRORS as err:
-                entries[i]["state"] = f"failed: {err}"
+            except UserError as err:  # this run's input is wrong: say so and go on with the others
+                entries[i]["state"] = f"failed: {' '.join(str(err).split())}"
+                print(f"error: {entries[i]['name']}: {entries[i]['state'][8:]}", file=sys.stderr)
                 failed += 1
             sw.write_manifest(manifest, entries, **meta)
     print(sw.table(entries, ["index", "job_id", "state", "run_dir"]))
@@ -131,7 +124,7 @@ def multirun(overrides: list[str]) -> int:
 
 
 def status(sweep: str) -> int:
-    """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures."""
+    """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures. Exit 1 if any failed."""
     from vitsinks import slurm
 
     manifest = sw.read_manifest(sweep)
@@ -139,37 +132,39 @@ def status(sweep: str) -> int:
     rows, failures = [], []
     for e in manifest["runs"]:
         state = sw.run_state(Path(e["run_dir"]))
-        slurm_state = slurm.job_state(e["job_id"], folder) if e.get("job_id") else "-"
+        slurm_state = slurm.job_state(e["job_id"], folder, state) if e.get("job_id") else "-"
         loss = state.get("last_loss")
         rows.append({**e, "slurm": slurm_state, "run": state["status"],
                      "step": f"{state['step']}/{state.get('total_steps', '?')}",
                      "loss": f"{loss:.4f}" if loss is not None else "-"})
-        if slurm_state in ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL") or \
-                state["status"] == "failed":
-            failures.append((e, slurm.log_tail(e["job_id"], folder) if e.get("job_id") else state.get("error", "")))
+        if slurm_state in slurm.FAILED_STATES or state["status"] == "failed" or \
+                str(e.get("state", "")).startswith("failed"):
+            failures.append((e, slurm.log_tail(e["job_id"], folder) if e.get("job_id") else
+                             state.get("error") or e.get("state", "")))
     print(sw.table(rows, ["index", "name", "job_id", "slurm", "run", "step", "loss"]))
     for e, tail in failures:
         print(f"\n--- {e['name']} ({e.get('job_id') or 'local'}) failed; last log lines:\n{tail}")
-    return 0
+    return 1 if failures else 0
 
 
-register_configs()
-hydra_main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(main)
+def status_command(args: Sequence[str]) -> int:
+    from vitsinks.cli import parse_args
+
+    usage = "python -m vitsinks.launch status sweep=<sweep folder>"
+    parsed = parse_args(args, {"sweep": None}, usage)
+    if not parsed.sweep:
+        raise ConfigError(f"no sweep given; usage: {usage}")
+    return status(parsed.sweep)
 
 
-def cli(argv: list[str]) -> None:
+def cli(argv: Sequence[str]) -> None:
     """Dispatch: `status`, `-m` sweeps (expanded here, so that SLURM gets one array), or one Hydra run."""
-    try:
-        if argv and argv[0] == "status":
-            args = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
-            if "sweep" not in args:
-                raise ValueError("usage: python -m vitsinks.launch status sweep=<sweep folder>")
-            sys.exit(status(args["sweep"]))
-        if "-m" in argv or "--multirun" in argv:
-            sys.exit(multirun([a for a in argv if a not in ("-m", "--multirun")]))
-    except USER_ERRORS as err:
-        _fail(err)
-    hydra_main()
+    argv = list(argv)
+    if argv and argv[0] == "status":
+        sys.exit(guarded(status_command, argv[1:]))
+    if "-m" in argv or "--multirun" in argv:
+        sys.exit(guarded(multirun, [a for a in argv if a not in ("-m", "--multirun")]))
+    hydra_command(single)(argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import csv
 import html
 import json
 import math
-import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ import matplotlib
 import numpy as np
 import yaml
 from omegaconf import OmegaConf
+
+from vitsinks import files
+from vitsinks.cli import parse_args, run_command
+from vitsinks.errors import BadValue, ConfigError, InputNotFound
+from vitsinks.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -74,10 +80,10 @@ def run_dirs(source: str | Path) -> list[Path]:
     if src.name == "sweep.json" or (src / "sweep.json").is_file():
         return [Path(r["run_dir"]) for r in read_manifest(src)["runs"]]
     if not src.is_dir():
-        raise FileNotFoundError(f"runs={src} is neither a run folder nor a sweep")
+        raise InputNotFound(f"runs={src} is neither a run folder nor a sweep")
     found = sorted(p.parent for p in src.glob("*/config.yaml")) or ([src] if (src / "config.yaml").exists() else [])
     if not found:
-        raise FileNotFoundError(f"no run directories (with config.yaml) under {src}")
+        raise InputNotFound(f"no run directories (with config.yaml) under {src}")
     return found
 
 
@@ -295,10 +301,7 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     extra = massive.get_legend_handles_labels()
     axes[1].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper right")
     _profiles(axes[2], table)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _profiles(ax: plt.Axes, table: list[dict[str, Any]]) -> None:
@@ -330,8 +333,8 @@ def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboar
     table = aggregate(rows)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "leaderboard.md").write_text(f"# {title}\n\n" + to_markdown(table))
-    with (out / "leaderboard.csv").open("w", newline="") as f:
+    files.write_text(out / "leaderboard.md", f"# {title}\n\n" + to_markdown(table))
+    with files.atomic_open(out / "leaderboard.csv", newline="") as f:
         w = csv.writer(f)
         keys = [k for k, _ in QUALITY + MECHANISM]
         w.writerow(["variant", "seeds", "sink_at", *(f"{k}_{s}" for k in keys for s in ("mean", "std")),
@@ -340,33 +343,41 @@ def build(source: str | Path, out: str | Path, title: str = "vitsinks leaderboar
             w.writerow([t["variant"], t["seeds"], t["sink_at"],
                         *(f"{v:.4g}" if k.startswith("causal_") else f"{v:.4f}" for k in keys for v in t[k]),
                         " ".join(f"{v:.4f}" for v in t["profile"])])
-    with (out / "runs.csv").open("w", newline="") as f:
+    with files.atomic_open(out / "runs.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows([{**r, "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])
-    (out / "leaderboard.html").write_text(to_html(table, title))
+    files.write_text(out / "leaderboard.html", to_html(table, title))
     figure(table, out / "leaderboard.png")
     return table
 
 
-def main(argv: list[str]) -> int:
-    args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(args) - {"runs", "out", "title"}
-    if "runs" not in args or unknown:
-        print(f"usage: python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...]"
-              f"{' (unknown: ' + ', '.join(sorted(unknown)) + ')' if unknown else ''}", file=sys.stderr)
-        return 2
-    out = args.get("out") or str(Path(args["runs"]).parent / "leaderboard" if args["runs"].endswith(".json")
-                                 else Path(args["runs"]) / "leaderboard")
+@dataclass
+class LeaderboardArgs:
+    runs: str | None = None  # a folder of run directories, or a sweep folder / sweep.json
+    out: str | None = None  # default: <runs>/leaderboard (next to sweep.json for a manifest)
+    title: str = "vitsinks leaderboard"
+
+
+USAGE = "python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...]"
+
+
+def leaderboard_command(argv: Sequence[str]) -> int:
+    args = parse_args(argv, LeaderboardArgs, USAGE)
+    if not args.runs:
+        raise ConfigError(f"no runs given; usage: {USAGE}")
+    out = args.out or str(Path(args.runs).parent / "leaderboard" if args.runs.endswith(".json")
+                          else Path(args.runs) / "leaderboard")
     try:
-        table = build(args["runs"], out, args.get("title", "vitsinks leaderboard"))
-    except (FileNotFoundError, ValueError, yaml.YAMLError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        table = build(args.runs, out, args.title)
+    except yaml.YAMLError as err:
+        raise BadValue(f"a run's config.yaml does not parse ({err})") from err
     print(to_markdown(table))
     print(f"written: {out}/leaderboard.md, .csv, .html, .png")
     return 0
 
 
+main = run_command(leaderboard_command)
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()

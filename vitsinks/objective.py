@@ -13,6 +13,7 @@ from torch import nn
 
 from vitsinks.config import ObjectiveConfig
 from vitsinks.distributed import differentiable_sum, is_distributed
+from vitsinks.errors import BadValue
 from vitsinks.models import SinkBlock, SinkViT
 from vitsinks.models.pathway import CM_EPS
 
@@ -35,7 +36,7 @@ class LeJEPAObjective(nn.Module):
     def __init__(self, cfg: ObjectiveConfig, gather_distributed: bool = False) -> None:
         super().__init__()
         if not 0.0 <= cfg.lamb <= 1.0:
-            raise ValueError(f"objective.lamb must be in [0, 1], got {cfg.lamb}")
+            raise BadValue(f"objective.lamb must be in [0, 1], got {cfg.lamb}")
         self.lamb = cfg.lamb
         self.sigreg = SIGReg(knots=cfg.knots, num_vectors=cfg.slices, gather_distributed=gather_distributed)
 
@@ -86,9 +87,9 @@ class CommonModePenalty:
     def __init__(self, blocks: Iterable[SinkBlock], cfg: ObjectiveConfig) -> None:
         self.blocks = list(blocks)
         if cfg.cm_penalty < 0:
-            raise ValueError(f"objective.cm_penalty must be >= 0, got {cfg.cm_penalty}")
+            raise BadValue(f"objective.cm_penalty must be >= 0, got {cfg.cm_penalty}")
         if not 0 <= cfg.cm_skip_blocks < len(self.blocks):
-            raise ValueError(f"objective.cm_skip_blocks={cfg.cm_skip_blocks} leaves no block to penalise (the model "
+            raise BadValue(f"objective.cm_skip_blocks={cfg.cm_skip_blocks} leaves no block to penalise (the model "
                              f"has {len(self.blocks)}): use 0..{len(self.blocks) - 1}")
         self.lamb, self.skip = cfg.cm_penalty, cfg.cm_skip_blocks
         for blk in self.blocks:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,11 +17,12 @@ import submitit
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.config import to_container
+from vitsinks.errors import BadValue
 
 MIN_WORK_S = 60  # a job must be able to train at least this long before its time-limit signal
 
 
-class SubmissionError(ValueError):
+class SubmissionError(BadValue):
     """The job cannot be submitted as configured; nothing was submitted."""
 
 
@@ -58,15 +61,16 @@ def logs_dir(cfg: DictConfig) -> Path:
     return Path(cfg.cluster.logs_dir or Path(cfg.runs_dir) / "slurm_logs").resolve()
 
 
-def executor(cfg: DictConfig, folder: Path) -> submitit.AutoExecutor:
-    """A submitit executor with the job shape of `cfg.cluster` (one task per GPU)."""
+def executor(cfg: DictConfig, folder: Path, name: str | None = None) -> submitit.AutoExecutor:
+    """A submitit executor with the job shape of `cfg.cluster` (one task per GPU); `name`: the SLURM job name
+    (default `vitsinks-<exp>`)."""
     c = cfg.cluster
     ex = submitit.AutoExecutor(folder=str(folder / "%j"), cluster="slurm", slurm_max_num_timeout=c.max_requeues)
     tasks = c.gpus_per_node if c.gpus_per_node > 0 else c.tasks_per_node
     params: dict[str, Any] = {
-        "name": f"vitsinks-{cfg.exp}", "nodes": c.nodes, "tasks_per_node": tasks, "cpus_per_task": c.cpus_per_task,
-        "timeout_min": c.time_min, "slurm_signal_delay_s": c.signal_delay_s, "slurm_array_parallelism":
-        c.array_parallelism, "slurm_additional_parameters": dict(c.additional),
+        "name": name or f"vitsinks-{cfg.exp}", "nodes": c.nodes, "tasks_per_node": tasks,
+        "cpus_per_task": c.cpus_per_task, "timeout_min": c.time_min, "slurm_signal_delay_s": c.signal_delay_s,
+        "slurm_array_parallelism": c.array_parallelism, "slurm_additional_parameters": dict(c.additional),
     }
     if c.gpus_per_node > 0:
         params["gpus_per_node"] = c.gpus_per_node
@@ -123,11 +127,11 @@ class TrainJob(submitit.helpers.Checkpointable):
             cleanup()
 
 
-def submit(cfgs: list[DictConfig], folder: Path,
-           job: Callable[[dict[str, Any]], Any] | None = None) -> list[submitit.Job]:
+def submit(cfgs: list[DictConfig], folder: Path, job: Callable[[dict[str, Any]], Any] | None = None,
+           name: str | None = None) -> list[submitit.Job]:
     """One job for one config, one job array (`map_array`) for several; all configs share the cluster shape.
-    `job` is the callable each task runs on its config (default: training, `TrainJob`)."""
-    ex = executor(cfgs[0], folder)
+    `job` is the callable each task runs on its config (default: training, `TrainJob`); `name` the job name."""
+    ex = executor(cfgs[0], folder, name)
     configs = [to_container(c) for c in cfgs]
     fn = job or TrainJob()
     if len(configs) == 1:
@@ -135,12 +139,24 @@ def submit(cfgs: list[DictConfig], folder: Path,
     return ex.map_array(fn, configs)
 
 
-def job_state(job_id: str, folder: Path) -> str:
-    """SLURM state of a job (or array task) id, via submitit (sacct)."""
+FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+# what a run's own status.json says, in SLURM's words, for when SLURM no longer knows the job
+RUN_STATES = {"finished": "COMPLETED", "failed": "FAILED", "running": "RUNNING", "interrupted": "REQUEUED"}
+
+
+def job_state(job_id: str, folder: Path, run: dict[str, Any] | None = None) -> str:
+    """SLURM state of a job (or array task) id via submitit (sacct). When SLURM cannot tell (no accounting, the
+    job purged after MinJobAge), the run's own state (`sweep.run_state`) is reported, marked `(status.json)`."""
     try:
-        return submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id).state
+        with warnings.catch_warnings():  # submitit warns on every failed sacct call
+            warnings.simplefilter("ignore")
+            logging.getLogger("submitit").setLevel(logging.ERROR)
+            state = submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id).state
     except Exception:  # noqa: BLE001 - no sacct / job purged: report what we can
-        return "UNKNOWN"
+        state = "UNKNOWN"
+    if state.startswith("UNKNOWN") and run is not None and run.get("status") in RUN_STATES:
+        return f"{RUN_STATES[run['status']]} (status.json)"
+    return state
 
 
 def log_tail(job_id: str, folder: Path, lines: int = 15) -> str:

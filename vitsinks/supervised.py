@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -20,11 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitsinks.data import BadImage, SinkTask
+from vitsinks.data import SinkTask, read_item
 from vitsinks.data.views import eval_transform
+from vitsinks.errors import BadValue
 from vitsinks.models import SinkViT
-
-log = logging.getLogger(__name__)
 
 
 def residual_stream(backbone: SinkViT, images: torch.Tensor) -> torch.Tensor:
@@ -37,7 +35,7 @@ def embed_targets(backbone: SinkViT, target: torch.Tensor) -> torch.Tensor:
     patch embedding (a bias-free linear map, so embedding the target equals embedding the target image)."""
     proj = backbone.patch_embed.proj
     if proj.bias is not None or proj.weight.requires_grad:
-        raise ValueError("the sink tasks need model.patch_embed=orthonormal (a frozen, bias-free isometry), so that "
+        raise BadValue("the sink tasks need model.patch_embed=orthonormal (a frozen, bias-free isometry), so that "
                          "their targets can be embedded into the residual stream; use the data=sinktask_* preset")
     return target @ proj.weight.reshape(proj.weight.shape[0], -1).T.to(target.dtype)
 
@@ -89,14 +87,8 @@ class SupervisedSamples(Dataset):
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple | None:
-        try:
-            item = self.base[index]
-        except BadImage as err:
-            if self.on_bad_image == "error":
-                raise BadImage(f"{err} (set data.on_bad_image=skip to skip such files)") from err
-            log.warning("skipping %s", err)
-            return None
-        if self.dense:
+        item = read_item(self.base, index, self.on_bad_image)
+        if item is None or self.dense:
             return item
         img, label = item
         return self.transform(img), label

@@ -8,15 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vitsinks import files
 from vitsinks.config import WandbConfig
 
 
 def wandb_mode(cfg: WandbConfig) -> str:
     """Resolve `auto`: online only when an API key is configured (env or ~/.netrc), else offline."""
     if cfg.mode != "auto":
-        if cfg.mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.mode!r}")
-        return cfg.mode
+        return str(cfg.mode)
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):
@@ -40,10 +39,10 @@ class Tracker:
         if not active:
             return
         if resume_step == 0 or not self.path.exists():
-            self.path.write_text("")
+            files.write_text(self.path, "")
         else:  # drop lines logged after the checkpoint we resume from: they will be logged again
             lines = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in lines))
+            files.write_text(self.path, "".join(ln + "\n" for ln in lines))
         mode = wandb_mode(cfg)
         if mode != "disabled":
             import wandb

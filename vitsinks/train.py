@@ -6,8 +6,6 @@ The objective is LeJEPA (multi-crop views, the default) or `supervised` (the dat
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import time
 from collections.abc import Callable
@@ -18,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -26,17 +24,20 @@ from tqdm import tqdm
 from vitsinks import checkpoint as ckpt
 from vitsinks import supervised as sup
 from vitsinks.config import to_container
-from vitsinks.data import build_dataset, is_sink_task, num_classes
+from vitsinks.data import build_dataset, is_sink_task, loader_workers, num_classes, read_item
 from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
+from vitsinks.errors import ConfigError, NonFinite
 from vitsinks.models import model_from_config, run_variant
 from vitsinks.objective import CommonModePenalty, LeJEPAModel, LeJEPAObjective, LossTerms
+from vitsinks.optim import build_optimizer
+from vitsinks.rundir import RunDir
 from vitsinks.tracking import Tracker
 
 
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+class NonFiniteLoss(NonFinite):
+    """The loss (or the weights) became NaN or infinite; the last good checkpoint is kept."""
 
 
 @dataclass
@@ -48,39 +49,10 @@ class Progress:
     step: int = 0
 
 
-class WarmupCosine:
-    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`."""
-
-    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
-        self.warmup, self.total, self.min_ratio = warmup, max(total, 1), min_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the LeJEPA online
-    probe apart with its own learning rate; frozen parameters left out."""
-    decay, no_decay, probe = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name.startswith("probe."):
-            probe.append(p)
-            continue
-        skip = p.ndim < 2 or name.removeprefix("backbone.") in ("cls_token", "reg_token", "pos_embed")
-        (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "lr": lr, "weight_decay": wd}, {"params": no_decay, "lr": lr, "weight_decay": 0.0}]
-    return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
 
 
 class Trainer:
@@ -90,26 +62,26 @@ class Trainer:
         self.cfg = cfg
         self.dist = dist_info or init_distributed(cfg.cluster.device)
         self.device = self.dist.device
-        self.run_dir = Path(cfg.runs_dir) / cfg.name
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        self.bf16 = self._resolve_precision(cfg.train.precision)
+        self.rundir = RunDir(Path(cfg.runs_dir) / cfg.name, self.dist.is_main)
+        self.run_dir, self.ckpt_dir = self.rundir.path, self.rundir.ckpt_dir
+        if cfg.train.precision == "bf16" and self.device.type != "cuda":
+            raise ConfigError("train.precision=bf16 needs CUDA (bf16 autocast runs on GPUs only): use auto or fp32")
+        self.bf16 = self.device.type == "cuda" and cfg.train.precision in ("auto", "bf16")
         seed_everything(cfg.seed + self.dist.rank)
 
         self.supervised = cfg.objective.name == "supervised"
-        if cfg.objective.name not in ("lejepa", "supervised"):
-            raise ValueError(f"unknown objective.name {cfg.objective.name!r}: use objective=lejepa or "
-                             "objective=supervised")
         if is_sink_task(cfg.data.name) and not self.supervised:
-            raise ValueError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
-                             "with objective=supervised")
+            raise ConfigError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
+                              "with objective=supervised")
         base = build_dataset(cfg.data, "train", cfg.seed)
         self.val_set = build_dataset(cfg.data, "val", cfg.seed)
         self.num_classes = num_classes(base)
+        policy = cfg.data.on_bad_image
         if self.supervised:
-            self.train_set = sup.SupervisedSamples(base, cfg.views.global_size, cfg.data.on_bad_image)
-            self.val_samples = sup.SupervisedSamples(self.val_set, cfg.views.global_size, cfg.data.on_bad_image)
+            self.train_set = sup.SupervisedSamples(base, cfg.views.global_size, policy)
+            self.val_samples = sup.SupervisedSamples(self.val_set, cfg.views.global_size, policy)
         else:
-            self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, cfg.data.on_bad_image)
+            self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, policy)
         self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
         self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
         if cfg.train.max_steps:
@@ -123,11 +95,8 @@ class Trainer:
             self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
         sync_batchnorm(self.model, self.device)
         self.cm_penalty = CommonModePenalty(backbone.blocks, cfg.objective) if cfg.objective.cm_penalty else None
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, cfg.train.lr, cfg.train.weight_decay, cfg.objective.probe_lr))
-        warmup = round(cfg.train.warmup_epochs * self.sampler.batches_per_epoch)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, WarmupCosine(warmup, self.total_steps, cfg.train.min_lr_ratio))
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.sampler.batches_per_epoch,
+                                                         self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # bf16 needs no loss scaling
         self.net: torch.nn.Module = self.model
         if self.dist.world > 1:
@@ -140,13 +109,6 @@ class Trainer:
         self._stop_signal = False  # this rank's request
         self._saved_step = -1
         self._diag_images: tuple[torch.Tensor, np.ndarray] | None = None
-
-    def _resolve_precision(self, precision: str) -> bool:
-        if precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"train.precision must be auto, bf16 or fp32, got {precision!r}")
-        if precision == "bf16" and self.device.type != "cuda":
-            raise ValueError("train.precision=bf16 needs CUDA (bf16 autocast runs on GPUs only): use auto or fp32")
-        return self.device.type == "cuda" and precision in ("auto", "bf16")
 
     # ---- state -------------------------------------------------------------------------------------------------
 
@@ -163,16 +125,18 @@ class Trainer:
         }
 
     def save(self, periodic: bool = False) -> Path:
-        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically, on rank 0."""
-        last = self.ckpt_dir / "last.pt"
-        if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not last.exists()):
-            state = self.state_dict()
-            ckpt.atomic_save(state, last)
-            if periodic and self.cfg.train.keep_periodic:
-                ckpt.atomic_save(state, self.ckpt_dir / f"step_{self.progress.step:07d}.pt")
+        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then diagnose it. Weights
+        that are not finite are never written: `NonFiniteLoss` naming the last good checkpoint."""
+        if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not self.rundir.last.exists()):
+            try:
+                self.rundir.save(self.state_dict(), self.progress.step, periodic and self.cfg.train.keep_periodic)
+            except NonFinite as err:
+                raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
+                                    f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
+                                    f"to resume from it.") from err
             self._saved_step = self.progress.step
             self._diagnose()
-        return last
+        return self.rundir.last
 
     def _diagnose(self) -> None:
         """Sink diagnostics of the current weights into `<run>/diagnostics/step_XXXXXXX/` (rank 0, once a step)."""
@@ -181,31 +145,32 @@ class Trainer:
         if not d.enabled or (out / "summary.json").exists():
             return
         if self._diag_images is None:
-            self._diag_images = fixed_images(self.val_set, d.n_images, self.cfg.views.global_size)
+            self._diag_images = fixed_images(self.val_set, d.n_images, self.cfg.views.global_size,
+                                             self.cfg.data.on_bad_image)
         run_diagnostics(self.model.backbone, *self._diag_images, out, d)
 
     def resume(self) -> bool:
-        """Restore everything from `last.pt` if the run directory has one; refuse a checkpoint of another model."""
-        last = self.ckpt_dir / "last.pt"
-        if not last.exists():
+        """Restore everything from the newest usable checkpoint (`last.pt`, else the newest `step_*.pt`); refuse a
+        checkpoint of another model or data."""
+        found = self.rundir.resume_state()
+        if found is None:
             return False
-        state = ckpt.load(last)
-        ckpt.check_compatible(state["config"]["model"], to_container(self.cfg)["model"], last)
+        path, state = found
+        ckpt.check_compatible(state["config"], to_container(self.cfg), path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
+        self._saved_step = self.progress.step
         rng = state["rng"]
         if self.dist.rank:  # per-rank streams: offset the saved rank-0 state deterministically
             rng = {**rng, "torch": torch.Generator().manual_seed(
                 sample_seed(self.cfg.seed, self.progress.step, self.dist.rank)).get_state()}
         ckpt.set_rng_state(rng)
-        if self.dist.is_main:
-            print(f"resuming from {last} at step {self.progress.step}", flush=True)
         return True
 
-    # ---- loop --------------------------------------------------------------------------------------------------
+    # ---- one step ----------------------------------------------------------------------------------------------
 
     def _loader(self, epoch: int) -> DataLoader:
         self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
@@ -213,7 +178,8 @@ class Trainer:
         return DataLoader(
             self.train_set, batch_size=self.sampler.local, sampler=self.sampler,
             collate_fn=sup.collate_supervised if self.supervised else collate_views,
-            num_workers=self.cfg.data.num_workers, drop_last=True, pin_memory=self.device.type == "cuda",
+            num_workers=loader_workers(self.cfg.data.num_workers), drop_last=True,
+            pin_memory=self.device.type == "cuda",
             generator=torch.Generator().manual_seed(sample_seed(self.cfg.seed, epoch, 1)),  # keeps global RNG intact
         )
 
@@ -259,9 +225,8 @@ class Trainer:
         if flags[0].item() > 0:
             parts = " ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
             raise NonFiniteLoss(
-                f"non-finite loss at step {self.progress.step + 1}: {parts}. Training stopped; "
-                f"{self.ckpt_dir / 'last.pt'} is the last good checkpoint. Lower train.lr (LeJEPA: or raise "
-                f"objective.lamb) and relaunch to resume from it."
+                f"non-finite loss at step {self.progress.step + 1}: {parts}. Training stopped; {self.rundir.latest()}."
+                f" Lower train.lr (LeJEPA: or raise objective.lamb) and relaunch to resume from it."
             )
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -272,6 +237,8 @@ class Trainer:
         self.scheduler.step()
         return {k: v.detach() for k, v in terms.items()}
 
+    # ---- validation and logging --------------------------------------------------------------------------------
+
     def validate(self) -> dict[str, float]:
         """Validation metrics: `val/probe_acc` (LeJEPA's online probe), `val/top1` or `val/rel_error`."""
         if self.supervised:
@@ -280,26 +247,39 @@ class Trainer:
 
     @torch.no_grad()
     def probe_accuracy(self, max_images: int = 2048) -> float:
-        """Top-1 of the online probe on (up to `max_images` of) the validation split, centre view."""
+        """Top-1 of the online probe on (up to `max_images` of) the validation split, centre view; unreadable
+        images are skipped under `data.on_bad_image=skip`."""
         self.model.eval()
         tf = eval_transform(self.cfg.views.global_size)
         n = min(len(self.val_set), max_images)
-        correct = 0
+        correct = total = 0
         for lo in range(0, n, 256):
-            items = [self.val_set[i] for i in range(lo, min(n, lo + 256))]
+            items = [it for i in range(lo, min(n, lo + 256))
+                     if (it := read_item(self.val_set, i, self.cfg.data.on_bad_image)) is not None]
+            if not items:
+                continue
             x = torch.stack([tf(img) for img, _ in items]).to(self.device)
             y = torch.tensor([label for _, label in items], device=self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 logits = self.model.probe(self.model.backbone(x))
             correct += int((logits.argmax(-1) == y).sum())
-        return correct / max(n, 1)
+            total += len(items)
+        return correct / max(total, 1)
 
-    def _write_status(self, status: str, **extra: Any) -> None:
-        """`<run>/status.json`: running | finished | interrupted | failed, with the step (read by sweeps)."""
-        if self.dist.is_main and self.run_dir.is_dir():
-            info = {"status": status, "step": self.progress.step, "total_steps": self.total_steps,
-                    "world_size": self.dist.world, "variant": run_variant(self.cfg), **extra}
-            (self.run_dir / "status.json").write_text(json.dumps(info, indent=1))
+    def _log_step(self, tracker: Tracker, terms: dict[str, torch.Tensor], t0: float, bad_local: int,
+                  bar: tqdm) -> dict[str, Any]:
+        """Means of the step's terms over the global batch, the lr, throughput and unreadable images: to the
+        tracker and the progress bar."""
+        p = self.progress
+        parts = (all_reduce_sum(torch.stack(list(terms.values())).float()) / self.dist.world).tolist()
+        metrics = {"epoch": p.epoch, **dict(zip(terms, parts, strict=True)), "lr": self.scheduler.get_last_lr()[0],
+                   "img_per_s": self.cfg.train.batch_size / (time.perf_counter() - t0),
+                   "bad_images": int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item())}
+        tracker.log(metrics, p.step)
+        acc = metrics.get("probe_acc", metrics.get("acc"))
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}",
+                        **({} if acc is None else {"acc": f"{acc:.2f}"}))
+        return metrics
 
     def request_stop(self) -> None:
         """Stop after the current step with a checkpoint (preemption). Safe from a signal handler: with several
@@ -308,44 +288,43 @@ class Trainer:
         if self.dist.world == 1:
             self.stop_requested = True
 
+    def _write_status(self, status: str, **extra: Any) -> None:
+        self.rundir.write_status(status, step=self.progress.step, total_steps=self.total_steps,
+                                 world_size=self.dist.world, variant=run_variant(self.cfg), **extra)
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+
     def fit(self, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
-        """Train to the end (resuming from `last.pt` if present). Returns a summary dict."""
+        """Train to the end (resuming from the newest checkpoint if any). Returns a summary dict."""
+        self.rundir.lock()
+        try:
+            return self._fit(on_step)
+        finally:
+            self.rundir.unlock()
+
+    def _fit(self, on_step: Callable[[Trainer], None] | None) -> dict[str, Any]:
         self.resume()
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        self.rundir.start(self.cfg)
         self._write_status("running")
         tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
                           active=self.dist.is_main, resume_step=self.progress.step)
         cfg, p = self.cfg.train, self.progress
         bar = tqdm(total=self.total_steps, initial=p.step, disable=not self.dist.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True)
-        status, bad_local, last_metrics = "finished", 0, {}
+        status, bad_local, last_metrics = "finished", 0, last_logged(self.run_dir, p.step)
         try:
             while p.step < self.total_steps and not self.stop_requested:
                 for views, labels, n_bad in self._loader(p.epoch):
                     bad_local += n_bad  # this rank's; summed over ranks when logged
+                    p.batch += 1
                     if not views:
-                        p.batch += 1
                         continue
                     t0 = time.perf_counter()
                     terms = self.train_step(views, labels)
-                    p.batch += 1
                     p.step += 1
                     bar.update(1)
                     if p.step % cfg.log_every == 0 or p.step == self.total_steps:
-                        parts = torch.stack(list(terms.values())).float()
-                        parts = (all_reduce_sum(parts) / self.dist.world).tolist()  # means over the global batch
-                        last_metrics = {
-                            "epoch": p.epoch, **dict(zip(terms, parts, strict=True)),
-                            "lr": self.scheduler.get_last_lr()[0],
-                            "img_per_s": cfg.batch_size / (time.perf_counter() - t0),
-                            "bad_images": int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item()),
-                        }
-                        tracker.log(last_metrics, p.step)
-                        acc = last_metrics.get("probe_acc", last_metrics.get("acc"))
-                        bar.set_postfix(loss=f"{last_metrics['loss']:.4f}", img_s=f"{last_metrics['img_per_s']:.0f}",
-                                        **({} if acc is None else {"acc": f"{acc:.2f}"}))
+                        last_metrics = self._log_step(tracker, terms, t0, bad_local, bar)
                     if p.step % cfg.ckpt_every == 0:
                         self.save(periodic=True)
                     if on_step is not None:
@@ -373,3 +352,11 @@ class Trainer:
         bad_images = int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item())
         return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": bad_images,
                 **last_metrics}
+
+
+def last_logged(run_dir: Path, step: int) -> dict[str, Any]:
+    """The last metrics line logged at or before `step` with a loss (what a relaunch of a finished run reports)."""
+    from vitsinks.tracking import read_metrics
+
+    lines = [m for m in read_metrics(run_dir) if "loss" in m and m["step"] <= step]
+    return {k: v for k, v in lines[-1].items() if k != "step"} if lines else {}

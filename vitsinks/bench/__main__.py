@@ -1,39 +1,40 @@
-"""`python -m vitsinks.bench {models,train,diagnostics,eval,intervene} [--size NAME] [--batch N] [--repeats N]`."""
+"""`python -m vitsinks.bench {models,train,diagnostics,eval,intervene} [size=NAME] [batch=N] [repeats=N]`."""
 
 from __future__ import annotations
 
-import argparse
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vitsinks.cli import parse_args, run_command
+from vitsinks.errors import ConfigError
+
+# benchmark -> its default model size (None: the benchmark takes none)
+BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu"}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vitsinks.bench", description=__doc__)
-    parser.add_argument("what", choices=["models", "train", "diagnostics", "eval", "intervene"], help="which benchmark")
-    parser.add_argument("--size", default=None, help="model size (default: vit_cpu; vit_small for diagnostics)")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    args = parser.parse_args(argv)
-    kw = {k: v for k, v in (("batch", args.batch), ("repeats", args.repeats)) if v is not None}
-    if args.what == "models":
-        from vitsinks.bench.models import run
+@dataclass
+class BenchArgs:
+    what: str | None = None
+    size: str | None = None  # model size (default: the benchmark's)
+    batch: int | None = None
+    repeats: int | None = None
 
-        run(args.size or "vit_cpu", **kw)
-    elif args.what == "train":
-        from vitsinks.bench.train import run
 
-        run(**kw)
-    elif args.what == "diagnostics":
-        from vitsinks.bench.diagnostics import run
+def bench_command(argv: Sequence[str]) -> int:
+    args = parse_args(argv, BenchArgs, __doc__.strip("`").split("`")[0], positional="what")
+    if args.what not in BENCHMARKS:
+        raise ConfigError(f"which benchmark? choose one of {', '.join(BENCHMARKS)} (got {args.what!r})")
+    kw = {k: args[k] for k in ("batch", "repeats") if args[k] is not None}
+    if any(v <= 0 for v in kw.values()):
+        raise ConfigError(f"batch and repeats must be > 0 (got {kw})")
+    run = importlib.import_module(f"vitsinks.bench.{args.what}").run
+    default = BENCHMARKS[args.what]
+    run(**kw) if default is None else run(args.size or default, **kw)
+    return 0
 
-        run(args.size or "vit_small", **kw)
-    elif args.what == "intervene":
-        from vitsinks.bench.intervene import run
 
-        run(args.size or "vit_cpu", **kw)
-    else:
-        from vitsinks.bench.eval import run
-
-        run(args.size or "vit_cpu", **kw)
-
+main = run_command(bench_command)
 
 if __name__ == "__main__":
     main()

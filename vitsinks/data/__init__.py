@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from torch.utils.data import Dataset
@@ -9,24 +10,26 @@ from torch.utils.data import Dataset
 from vitsinks.config import DataConfig
 from vitsinks.data.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
 from vitsinks.data.fashion_mnist import FashionMNIST
-from vitsinks.data.imagefolder import BadImage, ImageFolderSplit
+from vitsinks.data.imagefolder import BadImage, ImageFolderSplit, read_item
 from vitsinks.data.sinktasks import SinkTask, is_sink_task, sink_task_name
 from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.errors import BadValue, InputNotFound
 
 DATASETS = ("synthetic", "fashion_mnist", "imagenet", "sinktask_nop", "sinktask_broadcast")
 
 __all__ = ["DATASETS", "BadImage", "FashionMNIST", "ImageFolderSplit", "SinkTask", "SyntheticShapes",
-           "build_dataset", "is_sink_task", "num_classes"]
+           "build_dataset", "check_root", "is_sink_task", "loader_workers", "num_classes", "read_item"]
 
 
-def _check_root(root: str | None, name: str, example: str) -> Path:
+def check_root(root: str | None, name: str, example: str) -> Path:
+    """`data.root` as a folder that exists and is not empty; else `InputNotFound` saying what to put there."""
     if not root:
-        raise FileNotFoundError(f"data={name} needs data.root, e.g. data.root={example}")
+        raise InputNotFound(f"data={name} needs data.root, e.g. data.root={example}")
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"data.root {path} does not exist: point data.root at the {name} folder ({example})")
+        raise InputNotFound(f"data.root {path} does not exist: point data.root at the {name} folder ({example})")
     if not any(path.iterdir()):
-        raise FileNotFoundError(f"data.root {path} is empty: copy or mount the {name} data there ({example})")
+        raise InputNotFound(f"data.root {path} is empty: copy or mount the {name} data there ({example})")
     return path
 
 
@@ -41,17 +44,30 @@ def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
         return SinkTask(sink_task_name(cfg.name), cfg.image_size, cfg.patch_size, length,
                         seed=seed * 2 + (split != "train"), marked_frac=cfg.marked_frac, marker=cfg.marker)
     if cfg.name == "fashion_mnist":
-        root = _check_root(cfg.root or FASHION_MNIST_ROOT, "fashion_mnist", FASHION_MNIST_ROOT)
+        root = check_root(cfg.root or FASHION_MNIST_ROOT, "fashion_mnist", FASHION_MNIST_ROOT)
         return FashionMNIST(root, split, size=cfg.image_size)
     if cfg.name == "imagenet":
-        return ImageFolderSplit(_check_root(cfg.root, "imagenet", "/datasets/imagenet"), split)
-    raise ValueError(f"unknown data.name {cfg.name!r}; choose one of {DATASETS}")
+        root = check_root(cfg.root, "imagenet", "/datasets/imagenet")
+        return ImageFolderSplit(root, split, classes=None if split == "train" else ImageFolderSplit(root).classes)
+    raise BadValue(f"unknown data.name {cfg.name!r}; choose one of {DATASETS}")
 
 
 def num_classes(dataset: Dataset) -> int:
-    """Number of classes of a built dataset."""
+    """Number of classes of a built dataset (of its base when it is a subset)."""
+    from torch.utils.data import Subset
+
+    if isinstance(dataset, Subset):
+        return num_classes(dataset.dataset)
     if isinstance(dataset, SyntheticShapes):
         return dataset.num_classes
     if isinstance(dataset, SinkTask):
         return 0  # per-patch regression targets, no classes
     return len(dataset.classes)  # type: ignore[attr-defined]
+
+
+def loader_workers(requested: int | None) -> int:
+    """DataLoader workers: `data.num_workers`, or (None) at most 8 and at most the CPUs this process may use - 1."""
+    if requested is not None:
+        return requested
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(8, cpus - 1))

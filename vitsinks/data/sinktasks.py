@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vitsinks.data.views import sample_seed
+from vitsinks.errors import BadValue
 
 TASKS = ("nop", "broadcast")
 
@@ -33,11 +34,11 @@ class SinkTask(Dataset):
     def __init__(self, task: str, image_size: int = 32, patch_size: int = 4, length: int = 16384, seed: int = 0,
                  marked_frac: float = 0.03, marker: float = 3.0, channels: int = 3) -> None:
         if task not in TASKS:
-            raise ValueError(f"unknown sink task {task!r}; choose one of {TASKS}")
+            raise BadValue(f"unknown sink task {task!r}; choose one of {TASKS}")
         if image_size % patch_size:
-            raise ValueError(f"sink task: image_size {image_size} is not a multiple of patch_size {patch_size}")
+            raise BadValue(f"sink task: image_size {image_size} is not a multiple of patch_size {patch_size}")
         if not 0.0 < marked_frac < 1.0:
-            raise ValueError(f"data.marked_frac must be in (0, 1), got {marked_frac}")
+            raise BadValue(f"data.marked_frac must be in (0, 1), got {marked_frac}")
         self.task, self.size, self.patch, self.length, self.seed = task, image_size, patch_size, length, seed
         self.channels, self.marker = channels, marker
         self.grid = image_size // patch_size

@@ -15,6 +15,8 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
+from vitsinks.errors import BadValue
+
 SHAPES = ("disk", "square", "triangle", "ring", "cross", "diamond", "star", "hexagon", "half_disk", "ellipse")
 TEXTURES = ("stripes", "checker", "dots", "waves")
 
@@ -110,7 +112,7 @@ class SyntheticShapes(Dataset):
 
     def __init__(self, size: int = 64, length: int = 4096, num_classes: int = 10, seed: int = 0) -> None:
         if num_classes < 2:
-            raise ValueError(f"synthetic data needs at least 2 classes, got {num_classes}")
+            raise BadValue(f"synthetic data needs at least 2 classes, got {num_classes}")
         self.size, self.length, self.num_classes, self.seed = size, length, num_classes, seed
 
     def __len__(self) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -16,9 +15,8 @@ from torch.utils.data import Dataset, Sampler
 from torchvision import transforms as T
 
 from vitsinks.config import ViewsConfig
-from vitsinks.data.imagefolder import BadImage
-
-log = logging.getLogger(__name__)
+from vitsinks.data.imagefolder import read_item
+from vitsinks.errors import BadValue
 
 
 def view_transform(v: ViewsConfig) -> MultiViewTransform:
@@ -74,8 +72,6 @@ class SeededViews(Dataset):
     """
 
     def __init__(self, base: Dataset, transform: Any, seed: int, on_bad_image: str = "skip") -> None:
-        if on_bad_image not in ("skip", "error"):
-            raise ValueError(f"data.on_bad_image must be 'skip' or 'error', got {on_bad_image!r}")
         self.base, self.transform, self.seed, self.on_bad_image = base, transform, seed, on_bad_image
         self.epoch = 0
 
@@ -83,15 +79,11 @@ class SeededViews(Dataset):
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int] | None:
-        try:
-            img, label = self.base[index]
-        except BadImage as err:
-            if self.on_bad_image == "error":
-                raise BadImage(f"{err} (set data.on_bad_image=skip to skip such files)") from err
-            log.warning("skipping %s", err)
+        item = read_item(self.base, index, self.on_bad_image)
+        if item is None:
             return None
         with seeded_rngs(sample_seed(self.seed, self.epoch, index)):
-            return self.transform(img), label
+            return self.transform(item[0]), item[1]
 
 
 def collate_views(batch: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor, int]:
@@ -113,9 +105,9 @@ class EpochSampler(Sampler[int]):
 
     def __init__(self, n: int, global_batch: int, seed: int, rank: int = 0, world: int = 1) -> None:
         if global_batch % world:
-            raise ValueError(f"train.batch_size {global_batch} is not divisible by the {world} ranks")
+            raise BadValue(f"train.batch_size {global_batch} is not divisible by the {world} ranks")
         if n < global_batch:
-            raise ValueError(f"the dataset has {n} images, fewer than one batch of {global_batch}")
+            raise BadValue(f"the dataset has {n} images, fewer than one batch of {global_batch}")
         self.n, self.batch, self.seed, self.rank, self.world = n, global_batch, seed, rank, world
         self.local = global_batch // world
         self.epoch, self.start_batch = 0, 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +9,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from vitsinks import files
 from vitsinks.data.views import eval_transform
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.summary import classify, events, location, summarize
+from vitsinks.errors import BadValue
 
 __all__ = ["FIELDS", "classify", "dataset_items", "diagnose", "diagnose_tokens", "embed", "events", "fixed_images",
            "head_fields", "images_of", "location", "qk_spectrum", "run_diagnostics", "spectrum", "stable_rank",
@@ -23,7 +24,7 @@ __all__ = ["FIELDS", "classify", "dataset_items", "diagnose", "diagnose_tokens",
 def dataset_items(dataset: Dataset, start: int, n: int) -> list[tuple]:
     """Items `start` .. `start + n - 1` of `dataset`; asking for more than it holds is an error."""
     if start + n > len(dataset):  # type: ignore[arg-type]
-        raise ValueError(f"the validation split has {len(dataset)} items; items {start}..{start + n - 1} were "  # type: ignore[arg-type]
+        raise BadValue(f"the validation split has {len(dataset)} items; items {start}..{start + n - 1} were "  # type: ignore[arg-type]
                          f"asked for: lower the number of images or use a larger split")
     return [dataset[i] for i in range(start, start + n)]
 
@@ -44,9 +45,20 @@ def images_of(items: list[tuple], size: int) -> tuple[torch.Tensor, np.ndarray]:
     return x, show
 
 
-def fixed_images(dataset: Dataset, n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
-    """The first `n` images of `dataset` (all of them when it holds fewer), see `images_of`."""
-    return images_of(dataset_items(dataset, 0, min(n, len(dataset))), size)  # type: ignore[arg-type]
+def fixed_images(dataset: Dataset, n: int, size: int, on_bad_image: str = "skip") -> tuple[torch.Tensor, np.ndarray]:
+    """The first `n` readable images of `dataset` (all of them when it holds fewer; unreadable ones skipped under
+    `on_bad_image=skip`), see `images_of`."""
+    from vitsinks.data import read_item
+
+    items = []
+    for i in range(len(dataset)):  # type: ignore[arg-type]
+        if len(items) == n:
+            break
+        if (item := read_item(dataset, i, on_bad_image)) is not None:
+            items.append(item)
+    if not items:
+        raise BadValue(f"no readable image in the first {n} items of the validation split")
+    return images_of(items, size)
 
 
 def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path,
@@ -62,8 +74,9 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     out_dir.mkdir(parents=True, exist_ok=True)
     d = diagnose(model, images)
     summary = summarize(d, rule=st.rule, eps=st.eps, ratio=st.ratio, use_rank=st.use_stable_rank)
-    np.savez_compressed(out_dir / "per_image.npz", **{k: v for k, v in d.items() if k != "attn_col_mean"})
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    with files.atomic_open(out_dir / "per_image.npz", "wb") as f:
+        np.savez_compressed(f, **{k: v for k, v in d.items() if k != "attn_col_mean"})
+    files.write_json(out_dir / "summary.json", summary)
     if st.plots:
         all_plots(d, summary, shown, out_dir, st.ratio)
     return summary

@@ -20,7 +20,10 @@ import torch
 from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
+from vitsinks.errors import CheckFailed, NonFinite
 from vitsinks.models import AttnInternals, SinkBlock, SinkViT
+
+RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
 
 
 def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
@@ -54,6 +57,9 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     with_pathway = any(blk.pathway is not None for blk in blocks)
     for blk in blocks:
         ref = blk(x, is_causal=True) if causal else blk(x)
+        if not bool(torch.isfinite(ref).all()):
+            raise NonFinite(f"the model's activations are not finite (NaN or inf) after block {len(errors)}: "
+                            f"its weights or inputs are broken; diagnose a checkpoint of a run that did not diverge")
         out, it = blk.forward_explicit(x, causal=causal)
         errors.append(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
         for k, v in update_fields(blk, x, it, with_pathway).items():
@@ -130,7 +136,13 @@ def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tenso
     parts = [diagnose_tokens(blocks, embed_fn(inputs[lo : lo + batch_size]), causal=causal,
                              keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix)
              for lo in range(0, len(inputs), batch_size)]
-    return concat_fields(parts)
+    out = concat_fields(parts)
+    worst = int(np.argmax(out["recompute_error"]))
+    if out["recompute_error"][worst] > RECOMPUTE_TOL:
+        raise CheckFailed(f"the explicit recomputation of block {worst} differs from the model's own forward by "
+                          f"{out['recompute_error'][worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): the "
+                          f"diagnostics would describe another computation than the model's, nothing was written")
+    return out
 
 
 @torch.no_grad()

@@ -7,6 +7,8 @@ from typing import Any
 
 import matplotlib
 
+from vitsinks.plotting import save_figure
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -15,13 +17,6 @@ from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, events, location  #
 
 LOC_COLORS = {"cls": "tab:red", "register": "tab:purple", "patch": "tab:blue"}
 CLASS_COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "unclassified": "tab:green"}
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, top: int = 6) -> Path:
@@ -52,7 +47,7 @@ def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, top
     n_events = int(events(d)[:m].sum())
     fig.suptitle(f"heads with the most attention on one token (mass), mean attention received per patch; "
                  f"{n_events} sink events (relaxed rule) in these images", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, ratio: str = "ratio_out") -> Path:
@@ -76,7 +71,7 @@ def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, ratio: str = "ra
     ax.set_title(f"{int(ev.sum())} sink events: NOP-like left of 0.2, broadcast-like right of 0.5 with rank <= 1.5",
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sink_heatmap(d: dict[str, np.ndarray], path: Path) -> Path:
@@ -90,7 +85,7 @@ def sink_heatmap(d: dict[str, np.ndarray], path: Path) -> Path:
     ax.set_xlabel("head")
     ax.set_ylabel("block")
     ax.set_title("sink frequency (relaxed rule)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def location_by_block(summary: dict[str, Any], path: Path) -> Path:
@@ -113,7 +108,7 @@ def location_by_block(summary: dict[str, Any], path: Path) -> Path:
         if not bottom.any():
             ax.text(0.5, 0.5, "no sink events (relaxed rule)", ha="center", transform=ax.transAxes)
     axes[0].set_ylabel("sink heads per image")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
@@ -130,7 +125,7 @@ def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
     ax.set_ylabel("max / median")
     ax.set_title("massive activations", fontsize=9)
     ax.legend(loc="upper left", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
@@ -157,7 +152,7 @@ def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path)
         ax.set_ylabel("block")
         ax.set_title(f"{title} per block over training", fontsize=9)
         fig.colorbar(im, ax=ax, label=label)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndarray, out: Path,

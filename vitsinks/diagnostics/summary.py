@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from vitsinks.errors import BadValue
+
 LOCATIONS = ("cls", "register", "patch")
 CLASSES = ("nop", "broadcast", "unclassified")
 NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
@@ -17,9 +19,9 @@ def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) ->
         return d["routed_frac"] >= 0.9
     if rule == "def1":
         if not 0 < eps <= 0.5:
-            raise ValueError(f"Definition 1 needs 0 < eps <= 0.5, got {eps}")
+            raise BadValue(f"Definition 1 needs 0 < eps <= 0.5, got {eps}")
         return d["min_a"] >= 1 - eps
-    raise ValueError(f"unknown sink rule {rule!r}: use relaxed or def1")
+    raise BadValue(f"unknown sink rule {rule!r}: use relaxed or def1")
 
 
 def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
@@ -174,6 +176,6 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
         },
         **continuous_measures(d, ratio, use_rank),
         **update_measures(d),
-        "recompute_error_max": _fmt(float(np.max(d["recompute_error"]))),
+        "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }

@@ -10,11 +10,32 @@ from omegaconf import DictConfig, OmegaConf
 SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
 
 
+def dense_data(cfg: DictConfig) -> DictConfig | None:
+    """The data config of the after-training dense probe: `eval.dense_data` (its `configs/data` preset, root from
+    `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
+    from vitsinks.config import DataConfig, config_dir
+
+    name = str(cfg.eval.dense_data or cfg.data.name)
+    if name not in SEGMENTATION_DATA:
+        print(f"dense probe skipped: data={name} has no segmentation masks; set eval.dense_data=ade20k|voc (and "
+              f"eval.dense_root=...) to run it after training")
+        return None
+    if name == cfg.data.name:
+        data = cfg.data
+    else:
+        preset = OmegaConf.load(config_dir() / "data" / f"{name}.yaml")
+        root = None if OmegaConf.is_missing(preset, "root") else preset.root
+        data = OmegaConf.merge(OmegaConf.structured(DataConfig), {k: v for k, v in preset.items() if k != "root"},
+                               {"root": root})
+    if cfg.eval.dense_root:
+        data = OmegaConf.merge(data, {"root": cfg.eval.dense_root})
+    return data
+
+
 def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Diagnostics, linear probe and dense probe of a finished run's `last.pt` (`eval.after_train=true`).
 
-    The linear probe uses the training data; the dense probe uses it too when it has masks (synthetic), else
-    `eval.dense_data` / `eval.dense_root` (ade20k or voc), else it is skipped.
+    The linear probe uses the training data; the dense probe uses `dense_data(cfg)`.
     """
     from vitsinks.diagnose import diagnose_checkpoint
     from vitsinks.eval import dense, linear
@@ -24,11 +45,8 @@ def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     diag = diagnose_checkpoint(last, cfg, out_dir=run_dir / "diagnostics" / "final")
     out["sinks_per_image"] = diag["sinks_per_image"]
     ev = OmegaConf.merge(cfg, {"ckpt": str(last)})
-    out["linear"] = linear.run(ev)["best"]
-    name, root = cfg.eval.dense_data or cfg.data.name, cfg.eval.dense_root or cfg.data.root
-    if name in SEGMENTATION_DATA:
-        dense_cfg = OmegaConf.merge(ev, {"data": {"name": name, "root": root}} if name != cfg.data.name else {})
-        if name != cfg.data.name:
-            dense_cfg.data.num_classes = {"ade20k": 150, "voc": 21}[name]
-        out["dense"] = {k: v for k, v in dense.run(dense_cfg).items() if k in ("mIoU", "pixel_acc", "data")}
+    out["linear"] = linear.run(ev, cfg.data)["best"]
+    data = dense_data(cfg)
+    if data is not None:
+        out["dense"] = {k: v for k, v in dense.run(ev, data).items() if k in ("mIoU", "pixel_acc", "data")}
     return out

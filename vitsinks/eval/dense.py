@@ -18,11 +18,13 @@ from typing import Any
 
 import matplotlib
 
+from vitsinks.cli import hydra_command
+from vitsinks.plotting import save_figure
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from lightly.transforms.utils import IMAGENET_NORMALIZE  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -33,9 +35,10 @@ from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vitsinks.checkpoint import atomic_save  # noqa: E402
-from vitsinks.distributed import is_distributed  # noqa: E402
-from vitsinks.eval.common import hydra_cli, limit, setup, write_result  # noqa: E402
+from vitsinks import files  # noqa: E402
+from vitsinks.data import read_item  # noqa: E402
+from vitsinks.distributed import rank_world  # noqa: E402
+from vitsinks.eval.common import limit, setup, write_result  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
 from vitsinks.eval.metrics import iou_from_confusion  # noqa: E402
 from vitsinks.eval.segdata import IGNORE, build_seg_dataset, num_seg_classes  # noqa: E402
@@ -94,31 +97,34 @@ def slide_logits(model: SinkViT, head: DenseHead, img: Image.Image, size: int, o
 
 
 def train_head(model: SinkViT, head: DenseHead, train_ds: torch.utils.data.Dataset, cfg: DictConfig, size: int,
-               cache: Path) -> list[float]:
-    """Fit the head; returns the loss per epoch."""
+               cache: Path, on_bad_image: str = "skip") -> list[float]:
+    """Fit the head (its batches drawn from a generator seeded with `cfg.seed`); returns the loss per epoch."""
     e = cfg.eval
     device = next(model.parameters()).device
     head.to(device).train()
     opt = torch.optim.AdamW(head.parameters(), lr=e.dense_lr, weight_decay=e.dense_weight_decay)
     n = len(train_ds)  # type: ignore[arg-type]
-    steps_per_epoch = math.ceil(n / e.dense_batch_size)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, e.dense_epochs * steps_per_epoch))
-    gen = torch.Generator().manual_seed(cfg.seed)
     if not e.dense_augment:
         def featurize(items: list) -> dict[str, torch.Tensor]:
             x = torch.stack([_to_input(img, size) for img, _ in items]).to(device)
             return {"feats": patch_features(model, x), "label": torch.stack([_label(lb, size) for _, lb in items])}
 
-        cached = extract(train_ds, featurize, cache, e.batch_size, "dense features (train)")
+        cached = extract(train_ds, featurize, cache, e.batch_size, "dense features (train)", on_bad_image)
+        n = len(cached["label"])  # unreadable images left out
+    steps_per_epoch = math.ceil(n / e.dense_batch_size)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, e.dense_epochs * steps_per_epoch))
+    gen = torch.Generator().manual_seed(cfg.seed)
     augment = v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), antialias=True), v2.RandomHorizontalFlip()])
     losses = []
     for _ in tqdm(range(e.dense_epochs), desc="dense probe", unit="epoch"):
         total = 0.0
         for idx in torch.randperm(n, generator=gen).split(e.dense_batch_size):
             if e.dense_augment:
+                items = [it for i in idx if (it := read_item(train_ds, int(i), on_bad_image)) is not None]
+                if not items:
+                    continue
                 pairs = [augment(tv_tensors.Image(v2.functional.pil_to_tensor(img)),
-                                 tv_tensors.Mask(torch.from_numpy(lb)[None]))
-                         for img, lb in (train_ds[int(i)] for i in idx)]
+                                 tv_tensors.Mask(torch.from_numpy(lb)[None])) for img, lb in items]
                 x = torch.stack([v2.functional.normalize(p[0].float() / 255, list(IMAGENET_NORMALIZE["mean"]),
                                                          list(IMAGENET_NORMALIZE["std"])) for p in pairs]).to(device)
                 feats, y = patch_features(model, x), torch.stack([p[1][0] for p in pairs]).long()
@@ -136,15 +142,19 @@ def train_head(model: SinkViT, head: DenseHead, train_ds: torch.utils.data.Datas
 
 @torch.no_grad()
 def evaluate(model: SinkViT, head: DenseHead, val_ds: torch.utils.data.Dataset, classes: int, size: int,
-             examples: int = 0) -> tuple[dict[str, Any], list[tuple[Image.Image, np.ndarray, np.ndarray]]]:
+             examples: int = 0, on_bad_image: str = "skip") -> tuple[dict[str, Any],
+                                                                 list[tuple[Image.Image, np.ndarray, np.ndarray]]]:
     """Confusion matrix over the whole val split (synced over ranks by torchmetrics) -> metrics, examples."""
     device = next(model.parameters()).device
     head.to(device).eval()
     conf = MulticlassConfusionMatrix(classes, ignore_index=IGNORE).to(device)
     shown = []
-    rank, world = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+    rank, world = rank_world()
     for i in tqdm(range(rank, len(val_ds), world), desc="dense eval", unit="img", disable=rank != 0):  # type: ignore
-        img, label = val_ds[i]
+        item = read_item(val_ds, i, on_bad_image)
+        if item is None:
+            continue
+        img, label = item
         pred = slide_logits(model, head, img, size, label.shape).argmax(0)
         conf.update(pred.flatten(), torch.from_numpy(label).long().flatten().to(device))
         if len(shown) < examples:
@@ -170,33 +180,30 @@ def plot_examples(shown: list[tuple[Image.Image, np.ndarray, np.ndarray]], class
             ax.imshow(im)
             ax.set_title(name, fontsize=8)
             ax.axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title, title_size=9)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Train and evaluate the dense probe; write the JSON and the example PNG."""
-    model, data, results_dir = setup(cfg)
+    model, data, results_dir = setup(cfg, data)
     e = cfg.eval
     train_ds = limit(build_seg_dataset(data, "train", cfg.seed), e.max_train_images)
     val_ds = limit(build_seg_dataset(data, "val", cfg.seed), e.max_val_images)
     classes = num_seg_classes(train_ds)
     size = model.patch_embed.img_size[0]
+    torch.manual_seed(cfg.seed)  # the head's initialisation and the augmentations: the same command, the same mIoU
     head = DenseHead(model.embed_dim, classes)
-    key = cache_key(Path(cfg.ckpt).resolve(), Path(cfg.ckpt).stat().st_mtime, data.name, data.root, size,
-                    e.max_train_images)
-    losses = train_head(model, head, train_ds, cfg, size, results_dir.parent / "eval_cache" / f"dense-{key}.pt")
-    metrics, shown = evaluate(model, head, val_ds, classes, size, e.dense_examples)
+    key = cache_key(Path(cfg.ckpt), data, train_ds, cfg.seed, size=size)
+    losses = train_head(model, head, train_ds, cfg, size, results_dir.parent / "eval_cache" / f"dense-{key}.pt",
+                        data.on_bad_image)
+    metrics, shown = evaluate(model, head, val_ds, classes, size, e.dense_examples, data.on_bad_image)
     result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes, **metrics,
               "train_images": len(train_ds), "val_images": len(val_ds), "epochs": e.dense_epochs,  # type: ignore
               "augment": e.dense_augment, "train_loss": losses}
     write_result(results_dir / f"dense_{data.name}.json", result)
-    if is_distributed() and dist.get_rank() != 0:
+    if rank_world()[0] != 0:
         return result
-    atomic_save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
+    files.torch_save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
     if shown:
         plot_examples(shown, classes, results_dir / f"dense_{data.name}.png",
                       f"dense probe on {data.name}: mIoU {metrics['mIoU'] * 100:.1f}")
@@ -205,7 +212,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-main = hydra_cli(run)
+main = hydra_command(run)
 
 if __name__ == "__main__":
     main()

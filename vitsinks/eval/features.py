@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, Subset
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
-from vitsinks.checkpoint import atomic_save
-from vitsinks.distributed import is_distributed
+from vitsinks import files
+from vitsinks.config import to_container
+from vitsinks.data import read_item
+from vitsinks.distributed import rank_world
+from vitsinks.errors import BadValue, NonFinite
 from vitsinks.models import SinkViT
 
 
@@ -36,36 +42,78 @@ def patch_features(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
     return patches.transpose(1, 2).reshape(B, D, h, P // h)
 
 
-def cache_key(*parts: object) -> str:
-    return hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:12]
+def _stat(path: str | Path) -> str:
+    st = os.stat(path)
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def dataset_fingerprint(ds: Dataset) -> str:
+    """What a dataset's items depend on beyond its config: every file's path, size and mtime (ImageFolder samples,
+    segmentation pairs, Fashion-MNIST's IDX files), the chosen indices of a subset, its length."""
+    h = hashlib.sha1(f"{type(ds).__name__}:{len(ds)}".encode())  # type: ignore[arg-type]
+    if isinstance(ds, Subset):
+        h.update(dataset_fingerprint(ds.dataset).encode())
+        h.update(str(list(ds.indices)).encode())
+    for path, label in getattr(ds, "samples", []):  # ImageFolder
+        h.update(f"{_stat(path)}:{label}\n".encode())
+    for img, label in getattr(ds, "pairs", []):  # segmentation files
+        h.update(f"{_stat(img)}|{_stat(label)}\n".encode())
+    for path in getattr(ds, "files", []):  # datasets read from a few files
+        h.update(f"{_stat(path)}\n".encode())
+    if hasattr(ds, "base"):  # wrappers (masks, mosaics) of another dataset
+        h.update(dataset_fingerprint(ds.base).encode())
+    return h.hexdigest()
+
+
+def cache_key(checkpoint: Path, data: DictConfig, dataset: Dataset, seed: int, **extra: object) -> str:
+    """A feature cache's key: everything its content depends on (the checkpoint file, the data config, the dataset's
+    files, the seed, and the caller's `extra` settings such as split and image size)."""
+    data = data if isinstance(data, DictConfig) else OmegaConf.structured(data)  # a config or its dataclass
+    parts = {"checkpoint": _stat(Path(checkpoint).resolve()), "data": to_container(data), "seed": seed,
+             "dataset": dataset_fingerprint(dataset), **{k: str(v) for k, v in sorted(extra.items())}}
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cache: Path, batch_size: int,
-            desc: str) -> dict[str, torch.Tensor]:
+            desc: str, on_bad_image: str = "skip") -> dict[str, torch.Tensor]:
     """Run `fn` over `dataset` in batches (each rank its share), store fp16 features at `cache`, return them all.
 
-    `fn` takes a list of dataset items and returns a dict of tensors with the batch first. A finished cache is
-    reused as is; a partial one (a killed job) is never read: files are written atomically.
+    `fn` takes a list of dataset items and returns a dict of tensors with the batch first; unreadable images are
+    left out under `on_bad_image=skip` (`index` says which items are in). Non-finite features are an error, never
+    cached. A finished cache is reused as is; a partial one (a killed job) is never read: files are written
+    atomically.
     """
     if cache.exists():
         return torch.load(cache, map_location="cpu")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+    rank, world = rank_world()
     shard = cache.with_name(f"{cache.stem}.rank{rank}of{world}.pt")
     if not shard.exists():
         idx = list(range(rank, len(dataset), world))  # type: ignore[arg-type]
-        loader = DataLoader(Subset(dataset, idx), batch_size=batch_size, collate_fn=list, num_workers=0)
         parts: dict[str, list[torch.Tensor]] = {}
-        for items in tqdm(loader, desc=desc, unit="batch", disable=rank != 0):
-            for k, v in fn(items).items():
+        kept: list[int] = []
+        for lo in tqdm(range(0, len(idx), batch_size), desc=desc, unit="batch", disable=rank != 0):
+            batch = [(i, item) for i in idx[lo : lo + batch_size]
+                     if (item := read_item(dataset, i, on_bad_image)) is not None]
+            if not batch:
+                continue
+            kept += [i for i, _ in batch]
+            for k, v in fn([item for _, item in batch]).items():
+                if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                    raise NonFinite(f"the backbone's features are not finite (NaN or inf) on {desc}: the checkpoint's "
+                                    f"weights or the images are broken; nothing was cached or reported")
                 parts.setdefault(k, []).append(v.cpu().half() if v.is_floating_point() else v.cpu())
-        atomic_save({k: torch.cat(v) for k, v in parts.items()} | {"index": torch.tensor(idx)}, shard)
+        if not kept:
+            raise BadValue(f"no readable item in the {len(idx)} items of {desc}")
+        files.torch_save({k: torch.cat(v) for k, v in parts.items()} | {"index": torch.tensor(kept)}, shard)
     if world > 1:
         dist.barrier()
     shards = [torch.load(cache.with_name(f"{cache.stem}.rank{r}of{world}.pt")) for r in range(world)]
-    order = torch.cat([s.pop("index") for s in shards]).argsort()
+    index = torch.cat([s.pop("index") for s in shards])
+    order = index.argsort()
     merged = {k: torch.cat([s[k] for s in shards])[order] for k in shards[0]}
+    merged["index"] = index[order]
     if rank == 0:
-        atomic_save(merged, cache)
+        files.torch_save(merged, cache)
     if world > 1:
         dist.barrier()
     for r in range(world):

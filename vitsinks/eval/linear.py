@@ -21,9 +21,10 @@ from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
+from vitsinks.cli import hydra_command
 from vitsinks.data import build_dataset, num_classes
 from vitsinks.data.views import eval_transform
-from vitsinks.eval.common import hydra_cli, limit, setup, write_result
+from vitsinks.eval.common import limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
 
 POOLS = ("cls", "cls+avgpool")
@@ -85,9 +86,9 @@ def train_grid(train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], cla
     return sorted(results, key=lambda r: -r["top1"])
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Extract (or reuse) features, train the grid, write `results/linear.json`."""
-    model, data, results_dir = setup(cfg)
+    model, data, results_dir = setup(cfg, data)
     size, device, e = model.patch_embed.img_size[0], next(model.parameters()).device, cfg.eval
     tf = eval_transform(size)
     blocks = sorted({min(b, len(model.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
@@ -98,15 +99,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cls, pm = global_features(model, x, n_max)
         return {"cls": cls, "patch_mean": pm, "label": torch.tensor([y for _, y in items])}
 
+    datasets = {split: limit(build_dataset(data, split, cfg.seed), n) for split, n in  # both checked before any work
+                (("train", e.max_train_images), ("val", e.max_val_images))}
+    classes = num_classes(datasets["train"])
     splits = {}
-    for split, n_images in (("train", e.max_train_images), ("val", e.max_val_images)):
-        ds = build_dataset(data, split, cfg.seed)
-        if split == "train":
-            classes = num_classes(ds)
-        key = cache_key(Path(cfg.ckpt).resolve(), Path(cfg.ckpt).stat().st_mtime, data.name, data.root, split,
-                        size, n_max, n_images)
-        splits[split] = extract(limit(ds, n_images), features, results_dir.parent / "eval_cache" / f"lin-{key}.pt",
-                                e.batch_size, f"features ({split})")
+    for split, ds in datasets.items():
+        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size, n_max=n_max)
+        splits[split] = extract(ds, features, results_dir.parent / "eval_cache" / f"lin-{key}.pt", e.batch_size,
+                                f"features ({split})", data.on_bad_image)
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,
                        e.linear_epochs, e.linear_batch_size, cfg.seed)
     result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes,
@@ -119,7 +119,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-main = hydra_cli(run)
+main = hydra_command(run)
 
 if __name__ == "__main__":
     main()

@@ -30,7 +30,7 @@ class VitsinksBackbone(nn.Module):
                  frozen: bool = True, **model_kwargs: Any) -> None:
         super().__init__()
         if checkpoint:
-            from vitsinks.diagnose import load_backbone
+            from vitsinks.checkpoint import load_backbone
 
             self.vit, _ = load_backbone(checkpoint)
         else:

@@ -12,14 +12,16 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vitsinks.config import DataConfig
-from vitsinks.data import build_dataset
+from vitsinks.data import BadImage, build_dataset, check_root
+from vitsinks.data.imagefolder import strict_loader
 from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.errors import BadValue
 
 IGNORE = 255
 ADE_SPLITS = {"train": "training", "val": "validation"}
 
 
-class SegmentationError(ValueError):
+class SegmentationError(BadValue):
     """A segmentation dataset on disk does not match its layout."""
 
 
@@ -41,19 +43,26 @@ class SegFiles(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Image.Image, np.ndarray]:
         img_path, label_path = self.pairs[i]
-        img = Image.open(img_path).convert("RGB")
-        label = np.array(Image.open(label_path))  # palette PNGs give the class indices directly
+        img = strict_loader(str(img_path))
+        try:
+            label = np.array(Image.open(label_path))  # palette PNGs give the class indices directly
+        except (OSError, ValueError, SyntaxError) as err:
+            raise BadImage(f"cannot decode label map {label_path}: {err}") from err
         if label.ndim != 2:
             raise SegmentationError(f"{label_path} is not a single-channel label map (shape {label.shape})")
         if label.shape != (img.height, img.width):
             raise SegmentationError(f"size mismatch: image {img_path} is {img.width}x{img.height} but its label "
                                     f"{label_path} is {label.shape[1]}x{label.shape[0]}")
+        raw = label
         if self.reduce_zero:
             label = reduce_zero_label(label)
-        bad = label[(label != IGNORE) & (label >= self.num_classes)]
-        if bad.size:
-            raise SegmentationError(f"class-count mismatch: {label_path} has label {int(bad.max())} but the dataset "
-                                    f"is configured with {self.num_classes} classes (data.num_classes)")
+        bad = (label != IGNORE) & (label >= self.num_classes)
+        if bad.any():
+            value = int(raw[bad].max())  # the value in the file, not after ADE20K's reduction
+            raise SegmentationError(f"class-count mismatch: {label_path} holds label value {value} but the dataset "
+                                    f"is configured with {self.num_classes} classes (data.num_classes"
+                                    + (", values 1..num_classes after ADE20K's 0 = ignore)" if self.reduce_zero
+                                       else ")"))
         return img, label
 
 
@@ -152,15 +161,13 @@ def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
         base = build_dataset(cfg, split, seed)
         return FashionMNISTMosaic(base, cfg.image_size, cfg.train_size if split == "train" else cfg.val_size,
                                   seed * 2 + (split != "train"))
-    if not cfg.root:
-        raise FileNotFoundError(f"data={cfg.name} needs data.root")
-    if not Path(cfg.root).is_dir():
-        raise FileNotFoundError(f"data.root {cfg.root} does not exist: point it at the {cfg.name} folder")
+    if cfg.name in ("ade20k", "voc"):
+        check_root(cfg.root, cfg.name, "/datasets/ade20k" if cfg.name == "ade20k" else "/datasets/voc")
     if cfg.name == "ade20k":
         return ade20k(cfg.root, split, cfg.num_classes)
     if cfg.name == "voc":
         return voc(cfg.root, split, cfg.num_classes, cfg.voc_aug)
-    raise ValueError(f"data={cfg.name} has no segmentation masks: use ade20k, voc or synthetic for the dense probe")
+    raise BadValue(f"data={cfg.name} has no segmentation masks: use ade20k, voc or synthetic for the dense probe")
 
 
 def num_seg_classes(ds: Dataset) -> int:

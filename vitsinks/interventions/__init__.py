@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from vitsinks.diagnostics.core import diagnose_inputs
+from vitsinks.errors import BadValue
 from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
     Checks,
@@ -59,7 +60,7 @@ def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[s
 def batches(n: int, size: int) -> list[tuple[int, int]]:
     """[lo, hi) ranges of at most `size` (a trailing batch of one image joins the one before: donors need two)."""
     if n < 2:
-        raise ValueError(f"interventions need at least 2 images (got {n}): raise n_images")
+        raise BadValue(f"interventions need at least 2 images (got {n}): raise n_images")
     size = max(size, 2)
     out = [(lo, min(n, lo + size)) for lo in range(0, n, size)]
     if len(out) > 1 and out[-1][1] - out[-1][0] == 1:
@@ -94,12 +95,12 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
             log.warning("%s; running the whole-model edits (%s) only", err, ", ".join(MODEL_EDITS))
             selected = []
     if not 0 <= settings.shard < settings.nshards:
-        raise ValueError(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
+        raise BadValue(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
     heads = selected[settings.shard :: settings.nshards]
     plan = Plan(heads, edits)
     if heads and "mean_sink_value" in edits:
         if len(heldout) == 0:
-            raise ValueError("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
+            raise BadValue("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
         mean_sink_values(subject, heldout, plan, rules, settings.batch_size)
     checks, rows = Checks(), []
     model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
@@ -123,7 +124,7 @@ def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:
            and int(d["sink_idx"][r["image"], r["block"], r["head"]]) != r["sink_idx"]]
     if bad:
         r = bad[0]
-        raise ValueError(f"the reused diagnostics do not match this checkpoint (image {r['image']}, head "
+        raise BadValue(f"the reused diagnostics do not match this checkpoint (image {r['image']}, head "
                          f"{r['block']}:{r['head']}: sink at {r['sink_idx']} now, "
                          f"{int(d['sink_idx'][r['image'], r['block'], r['head']])} in the diagnostics): they are "
                          f"stale; rerun python -m vitsinks.diagnose on the checkpoint or delete its diagnostics")

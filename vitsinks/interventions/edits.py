@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from vitsinks.errors import BadValue, CheckFailed
+
 EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value", "redirect_sink_attention",
          "zero_random_nonsink_value", "open_gate", "close_gate", "drop_registers")  # the order of every table
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value",
@@ -23,7 +25,7 @@ VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 RECOMPUTE_TOL = 1e-4  # the block rebuilt from (A, v, gate) vs the model's own forward, relative
 
 
-class EditCheckFailed(RuntimeError):
+class EditCheckFailed(CheckFailed):
     """A built-in check failed: the edit did not change what it should (an internal error, not bad input)."""
 
 
@@ -38,12 +40,12 @@ def resolve_edits(requested: list[str], gated: bool, registers: int) -> list[str
     """The edits to run: `requested` checked against the model, or every edit that applies when it is empty."""
     unknown = [e for e in requested if e not in EDITS]
     if unknown:
-        raise ValueError(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
+        raise BadValue(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
     for e in requested:
         if e in GATE_EDITS and not gated:
-            raise ValueError(f"edit {e} needs a gated model (model.gate=elementwise or headwise); this one has no gate")
+            raise BadValue(f"edit {e} needs a gated model (model.gate=elementwise or headwise); this one has no gate")
         if e in MODEL_EDITS and not registers:
-            raise ValueError(f"edit {e} needs a model with register tokens (model.registers > 0); this one has none")
+            raise BadValue(f"edit {e} needs a model with register tokens (model.registers > 0); this one has none")
     if requested:
         return list(dict.fromkeys(requested))
     return [e for e in EDITS if (e not in GATE_EDITS or gated) and (e not in MODEL_EDITS or registers)]
@@ -67,7 +69,7 @@ def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tens
         return ValueEdit(sink, torch.zeros_like(v[batch, sink]))
     if name == "mean_sink_value":
         if mean_value is None:
-            raise ValueError("mean_sink_value needs the head's mean sink value from held-out images")
+            raise BadValue("mean_sink_value needs the head's mean sink value from held-out images")
         return ValueEdit(sink, mean_value.to(v).expand(v.shape[0], -1))
     if name == "donor_sink_value":
         return ValueEdit(sink, v[donor, sink[donor]])

@@ -27,6 +27,7 @@ from vitsinks.data.views import sample_seed
 from vitsinks.diagnostics.core import layerscale
 from vitsinks.diagnostics.fields import head_fields, head_output_weight
 from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, token_location
+from vitsinks.errors import BadValue
 from vitsinks.interventions.edits import (
     DONOR_EDITS,
     EDITS,
@@ -89,7 +90,7 @@ class Plan:
         return sorted({b for b, _ in self.heads})
 
 
-class NoSinkHeads(ValueError):
+class NoSinkHeads(BadValue):
     """No head has enough sink events to be selected."""
 
 
@@ -124,11 +125,11 @@ def parse_heads(specs: Sequence[str], n_blocks: int, n_heads: int) -> list[Head]
         try:
             b, h = (int(x) for x in str(spec).split(":"))
         except ValueError:
-            raise ValueError(f"heads entry {spec!r} is not block:head (e.g. heads=[3:1,5:0])") from None
+            raise BadValue(f"heads entry {spec!r} is not block:head (e.g. heads=[3:1,5:0])") from None
         if not 0 <= b < n_blocks:
-            raise ValueError(f"heads entry {spec}: block {b} is out of range (the model has blocks 0..{n_blocks - 1})")
+            raise BadValue(f"heads entry {spec}: block {b} is out of range (the model has blocks 0..{n_blocks - 1})")
         if not 0 <= h < n_heads:
-            raise ValueError(f"heads entry {spec}: head {h} is out of range (block {b} has heads 0..{n_heads - 1})")
+            raise BadValue(f"heads entry {spec}: head {h} is out of range (block {b} has heads 0..{n_heads - 1})")
         heads.append((b, h))
     return list(dict.fromkeys(heads))
 
@@ -138,7 +139,7 @@ def require_events(d: dict[str, np.ndarray], rules: Rules, heads: Sequence[Head]
     ev = rules.event_class(d) != "none"
     empty = [f"{b}:{h}" for b, h in heads if not ev[:, b, h].any()]
     if empty:
-        raise ValueError(f"head(s) {', '.join(empty)} have no sink events on the {ev.shape[0]} images (rule "
+        raise BadValue(f"head(s) {', '.join(empty)} have no sink events on the {ev.shape[0]} images (rule "
                          f"{rules.rule}): there is no sink to edit; pick other heads or omit heads= to select them")
 
 
@@ -262,14 +263,14 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
     from (A, v, gate) and compare with the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
     B = len(inputs)
     if B < 2:
-        raise ValueError("an intervention batch needs at least 2 images (the donor edits take another image's value)")
+        raise BadValue("an intervention batch needs at least 2 images (the donor edits take another image's value)")
     donor = (torch.arange(B, device=inputs.device) + 1) % B
     xs = [subject.embed(inputs)]
     for b in range(len(subject.blocks)):
         xs.append(subject.block(b, xs[-1]))
     base = subject.readout(xs[-1])
     if not torch.isfinite(base).all():
-        raise ValueError(f"the model's final tokens are not finite on images {first}..{first + B - 1} (NaN or inf "
+        raise BadValue(f"the model's final tokens are not finite on images {first}..{first + B - 1} (NaN or inf "
                          f"weights or inputs): nothing can be measured; check the checkpoint (a run that diverged?)")
     base_logits = subject.classifier(base) if subject.classifier else None
 

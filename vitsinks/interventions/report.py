@@ -12,13 +12,16 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import numpy as np
+
+from vitsinks import files
+from vitsinks.errors import BadValue, InputNotFound
+from vitsinks.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,22 +38,14 @@ COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "model": "tab:purple"}
 INT_FIELDS = ("image", "block", "head", "sink_idx")
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """The rows as CSV (empty cells for metrics a row does not have), written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as f:
+    with files.atomic_open(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="raise")
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k, "")) for k in
                         ROW_FIELDS})
-    os.replace(tmp, path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -202,12 +197,8 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
             ax.legend(fontsize=8, title="head's event class", title_fontsize=8)
         else:
             ax.text(0.5, 0.5, "nothing to show", ha="center", transform=ax.transAxes)
-    fig.suptitle(f"interventions on {summary['subject']} ({summary['n_images']} images; bar: mean over heads, "
-                 f"dot: one head)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, f"interventions on {summary['subject']} ({summary['n_images']} images; bar: mean "
+                                  f"over heads, dot: one head)")
 
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
@@ -216,14 +207,12 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
     heads = by_head(rows)
     summary = {**meta, "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"])}
     write_rows(rows, out / "interventions.csv")
-    tmp = out / ".by_head.csv.tmp"
-    with tmp.open("w", newline="") as f:
+    with files.atomic_open(out / "by_head.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["block", "head", "edit", "event_class", "n", *METRICS])
         w.writeheader()
         w.writerows(heads)
-    os.replace(tmp, out / "by_head.csv")
-    _atomic_text(out / "by_class.md", to_markdown(summary))
-    _atomic_text(out / "summary.json", json.dumps(summary, indent=1))
+    files.write_text(out / "by_class.md", to_markdown(summary))
+    files.write_json(out / "summary.json", summary)
     figure(heads, summary, out / "interventions.png")
     return summary
 
@@ -233,7 +222,7 @@ def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]],
     folder = out / "shards" / f"{shard}-of-{nshards}"
     folder.mkdir(parents=True, exist_ok=True)
     write_rows(rows, folder / "rows.csv")
-    _atomic_text(folder / "meta.json", json.dumps(meta, indent=1))
+    files.write_text(folder / "meta.json", json.dumps(meta, indent=1))
     return folder
 
 
@@ -241,16 +230,16 @@ def merge(out: Path) -> dict[str, Any]:
     """Join the shards under `out/shards/` into the final outputs; every shard of one run must be present."""
     metas = {p.parent: json.loads(p.read_text()) for p in sorted((out / "shards").glob("*-of-*/meta.json"))}
     if not metas:
-        raise FileNotFoundError(f"no shards under {out / 'shards'}: run with shard=k nshards=n first")
+        raise InputNotFound(f"no shards under {out / 'shards'}: run with shard=k nshards=n first")
     keys = {m["key"] for m in metas.values()}
     if len(keys) > 1:
-        raise ValueError(f"the shards under {out / 'shards'} come from different settings or checkpoints: delete the "
+        raise BadValue(f"the shards under {out / 'shards'} come from different settings or checkpoints: delete the "
                          f"stale ones and rerun them")
     n = next(iter(metas.values()))["nshards"]
     have = {m["shard"] for m in metas.values() if m["nshards"] == n}
     missing = sorted(set(range(n)) - have)
     if missing or len(metas) != n:
-        raise ValueError(f"shards {missing or 'of another nshards'} of {n} are missing or extra under {out / 'shards'}:"
+        raise BadValue(f"shards {missing or 'of another nshards'} of {n} are missing or extra under {out / 'shards'}:"
                          f" run the missing ones (shard=k nshards={n}) before merging")
     ordered = sorted(metas.items(), key=lambda kv: kv[1]["shard"])
     rows = [r for folder, _ in ordered for r in read_rows(folder / "rows.csv")]
@@ -263,7 +252,7 @@ def merge(out: Path) -> dict[str, Any]:
     summary = write_outputs(out, rows, meta)
     config = ordered[0][0] / "config.yaml"
     if config.is_file():  # the shards' settings (shard 0's copy)
-        _atomic_text(out / "config.yaml", config.read_text())
+        files.write_text(out / "config.yaml", config.read_text())
     return summary
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitsinks.errors import BadValue
 from vitsinks.models import SinkBlock, SinkViT
 
 
@@ -57,7 +58,7 @@ class Subject:
 def from_vit(model: SinkViT, head: nn.Module | None = None) -> Subject:
     """A `SinkViT` (eval mode) as a Subject; `head` is a classifier on the final-norm [CLS] (after `fc_norm`)."""
     if model.global_pool != "token":
-        raise ValueError(f"interventions read the [CLS] token; this ViT pools with {model.global_pool!r}")
+        raise BadValue(f"interventions read the [CLS] token; this ViT pools with {model.global_pool!r}")
     model.eval()
     classifier = None
     if head is not None:

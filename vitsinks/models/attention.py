@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from timm.layers import use_fused_attn
 from torch import nn
 
+from vitsinks.errors import BadValue
+
 GateKind = Literal["none", "elementwise", "headwise"]
 AttnKind = Literal["softmax", "relu", "sigmoid", "sink_logit"]
 GATES: tuple[str, ...] = ("none", "elementwise", "headwise")
@@ -68,11 +70,11 @@ class SinkAttention(nn.Module):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if dim % num_heads:
-            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+            raise BadValue(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         if gate not in GATES:
-            raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
+            raise BadValue(f"unknown gate {gate!r}; choose one of {GATES}")
         if attn not in ATTN_KINDS:
-            raise ValueError(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+            raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         self.num_heads = num_heads

@@ -22,6 +22,8 @@ import torch
 from timm.layers import LayerScale, trunc_normal_
 from torch import nn
 
+from vitsinks.errors import BadValue
+
 RecipientGate = Literal["learned", "hier"]
 RECIPIENT_GATES: tuple[str, ...] = ("learned", "hier")
 CM_EPS = 1e-12
@@ -50,9 +52,9 @@ class GlobalPathway(nn.Module):
                  init_values: float | None = None) -> None:
         super().__init__()
         if gate not in RECIPIENT_GATES:
-            raise ValueError(f"unknown recipient gate {gate!r}; choose one of {RECIPIENT_GATES}")
+            raise BadValue(f"unknown recipient gate {gate!r}; choose one of {RECIPIENT_GATES}")
         if state_dim < 1:
-            raise ValueError(f"global pathway state_dim must be >= 1, got {state_dim}")
+            raise BadValue(f"global pathway state_dim must be >= 1, got {state_dim}")
         self.gate_kind = gate
         self.inp = nn.Linear(dim, 2 + state_dim, bias=False)  # rows: w_P, w_gamma, W_VG
         self.gamma_bias = nn.Parameter(torch.zeros(1))  # b_gamma

@@ -12,6 +12,7 @@ from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
+from vitsinks.errors import BadValue
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
 from vitsinks.models.pathway import GlobalPathway, common_mode_terms
 
@@ -166,7 +167,7 @@ class SinkViT(VisionTransformer):
         proj = self.patch_embed.proj
         dim, feats = proj.out_channels, proj.weight[0].numel()
         if dim < feats + 1:
-            raise ValueError(f"model.patch_embed=orthonormal needs embed_dim >= {feats + 1} (channels x patch "
+            raise BadValue(f"model.patch_embed=orthonormal needs embed_dim >= {feats + 1} (channels x patch "
                              f"pixels + 1), got {dim}: raise model.embed_dim or lower model.patch_size")
         w = torch.randn(dim, feats)
         w -= w.mean(0, keepdim=True)  # orthogonal to the all-ones vector ...
@@ -253,17 +254,17 @@ def build_vit(
     position embedding is resampled); it changes no parameter.
     """
     if size not in SIZES:
-        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+        raise BadValue(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
     if gate not in GATES:
-        raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
+        raise BadValue(f"unknown gate {gate!r}; choose one of {GATES}")
     if attn not in ATTN_KINDS:
-        raise ValueError(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+        raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
     if patch_embed not in PATCH_EMBEDS:
-        raise ValueError(f"unknown patch embedding {patch_embed!r}; choose one of {PATCH_EMBEDS}")
+        raise BadValue(f"unknown patch embedding {patch_embed!r}; choose one of {PATCH_EMBEDS}")
     if pos_embed not in ("learn", "none"):
-        raise ValueError(f"unknown position embedding {pos_embed!r}; choose learn or none")
+        raise BadValue(f"unknown position embedding {pos_embed!r}; choose learn or none")
     if registers < 0:
-        raise ValueError(f"registers must be >= 0, got {registers}")
+        raise BadValue(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
     return SinkViT(
         gate=gate,
@@ -310,7 +311,7 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     try:
         model.load_state_dict(sd, strict=strict)
     except RuntimeError as err:
-        raise ValueError(
+        raise BadValue(
             f"state dict does not fit a {model.variant} ViT (dim {model.embed_dim}, depth {len(model.blocks)}, "
             f"{model.num_reg_tokens} registers): build the model with the checkpoint's configuration.\n{err}"
         ) from err
@@ -319,13 +320,15 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
 def _state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
     """A backbone state dict from a plain state-dict file, a {'state_dict'|'model': ...} wrapper, or a vitsinks
     training checkpoint (whose model holds `backbone.*`, `projector.*`, `probe.*`)."""
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    from vitsinks.checkpoint import backbone_state, load
+
+    obj = load(path)
     for key in ("model", "state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
-    if any(k.startswith("backbone.") for k in obj):
-        obj = {k[len("backbone."):]: v for k, v in obj.items() if k.startswith("backbone.")}
-    return obj
+    if not isinstance(obj, dict):
+        raise BadValue(f"{path} holds a {type(obj).__name__}, not a state dict: pass a state-dict file or checkpoint")
+    return backbone_state(obj)
 
 
 def pathway_kwargs(cfg: Any) -> dict[str, Any] | None:
@@ -360,9 +363,12 @@ def model_from_config(m: Any) -> SinkViT:
             try:
                 sd = timm.create_model(source, pretrained=True, num_classes=0).state_dict()
             except Exception as err:  # noqa: BLE001 - unknown name, no network, missing hub files
-                raise ValueError(
+                raise BadValue(
                     f"model.pretrained={source!r} is neither a file nor a timm model whose weights could be loaded "
                     f"({type(err).__name__}: {err}); pass a state-dict path or a timm name with cached weights"
                 ) from err
+        from vitsinks.checkpoint import check_finite
+
+        check_finite(sd, f"model.pretrained={source}")
         load_timm_state_dict(model, sd)
     return model

@@ -7,36 +7,44 @@ what the task guarantees. `broadcast_pathway` (SPEC section 7) also takes `n_see
 
 from __future__ import annotations
 
-import json
-import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from vitsinks import files
+from vitsinks.cli import parse_args, run_command
+from vitsinks.errors import ConfigError
 from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.tasks import TASKS
 
 PATHWAY_ONLY = ("n_seeds", "batch", "lr", "cm_penalty")
 
 
-def main(argv: list[str]) -> int:
-    schema = OmegaConf.structured({"task": "all", "steps": None, "seed": 0, "out": "runs/synthetic", "n_seeds": None,
-                                   "batch": None, "lr": None, "cm_penalty": None})
-    OmegaConf.set_struct(schema, True)
-    try:
-        args = OmegaConf.merge(schema, OmegaConf.from_dotlist(argv))
-    except Exception as err:  # noqa: BLE001 - omegaconf raises several kinds for bad keys / values
-        print(f"error: {err}\nusage: {__doc__.splitlines()[0]}", file=sys.stderr)
-        return 2
+@dataclass
+class SyntheticArgs:
+    task: str = "all"
+    steps: int | None = None
+    seed: int = 0
+    out: str = "runs/synthetic"
+    n_seeds: int | None = None
+    batch: int | None = None
+    lr: float | None = None
+    cm_penalty: float | None = None
+
+
+def synthetic_command(argv: Sequence[str]) -> int:
+    usage = __doc__.splitlines()[0]
+    args = parse_args(argv, SyntheticArgs, usage)
     names = list(TASKS) if args.task == "all" else [args.task]
     if any(n not in TASKS for n in names):
-        print(f"error: unknown task {args.task!r}; choose one of {[*TASKS, 'all']}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"unknown task {args.task!r}; choose one of {[*TASKS, 'all']}")
     extra = {k: args[k] for k in PATHWAY_ONLY if args[k] is not None}
     if extra and names != ["broadcast_pathway"]:
-        print(f"error: {', '.join(extra)} apply to task=broadcast_pathway only", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{', '.join(extra)} apply to task=broadcast_pathway only")
+    bad = [f"{k}={args[k]}" for k in ("steps", "n_seeds", "batch", "lr") if args[k] is not None and args[k] <= 0]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: must be > 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -44,12 +52,14 @@ def main(argv: list[str]) -> int:
         if args.steps is not None:
             kwargs["steps"] = args.steps
         result = TASKS[name](**kwargs)
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+        files.write_json(out / f"{name}.json", result)
         FIGURES[name](result, out / f"{name}.png")
         print(f"{name}: {out / (name + '.json')}, {out / (name + '.png')}")
         print(f"  expected: {result['expected']}")
     return 0
 
 
+main = run_command(synthetic_command)
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()

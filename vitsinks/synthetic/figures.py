@@ -7,17 +7,11 @@ from typing import Any
 
 import matplotlib
 
+from vitsinks.plotting import save_figure
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-
-def _finish(fig: plt.Figure, title: str, path: Path) -> Path:
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _matrix(ax: plt.Axes, m: Any, title: str) -> None:
@@ -43,7 +37,7 @@ def trigger_figure(r: dict[str, Any], path: Path) -> Path:
         axes[0].text(i, 0.5, f"err {models[n]['task_rel_error']:.1e}", ha="center", rotation=90, fontsize=7)
     _matrix(axes[1], models["softmax_1h"]["attention_mean"], "softmax, 1 head: mean attention (BOS = column 0)")
     _matrix(axes[2], models["relu_1h"]["attention_mean"], "ReLU, 1 head: mean attention")
-    return _finish(fig, "trigger task: normalisation forces a BOS sink", path)
+    return save_figure(fig, path, "trigger task: normalisation forces a BOS sink")
 
 
 def nop_figure(r: dict[str, Any], path: Path) -> Path:
@@ -59,7 +53,7 @@ def nop_figure(r: dict[str, Any], path: Path) -> Path:
     axes[2].set_xlabel("singular value index")
     axes[2].set_ylabel("share of the spectrum of W_Q W_K^T")
     axes[2].legend(fontsize=7)
-    return _finish(fig, "nop task: conditional damping makes a NOP sink and a spike in the QK spectrum", path)
+    return save_figure(fig, path, "nop task: conditional damping makes a NOP sink and a spike in the QK spectrum")
 
 
 def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
@@ -73,8 +67,8 @@ def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
             _matrix(axes[i], m[h], f"block {b} head {h}" + (" (hub)" if hub else ""))
             axes[i].axvline(r["source_example"], color="tab:red", lw=0.8, ls=":")
             i += 1
-    return _finish(fig, f"broadcast task: hub on the source (red), ratio_out {r['hub_ratio_out']:.2f}, "
-                        f"stable rank {r['hub_stable_rank']:.2f}", path)
+    return save_figure(fig, path, f"broadcast task: hub on the source (red), ratio_out {r['hub_ratio_out']:.2f}, "
+                                  f"stable rank {r['hub_stable_rank']:.2f}")
 
 
 FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_figure}
@@ -120,8 +114,8 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
     axes[2].set_xticks(x, arms)
     axes[2].set_ylabel("MSE increase when removed")
     axes[2].legend(fontsize=8)
-    return _finish(fig, f"controlled broadcast task: {r['n_seeds']} seeds x {r['steps']} steps, batch {r['batch']}, "
-                        f"lr {r['lr']}, lambda_B {r['cm_penalty']} (red x: reference means)", path)
+    return save_figure(fig, path, f"controlled broadcast task: {r['n_seeds']} seeds x {r['steps']} steps, batch "
+                                  f"{r['batch']}, lr {r['lr']}, lambda_B {r['cm_penalty']} (red x: reference means)")
 
 
 FIGURES["broadcast_pathway"] = broadcast_pathway_figure

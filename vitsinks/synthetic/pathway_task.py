@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from vitsinks.config import ObjectiveConfig
+from vitsinks.errors import BadValue
 from vitsinks.objective import CommonModePenalty
 from vitsinks.synthetic.model import SeqModel, train
 
@@ -83,7 +84,7 @@ def train_arm(arm: str, seed: int, steps: int, batch: int, lr: float = 1e-2, wei
               cm_penalty: float = 1.0, state_dim: int = 64) -> tuple[SeqModel, list[float]]:
     """One arm trained on the seed's batches (identical across arms)."""
     if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; choose one of {ARMS}")
+        raise BadValue(f"unknown arm {arm!r}; choose one of {ARMS}")
     torch.manual_seed(seed)
     pathway = None if arm == "attention" else {"state_dim": state_dim}
     model = SeqModel(64, None, dim=64, depth=2, heads=1, pathway=pathway)

@@ -1,0 +1,48 @@
+"""Optimizer and learning-rate schedule of a training run: AdamW with decoupled weight decay on matrices only,
+linear warmup then cosine."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+
+class WarmupCosine:
+    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
+        self.warmup, self.total, self.min_ratio = warmup, max(total, 1), min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the LeJEPA online
+    probe apart with its own learning rate; frozen parameters left out."""
+    decay, no_decay, probe = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith("probe."):
+            probe.append(p)
+            continue
+        skip = p.ndim < 2 or name.removeprefix("backbone.") in ("cls_token", "reg_token", "pos_embed")
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "lr": lr, "weight_decay": wd}, {"params": no_decay, "lr": lr, "weight_decay": 0.0}]
+    return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
+
+
+def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: int,
+                    total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `param_groups` and its per-step `WarmupCosine` schedule (warmup `train.warmup_epochs`)."""
+    t = cfg.train
+    optimizer = torch.optim.AdamW(param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr))
+    warmup = round(t.warmup_epochs * steps_per_epoch)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps, t.min_lr_ratio))
