@@ -49,6 +49,17 @@ def test_guarded_prints_user_errors_on_one_line_and_keeps_tracebacks_of_bugs(cap
     with pytest.raises(ValueError, match="internal invariant"):
         cli.guarded(bug)
 
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError
+
+    from vitsinks.config import DataConfig
+
+    def config_bug() -> None:  # vitsinks code reading a key the schema does not have: a bug, not a user's typo
+        OmegaConf.structured(DataConfig).nmae  # noqa: B018
+
+    with pytest.raises(ConfigAttributeError):
+        cli.guarded(config_bug)
+
 
 def test_parse_args_names_unknown_keys_wrong_types_and_stray_words() -> None:
     from vitsinks.bench.__main__ import BenchArgs

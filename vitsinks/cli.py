@@ -35,15 +35,11 @@ def fail(err: BaseException, code: int = 1) -> NoReturn:
 
 
 def guarded(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, with user errors and configurations that do not compose reported on one line."""
-    from hydra.errors import HydraException
-
+    """`fn(*args)`, with user errors (configurations that do not compose included, see `compose`) on one line."""
     try:
         return fn(*args)
     except (UserError, CheckFailed) as err:
         fail(err, err.exit_code)
-    except (HydraException, OmegaConfBaseException) as err:  # composition: unknown group/option, key, type
-        fail(ConfigError(composition_message(err)))
 
 
 def composition_message(err: BaseException) -> str:
@@ -79,10 +75,17 @@ def pick_data(cfg_data: DictConfig, ckpt_data: DictConfig, overridden: Sequence[
 
 
 def compose(overrides: Sequence[str]) -> DictConfig:
-    """The checked config of these overrides, composed as the command line would (see `config.load_config`)."""
+    """The checked config of these overrides, composed as the command line would (see `config.load_config`); a
+    composition error (unknown group or option, misspelt key, wrong type, value outside a closed set) becomes a
+    `ConfigError` with Hydra's message on one line. Errors of vitsinks' own code keep their type and traceback."""
+    from hydra.errors import HydraException
+
     from vitsinks.config import load_config
 
-    return load_config(list(overrides))
+    try:
+        return load_config(list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(composition_message(err)) from None
 
 
 def rewrite_aliases(argv: Sequence[str], aliases: dict[str, str], lists: Sequence[str] = ()) -> list[str]:

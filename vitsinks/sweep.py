@@ -26,7 +26,12 @@ LENGTH_KEYS = ("train.epochs", "train.max_steps", "train.batch_size", "data.trai
 
 def expand(overrides: list[str]) -> list[list[str]]:
     """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot parse the sweep's overrides: {' '.join(str(err).split())}") from None
     axes = []
     for o in parsed:
         key = o.get_key_element()

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 from vitsinks.config import DataConfig
 from vitsinks.data.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
 from vitsinks.data.fashion_mnist import FashionMNIST
-from vitsinks.data.imagefolder import BadImage, ImageFolderSplit, read_item
+from vitsinks.data.imagefolder import BadImage, ImageFolderSplit, read_item, train_classes
 from vitsinks.data.sinktasks import SinkTask, is_sink_task, sink_task_name
 from vitsinks.data.synthetic import SyntheticShapes
 from vitsinks.errors import BadValue, InputNotFound
@@ -48,7 +48,7 @@ def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
         return FashionMNIST(root, split, size=cfg.image_size)
     if cfg.name == "imagenet":
         root = check_root(cfg.root, "imagenet", "/datasets/imagenet")
-        return ImageFolderSplit(root, split, classes=None if split == "train" else ImageFolderSplit(root).classes)
+        return ImageFolderSplit(root, split, classes=None if split == "train" else train_classes(root))
     raise BadValue(f"unknown data.name {cfg.name!r}; choose one of {DATASETS}")
 
 

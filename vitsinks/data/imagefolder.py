@@ -9,6 +9,7 @@ from typing import Any
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import find_classes
 
 from vitsinks.errors import BadValue, InputNotFound, UserError
 
@@ -39,6 +40,15 @@ def read_item(dataset: Dataset, index: int, on_bad_image: str = "skip") -> Any:
             raise BadImage(f"{err} (set data.on_bad_image=skip to skip such files)") from err
         log.warning("skipping %s", err)
         return None
+
+
+def train_classes(root: str | Path) -> list[str]:
+    """The class folders of `<root>/train` (torchvision's order), without scanning their images."""
+    folder = Path(root) / "train"
+    if not folder.is_dir():
+        raise InputNotFound(f"no 'train' split at {folder}: the train split's class folders number the labels of "
+                            f"every split")
+    return find_classes(str(folder))[0]
 
 
 class ImageFolderSplit(ImageFolder):
