@@ -12,12 +12,13 @@ from omegaconf import OmegaConf
 from vitsinks import sweep as sw
 from vitsinks.cli import compose
 from vitsinks.errors import ConfigError
+from vitsinks.launch import _absolute
 from vitsinks.train import Trainer
 
 
 def _named(overrides: list[str]) -> list[str]:
     combos = sw.expand(overrides)
-    cfgs = [OmegaConf.create(OmegaConf.to_container(compose(c), resolve=True)) for c in combos]
+    cfgs = [_absolute(compose(c)) for c in combos]  # as the sweep itself composes them
     sw.name_runs(combos, cfgs)
     return [c.name for c in cfgs]
 

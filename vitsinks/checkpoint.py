@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from vitsinks import files
-from vitsinks.errors import BadValue, NonFinite
+from vitsinks.errors import BadValue, InputNotFound, NonFinite
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -121,8 +121,6 @@ def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
     """The backbone of a vitsinks checkpoint file, built from the configuration stored in it."""
     path = Path(path)
     if not path.is_file():
-        from vitsinks.errors import InputNotFound
-
         raise InputNotFound(f"checkpoint {path} not found")
     return backbone_from_state(load(path), path)
 

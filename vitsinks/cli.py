@@ -5,9 +5,9 @@
   composition, then the command's function.
 - Plain commands (`leaderboard`, `synthetic`, `bench`) parse `key=value` arguments against a typed schema with
   `parse_args` (misspelt keys and wrong types name themselves) and run under `run_command`.
-- `guarded` turns a `UserError` into `error: <message>` on one line with its exit code (1; a failed built-in check
-  `CheckFailed`: 3), and a configuration that does not compose into the same one line; any other exception is a
-  bug and keeps its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
+- `compose` turns a configuration that does not compose into a `ConfigError`; `guarded` turns a `UserError` into
+  `error: <message>` on one line with its exit code (1; a failed built-in check `CheckFailed`: 3); any other
+  exception is a bug and keeps its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))
     (out / "shards").mkdir(parents=True, exist_ok=True)
-    files.write_text(out / "shards" / "array.json", json.dumps({"job_ids": [j.job_id for j in jobs]}, indent=1))
+    files.write_json(out / "shards" / "array.json", {"job_ids": [j.job_id for j in jobs]})
     print(f"submitted SLURM job array {jobs[0].job_id.split('_')[0]} ({len(jobs)} shards); when it has finished:\n"
           f"  python -m vitsinks.intervene merge={out}")
     return out

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from vitsinks import sweep as sw
-from vitsinks.cli import compose, guarded, hydra_command
+from vitsinks.cli import compose, guarded, hydra_command, parse_args
 from vitsinks.config import exp_names, to_container
 from vitsinks.errors import ConfigError, UserError
 from vitsinks.models import run_variant
@@ -53,8 +53,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _absolute(cfg: DictConfig) -> DictConfig:
     """A plain resolved copy with an absolute runs_dir (a SLURM job does not start where it was submitted)."""
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.create(to_container(cfg))
     cfg.runs_dir = str(Path(cfg.runs_dir).resolve())
     return cfg
@@ -148,8 +146,6 @@ def status(sweep: str) -> int:
 
 
 def status_command(args: Sequence[str]) -> int:
-    from vitsinks.cli import parse_args
-
     usage = "python -m vitsinks.launch status sweep=<sweep folder>"
     parsed = parse_args(args, {"sweep": None}, usage)
     if not parsed.sweep:

@@ -222,7 +222,7 @@ def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]],
     folder = out / "shards" / f"{shard}-of-{nshards}"
     folder.mkdir(parents=True, exist_ok=True)
     write_rows(rows, folder / "rows.csv")
-    files.write_text(folder / "meta.json", json.dumps(meta, indent=1))
+    files.write_json(folder / "meta.json", meta)
     return folder
 
 
