@@ -144,3 +144,11 @@ def test_a_command_reading_a_checkpoint_keeps_its_data_unless_the_command_line_c
     assert cli.pick_data(cli_data, ckpt_data, ["data", "data.root"]).name == "voc"
     only_policy = cli.pick_data(cli_data, ckpt_data, ["data.on_bad_image"])
     assert (only_policy.name, only_policy.root, only_policy.on_bad_image) == ("imagenet", "/i", "error")
+
+
+def test_a_string_argument_is_taken_as_written() -> None:
+    from vitsinks.cli import parse_args
+    from vitsinks.leaderboard import LeaderboardArgs
+
+    args = parse_args(["runs=x", "title=sink tasks: 1 block, 2 heads"], LeaderboardArgs, "usage")
+    assert args.title == "sink tasks: 1 block, 2 heads" and args.out is None  # not the YAML mapping {sink tasks: ...}

@@ -202,3 +202,108 @@ def test_the_recomputation_check_fails_loudly_and_writes_nothing(tmp_path, monke
     with pytest.raises(CheckFailed, match=r"block \d differs .* by 1\.\d+e-03 .*tolerance 1e-04"):
         run_diagnostics(model, images, shown, tmp_path / "bad", None)
     assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+def _hand_fields() -> dict[str, np.ndarray]:
+    """2 images x 3 blocks x 2 heads, one register (token 0 [CLS], 1 the register, 2.. patches). Events per
+    (image, block, head) are written next to each value; `ratio_out` equals `ratio_head`, so only the stable-rank
+    test separates the default summary's classes from the sink table's."""
+    # image 0: b0h0 relaxed + Def.1 at every eps (min_a 0.95), NOP, [CLS]; b0h1 none;
+    #          b1h0 relaxed, Def.1 eps 0.5 / 0.3 (0.75), ratio 0.6 with stable rank 3, patch;
+    #          b1h1 relaxed, Def.1 eps 0.5 (0.55), ratio 0.3 (unclassified), register;
+    #          b2h0 none; b2h1 relaxed, Def.1 eps 0.5 / 0.3 / 0.2 (0.85), NOP, [CLS].
+    # image 1: b0h0 relaxed (routed_frac exactly 0.9), no Def.1 (0.4), broadcast (2.0), patch; b0h1 none;
+    #          b1h0 Def.1 eps 0.5 only (0.6, routed_frac 0.89 < 0.9), ratio exactly 0.2 (NOP), [CLS];
+    #          b1h1 relaxed, Def.1 at every eps (0.92), ratio exactly 0.5 (broadcast), register; block 2 none.
+    ratio = np.array([[[0.1, 1.0], [0.6, 0.3], [1.0, 0.05]], [[2.0, 1.0], [0.2, 0.5], [1.0, 1.0]]])
+    return {
+        "routed_frac": np.array([[[1.0, 0.5], [0.95, 0.92], [0.2, 1.0]], [[0.9, 0.1], [0.89, 1.0], [0.0, 0.3]]]),
+        "min_a": np.array([[[0.95, 0.3], [0.75, 0.55], [0.0, 0.85]], [[0.4, 0.0], [0.6, 0.92], [0.0, 0.1]]]),
+        "ratio_head": ratio, "ratio_out": ratio.copy(),
+        "stable_rank": np.array([[[1.0, 1.0], [3.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]]),
+        "sink_idx": np.array([[[0, 4], [5, 1], [3, 0]], [[3, 2], [0, 1], [2, 2]]]),
+        "mass": np.full((2, 3, 2), 0.5), "num_registers": np.array(1),
+    }
+
+
+# counted by hand from _hand_fields, blocks 1..2, averaged over the 2 images:
+# rule -> (total, total_patch, total_cls, total_reg, bc, bc_patch, bc_cls, bc_reg, nop, nop_patch, nop_cls, nop_reg)
+HAND_TABLE = {
+    ("relaxed", None): (2.0, 0.5, 0.5, 1.0, 1.0, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0),
+    ("def1", 0.5): (2.5, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0, 0.5, 1.0, 0.0, 1.0, 0.0),
+    ("def1", 0.3): (1.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0),
+    ("def1", 0.2): (1.0, 0.0, 0.5, 0.5, 0.5, 0.0, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0),
+    ("def1", 0.1): (0.5, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0),
+}
+TABLE_COLUMNS = [f"{c}{p}" for c in ("total", "bc", "nop") for p in ("", "_patch", "_cls", "_reg")]
+
+
+def test_sink_table_counts_by_hand() -> None:
+    from vitsinks.diagnostics.sinktable import COLUMNS, sink_table
+
+    assert COLUMNS == TABLE_COLUMNS
+    t = sink_table(_hand_fields())
+    assert [(r["rule"], r["eps"]) for r in t["rows"]] == list(HAND_TABLE)
+    for r in t["rows"]:
+        assert tuple(r[c] for c in TABLE_COLUMNS) == HAND_TABLE[(r["rule"], r["eps"])], (r["rule"], r["eps"])
+    assert t["blocks_counted"] == "1..L-1" and t["images"] == 2 and t["registers"] == 1
+
+
+def test_sink_table_block0_on_request_and_a_one_block_model() -> None:
+    from vitsinks.diagnostics.sinktable import sink_table
+
+    d = _hand_fields()
+    rows = {(r["rule"], r["eps"]): r for r in sink_table(d, block0=True)["rows"]}
+    # block 0 adds image 0's NOP [CLS] event (relaxed and every eps) and image 1's broadcast patch event (relaxed)
+    relaxed = rows[("relaxed", None)]
+    assert (relaxed["total"], relaxed["nop"], relaxed["bc"], relaxed["total_cls"], relaxed["bc_patch"]) == \
+        (3.0, 1.0, 1.5, 1.0, 1.0)
+    assert (rows[("def1", 0.1)]["total"], rows[("def1", 0.1)]["nop_cls"]) == (1.0, 0.5)
+    one = {k: v[:, :1] if getattr(v, "ndim", 0) == 3 else v for k, v in d.items()}  # block 0 alone
+    t = sink_table(one)
+    assert t["blocks_counted"] == "0 (the only block)" and t["rows"][0]["total"] == 1.0  # its only block counts
+
+
+def test_sink_table_classes_use_ratio_head_alone_unlike_the_default_summary() -> None:
+    from vitsinks.diagnostics.sinktable import sink_table
+
+    d = _hand_fields()
+    extra = {"massive_token": np.zeros((2, 3), int), "massive_ratio": np.ones((2, 3)),
+             "token_norm_max": np.ones((2, 3)), "qk_sigma1_frac": np.full((3, 2), 0.5),
+             "qk_sigma1_over_sigma2": np.ones((3, 2)), "recompute_error": np.zeros(3)}
+    s = summarize({**d, **extra})
+    # image 0, block 1, head 0: ratio 0.6 with stable rank 3 -> unclassified by default, broadcast-like here
+    assert s["sinks_per_image"]["broadcast"]["patch"] == 0.0 and s["sinks_per_image"]["unclassified"]["patch"] == 0.5
+    assert sink_table(d)["rows"][0]["bc_patch"] == 0.5
+    assert s["rule"] == {"events": "relaxed", "eps": 0.5, "ratio": "ratio_out", "use_stable_rank": True,
+                         "blocks_counted": "1..L-1"}
+
+
+def test_sink_table_refuses_eps_above_one_half() -> None:
+    from vitsinks.diagnostics.sinktable import sink_table
+    from vitsinks.errors import BadValue
+
+    with pytest.raises(BadValue, match=r"0 < eps <= 0\.5 .* got eps 0\.6$"):
+        sink_table(_hand_fields(), eps=(0.5, 0.6))
+
+
+def test_run_diagnostics_writes_the_sink_table_beside_the_summary(tmp_path) -> None:
+    import csv
+
+    from vitsinks.config import DiagnosticsConfig
+    from vitsinks.diagnostics import run_diagnostics
+    from vitsinks.diagnostics.sinktable import sink_table
+
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, depth=2, embed_dim=48, num_heads=3, registers=2)
+    run_diagnostics(model, torch.randn(3, 3, 32, 32), np.zeros((3, 32, 32, 3), np.uint8), tmp_path,
+                    DiagnosticsConfig(plots=False, block0=True))
+    md = (tmp_path / "sink_table.md").read_text().splitlines()
+    assert md[0].startswith("Sinks per image, 3 images, blocks 0..L-1 of 2; classes by ratio_head alone")
+    assert "no stable-rank test" in md[0] and md[2].startswith("| rule | total | total_patch |")
+    rows = list(csv.DictReader((tmp_path / "sink_table.csv").open()))
+    assert [r["rule"] for r in rows] == ["relaxed", "def1", "def1", "def1", "def1"]
+    assert {r["blocks_counted"] for r in rows} == {"0..L-1"} and {r["ratio"] for r in rows} == {"ratio_head"}
+    expected = sink_table(dict(np.load(tmp_path / "per_image.npz")), block0=True)["rows"]
+    for got, want in zip(rows, expected, strict=True):
+        assert [float(got[c]) for c in TABLE_COLUMNS] == pytest.approx([want[c] for c in TABLE_COLUMNS])

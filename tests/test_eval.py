@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ from conftest import TINY, require_fashion_mnist, tiny_cfg
 from PIL import Image
 
 from vitsinks.config import DataConfig
-from vitsinks.eval.dense import DenseHead, evaluate
+from vitsinks.eval.dense import DenseHead, evaluate, predict_examples
+from vitsinks.eval.dense_protocols import PROTOCOLS
 from vitsinks.eval.linear import train_grid
 from vitsinks.eval.metrics import iou_from_confusion
 from vitsinks.eval.segdata import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
@@ -55,7 +57,8 @@ def test_ignore_index_is_left_out_of_the_confusion_matrix() -> None:
     label = np.full((40, 48), IGNORE, np.uint8)  # larger than the model input: sliding window
     label[:10, :] = 1
     label[10:12, :] = 2
-    metrics, shown = evaluate(model, head, _Constant(label), 3, 32, examples=1)
+    metrics = evaluate(model, head, _Constant(label), 3, 32)
+    shown = predict_examples(model, head, _Constant(label), replace(PROTOCOLS["dinov2"], size=32), 1)
     conf = torch.tensor(metrics["confusion"])
     assert conf.sum() == 12 * 48 and conf[1, 1] == 10 * 48 and conf[2, 1] == 2 * 48
     assert metrics["pixel_acc"] == pytest.approx(10 / 12)
@@ -159,6 +162,7 @@ def test_linear_and_dense_clis_on_the_embedded_default(runs: Path) -> None:
                            capture_output=True, text=True, timeout=600)
     assert dense.returncode == 0, dense.stderr
     d = json.loads((runs / "ev" / "results" / "dense_synthetic.json").read_text())
+    assert d["protocol"] == "dinov2" and "dense probe (dinov2) on synthetic" in dense.stdout
     assert d["classes"] == 5 and 0 <= d["mIoU"] <= 1 and len(d["per_class_iou"]) == 5
     assert (runs / "ev" / "results" / "dense_synthetic.png").stat().st_size > 5000
     missing = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={ckpt}", "data=voc",
@@ -243,10 +247,10 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
         assert np.array_equal(axes[3 * row].images[0].get_array(), np.asarray(img))
         colours = axes[3 * row + 1].images[0].get_array().reshape(-1, 3)
         assert len(np.unique(colours, axis=0)) == len(np.unique(label))
-    head = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["head"]
+    head = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
     second = dense.run(_eval_cfg(runs, ckpt))
-    assert first["mIoU"] == second["mIoU"] and first["train_loss"] == second["train_loss"]
-    again = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["head"]
+    assert first["mIoU"] == second["mIoU"] and first["probes"][0]["train_loss"] == second["probes"][0]["train_loss"]
+    again = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
     assert all(torch.equal(head[k], again[k]) for k in head)
     augmented = [dense.run(_eval_cfg(runs, ckpt, "eval.dense_augment=true"))["mIoU"] for _ in range(2)]
     assert augmented[0] == augmented[1]
@@ -318,3 +322,6 @@ def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_pa
     assert "2007_000039.jpg" in line
     result = dense.run(_eval_cfg(runs, ckpt, *voc_data))  # skipped under the default policy
     assert result["val_images"] == 2 and 0 <= result["mIoU"] <= 1
+
+
+# Dense-probe protocols: dinov2 (BatchNorm + 1x1 conv, sliding window) and the reference's kempner / kempner_cached.

@@ -11,9 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import bar_heights, tiny_cfg
+from test_redirect import final_patch_relrms_with, rescaled
 
+from vitsinks.checkpoint import load_backbone
 from vitsinks.config import load_config
+from vitsinks.data import build_dataset
+from vitsinks.data.selection import permutation
 from vitsinks.diagnose import diagnose_checkpoint
 from vitsinks.intervene import run
 from vitsinks.interventions import report
@@ -66,6 +71,19 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
         rows = list(csv.DictReader(f))
     assert len(rows) == 96 * 2 * 6  # images x heads x edits (no gate, no registers)
     assert {r["event_class"] for r in rows} == {"nop"} and {r["sink_loc"] for r in rows} == {"cls"}
+    order = permutation(512, 0)  # the default protocol: the val split (512 items) permuted with seed 0
+    zero_rows = [r for r in rows if r["edit"] == "zero_sink_value" and r["head"] == "0"]
+    assert [int(r["image_index"]) for r in zero_rows] == order[:96]
+    for r in rows:
+        i = int(r["image"])
+        donor = order[i // 32 * 32 + (i % 32 + 1) % 32]  # the next image of its batch of 32
+        assert int(r["donor_index"]) == (donor if r["edit"].startswith("donor") else -1)
+        random = r["edit"] in ("donor_nonsink_value", "zero_random_nonsink_value")
+        assert (1 <= int(r["random_token"]) < 65) if random else int(r["random_token"]) == -1
+    assert summary["protocol"]["name"] == "vitsinks" and summary["images"]["heldout"] == 32
+    assert {k: summary["images"][k] for k in ("order", "seed", "edited")} == {"order": "permuted", "seed": 0,
+                                                                               "edited": 96}
+    assert "Protocol vitsinks: images in the order of the permutation seed 0" in (folder / "by_class.md").read_text()
     assert float(summary["checks"]["value_edit_error_max"]) < 1e-8
     assert "| nop | redirect_sink_attention | 2 |" in (folder / "by_class.md").read_text()
     assert (folder / "interventions.png").stat().st_size > 10_000 and (folder / "config.yaml").is_file()
@@ -90,6 +108,23 @@ def test_broadcast_task_sink_moves_every_patch_coherently_towards_the_donor(task
     assert _cell(one, "broadcast", "donor_sink_value")["donor_cosine"] >= 0.9
 
 
+def test_redirect_on_the_broadcast_task_agrees_with_float64_row_by_row(task_runs: dict[str, Path]) -> None:
+    """Acceptance: every row of the redirect edit, rebuilt from its recorded split index and sink in a float64 copy
+    of the checkpoint (probability rescaling, exact in float64 at these leads), within 1e-3 relative."""
+    run_dir = task_runs["broadcast"]
+    _, out = run(_cfg(run_dir, "intervene.edits=[redirect_sink_attention]", f"intervene.out={run_dir / 'iv_red'}"))
+    rows = report.read_rows(out / "interventions.csv")
+    model, ccfg = load_backbone(run_dir / "checkpoints" / "last.pt")
+    val = build_dataset(ccfg.data, "val", ccfg.seed)
+    for head in (0, 1):
+        mine = [r for r in rows if r["head"] == head]
+        x = torch.stack([val[r["image_index"]][0] for r in mine])
+        sink = torch.tensor([r["sink_idx"] for r in mine])
+        truth = final_patch_relrms_with(model, x, 0, head, sink, torch.float64, rescaled)
+        ours = np.array([r["final_patch_relrms"] for r in mine])
+        assert len(mine) == 96 and (np.abs(ours - truth) / truth < 1e-3).all()
+
+
 def test_reused_diagnostics_are_checked_against_the_live_ones(task_runs: dict[str, Path]) -> None:
     run_dir = task_runs["nop"]
     ckpt = run_dir / "checkpoints" / "last.pt"
@@ -109,7 +144,7 @@ def test_reused_diagnostics_are_checked_against_the_live_ones(task_runs: dict[st
 
 def test_shards_merge_to_the_unsharded_result(task_runs: dict[str, Path], tmp_path: Path) -> None:
     run_dir = task_runs["nop"]
-    base = ["intervene.edits=[zero_sink_value,donor_nonsink_value]", "intervene.n_images=40"]
+    base = ["intervene.edits=[zero_sink_value,donor_sink_value]", "intervene.n_images=40"]  # no random draws
     run(_cfg(run_dir, *base, f"intervene.out={tmp_path / 'whole'}"))
     sharded = tmp_path / "sharded"
     for k in (0, 1):
@@ -141,7 +176,7 @@ def test_online_probe_effects_and_register_edit_on_a_lejepa_checkpoint(runs: Pat
 @pytest.mark.parametrize(("override", "message"), [
     ("intervene.heads=[0:7]", "head 7 is out of range"), ("intervene.edits=[zap]", "unknown edit"),
     ("intervene.edits=[open_gate]", "needs a gated model"), ("intervene.edits=[drop_registers]", "register tokens"),
-    ("intervene.n_images=9999", "validation split has 512 items")])
+    ("intervene.n_images=9999", "9999 \\+ 32 images were asked for but the split has 512")])
 def test_bad_input_is_refused_with_its_fix(task_runs: dict[str, Path], override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         run(_cfg(task_runs["nop"], override))

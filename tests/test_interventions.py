@@ -4,24 +4,26 @@ forward, and the theory's predictions on the synthetic tasks' trained models."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from test_redirect import cls_sink_vit, hand_relrms
 
 from vitsinks.config import InterveneConfig
-from vitsinks.interventions import from_sequence_model, from_vit, intervene
+from vitsinks.interventions import from_sequence_model, from_vit, intervene, stage_one
 from vitsinks.interventions.edits import (
+    Draws,
     ValueEdit,
     apply_value,
     check_value_edit,
     random_patch,
-    redirect,
     resolve_edits,
     value_edit,
 )
 from vitsinks.interventions.engine import NoSinkHeads, Rules, patch_metrics, probe_metrics, select_heads
-from vitsinks.interventions.report import by_class, by_head
+from vitsinks.interventions.report import by_class, by_head, to_markdown, write_outputs
 from vitsinks.models import build_vit
 from vitsinks.synthetic.tasks import broadcast_batch, nop_batch, train_broadcast, train_nop
 
@@ -38,16 +40,6 @@ def test_value_edit_check_matches_the_closed_form_and_catches_a_misplaced_edit()
     assert check_value_edit(attn, v, wrong, edit, w) > 1e-3
 
 
-def test_redirect_moves_the_sink_column_to_the_other_keys_in_proportion() -> None:
-    a = torch.tensor([[[0.5, 0.25, 0.25], [1.0, 0.0, 0.0], [0.2, 0.2, 0.6]]])
-    r = redirect(a, torch.tensor([0]))
-    assert torch.allclose(r[0, 0], torch.tensor([0.0, 0.5, 0.5]))
-    assert torch.equal(r[0, 1], torch.zeros(3))  # nothing else to attend to: stays at zero
-    assert torch.allclose(r[0, 2], torch.tensor([0.0, 0.25, 0.75]))
-    relu_like = torch.tensor([[[0.3, 0.1, 0.2]]])  # rows that do not sum to 1 keep their sum
-    assert torch.allclose(redirect(relu_like, torch.tensor([2])).sum(-1), relu_like.sum(-1))
-
-
 def test_random_patch_never_picks_the_excluded_token_or_a_prefix_token() -> None:
     g = torch.Generator().manual_seed(0)
     exclude = torch.tensor([0, 3, 7] * 200)
@@ -57,17 +49,22 @@ def test_random_patch_never_picks_the_excluded_token_or_a_prefix_token() -> None
 
 
 def test_value_edits_take_the_values_they_name() -> None:
-    g = torch.Generator().manual_seed(1)
-    v = torch.randn(3, 6, 2, generator=g)
+    v = torch.randn(3, 6, 2, generator=torch.Generator().manual_seed(1))
     sink, donor = torch.tensor([0, 4, 2]), torch.tensor([1, 2, 0])
-    e = value_edit("donor_sink_value", v, sink, donor, 1, None, g)
+    own = torch.tensor([1, 5, 3])
+    draws = Draws(own, torch.tensor([2, 1, 4]))
+    e = value_edit("donor_sink_value", v, sink, donor, None, draws)
     assert torch.equal(e.pos, sink) and torch.equal(e.new, torch.stack([v[1, 4], v[2, 2], v[0, 0]]))
+    e = value_edit("donor_nonsink_value", v, sink, donor, None, draws)
+    assert torch.equal(e.pos, sink) and torch.equal(e.new, torch.stack([v[1, 2], v[2, 1], v[0, 4]]))
     mean = torch.ones(2)
-    assert torch.equal(value_edit("mean_sink_value", v, sink, donor, 1, mean, g).new, torch.ones(3, 2))
-    z = value_edit("zero_random_nonsink_value", v, sink, donor, 1, None, g)
-    assert (z.pos != sink).all() and (z.pos >= 1).all() and not z.new.any()
+    assert torch.equal(value_edit("mean_sink_value", v, sink, donor, mean, draws).new, torch.ones(3, 2))
+    z = value_edit("zero_random_nonsink_value", v, sink, donor, None, draws)
+    assert torch.equal(z.pos, own) and not z.new.any()
     with pytest.raises(ValueError, match="held-out"):
-        value_edit("mean_sink_value", v, sink, donor, 1, None, g)
+        value_edit("mean_sink_value", v, sink, donor, None, draws)
+    with pytest.raises(ValueError, match="random patches"):
+        value_edit("zero_random_nonsink_value", v, sink, donor, None, None)
 
 
 @pytest.mark.parametrize(("requested", "gated", "registers", "message"), [
@@ -147,27 +144,35 @@ def _vit() -> torch.nn.Module:
                      registers=2, layerscale_init=0.5).eval()
 
 
+def _without_token(model: torch.nn.Module, x: torch.Tensor, block: int, head: int,
+                   pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final tokens, final tokens with head `block:head`'s contribution through token pos[b] removed) by the
+    model's own (fused) forward, a hook subtracting ls * W_O^h (g_i * A_ip v_p) from that block's attention output."""
+    with torch.no_grad():
+        blk, h_in = model.blocks[block], model.embed_tokens(x)
+        for earlier in model.blocks[:block]:
+            h_in = earlier(h_in)
+        it = blk.attn.internals(blk.norm1(h_in))
+        hd, batch = blk.attn.head_dim, torch.arange(len(x))
+        contrib = it.attn[batch, head, :, pos].unsqueeze(-1) * it.v[batch, head, pos].unsqueeze(1)
+        contrib = contrib * it.gate[:, :, head]  # (B, N, hd)
+        delta = contrib @ blk.attn.proj.weight[:, head * hd : (head + 1) * hd].T  # LayerScale: the block's
+        hook = blk.attn.register_forward_hook(lambda mod, inp, out: out - delta)
+        edited = model.norm(model.blocks(model.embed_tokens(x)))
+        hook.remove()
+        return model.norm(model.blocks(model.embed_tokens(x))), edited
+
+
 def test_zero_sink_value_equals_the_models_own_forward_with_the_closed_form_change() -> None:
-    """A second path: the model's own (fused) forward, with a hook that subtracts the sink's contribution
-    ls * W_O^h (g_i * A_is v_s) from the edited block's attention output, must give the same final tokens."""
+    """A second path: the model's own (fused) forward without the sink's contribution to the head's output."""
     model, subject, x, d = _setup()
     st = InterveneConfig(n_images=4, heads=["1:1"], edits=["zero_sink_value"], batch_size=4)
-    with torch.no_grad():
-        blk = model.blocks[1]
-        h_in = model.blocks[0](subject.embed(x))
-        it = blk.attn.internals(blk.norm1(h_in))
-        sink = it.attn[:, 1].mean(-2).argmax(-1)
-        hd = blk.attn.head_dim
-        contrib = it.attn[torch.arange(4), 1, :, sink].unsqueeze(-1) * it.v[torch.arange(4), 1, sink].unsqueeze(1)
-        contrib = contrib * it.gate[:, :, 1]  # (B, N, hd)
-        delta = contrib @ blk.attn.proj.weight[:, hd : 2 * hd].T  # before LayerScale, which the block applies
-        hook = blk.attn.register_forward_hook(lambda mod, inp, out: out - delta)
-        expected = model.norm(model.blocks(subject.embed(x)))  # the model's own forward, through the hook
-        hook.remove()
-        base = model.norm(model.blocks(subject.embed(x)))
+    sink = torch.as_tensor(d["sink_idx"][:, 1, 1])
+    base, expected = _without_token(model, x, 1, 1, sink)
     res = intervene(subject, x, None, x[:0], st, stage1=d, progress=False)
     ours = [r["final_patch_relrms"] for r in res.rows]
-    assert np.allclose(ours, _hand_relrms(base, expected, sink.tolist()), rtol=1e-4, atol=1e-7)
+    assert [r["sink_idx"] for r in res.rows] == sink.tolist()
+    assert np.allclose(ours, hand_relrms(base, expected, sink.tolist()), rtol=1e-4, atol=1e-7)
     assert min(ours) > 0
     assert float(res.checks.as_dict()["value_edit_error_max"]) < 1e-8
     assert float(res.checks.as_dict()["recompute_error_max"]) < 1e-4
@@ -182,16 +187,6 @@ def _setup(with_events: bool = True) -> tuple[torch.nn.Module, object, torch.Ten
     d = {"routed_frac": fill((4, 3, 2)), "min_a": fill((4, 3, 2)), "ratio_out": np.zeros((4, 3, 2)),
          "stable_rank": np.ones((4, 3, 2)), "sink_idx": _sinks(model, x)}
     return model, from_vit(model), x, d
-
-
-def _hand_relrms(base: torch.Tensor, edited: torch.Tensor, sinks: list[int], num_prefix: int = 3) -> np.ndarray:
-    """Per image, the rel. RMS change over the patch tokens with the sink token (when it is a patch) left out."""
-    out = []
-    for i, s in enumerate(sinks):
-        keep = [j for j in range(num_prefix, base.shape[1]) if j != s]
-        d, p = edited[i, keep] - base[i, keep], base[i, keep]
-        out.append(float((d**2).sum(-1).mean().sqrt() / (p**2).sum(-1).mean().sqrt()))
-    return np.array(out)
 
 
 def _sinks(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
@@ -223,7 +218,7 @@ def test_gate_and_register_edits_change_what_they_should() -> None:
         hook.remove()
         base = model.norm(model.blocks(model.embed_tokens(x)))
     ours = [r["final_patch_relrms"] for r in res.rows if r["edit"] == "close_gate"]
-    assert np.allclose(ours, _hand_relrms(base, closed, d["sink_idx"][:, 2, 0].tolist()), rtol=1e-4, atol=1e-7)
+    assert np.allclose(ours, hand_relrms(base, closed, d["sink_idx"][:, 2, 0].tolist()), rtol=1e-4, atol=1e-7)
 
 
 def _by_class(rows: list[dict], n_blocks: int) -> dict:
@@ -277,3 +272,98 @@ def test_a_model_with_non_finite_weights_is_refused_not_measured() -> None:
     with pytest.raises(ValueError, match="not finite"):
         intervene(subject, x, None, x[:0], InterveneConfig(heads=["1:0"], edits=["zero_sink_value"]), stage1=d,
                   progress=False)
+
+
+def _ranked_fields(model: torch.nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Stage-1 fields of the tiny ViT with NOP event counts 4 (2:1) > 3 (1:0) > 2 (2:0) > 1 (0:1) (ranked order
+    is not the sorted order) at the model's real sinks."""
+    d = {"routed_frac": np.zeros((4, 3, 2)), "min_a": np.zeros((4, 3, 2)), "ratio_out": np.zeros((4, 3, 2)),
+         "stable_rank": np.ones((4, 3, 2)), "sink_idx": _sinks(model, x)}
+    for (b, h), n in {(2, 1): 4, (1, 0): 3, (2, 0): 2, (0, 1): 1}.items():
+        d["routed_frac"][:n, b, h] = 1.0
+    return d
+
+
+def _replay_draws(seed: int, shard: int, batches: list[tuple[int, int]], heads: list[tuple[int, int]],
+                  sinks: np.ndarray, n_tokens: int, num_prefix: int) -> dict[tuple[int, int, int], tuple[int, int]]:
+    """The stated protocol, replayed: one generator seeded seed + 1000 * shard; per batch, per head in sorted order,
+    a uniform patch per image for its own tokens, then one for its donor's (the next image of the batch), each
+    moved to the next patch (cyclically) when it hits the excluded sink. {(image, block, head): (own, donor)}"""
+    gen = torch.Generator().manual_seed(seed + 1000 * shard)
+    n_patch = n_tokens - num_prefix
+    out = {}
+    for lo, hi in batches:
+        for b, h in sorted(heads):
+            s = sinks[lo:hi, b, h]
+            drawn = []
+            for excl in (s, np.roll(s, -1)):
+                r = torch.randint(0, n_patch, (hi - lo,), generator=gen).numpy()
+                drawn.append(np.where(num_prefix + r == excl, num_prefix + (r + 1) % n_patch, num_prefix + r))
+            for i in range(hi - lo):
+                out[(lo + i, b, h)] = (int(drawn[0][i]), int(drawn[1][i]))
+    return out
+
+
+def test_shards_run_the_sorted_heads_and_rows_name_their_images_donors_and_draws() -> None:
+    model, subject, x, _ = _setup()
+    x = torch.cat([x, torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))])
+    d = _ranked_fields(model, x[:4])
+    d = {k: np.concatenate([v, v[:2]]) for k, v in d.items()}
+    d["sink_idx"] = _sinks(model, x)
+    split = [40, 7, 13, 2, 31, 8]  # the images' indices in their split
+    edits = ["donor_sink_value", "donor_nonsink_value", "zero_random_nonsink_value", "zero_sink_value"]
+    ranked = select_heads(d, Rules(), 1, 16, 4)
+    assert ranked != sorted(ranked)
+    for shard in (0, 1):
+        st = InterveneConfig(n_images=6, min_events=1, edits=edits, batch_size=3, seed=4, shard=shard, nshards=2)
+        res = intervene(subject, x, None, x[:0], st, stage1=d, progress=False, index=split)
+        assert res.heads == sorted(ranked)[shard::2] and res.selected == sorted(ranked)
+        draws = _replay_draws(4, shard, [(0, 3), (3, 6)], res.heads, d["sink_idx"], 19, 3)
+        for r in res.rows:
+            lo = r["image"] // 3 * 3
+            assert r["image_index"] == split[r["image"]]
+            assert r["donor_index"] == (split[lo + (r["image"] - lo + 1) % 3] if r["edit"].startswith("donor")
+                                        else -1)
+            own, donor = draws[(r["image"], r["block"], r["head"])]
+            assert r["random_token"] == {"zero_random_nonsink_value": own, "donor_nonsink_value": donor}.get(
+                r["edit"], -1)
+    with pytest.raises(ValueError, match="also edited"):
+        intervene(subject, x[:4], None, x[4:], InterveneConfig(n_images=4, heldout_images=2, heads=["1:0"]),
+                  stage1=_ranked_fields(model, x[:4]), progress=False, index=[1, 2, 3, 4], heldout_index=[4, 5])
+
+
+def test_a_recorded_random_patch_is_the_one_edited() -> None:
+    """zero_random_nonsink_value of image b at its recorded `random_token` j equals the model's own forward with
+    head 1:1's contribution through j, A_:j v_j (gated), removed."""
+    model, subject, x, d = _setup()
+    st = InterveneConfig(n_images=4, heads=["1:1"], edits=["zero_random_nonsink_value"], batch_size=4, seed=9)
+    res = intervene(subject, x, None, x[:0], st, stage1=d, progress=False)
+    j = torch.tensor([r["random_token"] for r in res.rows])
+    sinks = [r["sink_idx"] for r in res.rows]
+    assert ((j >= 3) & (j != torch.tensor(sinks))).all()
+    base, expected = _without_token(model, x, 1, 1, j)
+    ours = [r["final_patch_relrms"] for r in res.rows]
+    assert np.allclose(ours, hand_relrms(base, expected, sinks), rtol=1e-4, atol=1e-7) and min(ours) > 0
+
+
+def test_a_head_without_held_out_events_gets_no_mean_sink_value_and_the_report_says_so(tmp_path: Path) -> None:
+    model = cls_sink_vit()
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    subject = from_vit(model)
+    live = Rules().event_class(stage_one(subject, x[4:], 4))  # the held-out images' live events
+    assert (live[:, 0, 0] != "none").all() and (live[:, 0, 1] == "none").all()  # 0:0 by construction; 0:1 none
+    d = stage_one(subject, x[:4], 4)
+    d["routed_frac"][:, 0, 1] = 1.0  # 0:1 "has" events on the edited images, so it can be named
+    st = InterveneConfig(n_images=4, heldout_images=4, heads=["0:0", "0:1"], batch_size=4)
+    res = intervene(subject, x[:4], None, x[4:], st, stage1=d, progress=False)
+    assert res.mean_skipped == {"0:1": "no sink event among the 4 held-out images"}
+    assert res.mean_source == {"0:0": "4 held-out events"}
+    mean_rows = [(r["block"], r["head"]) for r in res.rows if r["edit"] == "mean_sink_value"]
+    assert mean_rows == [(0, 0)] * 4 and {(r["block"], r["head"]) for r in res.rows} == {(0, 0), (0, 1)}
+    meta = {"subject": "cls sink", "n_images": 4, "n_blocks": 2, "selected": ["0:0", "0:1"], "edits": res.edits,
+            "min_class_events": 1, "mean_sink_value_skipped": res.mean_skipped, "checks": res.checks.as_dict()}
+    text = to_markdown(write_outputs(tmp_path, res.rows, meta))
+    assert "mean_sink_value skipped for heads 0:1 (no sink event among the 4 held-out images)" in text
+    with pytest.raises(ValueError, match="no head of this shard .0:1. has a sink event among the 4 held-out"):
+        intervene(subject, x[:4], None, x[4:], InterveneConfig(n_images=4, heldout_images=4, heads=["0:1"],
+                  edits=["mean_sink_value"]), stage1=d, progress=False)

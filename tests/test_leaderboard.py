@@ -17,23 +17,31 @@ from conftest import bar_heights
 from omegaconf import OmegaConf
 
 from vitsinks.config import load_config
-from vitsinks.leaderboard import QUALITY, aggregate, build, collect, run_dirs
+from vitsinks.diagnostics.summary import rule_record
+from vitsinks.errors import BadValue
+from vitsinks.leaderboard import MECHANISM, QUALITY, aggregate, build, collect, run_dirs, significant_best
+from vitsinks.stats import welch_p
 
 # (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
 RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.24, 4.0, 0.5),
         ("gate+reg", 0): (0.60, 70.0, 0.30, 0.0, 1.0), ("gate+reg", 1): (0.62, 72.0, 0.34, 0.0, 3.0)}
 
 
-def _summary(nop: float, broadcast: float) -> dict:
+DEFAULT_RULE = rule_record("relaxed", 0.5, "ratio_out", True, 12)  # what `diagnostics` writes by default
+KEMPNER_RULE = rule_record("relaxed", 0.5, "ratio_head", False, 12)  # the reference's counting
+
+
+def _summary(nop: float, broadcast: float, rule: dict | None = DEFAULT_RULE) -> dict:
     locs = {"cls": nop, "register": broadcast, "patch": 0.0}
     spi = {"nop": {**locs, "all": nop}, "broadcast": {"cls": 0, "register": broadcast, "patch": 0, "all": broadcast},
            "unclassified": {"cls": 0, "register": 0, "patch": 0, "all": 0},
            "all": {"cls": nop, "register": broadcast, "patch": 0.0, "all": nop + broadcast}}
-    return {"sinks_per_image": spi, "massive_activations": {"ratio_by_block": [1.5, 3.0 + nop]}}
+    return {"sinks_per_image": spi, "massive_activations": {"ratio_by_block": [1.5, 3.0 + nop]},
+            **({"rule": rule} if rule else {})}
 
 
-def make_runs(root: Path) -> Path:
-    for (exp, seed), (online, lin, miou, nop, bc) in RUNS.items():
+def make_runs(root: Path, runs: dict = RUNS, rule: dict | None = DEFAULT_RULE) -> Path:
+    for (exp, seed), (online, lin, miou, nop, bc) in runs.items():
         run = root / f"{exp}-s{seed}"
         (run / "results").mkdir(parents=True)
         (run / "diagnostics" / "final").mkdir(parents=True)
@@ -43,7 +51,7 @@ def make_runs(root: Path) -> Path:
                                            + json.dumps({"step": 10, "val/probe_acc": online}) + "\n")
         (run / "results" / "linear.json").write_text(json.dumps({"best": {"top1": lin}}))
         (run / "results" / "dense_synthetic.json").write_text(json.dumps({"mIoU": miou}))
-        (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(_summary(nop, bc)))
+        (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(_summary(nop, bc, rule)))
     return root
 
 
@@ -60,12 +68,17 @@ def test_aggregation_by_hand(tmp_path: Path) -> None:
     assert gr["sinks"][0] == pytest.approx(2.0)
 
 
-def test_outputs_mark_the_best_and_carry_the_reference_block(tmp_path: Path, figures: list) -> None:
+def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures: list) -> None:
     out = tmp_path / "lb"
     table = build(make_runs(tmp_path / "runs"), out)
     md = (out / "leaderboard.md").read_text()
-    assert "| gate+reg | 2 | - | **61.00 ± 1.41** | **71.00 ± 1.41** | **32.00 ± 2.83** |" in md
-    assert "| base | 69.37 | 16.59 | 43.81 | 0.09 / 0.25 |" in md  # reference numbers, separate block
+    assert "| gate+reg | 2 | - | 61.00 ± 1.41 | 71.00 ± 1.41 | 32.00 ± 2.83 |" in md and "**" not in md
+    assert ("Nothing is marked in online probe top-1, linear top-1, synthetic mIoU (DINOv2-style probe): some "
+            "variant has fewer than 3") in md
+    assert "| base | 69.37 | 16.59 | 43.81 |" in md  # reference quality numbers, separate block
+    assert "Sink columns counted with: relaxed rule (routed_frac >= 0.9); NOP-like ratio_out <= 0.2" in md
+    assert "0.09" not in md and "reference's sinks per image are left out" in md  # counted another way
+    assert "fewer than 3" in figures[-1].get_supxlabel() and "ratio_out" in figures[-1].get_supxlabel()
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
     assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0
     assert (out / "leaderboard.png").stat().st_size > 10_000
@@ -96,7 +109,8 @@ def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
     dom = subprocess.run([browser, *flags, "--dump-dom", (out / "leaderboard.html").as_uri()], capture_output=True,
                          text=True, timeout=120).stdout
     assert '<table id="leaderboard">' in dom and "<td>gate+reg</td>" in dom
-    assert '<td class="best">61.00 ± 1.41</td>' in dom
+    assert "<td>gate+reg</td><td>2</td><td>-</td><td class=\"\">61.00 ± 1.41</td>" in dom  # 2 seeds: no mark
+    assert "Nothing is marked in online probe top-1" in dom
     shot = tmp_path / "shot.png"
     subprocess.run([browser, *flags, "--window-size=1200,900", f"--screenshot={shot}",
                     (out / "leaderboard.html").as_uri()], capture_output=True, timeout=120)
@@ -135,3 +149,85 @@ def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(
     assert rows["gate"]["causal_zero_nop"][0] == pytest.approx(0.25)  # the main scope, not block 0
     md = (tmp_path / "lb" / "leaderboard.md").read_text()
     assert "pathway share of update" in md and "zero v_s, NOP heads" in md
+
+
+def test_welch_p_against_closed_forms_and_the_integrated_density() -> None:
+    """Welch's two-sided p by independent routes: [1, 2, 3] vs [4, 5, 6] has t^2 = 13.5 on 4 degrees of freedom,
+    where the t distribution's CDF is closed (2F - 1 = sin(th) (1 + cos(th)^2 / 2), tan(th) = t / 2); unequal
+    variances give fractional degrees of freedom, checked against Simpson's rule on the t density."""
+    sin2 = 13.5 / (4 + 13.5)
+    assert welch_p(2.0, 1.0, 3, 5.0, 1.0, 3) == pytest.approx(1 - math.sqrt(sin2) * (1 + (1 - sin2) / 2), rel=1e-10)
+    a, b = np.array([1.0, 2.0, 3.0, 4.5]), np.array([10.0, 20.0, 30.0])
+    va, vb = a.var(ddof=1) / 4, b.var(ddof=1) / 3
+    t, df = (b.mean() - a.mean()) / math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2)
+    assert abs(df - round(df)) > 0.01  # really fractional
+    x = np.linspace(0, t, 20001)
+    dens = (math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+            * (1 + x ** 2 / df) ** (-(df + 1) / 2))
+    simpson = (x[1] - x[0]) / 3 * (dens[0] + dens[-1] + 4 * dens[1:-1:2].sum() + 2 * dens[2:-1:2].sum())
+    assert welch_p(a.mean(), a.std(ddof=1), 4, b.mean(), b.std(ddof=1), 3) == pytest.approx(1 - 2 * simpson, rel=1e-8)
+    assert welch_p(3.0, 0.0, 3, 3.0, 0.0, 3) == 1.0 and welch_p(3.0, 0.0, 3, 2.0, 0.0, 3) == 0.0
+
+
+def _table(linear: dict[str, list[float]]) -> list[dict]:
+    """Aggregated rows with only `linear_top1` measured: variant -> its seeds' values."""
+    rows = [{"variant": v, "data": "synthetic", "seed": i, "sink_at": "-", "profile": [], "sink_rule": "-",
+             **{k: math.nan for k, _ in QUALITY + MECHANISM}, "linear_top1": x}
+            for v, xs in linear.items() for i, x in enumerate(xs)]
+    return aggregate(rows)
+
+
+@pytest.mark.parametrize(("linear", "marked", "few"), [
+    ({"base": [60, 61, 62], "gate": [70, 71, 72], "reg": [50, 51, 52]}, "gate", []),  # t^2 = 150, df 4: p ~ 3e-4
+    ({"base": [80, 84, 86], "gate": [84, 88, 93]}, None, []),  # gate ahead by 5 inside the spread: p ~ 0.2
+    ({"base": [70, 71, 72], "gate": [71, 72.5, 74], "reg": [50, 51, 52]}, None, []),  # beats reg, not base
+    ({"base": [60, 61], "gate": [70, 71]}, None, ["linear top-1"]),  # clear, but 2 seeds: too few for the test
+    ({"base": [100, 100, 100], "gate": [100, 100, 100]}, None, []),  # all equal: a tie, never marked
+    ({"base": [100, 100, 100], "gate": [100 - 1e-9] * 3}, None, []),  # no spread, p = 0, but both show 100.00
+    ({"base": [100, 100, 100], "gate": [90, 90, 90]}, "base", []),  # no spread at all, different values
+])
+def test_welch_marks(linear: dict, marked: str | None, few: list) -> None:
+    best, too_few = significant_best(_table(linear))
+    assert best.get("linear_top1") == marked and too_few == few
+
+
+def test_three_separated_seeds_are_marked_in_every_output(tmp_path: Path, figures: list) -> None:
+    runs = {("base", s): (0.50 + s / 100, 60.0 + s, 0.2, 0.0, 0.0) for s in range(3)}
+    runs |= {("gate", s): (0.51 - s / 100, 70.0 + s, 0.2, 0.0, 0.0) for s in range(3)}
+    out = tmp_path / "lb"
+    build(make_runs(tmp_path / "runs", runs), out)
+    md = (out / "leaderboard.md").read_text()
+    assert "| gate | 3 | - | 50.00 ± 1.00 | **71.00 ± 1.00** | 20.00 ± 0.00 |" in md  # online: inside the spread
+    assert "two-sided Welch t-test (unequal variances), p < 0.05 in each comparison, with >= 3 seeds" in md
+    assert '<td class="best">71.00 ± 1.00</td>' in (out / "leaderboard.html").read_text()
+    stars = [t for t in figures[-1].axes[0].texts if t.get_text() == "*"]
+    assert len(stars) == 1 and "Welch" in figures[-1].get_supxlabel()
+
+
+def test_reference_sinks_only_beside_counts_made_the_same_way(tmp_path: Path) -> None:
+    build(make_runs(tmp_path / "kempner", rule=KEMPNER_RULE), tmp_path / "a")
+    md = (tmp_path / "a" / "leaderboard.md").read_text()
+    assert "| gate (Gating) | 3.80 | 0.00 | 3.88 | 2.02 |" in md and "left out" not in md
+    assert "NOP-like ratio_head <= 0.2, broadcast-like ratio_head >= 0.5, no stable-rank test; blocks 1..L-1" in md
+    assert 'id="reference-sinks"' in (tmp_path / "a" / "leaderboard.html").read_text()
+    one_block = rule_record("relaxed", 0.5, "ratio_head", False, 1)  # same classes, but block 0 counted
+    for name, rule in (("old", None), ("oneblock", one_block)):
+        build(make_runs(tmp_path / name, rule=rule), tmp_path / f"lb-{name}")
+        md = (tmp_path / f"lb-{name}" / "leaderboard.md").read_text()
+        assert "3.80" not in md and "reference's sinks per image are left out" in md
+    assert "rule not recorded" in (tmp_path / "lb-old" / "leaderboard.md").read_text()
+
+
+def test_dense_numbers_carry_the_protocol_that_made_them(tmp_path: Path) -> None:
+    runs = make_runs(tmp_path / "runs")
+    run = run_dirs(runs)[0]
+    (run / "results" / "dense_ade20k_kempner.json").write_text(json.dumps({"protocol": "kempner", "mIoU": 0.25}))
+    row = collect(run)
+    assert row["dense_ade20k_kempner"] == 25.0 and math.isnan(row["dense_ade20k"])
+    md = (tmp_path / "lb" / "leaderboard.md")
+    build(runs, md.parent)
+    text = md.read_text()
+    assert "ADE20K mIoU (reference probe)" in text and "comparable with the '(reference probe)'" in text
+    (run / "results" / "dense_ade20k_kempner.json").write_text(json.dumps({"protocol": "dinov2", "mIoU": 0.25}))
+    with pytest.raises(BadValue, match="dense protocol"):
+        collect(run)

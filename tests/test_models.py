@@ -225,6 +225,24 @@ def test_timm_state_dict_round_trip(registers: int, layout: str) -> None:
         torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
 
 
+def test_the_reference_register_layout_is_timms_and_its_tokens_start_trunc_normal() -> None:
+    torch.manual_seed(0)
+    ours = build_vit("vit_cpu", **TINY, registers=4, register_pos_embed=True, prefix_init_std=0.02).eval()
+    assert ours.pos_embed.shape[1] == 1 + 4 + ours.patch_embed.num_patches  # [CLS], registers and patches
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # by hand: cat([CLS], registers, patches) + pos_embed over all of them
+        by_hand = torch.cat([ours.cls_token.expand(2, -1, -1), ours.reg_token.expand(2, -1, -1),
+                             ours.embed_patches(x)], dim=1) + ours.pos_embed
+        torch.testing.assert_close(ours.embed_tokens(x), by_hand)
+    ref = timm_vit(reg_tokens=4, no_embed_class=False).eval()  # timm's own layout, loaded without conversion
+    load_timm_state_dict(ours, ref.state_dict())
+    torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
+    big = build_vit("vit_cpu", registers=4, prefix_init_std=0.02)
+    tokens = torch.cat([big.cls_token.flatten(), big.reg_token.flatten()])
+    assert abs(float(tokens.std()) - 0.02) < 0.003  # trunc-normal with torch's default bounds +-2, as the reference
+    assert float(build_vit("vit_cpu", registers=4).reg_token.std()) < 1e-5  # timm's default: normal std 1e-6
+
+
 def test_state_dict_of_another_architecture_is_a_clear_error() -> None:
     ours = build_vit("vit_cpu", **TINY)
     ref = timm_vit(embed_dim=96)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_cfg
+from omegaconf import OmegaConf
 
 from vitsinks.config import ObjectiveConfig, load_config
 from vitsinks.diagnostics import diagnose, summarize
@@ -27,16 +28,22 @@ def test_pathway_forward_equals_the_spec_equations_by_hand(gate: str) -> None:
     z = torch.randn(2, 5, 6)
     pw.requires_grad_(False)
     w_p, w_vg, w_og = pw.w_pool, pw.w_value, pw.out.weight
-    w_g, b_g = pw.w_gamma, pw.gamma_bias[0]
+    w_g, b_g = pw.w_gamma, pw.gamma_bias
+
+    def sigmoid(t: float) -> float:
+        return 1 / (1 + math.exp(-t))
+
     for b in range(2):
         scores = [float(w_p @ z[b, j]) for j in range(5)]
         pi = [math.exp(s) / sum(math.exp(t) for t in scores) for s in scores]
         g = sum(pi[j] * (w_vg @ z[b, j]) for j in range(5))
-        image = 1.0
-        if gate == "hier":
-            image = 1 / (1 + math.exp(-float(pw.image_gate.weight[0] @ g + pw.image_gate.bias[0])))
         for i in range(5):
-            gamma = image / (1 + math.exp(-float(w_g @ z[b, i] + b_g)))
+            logits = [float(w_g[k] @ z[b, i] + b_g[k]) for k in range(len(b_g))]
+            if gate == "learned":  # sigmoid(w_gamma . z_i + b_gamma)
+                gamma = sigmoid(logits[0])
+            else:  # [a, r0, rbc] = Linear(D, 3)(z_i); gamma = sigmoid(a) * exp(rbc) / (exp(r0) + exp(rbc))
+                a, r0, rbc = logits
+                gamma = sigmoid(a) * math.exp(rbc) / (math.exp(r0) + math.exp(rbc))
             want = pw.ls3.gamma * gamma * (w_og @ g)
             assert torch.allclose(pw(z)[b, i], want, atol=1e-5)
 
@@ -50,6 +57,9 @@ def test_pathway_init_follows_the_spec() -> None:
     assert pw.gamma_bias.abs().max() == 0  # gamma = 0.5 at init
     z = torch.randn(1, 4, 192) * 0.01
     assert torch.allclose(pw.internals(z).gamma, torch.full((1, 4, 1), 0.5), atol=1e-3)
+    hier = build_vit("vit_cpu", depth=1, global_pathway={"gate": "hier"}).blocks[0].pathway
+    assert hier.gamma_bias.shape == (3,) and hier.w_gamma.shape == (3, 192)  # one Linear(D, 3), bias 0
+    assert torch.allclose(hier.internals(z).gamma, torch.full((1, 4, 1), 0.25), atol=1e-3)  # 0.5 * 0.5 at init
 
 
 def test_penalty_equals_its_formula_on_hand_made_updates() -> None:
@@ -71,9 +81,9 @@ def test_gradients_reach_every_pathway_weight_and_the_gate_through_the_penalty()
     (out + extra).backward()
     pw = model.blocks[1].pathway
     grad = pw.inp.weight.grad
-    for rows in (grad[0], grad[1], grad[2:]):  # w_P, w_gamma, W_VG
+    for rows in (grad[0], grad[1:4], grad[4:]):  # w_P, the hier gate's three logits, W_VG
         assert rows.abs().sum() > 0
-    for p in (pw.out.weight, pw.gamma_bias, pw.image_gate.weight, model.blocks[1].attn.gate.weight):
+    for p in (pw.out.weight, pw.gamma_bias, model.blocks[1].attn.gate.weight):
         assert p.grad is not None and p.grad.abs().sum() > 0
     assert set(terms) == {"cm_penalty", "cm/block0", "cm/block1"} and 0 < float(terms["cm_penalty"].detach()) <= 2
     attn_only = build_vit("vit_cpu", img_size=32, depth=2, gate="elementwise")
@@ -81,6 +91,58 @@ def test_gradients_reach_every_pathway_weight_and_the_gate_through_the_penalty()
     attn_only(torch.randn(2, 3, 32, 32))
     penalty()[0].backward()  # the penalty alone trains attention: the qkv weights get its gradient
     assert attn_only.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+def test_the_penalty_is_the_mean_over_the_penalised_blocks_of_a_hand_computed_ratio() -> None:
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, depth=3, layerscale_init=0.5)
+    updates: list[torch.Tensor] = []  # ls1 * attn(norm1(x)) of every block, recomputed from the block's input
+    hooks = [blk.register_forward_pre_hook(lambda m, a: updates.append(m.ls1(m.attn(m.norm1(a[0])))))
+             for blk in model.blocks]
+    penalty = CommonModePenalty(model.blocks, ObjectiveConfig(cm_penalty=0.3, cm_skip_blocks=1))
+    model(torch.randn(2, 3, 32, 32))
+    extra, terms = penalty()
+    for h in hooks:
+        h.remove()
+
+    def ratio(o: torch.Tensor) -> float:  # E(mean_i o_i) / (E(o) + 1e-12), E the mean squared entry
+        o = o.detach().double()
+        return float(o.mean(dim=1).pow(2).mean() / (o.pow(2).mean() + 1e-12))
+
+    by_hand = [ratio(o) for o in updates]
+    assert all(math.isclose(float(terms[f"cm/block{i}"].detach()), by_hand[i], rel_tol=1e-4) for i in range(3))
+    want = 0.3 * (by_hand[1] + by_hand[2]) / 2  # block 0 skipped; the MEAN of the others, not their sum
+    assert math.isclose(float(extra), want, rel_tol=1e-4)
+
+
+# The reference's run flags (its run script) and the vitsinks fields they map to; every pathway / penalty exp config
+# must carry them. None = no LayerScale on the pathway ("--gp_ls_init none").
+REFERENCE_FLAGS = {
+    "global+pen": {"--gp_state_dim 64": ("model.global_pathway.state_dim", 64),
+                   "--gp_ls_init none": ("model.global_pathway.layerscale_init", None),
+                   "--ls_init 1": ("model.layerscale_init", 1.0),
+                   "--cm_penalty 0.1": ("objective.cm_penalty", 0.1),
+                   "--cm_skip_layers 1": ("objective.cm_skip_blocks", 1),
+                   "(no --gp_gate)": ("model.global_pathway.gate", "learned"),
+                   "(no --cm_pre_gate)": ("objective.cm_pre_gate", False),
+                   "(no --gating)": ("model.gate", "none")},
+}
+REFERENCE_FLAGS["gate+global+pen"] = {**REFERENCE_FLAGS["global+pen"],
+                                      "--gating elementwise": ("model.gate", "elementwise"),
+                                      "--gp_gate hier": ("model.global_pathway.gate", "hier"),
+                                      "--cm_pre_gate": ("objective.cm_pre_gate", True)}
+del REFERENCE_FLAGS["gate+global+pen"]["(no --gp_gate)"], REFERENCE_FLAGS["gate+global+pen"]["(no --cm_pre_gate)"]
+del REFERENCE_FLAGS["gate+global+pen"]["(no --gating)"]
+
+
+@pytest.mark.parametrize("exp", sorted(REFERENCE_FLAGS))
+@pytest.mark.parametrize("recipe", [[], ["recipe=paper"]])
+def test_pathway_exp_configs_carry_the_reference_run_flags(exp: str, recipe: list[str]) -> None:
+    cfg = load_config([f"exp={exp}", *recipe])
+    for flag, (key, want) in REFERENCE_FLAGS[exp].items():
+        got = OmegaConf.select(cfg, key)
+        assert (got == want) if want is not None else got is None, f"{exp}: {flag} -> {key}={got}, want {want}"
+    assert cfg.model.global_pathway.enabled
 
 
 def test_a_timm_state_dict_still_loads_and_the_pathway_is_part_of_the_recomputation_check() -> None:

@@ -9,11 +9,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
 from vitsinks.synthetic.figures import FIGURES
-from vitsinks.synthetic.model import SeqModel
-from vitsinks.synthetic.pathway_task import ablated, evaluate_arm, pathway_batch, task_constants, train_arm
+from vitsinks.synthetic.pathway_task import (
+    ARMS,
+    BroadcastToy,
+    build_arm,
+    evaluate_arm,
+    evaluate_batch,
+    pathway_targets,
+    summed_penalty,
+    task_constants,
+    train_arm,
+    training_loss,
+    without_pathway,
+)
 
 
 def test_trigger_softmax_sinks_on_bos_relu_does_not() -> None:
@@ -59,34 +71,170 @@ def test_cli_writes_json_and_figure(tmp_path: Path, figures: list) -> None:
     assert bad.returncode == 1 and "unknown task" in bad.stderr
 
 
-def test_broadcast_pathway_task_reproduces_the_reference_pattern() -> None:
-    """SPEC section 7 (seed 0, 800 steps of batch 128): attention alone routes layer 2 to the source (inflow >= 0.8);
-    with the global pathway and the penalty neither layer sinks (<= 0.15) at a task MSE within 10% of attention
-    alone, and the trained model then needs its pathway far more than layer 2's attention."""
-    x, y, _ = pathway_batch(torch.Generator().manual_seed(10_007), batch=512)
-    attention = evaluate_arm(train_arm("attention", 0, 800, 128)[0], x, y)
-    penalised = evaluate_arm(train_arm("global+pen", 0, 800, 128)[0], x, y)
-    assert attention["inflow"][1] >= 0.8
-    assert max(penalised["inflow"]) <= 0.15
-    assert penalised["mse"] <= 1.1 * attention["mse"]
-    assert penalised["d_mse_no_pathway"] > 10 * penalised["d_mse_no_attention_layer2"]
+def _layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, 1e-5)
 
 
-def test_arms_see_the_same_batches_and_ablation_removes_what_it_names() -> None:
-    a, b = pathway_batch(torch.Generator().manual_seed(3)), pathway_batch(torch.Generator().manual_seed(3))
-    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
-    x, y, _ = a
-    u, R = task_constants()
-    src = (x @ u).argmax(-1)
-    assert torch.allclose(y - x, (x[torch.arange(len(x)), src] @ R)[:, None].expand_as(x), atol=1e-5)
-    torch.manual_seed(0)
-    model = SeqModel(64, None, dim=64, depth=2, heads=1, pathway={"state_dim": 8})
-    h = model.embed(x[:4])
+def _hand_forward(model: BroadcastToy, x: torch.Tensor, remove_layer2: str | None = None
+                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The task's model written out from its weights: z = LN(x + p) in layer 1 (p nowhere else), one bias-free
+    softmax head, the pathway beside it, then x + MLP(x) with LN -> Linear(64, 256) -> GELU -> Linear(256, 64).
+    Returns the output and each layer's attention update W_O A V; `remove_layer2` zeroes layer 2's "attention" or
+    "pathway" update."""
+    h, updates = x, []
+    for layer, blk in enumerate(model.blocks):
+        if layer == 0:
+            z = _layer_norm(h + blk.norm1.pos, blk.norm1.norm)
+        else:
+            z = _layer_norm(h, blk.norm1)
+        wq, wk, wv = blk.attn.qkv.weight.chunk(3)
+        A = ((z @ wq.T) @ (z @ wk.T).transpose(1, 2) / 8.0).softmax(-1)
+        o = (A @ (z @ wv.T)) @ blk.attn.proj.weight.T
+        updates.append(o)
+        gp = blk.pathway(z) if blk.pathway is not None else torch.zeros_like(o)
+        if layer == 1 and remove_layer2 == "attention":
+            o = torch.zeros_like(o)
+        if layer == 1 and remove_layer2 == "pathway":
+            gp = torch.zeros_like(gp)
+        h = h + o + gp
+        m = F.gelu(F.linear(_layer_norm(h, blk.norm2), blk.mlp.fc1.weight, blk.mlp.fc1.bias))
+        h = h + F.linear(m, blk.mlp.fc2.weight, blk.mlp.fc2.bias)
+    return h, updates
+
+
+def _hand_targets(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """y_i = x_i + x_{j*} R, j* = argmax_j <x_j, u>; u, R from a generator seeded 2000 + seed, drawn as stated."""
+    g = torch.Generator().manual_seed(2000 + seed)
+    u = torch.randn(64, generator=g)
+    u = u / u.norm()
+    R = torch.linalg.qr(torch.randn(64, 64, generator=g)).Q
+    return torch.stack([xb + xb[(xb @ u).argmax()] @ R for xb in x])
+
+
+def _boost_pathways(model: BroadcastToy) -> None:
+    """Scale the pathways' output maps up so that their share of an untrained model's output is not negligible."""
     with torch.no_grad():
-        with ablated(model, pathway=True, attention_block=1):
-            out = model(x[:4])
-        mid = model.blocks[0](h) - model.blocks[0].pathway(model.blocks[0].norm1(h))
-        assert torch.allclose(out, mid, atol=1e-5)  # block 1 adds nothing, block 0 only its attention
+        for blk in model.blocks:
+            blk.pathway.out.weight.mul_(100.0)
+
+
+def test_broadcast_pathway_task_constants_and_batches_come_from_the_stated_generators() -> None:
+    for seed in (0, 3):
+        u, R = task_constants(seed)
+        g = torch.Generator().manual_seed(2000 + seed)
+        u_hand = torch.randn(64, generator=g)
+        assert torch.equal(u, u_hand / u_hand.norm()) and abs(float(u.norm()) - 1) < 1e-6
+        assert torch.equal(R, torch.linalg.qr(torch.randn(64, 64, generator=g)).Q)
+        assert torch.allclose(R @ R.T, torch.eye(64), atol=1e-5)
+        x = torch.randn(5, 32, 64, generator=torch.Generator().manual_seed(7))
+        assert torch.allclose(pathway_targets(x, u, R), _hand_targets(x, seed), atol=1e-6)
+    assert not torch.equal(task_constants(0)[1], task_constants(1)[1])
+    # training: the first step's MSE is that of the untrained model on the first batch of generator 1000 + seed
+    seed = 2
+    x = torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1000 + seed))
+    with torch.no_grad():
+        first = float(((_hand_forward(build_arm("global", seed), x)[0] - _hand_targets(x, seed)) ** 2).mean())
+    _, curve = train_arm("global", seed, steps=1, batch=8, lr=1e-3)
+    assert abs(curve[0] - first) < 1e-5 * first
+    # evaluation: batches 0 and 2 of generator 5000 + seed (1 and 3 are the skipped donor batches)
+    model = build_arm("global", seed)
+    stream = torch.Generator().manual_seed(5000 + seed)
+    xs = [torch.randn(16, 32, 64, generator=stream) for _ in range(4)][::2]
+    with torch.no_grad():
+        mse = np.mean([float(((_hand_forward(model, xe)[0] - _hand_targets(xe, seed)) ** 2).mean()) for xe in xs])
+    assert abs(evaluate_arm(model, seed, n_batches=2, batch=16)["mse"] - mse) < 1e-5 * mse
+
+
+def test_broadcast_pathway_arms_share_their_initial_parameters() -> None:
+    attention, glob, pen = (build_arm(arm, 4).state_dict() for arm in ARMS)
+    assert set(glob) == set(pen) and all(torch.equal(glob[k], pen[k]) for k in glob)
+    assert set(attention) < set(glob) and all(torch.equal(attention[k], glob[k]) for k in attention)
+    assert all(".pathway." in k for k in set(glob) - set(attention))
+    other = build_arm("attention", 5).state_dict()
+    assert not torch.equal(other["blocks.0.attn.qkv.weight"], attention["blocks.0.attn.qkv.weight"])
+
+
+def test_broadcast_pathway_model_is_the_stated_architecture() -> None:
+    model = build_arm("global", 0)
+    params = dict(model.named_parameters())
+    assert [k for k in params if "pos" in k] == ["blocks.0.norm1.pos"]  # layer 1's pre-norm only
+    assert params["blocks.0.norm1.pos"].shape == (32, 64)
+    for blk in model.blocks:
+        assert blk.attn.num_heads == 1 and blk.attn.qkv.bias is None and blk.attn.proj.bias is None
+        assert blk.attn.proj.weight.shape == (64, 64)
+        assert blk.mlp.fc1.weight.shape == (256, 64) and blk.mlp.fc2.weight.shape == (64, 256)
+        assert blk.mlp.fc1.bias is not None and blk.mlp.fc2.bias is not None
+        assert blk.pathway is not None
+    _boost_pathways(model)
+    with torch.no_grad():
+        model.blocks[0].norm1.pos.normal_()  # large enough to matter (the hand forward adds it to layer 1's z only)
+        x = torch.randn(3, 32, 64, generator=torch.Generator().manual_seed(1))
+        assert torch.allclose(model(x), _hand_forward(model, x)[0], atol=1e-4)
+
+
+def test_broadcast_pathway_model_cannot_see_a_tokens_mean_over_features() -> None:
+    """Every attention, pathway and MLP reads a LayerNorm of its input, which subtracts the token's mean over
+    features: adding c * (1, ..., 1) to one input token moves that token's output by exactly c * (1, ..., 1) and
+    nothing else. So the selector's component along the all-ones direction is invisible to the model."""
+    model = build_arm("global", 0)
+    _boost_pathways(model)
+    x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(5))
+    shifted = x.clone()
+    shifted[:, 5] += 3.0
+    expected = torch.zeros_like(x)
+    expected[:, 5] = 3.0
+    with torch.no_grad():
+        assert torch.allclose(model(shifted) - model(x), expected, atol=1e-4)
+
+
+def test_broadcast_pathway_penalty_is_the_sum_over_the_two_layers() -> None:
+    model = build_arm("global+pen", 1)
+    x = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(2))
+    y = _hand_targets(x, 1)
+    loss, mse = training_loss(model, x, y, cm_penalty=1.5)
+    with torch.no_grad():
+        out, updates = _hand_forward(model, x)
+    pens = [float((o.mean(1) ** 2).mean() / ((o**2).mean() + 1e-12)) for o in updates]
+    assert all(0 < p < 1 for p in pens)
+    assert abs(mse.item() - float(((out - y) ** 2).mean())) < 1e-5
+    assert abs(summed_penalty(model).item() - sum(pens)) < 1e-5
+    assert abs(loss.item() - (mse.item() + 1.5 * sum(pens))) < 1e-5
+    plain, _ = training_loss(model, x, y, cm_penalty=None)
+    assert torch.equal(plain, mse)
+    summed_penalty(model).backward()  # gradients reach both layers' attention
+    assert all(float(blk.attn.qkv.weight.grad.abs().sum()) > 0 for blk in model.blocks)
+
+
+def test_broadcast_pathway_removals_edit_layer_2_only() -> None:
+    model = build_arm("global", 3)
+    _boost_pathways(model)
+    x = torch.randn(6, 32, 64, generator=torch.Generator().manual_seed(4))
+    y = _hand_targets(x, 3)
+    r = evaluate_batch(model, x, y)
+    with torch.no_grad():
+        def hand_mse(remove: str | None) -> float:
+            return float(((_hand_forward(model, x, remove)[0] - y) ** 2).mean())
+        base = hand_mse(None)
+        assert abs(r["mse"] - base) < 1e-5 * base
+        for key, what in (("d_mse_no_attention_layer2", "attention"), ("d_mse_no_pathway_layer2", "pathway")):
+            assert abs(r[key] - (hand_mse(what) - base)) < 1e-4 * base, key
+        with without_pathway(model.blocks[0]), without_pathway(model.blocks[1]):  # a different, measurable edit
+            without_both = float(((model(x) - y) ** 2).mean()) - base
+        assert abs(without_both - r["d_mse_no_pathway_layer2"]) > 1e-2 * abs(r["d_mse_no_pathway_layer2"])
+    assert model.blocks[0].pathway is not None and model.blocks[1].pathway is not None  # restored
+    assert "d_mse_no_pathway_layer2" not in evaluate_batch(build_arm("attention", 3), x, y)
+
+
+def test_broadcast_pathway_cli_writes_json_and_figure(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast_pathway", "steps=2",
+                          "n_seeds=1", "batch=8", "lr=1e-3", f"out={tmp_path}"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    r = json.loads((tmp_path / "broadcast_pathway.json").read_text())
+    assert (r["steps"], r["batch"], r["lr"], r["n_seeds"], r["device"]) == (2, 8, 1e-3, 1, "cpu")
+    assert set(r["arms"]) == set(ARMS) and all(len(r["per_seed"][a]) == 1 for a in ARMS)
+    assert r["reference_recipe"]["steps"] == 30_000 and r["reference_recipe"]["batch"] == 1024
+    assert (tmp_path / "broadcast_pathway.png").stat().st_size > 10_000
 
 
 def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:

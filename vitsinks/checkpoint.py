@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 
 ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
              "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
-             "global_pathway")
+             "global_pathway", "register_pos_embed")
 # fields added after checkpoints were first written: a checkpoint without them had these values
 ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn",
+                 "register_pos_embed": False,
                  "global_pathway": {"enabled": False, "state_dim": 64, "gate": "learned", "layerscale_init": None}}
 
 

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from omegaconf.nodes import StringNode
 
 from vitsinks.errors import CheckFailed, ConfigError, UserError
 
@@ -139,8 +140,12 @@ def parse_args(argv: Sequence[str], schema: Any, usage: str, positional: str | N
     stray = [a for a in args if "=" not in a]
     if stray:
         raise ConfigError(f"unexpected argument(s) {' '.join(stray)}; usage: {usage}")
+    # a string field takes its value as written (`title=a: b` is a title, not the YAML mapping {a: b})
+    literal = {k: v for k, _, v in (a.partition("=") for a in args)
+               if isinstance(base._get_node(k, throw_on_missing_key=False), StringNode) and v != "null"}
+    typed = [a for a in args if a.partition("=")[0] not in literal]
     try:
-        return OmegaConf.merge(base, OmegaConf.from_dotlist(args), extra)  # type: ignore[return-value]
+        return OmegaConf.merge(base, OmegaConf.from_dotlist(typed), literal, extra)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
         raise ConfigError(f"{' '.join(str(err).split())}; usage: {usage}") from None
 

@@ -33,15 +33,20 @@ SinkRule = StrEnum("SinkRule", "relaxed def1", module=__name__)
 SinkRatio = StrEnum("SinkRatio", "ratio_out ratio_head", module=__name__)
 ClusterName = StrEnum("ClusterName", "local slurm", module=__name__)
 Device = StrEnum("Device", "auto cpu cuda", module=__name__)
+DenseProtocolName = StrEnum("DenseProtocolName", "dinov2 kempner kempner_cached", module=__name__)
+SigregForm = StrEnum("SigregForm", "per_view_global pooled_per_rank", module=__name__)
+BatchNormStats = StrEnum("BatchNormStats", "global_batch per_rank", module=__name__)
+ImageOrder = StrEnum("ImageOrder", "permuted first", module=__name__)
+Interpolation = StrEnum("Interpolation", "bicubic bilinear", module=__name__)
 
 
 @dataclass
 class GlobalPathwayConfig:
-    """The SPEC section 7 global pathway beside attention in every block (`vitsinks.models.pathway`)."""
+    """The docs/fidelity.md global pathway beside attention in every block (`vitsinks.models.pathway`)."""
 
     enabled: bool = False
     state_dim: int = 64  # d_g
-    gate: RecipientGate = RecipientGate.learned  # learned: sigmoid(w . z_i + b); hier: times a per-image gate from g
+    gate: RecipientGate = RecipientGate.learned  # learned: sigmoid(w . z_i + b); hier: sigmoid(a_i) * softmax(r_i)_bc
     layerscale_init: float | None = None  # ls3; None: no LayerScale on the pathway
 
 
@@ -65,6 +70,8 @@ class ModelConfig:
     drop_path: float = 0.0
     gate: Gate = Gate.none
     registers: int = 0
+    register_pos_embed: bool = False  # True: the position embedding covers [CLS], registers and patches (reference)
+    prefix_init_std: float | None = None  # [CLS] / register init: None timm's (normal std 1e-6); x: trunc-normal std x
     attn: Attn = Attn.softmax
     global_pathway: GlobalPathwayConfig = field(default_factory=GlobalPathwayConfig)
     pretrained: str | None = None  # timm model name (downloads) or a state-dict / checkpoint path
@@ -120,6 +127,8 @@ class ObjectiveConfig:
     proj_hidden: int = 512
     proj_out: int = 64
     proj_layers: int = 3
+    projector_bn: BatchNormStats = BatchNormStats.global_batch  # the projector's BatchNorm statistics under DDP
+    sigreg: SigregForm = SigregForm.per_view_global  # pooled_per_rank: the reference's (one statistic of V x N per GPU)
     probe_lr: float = 1e-3
     cm_penalty: float = 0.0  # lambda_B of the common-mode penalty on every block's attention update (0: off)
     cm_skip_blocks: int = 0  # the first blocks the penalty leaves out
@@ -155,21 +164,39 @@ class WandbConfig:
 
 
 @dataclass
+class ProtocolConfig:
+    """Which images of a split an analysis reads and how they are preprocessed (`vitsinks.data.selection`).
+
+    The named presets (`protocol=kempner_sinktable`, `protocol=kempner_causal`) set these and the analysis
+    settings of the reference's protocols; `name` is written into every output so that a table says which
+    protocol produced it.
+    """
+
+    name: str = "vitsinks"
+    order: ImageOrder = ImageOrder.permuted  # permuted: a seeded permutation of the split | first: its own order
+    seed: int = 0  # the permutation's generator seed
+    image_list: str | None = None  # a text file of image file names (or a list shipped in vitsinks/data/lists/)
+    crop_pct: float = 0.875  # shorter side resized to size / crop_pct (256 for 224 px), then a centre crop
+    interpolation: Interpolation = Interpolation.bicubic
+
+
+@dataclass
 class DiagnosticsConfig:
     """Sink diagnostics: run on a fixed image set at every checkpoint save (and by `vitsinks.diagnose`)."""
 
     enabled: bool = True
-    n_images: int = 16  # the first n validation images
+    n_images: int = 16  # validation images, in the order of `protocol`
     plots: bool = True
     rule: SinkRule = SinkRule.relaxed  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
     eps: float = 0.5
     ratio: SinkRatio = SinkRatio.ratio_out
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
+    block0: bool = False  # the reference-layout sink table (sink_table.md) also counts block 0
 
 
 @dataclass
 class InterveneConfig:
-    """Causal interventions (`vitsinks.intervene`, SPEC section 6): one head edited at a time, attention held fixed.
+    """Causal interventions (`vitsinks.intervene`, docs/fidelity.md): one head edited at a time, attention held fixed.
 
     Head selection (when `heads` is empty) per class (NOP / broadcast): heads with >= `min_events` events of that
     class among the images, the `top_k` of blocks >= 1 and the `top_k_block0` of block 0 by event count; a head
@@ -177,8 +204,8 @@ class InterveneConfig:
     `diagnostics` settings (rule, eps, ratio, use_stable_rank).
     """
 
-    n_images: int = 256  # the first n validation images are edited
-    heldout_images: int = 64  # the next ones: the source of mean_sink_value (disjoint from the edited images)
+    n_images: int = 256  # validation images edited, the first n of the `protocol` order
+    heldout_images: int = 64  # the next ones in that order: the source of mean_sink_value (disjoint)
     batch_size: int = 32
     heads: list[str] = field(default_factory=list)  # ["block:head", ...]; empty: automatic selection
     edits: list[str] = field(default_factory=list)  # empty: every edit that applies to the model
@@ -186,7 +213,7 @@ class InterveneConfig:
     top_k: int = 16
     top_k_block0: int = 4
     min_class_events: int = 20
-    seed: int = 0  # the random non-sink patches of donor_nonsink_value / zero_random_nonsink_value
+    seed: int = 0  # random non-sink patches: one generator per shard, seeded seed + 1000 * shard
     shard: int = 0  # this process edits heads[shard::nshards]
     nshards: int = 1
     merge: str | None = None  # a folder of shards to join into the final outputs
@@ -238,11 +265,17 @@ class EvalConfig:
     linear_batch_size: int = 256
     dense_data: DataName | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
-    dense_epochs: int = 10
-    dense_lr: float = 1e-3
-    dense_weight_decay: float = 1e-4
-    dense_batch_size: int = 16
-    dense_augment: bool = False  # random resized crop + flip with features recomputed; False: cached features
+    # The dense probe's protocol (vitsinks/eval/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
+    # sliding window at full label resolution) | kempner (the reference's Linear probe at 512 px, augmented, best
+    # val epoch) | kempner_cached (the same on cached features, 3 probe seeds). The fields below left at None take
+    # the protocol's own value; the kempner protocols accept only dense_size and dense_epochs as overrides.
+    dense_protocol: DenseProtocolName = DenseProtocolName.dinov2
+    dense_size: int | None = None  # input side in pixels (dinov2: the model's; kempner: 512)
+    dense_epochs: int | None = None  # dinov2 10; kempner ADE20K 10 / VOC 25; kempner_cached 25 / 100
+    dense_lr: float | None = None  # dinov2 only (1e-3)
+    dense_weight_decay: float | None = None  # dinov2 only (1e-4)
+    dense_batch_size: int | None = None  # dinov2 only (16)
+    dense_augment: bool | None = None  # dinov2 only (false: cached features; true: random resized crop + flip)
     dense_examples: int = 4  # val images drawn as image | ground truth | prediction
 
 
@@ -262,6 +295,7 @@ class Config:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     intervene: InterveneConfig = field(default_factory=InterveneConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -322,15 +356,21 @@ RANGES: tuple[tuple[str, float, bool], ...] = (
     ("data.val_size", 1, True), ("data.num_workers", 0, True), ("data.patch_size", 1, True),
     ("views.n_global", 1, True), ("views.global_size", 1, True), ("views.n_local", 0, True),
     ("views.local_size", 1, True), ("objective.lamb", 0, True), ("objective.cm_penalty", 0, True),
-    ("objective.cm_skip_blocks", 0, True), ("diagnostics.n_images", 1, True), ("diagnostics.eps", 0, False),
+    ("objective.cm_skip_blocks", 0, True), ("objective.slices", 1, True), ("objective.knots", 2, True),
+    ("objective.proj_hidden", 1, True), ("objective.proj_out", 1, True), ("objective.proj_layers", 2, True),
+    ("objective.probe_lr", 0, True), ("model.prefix_init_std", 0, True),
+    ("diagnostics.n_images", 1, True), ("diagnostics.eps", 0, False),
     ("intervene.n_images", 2, True), ("intervene.heldout_images", 0, True), ("intervene.batch_size", 2, True),
     ("intervene.nshards", 1, True), ("intervene.shard", 0, True), ("eval.batch_size", 1, True),
     ("eval.max_train_images", 1, True), ("eval.max_val_images", 1, True), ("eval.linear_epochs", 1, True),
     ("eval.linear_batch_size", 1, True), ("eval.dense_epochs", 1, True), ("eval.dense_batch_size", 1, True),
-    ("eval.dense_lr", 0, False), ("cluster.nodes", 1, True), ("cluster.gpus_per_node", 0, True),
+    ("eval.dense_lr", 0, False), ("eval.dense_size", 1, True), ("eval.dense_weight_decay", 0, True),
+    ("cluster.nodes", 1, True), ("cluster.gpus_per_node", 0, True),
     ("cluster.tasks_per_node", 1, True), ("cluster.cpus_per_task", 1, True), ("cluster.time_min", 1, True),
+    ("protocol.crop_pct", 0, False),
 )
-UPPER = {"train.min_lr_ratio": 1, "model.drop_path": 0.999, "objective.lamb": 1, "diagnostics.eps": 0.5}
+UPPER = {"protocol.crop_pct": 1, "train.min_lr_ratio": 1, "model.drop_path": 0.999, "objective.lamb": 1,
+         "diagnostics.eps": 0.5}
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -30,14 +30,15 @@ from vitsinks.models import model_from_config
 
 def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | None = (),
                         out_dir: Path | None = None) -> dict[str, Any]:
-    """Diagnose one checkpoint on the first `diagnostics.n_images` validation images of its data, or of `cfg.data`
-    as `cli.pick_data` decides from the command line's `data_keys` (default: none, the checkpoint's data)."""
+    """Diagnose one checkpoint on `diagnostics.n_images` validation images (in the order of `protocol`) of its data,
+    or of `cfg.data` as `cli.pick_data` decides from the command line's `data_keys` (default: none, the checkpoint's
+    data)."""
     model, ckpt_cfg = load_backbone(path)
     data = pick_data(cfg.data, ckpt_cfg.data, data_keys)
-    images, shown = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
-                                 ckpt_cfg.views.global_size, data.get("on_bad_image", "skip"))
+    images, shown, index = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
+                                        ckpt_cfg.views.global_size, data.get("on_bad_image", "skip"), cfg.protocol)
     out = out_dir or path.parent.parent / "diagnostics" / path.stem
-    return run_diagnostics(model, images, shown, out, cfg.diagnostics)
+    return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
 
 
 def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, Any]]]:
@@ -82,10 +83,10 @@ def main(cfg: DictConfig) -> None:
         print(f"outputs in {path.parent.parent / 'diagnostics' / path.stem}")
     else:  # a model from the config, typically model.pretrained=<timm name or file>
         model = model_from_config(cfg.model)
-        images, shown = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,
-                                     model.patch_embed.img_size[0], cfg.data.on_bad_image)
+        images, shown, index = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,
+                                            model.patch_embed.img_size[0], cfg.data.on_bad_image, cfg.protocol)
         out = Path(cfg.runs_dir) / "diagnostics" / (cfg.model.pretrained or cfg.name).replace("/", "_")
-        s = run_diagnostics(model, images, shown, out, cfg.diagnostics)
+        s = run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
         print(json.dumps(s["sinks_per_image"], indent=1))
         print(f"outputs in {out}")
 

@@ -1,4 +1,4 @@
-"""Causal interventions on sink heads from the command line (SPEC section 6).
+"""Causal interventions on sink heads from the command line (docs/fidelity.md).
 
     python -m vitsinks.intervene ckpt=runs/<name>/checkpoints/last.pt [data=...] [n_images=256]
     python -m vitsinks.intervene run=runs/<name> heads=[0:1,3:0] edits=[zero_sink_value,redirect_sink_attention]
@@ -7,8 +7,11 @@
     python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
     python -m vitsinks.intervene merge=runs/<name>/interventions/last
 
-Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s); `mean_sink_value` averages
-over the next `intervene.heldout_images`. Outputs in `<run>/interventions/<checkpoint>/` (or `intervene.out`):
+Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `protocol`
+(a seeded permutation of the split by default; `protocol=kempner_causal` is the reference's preset: 4,096 edited
+images, 4,096 held out, batches of 32); `mean_sink_value` averages over the next `intervene.heldout_images` of that
+order (disjoint). Every row of interventions.csv names its image's split index (and the donor's, and the random
+patch drawn), so any row can be recomputed. Outputs in `<run>/interventions/<checkpoint>/` (or `intervene.out`):
 interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
 Interventions run in float32 on the configured device (`cluster.device`).
 """
@@ -32,7 +35,8 @@ from vitsinks.checkpoint import backbone_from_state
 from vitsinks.cli import data_overrides, hydra_command, pick_data
 from vitsinks.config import to_container
 from vitsinks.data import build_dataset
-from vitsinks.diagnostics import dataset_items, images_of
+from vitsinks.data.selection import select_items
+from vitsinks.diagnostics import images_of
 from vitsinks.errors import InputNotFound
 from vitsinks.interventions import Rules, classifier_from_state, from_vit, intervene, report
 from vitsinks.models import model_from_config
@@ -87,12 +91,14 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
             "id": f"{cfg.model.pretrained}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
 
 
-def _stage1(npz: Path | None, n: int) -> dict[str, np.ndarray] | None:
+def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
+    """The checkpoint's diagnostics fields of the edited images, when they were computed on these very images (the
+    same split indices, in the same order); else None (stage 1 is recomputed)."""
     if npz is None:
         return None
     d = dict(np.load(npz))
-    images = d["sink_idx"].shape[0]
-    if images < n:
+    images, n = d["sink_idx"].shape[0], len(index)
+    if images < n or "image_index" not in d or d["image_index"][:n].tolist() != index:
         return None
     return {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
 
@@ -103,23 +109,33 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     st = cfg.intervene
     src = _source(cfg, data_keys)
     out = output_dir(cfg)
-    items = dataset_items(build_dataset(src["data"], "val", src["seed"]), 0, st.n_images + st.heldout_images)
-    x, _ = images_of(items, src["size"])
+    (edited, index), (heldout, heldout_index) = select_items(build_dataset(src["data"], "val", src["seed"]),
+                                                            [st.n_images, st.heldout_images], cfg.protocol,
+                                                            src["data"].get("on_bad_image", "skip"))
+    x, _ = images_of(edited, src["size"], cfg.protocol)
+    x_held = images_of(heldout, src["size"], cfg.protocol)[0] if heldout else x[:0]
     labels = None
-    if isinstance(items[0][1], (int, np.integer)):
-        labels = torch.tensor([int(it[1]) for it in items[: st.n_images]])
+    if isinstance(edited[0][1], (int, np.integer)):
+        labels = torch.tensor([int(it[1]) for it in edited])
     device = _device(cfg)
     subject = from_vit(src["model"].to(device), None if src["head"] is None else src["head"].to(device))
     rules = Rules(cfg.diagnostics.rule, cfg.diagnostics.eps, cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank)
-    stage1 = _stage1(src["npz"], st.n_images)
-    res = intervene(subject, x[: st.n_images].to(device), None if labels is None else labels.to(device),
-                    x[st.n_images :].to(device), st, rules, stage1)
+    stage1 = _stage1(src["npz"], index)
+    res = intervene(subject, x.to(device), None if labels is None else labels.to(device), x_held.to(device), st,
+                    rules, stage1, index=index, heldout_index=heldout_index)
     settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
-    key_src = json.dumps([src["id"], to_container(src["data"]), settings, cfg.diagnostics.rule, cfg.diagnostics.eps,
-                          cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank], sort_keys=True, default=str)
+    protocol = to_container(cfg.protocol)
+    key_src = json.dumps([src["id"], to_container(src["data"]), settings, protocol, cfg.diagnostics.rule,
+                          cfg.diagnostics.eps, cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank],
+                         sort_keys=True, default=str)
     meta = {"subject": f"{src['name']} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
+            "protocol": protocol,
+            "images": {"edited": len(index), "heldout": len(heldout_index), "order": str(cfg.protocol.order),
+                       "seed": cfg.protocol.seed, "image_list": cfg.protocol.image_list,
+                       "batch_size": st.batch_size, "random_seed": st.seed},
             "selected": [f"{b}:{h}" for b, h in res.selected], "heads": [f"{b}:{h}" for b, h in res.heads],
             "edits": res.edits, "min_class_events": st.min_class_events, "mean_source": res.mean_source,
+            "mean_sink_value_skipped": res.mean_skipped,
             "checks": res.checks.as_dict(), "stage1": f"reused {src['npz']}" if stage1 is not None else "computed",
             "rule": {"events": rules.rule, "eps": rules.eps, "ratio": rules.ratio, "use_stable_rank": rules.use_rank},
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}

@@ -5,8 +5,10 @@
 
 Per run: the configuration, the online probe (val top-1), the linear probe, the dense probes (mIoU) and the
 diagnostics summary (sinks per image: NOP-like, broadcast-like, on [CLS] / register / patch; massive-activation
-ratio). Grouped by variant as mean +- std over seeds, the best variant per quality column marked, the reference
-numbers of the papers in a separate block. Writes leaderboard.{md,csv,html,png} into `out`.
+ratio). Grouped by variant as mean +- std over seeds. A variant is marked in a quality column only where Welch's
+t-test says it beats every other variant there (`significant_best`); the footnotes say which sink rule the
+summaries counted with, and the reference's sinks per image appear only beside counts made the reference's way.
+Writes leaderboard.{md,csv,html,png} into `out`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import csv
 import html
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +36,19 @@ from vitsinks.plotting import save_figure
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vitsinks.diagnostics.summary import DEF1_EPS  # noqa: E402
+from vitsinks.diagnostics.summary import DEF1_EPS, describe_rule  # noqa: E402
+from vitsinks.stats import welch_p  # noqa: E402
 from vitsinks.sweep import read_manifest  # noqa: E402
 from vitsinks.tracking import read_metrics  # noqa: E402
 
 LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study first, then the rest by name
+# Dense probes by protocol (`eval.dense_protocol`): the file suffix each writes and the name its columns carry.
+DENSE_DATA = {"synthetic": "synthetic", "fashion_mnist": "Fashion-MNIST mosaics", "ade20k": "ADE20K", "voc": "VOC"}
+DENSE_PROTOCOLS = {"dinov2": ("", "DINOv2-style probe"), "kempner": ("_kempner", "reference probe"),
+                   "kempner_cached": ("_kempner_cached", "reference cached probe")}
 QUALITY = [("online_top1", "online probe top-1"), ("linear_top1", "linear top-1"),
-           ("dense_synthetic", "synthetic mIoU"), ("dense_ade20k", "ADE20K mIoU"), ("dense_voc", "VOC mIoU"),
+           *((f"dense_{d}{suffix}", f"{name} mIoU ({label})") for proto, (suffix, label) in DENSE_PROTOCOLS.items()
+             for d, name in DENSE_DATA.items()),
            ("task_fit", "task fit (1 - rel. error)")]
 # `python -m vitsinks.intervene` summaries: mean final-patch rel. RMS change per (class, edit), main scope
 CAUSAL = [("causal_zero_nop", "zero v_s, NOP heads (rel. change)", "nop", "zero_sink_value"),
@@ -49,21 +58,34 @@ CAUSAL = [("causal_zero_nop", "zero v_s, NOP heads (rel. change)", "nop", "zero_
 MECHANISM = [("sinks", "sinks / image"), ("nop", "NOP-like"), ("broadcast", "broadcast-like"), ("on_cls", "on [CLS]"),
              ("on_register", "on register"), ("on_patch", "on patch"),
              *((f"def1_{e}", f"Def.1 eps {e}") for e in DEF1_EPS), ("max_mass", "strongest head mass"),
-             ("prefix_mass", "its mass on [CLS]+reg"), ("strong_ratio", "its ratio_out"),
+             ("prefix_mass", "its mass on [CLS]+reg"), ("strong_ratio", "its value ratio"),
              ("mass_share", "share mass >= 0.3"), ("gate_mean", "mean gate"), ("massive", "massive act. ratio"),
              ("common_mode", "attn. common-mode share"), ("pathway_share", "pathway share of update"),
              *((k, n) for k, n, _, _ in CAUSAL)]
 
-# SPEC section 4 (Kempner gate x register sweep, ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe) and
-# section 3 (sinks per image, epoch 50, ADE20K val, blocks 1-23, relaxed rule, ratio_head).
+# The Kempner gate x register sweep (ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe).
 REFERENCE = {
-    "columns": ["variant", "IN-1k top-1", "ADE20K mIoU", "VOC mIoU", "broadcast / NOP sinks per image"],
-    "rows": [["base", "69.37", "16.59", "43.81", "0.09 / 0.25"], ["reg", "69.31", "18.71", "49.90", ""],
-             ["gate", "69.52", "18.57", "47.95", "3.80 / 0.00"], ["gate+reg", "69.36", "19.99", "52.17", ""],
-             ["headwise gate", "69.07", "18.51", "47.62", ""], ["headwise gate+reg", "69.13", "19.92", "52.41", ""]],
-    "notes": ["LeJEPA paper, frozen linear IN-1k after 100 epochs: ViT-L 77.1, ViT-H/14 79.",
+    "columns": ["variant", "IN-1k top-1", "ADE20K mIoU", "VOC mIoU"],
+    "rows": [["base", "69.37", "16.59", "43.81"], ["reg", "69.31", "18.71", "49.90"],
+             ["gate", "69.52", "18.57", "47.95"], ["gate+reg", "69.36", "19.99", "52.17"],
+             ["headwise gate", "69.07", "18.51", "47.62"], ["headwise gate+reg", "69.13", "19.92", "52.41"]],
+    "notes": ["IN-1k top-1: the online probe (LayerNorm + Linear on the detached final-norm [CLS]). ADE20K / VOC: "
+              "the reference's linear probe at 512 x 512 (eval.dense_protocol=kempner), comparable with the "
+              "'(reference probe)' columns only, not with the DINOv2-style ones.",
+              "LeJEPA paper, frozen linear IN-1k after 100 epochs: ViT-L 77.1, ViT-H/14 79.",
               "DINOv2 linear dense probes: ADE20K 44.3 / 47.3 / 47.7 mIoU, VOC 81.1 / 82.5 / 82.1 (ViT-S/B/L)."],
 }
+# The Kempner sink table (LeJEPA ViT-L, epoch-50 checkpoints, 1,984 ADE20K val images at 224 px), counted with
+# SINK_REFERENCE_RULE: shown only beside sink counts made the same way.
+SINK_REFERENCE = {
+    "columns": ["variant", "broadcast-like", "NOP-like", "all sinks", "on [CLS]"],
+    "rows": [["base (Baseline)", "0.09", "0.25", "0.45", "0.34"], ["gate (Gating)", "3.80", "0.00", "3.88", "2.02"],
+             ["global+pen (Global + Penalty)", "0.04", "0.00", "0.11", "0.11"],
+             ["gate+global+pen (Gating + Global + Penalty)", "0.53", "0.03", "0.63", "0.08"]],
+}
+SINK_REFERENCE_RULE = describe_rule({"events": "relaxed", "eps": 0.5, "ratio": "ratio_head", "use_stable_rank": False,
+                                     "blocks_counted": "1..L-1"})
+ALPHA, MIN_SEEDS = 0.05, 3  # Welch's test level and the fewest seeds per variant it is run with
 
 
 def variant_order() -> list[str]:
@@ -126,18 +148,23 @@ def collect(run: Path) -> dict[str, Any]:
     row["online_top1"] = 100 * online[-1] if online else math.nan
     lin = run / "results" / "linear.json"
     row["linear_top1"] = json.loads(lin.read_text())["best"]["top1"] if lin.exists() else math.nan
-    for name in ("synthetic", "ade20k", "voc"):
-        path = run / "results" / f"dense_{name}.json"
-        row[f"dense_{name}"] = 100 * json.loads(path.read_text())["mIoU"] if path.exists() else math.nan
+    for proto, (suffix, _) in DENSE_PROTOCOLS.items():
+        for name in DENSE_DATA:
+            path = run / "results" / f"dense_{name}{suffix}.json"
+            res = json.loads(path.read_text()) if path.exists() else None
+            if res is not None and res.get("protocol", "dinov2") != proto:
+                raise BadValue(f"{path} says it was made by the {res.get('protocol')} dense protocol, not {proto}: "
+                               f"rerun python -m vitsinks.eval.dense on that run")
+            row[f"dense_{name}{suffix}"] = 100 * res["mIoU"] if res else math.nan
     s = _latest_summary(run)
     if s:
         spi = s["sinks_per_image"]
         row.update(sinks=spi["all"]["all"], nop=spi["nop"]["all"], broadcast=spi["broadcast"]["all"],
                    on_cls=spi["all"]["cls"], on_register=spi["all"]["register"], on_patch=spi["all"]["patch"],
-                   massive=max(s["massive_activations"]["ratio_by_block"]))
+                   massive=max(s["massive_activations"]["ratio_by_block"]), sink_rule=describe_rule(s.get("rule")))
         row.update(_continuous(s))
     else:
-        row.update({k: math.nan for k, _ in MECHANISM}, **_continuous({}))
+        row.update({k: math.nan for k, _ in MECHANISM}, **_continuous({}), sink_rule="-")
     row.update(_causal(run))
     return row
 
@@ -180,22 +207,80 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         agg["sink_at"] = places[0] if len(places) == 1 else " / ".join(places)
         profiles = [r["profile"] for r in group if r.get("profile")]
         agg["profile"] = np.mean(profiles, axis=0).tolist() if profiles else []
+        agg["sink_rules"] = sorted({r.get("sink_rule", "-") for r in group} - {"-"})
+        agg["n"] = {}
         for key, _ in QUALITY + MECHANISM:
             vals = np.array([r[key] for r in group], dtype=float)
             vals = vals[~np.isnan(vals)]
             agg[key] = (float(vals.mean()) if vals.size else math.nan,
                         float(vals.std(ddof=1)) if vals.size > 1 else math.nan)
+            agg["n"][key] = int(vals.size)
         out.append(agg)
     return out
 
 
-def _best(table: list[dict[str, Any]]) -> dict[str, str]:
-    best = {}
-    for key, _ in QUALITY:
-        means = [(t[key][0], t["variant"]) for t in table if not math.isnan(t[key][0])]
-        if len(means) > 1:
-            best[key] = max(means)[1]
-    return best
+def _beats(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    """`a` is better than `b` in column `key`: a higher mean, not equal as shown, and Welch's p < ALPHA."""
+    (ma, sa), (mb, sb) = a[key], b[key]
+    if ma <= mb or _cell((ma, math.nan), key) == _cell((mb, math.nan), key):
+        return False
+    return welch_p(ma, sa, a["n"][key], mb, sb, b["n"][key]) < ALPHA
+
+
+def significant_best(table: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """Per quality column, the variant better than every other one there by Welch's test (p < ALPHA each time,
+    >= MIN_SEEDS seeds per variant), if any; and the names of the columns left unmarked for too few seeds."""
+    best, few = {}, []
+    for key, name in QUALITY:
+        rows = [t for t in table if not math.isnan(t[key][0])]
+        if len(rows) < 2:
+            continue
+        if min(t["n"][key] for t in rows) < MIN_SEEDS:
+            few.append(name)
+            continue
+        best.update((key, t["variant"]) for t in rows if all(_beats(t, o, key) for o in rows if o is not t))
+    return best, few
+
+
+def _mark_note(few: list[str], mark: str = "Bold") -> str:
+    """The marking rule in words, and the columns it could not be applied to."""
+    note = (f"{mark}: a variant better than every other variant of its quality column by a two-sided Welch t-test "
+            f"(unequal variances), p < {ALPHA:g} in each comparison, with >= {MIN_SEEDS} seeds per variant; means "
+            f"equal as shown are never marked.")
+    if few:
+        note += (f" Nothing is marked in {', '.join(few)}: some variant has fewer than {MIN_SEEDS} seeds there, too "
+                 f"few for the test.")
+    return note
+
+
+def _rules(table: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each sink rule the runs' summaries counted with -> the variants that used it."""
+    out: dict[str, list[str]] = {}
+    for t in table:
+        for r in t["sink_rules"]:
+            out.setdefault(r, []).append(t["variant"])
+    return out
+
+
+def _rule_notes(table: list[dict[str, Any]]) -> list[str]:
+    """Which rule the sink columns used, and whether the reference's sinks per image can sit beside them."""
+    rules = _rules(table)
+    if not rules:
+        return ["No diagnostics summaries: no sink counts, and no reference sinks per image."]
+    if len(rules) == 1:
+        notes = [f"Sink columns counted with: {next(iter(rules))}. Def.1: min_a >= 1 - eps, same blocks."]
+    else:
+        notes = ["The runs' summaries counted sinks with different rules: "
+                 + "; ".join(f"{r} ({', '.join(v)})" for r, v in rules.items()) + "."]
+    if not _reference_comparable(table):
+        notes.append(f"The reference's sinks per image are left out: the reference counts them with "
+                     f"[{SINK_REFERENCE_RULE}], these runs' summaries do not (or do not say), so the numbers would "
+                     f"not be comparable; each diagnosed checkpoint's sink_table.md counts the reference's way.")
+    return notes
+
+
+def _reference_comparable(table: list[dict[str, Any]]) -> bool:
+    return list(_rules(table)) == [SINK_REFERENCE_RULE]
 
 
 def _cell(mean_std: tuple[float, float], key: str = "") -> str:
@@ -213,41 +298,59 @@ def _columns(table: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(k, n) for k, n in QUALITY + MECHANISM if any(not math.isnan(t[k][0]) for t in table)]
 
 
+SINK_REFERENCE_TITLE = (f"Reference sinks per image (Kempner, LeJEPA ViT-L, epoch 50, 1,984 ADE20K val images; "
+                        f"{SINK_REFERENCE_RULE})")
+DEFINITIONS = ("Strongest head: the (block, head) with the largest mean sink mass, where its dominant key sits most "
+               "often, its mass on the prefix tokens and its value ratio. Share mass >= 0.3: of all (image, block, "
+               "head) triples. Attn. common-mode share: the common-mode penalty of the attention update (energy of "
+               "the token-mean update over the update's energy), mean over blocks; pathway share: the global "
+               "pathway's share of the block update's energy.")
+
+
+def _md_table(ref: dict[str, Any]) -> list[str]:
+    return ["| " + " | ".join(ref["columns"]) + " |", "|" + "---|" * len(ref["columns"])] + \
+        ["| " + " | ".join(r) + " |" for r in ref["rows"]]
+
+
 def to_markdown(table: list[dict[str, Any]]) -> str:
-    cols, best = _columns(table), _best(table)
+    """The leaderboard, its footnotes (marking rule, sink rule) and the reference blocks."""
+    cols, (best, few) = _columns(table), significant_best(table)
     lines = ["| variant | seeds | strongest sink at | " + " | ".join(n for _, n in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for t in table:
         cells = [f"**{_cell(t[k], k)}**" if best.get(k) == t["variant"] else _cell(t[k], k) for k, _ in cols]
         lines.append(f"| {t['variant']} | {t['seeds']} | {t['sink_at']} | " + " | ".join(cells) + " |")
-    lines += ["", "Sinks per image: relaxed rule (routed_frac >= 0.9), blocks 1..L-1 (the only block of a one-block "
-              "model); Def.1: min_a >= 1 - eps, same blocks. Strongest head: the (block, head) with the largest mean "
-              "sink mass, where its dominant key sits most often, its mass on the prefix tokens and its value ratio. "
-              "Share mass >= 0.3: of all (image, block, head) triples. "
-              "Attn. common-mode share: the common-mode penalty of the attention update (SPEC section 7), mean over "
-              "blocks; pathway share: the global pathway's share of the block update's energy."]
+    lines += ["", f"Mean ± std over seeds. {_mark_note(few)}", "", " ".join(_rule_notes(table)), "", DEFINITIONS]
     if any(not math.isnan(t[k][0]) for t in table for k, *_ in CAUSAL):
         lines += ["", "Causal columns (`python -m vitsinks.intervene`): final patch tokens' relative RMS change when "
                   "one head's sink value is zeroed (or its sink attention redirected), mean over the head's events "
                   "of that class, then over heads; drop registers: the whole model run without them."]
-    ref = REFERENCE
-    lines += ["", "Bold: best variant per quality column (mean over seeds). Reference numbers (papers, ViT-L, not "
-              "comparable in scale with CPU runs):", "", "| " + " | ".join(ref["columns"]) + " |",
-              "|" + "---|" * len(ref["columns"])] + ["| " + " | ".join(r) + " |" for r in ref["rows"]]
-    lines += [""] + [f"- {n}" for n in ref["notes"]]
+    lines += ["", "Reference numbers (papers, ViT-L, not comparable in scale with CPU runs):", "",
+              *_md_table(REFERENCE), "", *(f"- {n}" for n in REFERENCE["notes"])]
+    if _reference_comparable(table):
+        lines += ["", f"{SINK_REFERENCE_TITLE}:", "", *_md_table(SINK_REFERENCE)]
     return "\n".join(lines) + "\n"
 
 
+def _html_table(ref: dict[str, Any], table_id: str) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ref["columns"])
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in ref["rows"])
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
 def to_html(table: list[dict[str, Any]], title: str) -> str:
-    cols, best = _columns(table), _best(table)
+    """The leaderboard as one HTML page with the same footnotes and reference blocks as the Markdown."""
+    cols, (best, few) = _columns(table), significant_best(table)
     head = "".join(f"<th>{html.escape(n)}</th>" for _, n in cols)
     body = "".join(
         f"<tr><td>{html.escape(t['variant'])}</td><td>{t['seeds']}</td><td>{html.escape(t['sink_at'])}</td>"
         + "".join(f"<td class=\"{'best' if best.get(k) == t['variant'] else ''}\">{html.escape(_cell(t[k], k))}</td>"
                   for k, _ in cols) + "</tr>" for t in table)
-    ref = REFERENCE
-    ref_rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in ref["rows"])
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in ref["notes"])
+    foot = "".join(f"<p>{html.escape(n)}</p>" for n in [f"Mean ± std over seeds. {_mark_note(few, 'Highlighted')}",
+                                                          " ".join(_rule_notes(table)), DEFINITIONS])
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in REFERENCE["notes"])
+    sinks = (f"<h2>{html.escape(SINK_REFERENCE_TITLE)}</h2>{_html_table(SINK_REFERENCE, 'reference-sinks')}"
+             if _reference_comparable(table) else "")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1.5em}}
@@ -256,18 +359,20 @@ th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></he
 <body><h1>{html.escape(title)}</h1>
 <table id="leaderboard"><thead><tr><th>variant</th><th>seeds</th><th>strongest sink at</th>{head}</tr></thead>
 <tbody>{body}</tbody></table>
-<p>Mean ± std over seeds; highlighted: best variant per quality column.</p>
+{foot}
 <h2>Reference numbers (papers, ViT-L)</h2>
-<table id="reference"><thead><tr>{"".join(f"<th>{html.escape(c)}</th>" for c in ref["columns"])}</tr></thead>
-<tbody>{ref_rows}</tbody></table><ul>{notes}</ul>
+{_html_table(REFERENCE, "reference")}<ul>{notes}</ul>
+{sinks}
 <img src="leaderboard.png" alt="quality and sinks per variant" style="max-width:100%"></body></html>
 """
 
 
 def figure(table: list[dict[str, Any]], path: Path) -> Path:
-    """Quality bars (one group per quality metric), sinks per image split by class, and the per-block profile of
-    each variant's strongest-head sink mass side by side (never empty: it moves before any sink event)."""
+    """Quality bars (one group per quality metric, `*` over a variant marked by Welch's test), sinks per image split
+    by class, and the per-block profile of each variant's strongest-head sink mass side by side (never empty: it
+    moves before any sink event); the footnote says the marking and sink rules."""
     quality = [(k, n) for k, n in QUALITY if any(not math.isnan(t[k][0]) for t in table)]
+    best, few = significant_best(table)
     variants = [t["variant"] for t in table]
     x = np.arange(len(variants))
     fig, axes = plt.subplots(1, 3, figsize=(21, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.1]})
@@ -276,7 +381,11 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
         means = [t[k][0] for t in table]
         errs = [0 if math.isnan(t[k][1]) else t[k][1] for t in table]
         axes[0].bar(x + i * width, means, width, yerr=errs, label=n, capsize=2)
+        for j, t in enumerate(table):
+            if best.get(k) == t["variant"]:
+                axes[0].text(x[j] + i * width, means[j] + errs[j], "*", ha="center", va="bottom", fontsize=12)
     axes[0].set_xticks(x + width * (len(quality) - 1) / 2, variants, rotation=30, ha="right", fontsize=8)
+    axes[0].margins(y=0.08)  # room for the marks
     axes[0].set_ylabel("%")
     axes[0].set_title("quality", fontsize=10)
     axes[0].legend(fontsize=7)
@@ -289,10 +398,10 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     axes[1].bar(x, total - bottom, bottom=bottom, color="tab:green", label="unclassified")
     axes[1].set_xticks(x, variants, rotation=30, ha="right", fontsize=8)
     axes[1].set_ylim(0, max(1.0, float(total.max()) * 1.15))
-    axes[1].set_ylabel("sink heads per image (blocks 1..L-1)")
+    axes[1].set_ylabel("sink heads per image (rule: footnote)")
     axes[1].set_title("mechanism", fontsize=10)
     if not total.any():
-        axes[1].text(0.5, 0.6, "no sink events (relaxed rule)", ha="center", transform=axes[1].transAxes)
+        axes[1].text(0.5, 0.6, "no sink events", ha="center", transform=axes[1].transAxes)
     massive = axes[1].twinx()
     massive.plot(x, [t["massive"][0] for t in table], "D", color="tab:red", label="massive act. ratio (max/median)")
     massive.set_ylim(0, np.nanmax([t["massive"][0] for t in table] + [1.0]) * 1.6)
@@ -301,6 +410,8 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     extra = massive.get_legend_handles_labels()
     axes[1].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper right")
     _profiles(axes[2], table)
+    notes = [f"Mean ± std over seeds. {_mark_note(few, '*')}", *_rule_notes(table)]
+    fig.supxlabel("\n".join(textwrap.fill(n, 260) for n in notes), fontsize=7, x=0.005, ha="left")
     return save_figure(fig, path)
 
 

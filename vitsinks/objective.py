@@ -1,5 +1,5 @@
 """The LeJEPA objective (lightly's SIGReg + invariance term) and the model it trains, and the common-mode penalty
-that any objective can add (SPEC section 7)."""
+that any objective can add (docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ class LeJEPAObjective(nn.Module):
 
     Equal to `lightly.loss.LeJEPALoss` when there are local views; written from lightly's two parts so that the
     paper recipe (global views only) and its own lambda / slice count work too.
+
+    `objective.sigreg` chooses what SIGReg tests for Gaussianity: `per_view_global` (lightly's on (V, N, D): one
+    statistic per view over the global batch's N samples, averaged over views; the statistic's sums all-reduced
+    under DDP) or `pooled_per_rank` (the reference's: the V x N projections of a rank pooled into one statistic of
+    V x N samples, no all-reduce; DDP then averages the gradients). The statistic grows with its sample count,
+    so the two differ in scale as well as in what must be Gaussian.
     """
 
     def __init__(self, cfg: ObjectiveConfig, gather_distributed: bool = False) -> None:
@@ -38,12 +44,14 @@ class LeJEPAObjective(nn.Module):
         if not 0.0 <= cfg.lamb <= 1.0:
             raise BadValue(f"objective.lamb must be in [0, 1], got {cfg.lamb}")
         self.lamb = cfg.lamb
-        self.sigreg = SIGReg(knots=cfg.knots, num_vectors=cfg.slices, gather_distributed=gather_distributed)
+        self.pooled = str(getattr(cfg, "sigreg", "per_view_global")) == "pooled_per_rank"
+        self.sigreg = SIGReg(knots=cfg.knots, num_vectors=cfg.slices,
+                             gather_distributed=gather_distributed and not self.pooled)
 
     def forward(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None = None) -> LossTerms:
         """`global_proj` (Vg, B, D) and optional `local_proj` (Vl, B, D) projections."""
         all_proj = global_proj if local_proj is None else torch.cat([global_proj, local_proj], dim=0)
-        sig = self.sigreg(all_proj)
+        sig = self.sigreg(all_proj.reshape(1, -1, all_proj.shape[-1]) if self.pooled else all_proj)
         inv = lejepa_invariance_loss(all_proj=all_proj, global_proj=global_proj)
         return LossTerms(self.lamb * sig + (1.0 - self.lamb) * inv, sig, inv)
 
@@ -79,7 +87,8 @@ class LeJEPAModel(nn.Module):
 
 
 class CommonModePenalty:
-    """`lambda_B * sum_l pen_l` over the blocks after `cm_skip_blocks`, pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block
+    """`lambda_B * mean_l pen_l`, the mean over the blocks after `cm_skip_blocks` (as the reference's ViT trainer),
+    pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block
     l's attention update o over the global batch: each term is averaged over the step's forward passes (LeJEPA's
     global and local views) and, under DDP, over the ranks (a differentiable all-reduce) before the ratio, so several
     ranks compute what one process would on the whole batch."""
@@ -108,5 +117,5 @@ class CommonModePenalty:
         if is_distributed():
             terms = differentiable_sum(terms) / torch.distributed.get_world_size()
         per_block = terms[:, 0] / (terms[:, 1] + CM_EPS)
-        total = per_block[self.skip :].sum()
+        total = per_block[self.skip :].mean()
         return self.lamb * total, {"cm_penalty": total, **{f"cm/block{i}": p for i, p in enumerate(per_block)}}

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitsinks.data import SinkTask, read_item
-from vitsinks.data.views import eval_transform
+from vitsinks.data.selection import analysis_transform
 from vitsinks.errors import BadValue
 from vitsinks.models import SinkViT
 
@@ -80,7 +80,7 @@ class SupervisedSamples(Dataset):
     def __init__(self, base: Dataset, image_size: int, on_bad_image: str = "skip") -> None:
         self.base, self.on_bad_image = base, on_bad_image
         self.dense = isinstance(base, SinkTask)
-        self.transform = None if self.dense else eval_transform(image_size)
+        self.transform = None if self.dense else analysis_transform(image_size)
         self.epoch = 0  # the items do not depend on the epoch (the trainer sets it anyway)
 
     def __len__(self) -> int:

@@ -25,8 +25,9 @@ from vitsinks import checkpoint as ckpt
 from vitsinks import supervised as sup
 from vitsinks.config import to_container
 from vitsinks.data import build_dataset, is_sink_task, loader_workers, num_classes, read_item
-from vitsinks.data.views import EpochSampler, SeededViews, collate_views, eval_transform, sample_seed, view_transform
-from vitsinks.diagnostics import fixed_images, run_diagnostics
+from vitsinks.data.selection import permutation
+from vitsinks.data.views import EpochSampler, SeededViews, collate_views, sample_seed, view_transform
+from vitsinks.diagnostics import fixed_images, protocol_transform, run_diagnostics
 from vitsinks.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
 from vitsinks.errors import ConfigError, NonFinite
 from vitsinks.models import model_from_config, run_variant
@@ -93,7 +94,8 @@ class Trainer:
         else:
             self.model = LeJEPAModel(backbone, cfg.objective, self.num_classes).to(self.device)
             self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
-        sync_batchnorm(self.model, self.device)
+        if cfg.objective.get("projector_bn", "global_batch") == "global_batch":  # per_rank: plain BatchNorm per GPU
+            sync_batchnorm(self.model, self.device)
         self.cm_penalty = CommonModePenalty(backbone.blocks, cfg.objective) if cfg.objective.cm_penalty else None
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.sampler.batches_per_epoch,
                                                          self.total_steps)
@@ -146,8 +148,9 @@ class Trainer:
             return
         if self._diag_images is None:
             self._diag_images = fixed_images(self.val_set, d.n_images, self.cfg.views.global_size,
-                                             self.cfg.data.on_bad_image)
-        run_diagnostics(self.model.backbone, *self._diag_images, out, d)
+                                             self.cfg.data.on_bad_image, self.cfg.protocol)
+        images, shown, index = self._diag_images
+        run_diagnostics(self.model.backbone, images, shown, out, d, index, self.cfg.protocol)
 
     def resume(self) -> bool:
         """Restore everything from the newest usable checkpoint (`last.pt`, else the newest `step_*.pt`); refuse a
@@ -247,14 +250,15 @@ class Trainer:
 
     @torch.no_grad()
     def probe_accuracy(self, max_images: int = 2048) -> float:
-        """Top-1 of the online probe on (up to `max_images` of) the validation split, centre view; unreadable
+        """Top-1 of the online probe on (up to `max_images` of, in the seeded order of `protocol`) the validation
+        split, centre view; unreadable
         images are skipped under `data.on_bad_image=skip`."""
         self.model.eval()
-        tf = eval_transform(self.cfg.views.global_size)
-        n = min(len(self.val_set), max_images)
+        tf = protocol_transform(self.cfg.views.global_size, self.cfg.protocol)
+        order = permutation(len(self.val_set), self.cfg.protocol.seed)[:max_images]  # never one class's images
         correct = total = 0
-        for lo in range(0, n, 256):
-            items = [it for i in range(lo, min(n, lo + 256))
+        for lo in range(0, len(order), 256):
+            items = [it for i in order[lo : lo + 256]
                      if (it := read_item(self.val_set, i, self.cfg.data.on_bad_image)) is not None]
             if not items:
                 continue

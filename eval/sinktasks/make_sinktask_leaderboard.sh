@@ -2,7 +2,7 @@
 # The ViT sink tasks x the variants base, gate, reg, gate+reg, relu and the global-pathway family (global,
 # global+pen, gate+global+pen, reg+global+pen), 2 seeds each (36 runs of 256 steps; about 15 minutes on 2 CPU
 # cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
-# of every final checkpoint (256 images, heads selected by SPEC section 6; a run without a qualifying head and
+# of every final checkpoint (256 images, heads selected by docs/fidelity.md; a run without a qualifying head and
 # without registers has nothing to edit and is said so), then one leaderboard with a row per (task, variant), and
 # every run's intervention report copied to eval/sinktasks/interventions/<run>/.
 #   bash eval/sinktasks/make_sinktask_leaderboard.sh
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/sinktasks}
 for task in sinktask_nop sinktask_broadcast; do
   python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,global,global+pen,gate+global+pen,reg+global+pen \
-    seed=0,1 data="$task" runs_dir="$RUNS" wandb.mode=disabled
+    seed=0,1 data="$task" runs_dir="$RUNS" wandb.mode=disabled objective.cm_skip_blocks=0  # one block: penalise it
 done
 for run in "$RUNS"/*-s[0-9]/; do
   run=${run%/}

@@ -15,7 +15,7 @@ from vitsinks.data.sinktasks import SinkTask, is_sink_task, sink_task_name
 from vitsinks.data.synthetic import SyntheticShapes
 from vitsinks.errors import BadValue, InputNotFound
 
-DATASETS = ("synthetic", "fashion_mnist", "imagenet", "sinktask_nop", "sinktask_broadcast")
+DATASETS = ("synthetic", "fashion_mnist", "imagenet", "sinktask_nop", "sinktask_broadcast", "ade20k", "voc")
 
 __all__ = ["DATASETS", "BadImage", "FashionMNIST", "ImageFolderSplit", "SinkTask", "SyntheticShapes",
            "build_dataset", "check_root", "is_sink_task", "loader_workers", "num_classes", "read_item"]
@@ -34,7 +34,8 @@ def check_root(root: str | None, name: str, example: str) -> Path:
 
 
 def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
-    """The `(PIL image, label)` dataset of `split` (train | val) named by `cfg.name`; fails early on a bad root."""
+    """The `(PIL image, label)` dataset of `split` (train | val) named by `cfg.name` (ADE20K / VOC: the label is
+    the label map); fails early on a bad root."""
     if cfg.name == "synthetic":
         # train and val are disjoint streams of the same generator
         length = cfg.train_size if split == "train" else cfg.val_size
@@ -49,6 +50,10 @@ def build_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
     if cfg.name == "imagenet":
         root = check_root(cfg.root, "imagenet", "/datasets/imagenet")
         return ImageFolderSplit(root, split, classes=None if split == "train" else train_classes(root))
+    if cfg.name in ("ade20k", "voc"):  # the segmentation sets' images (with their label maps) for the analyses
+        from vitsinks.eval.segdata import build_seg_dataset  # segdata builds on this module
+
+        return build_seg_dataset(cfg, split, seed)
     raise BadValue(f"unknown data.name {cfg.name!r}; choose one of {DATASETS}")
 
 

@@ -10,9 +10,7 @@ import numpy as np
 import torch
 from lightly.transforms.dino_transform import DINOViewTransform
 from lightly.transforms.multi_view_transform import MultiViewTransform
-from lightly.transforms.utils import IMAGENET_NORMALIZE
 from torch.utils.data import Dataset, Sampler
-from torchvision import transforms as T
 
 from vitsinks.config import ViewsConfig
 from vitsinks.data.imagefolder import read_item
@@ -33,12 +31,6 @@ def view_transform(v: ViewsConfig) -> MultiViewTransform:
                 for i in range(v.n_global)]
     locals_ = [one(v.local_size, v.local_scale, v.blur, 0.0) for _ in range(v.n_local)]
     return MultiViewTransform(globals_ + locals_)
-
-
-def eval_transform(size: int) -> T.Compose:
-    """Deterministic view for probes and diagnostics: resize, centre crop, normalise."""
-    return T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(),
-                      T.Normalize(IMAGENET_NORMALIZE["mean"], IMAGENET_NORMALIZE["std"])])
 
 
 def sample_seed(*keys: int) -> int:

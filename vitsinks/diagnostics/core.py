@@ -41,7 +41,8 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
                     keep_maps: int = 0, num_prefix: int = 1) -> dict[str, np.ndarray]:
     """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
 
-    Beside the SPEC fields: `prefix_mass`, the mean over queries of the attention on the first `num_prefix`
+    Beside the fields of docs/fidelity.md: `prefix_mass`, the mean over queries of the attention on the first
+    `num_prefix`
     tokens ([CLS] and registers: a sink split over several registers shows here, not in `mass`), and
     `gate_mean`, the head's mean gate value over tokens (NaN without a gate).
 

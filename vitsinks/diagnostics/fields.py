@@ -1,4 +1,4 @@
-"""Per-head sink fields (SPEC section 3) from one block's explicit attention internals, and the QK spectrum.
+"""Per-head sink fields (docs/fidelity.md) from one block's explicit attention internals, and the QK spectrum.
 
 Shapes: A (B, H, N, N) with queries i on dim -2 and keys j on dim -1; v (B, H, N, hd); `w_o` the output
 projection weight (dim, H * hd); `ls` the LayerScale gamma (dim,) or None.
@@ -49,7 +49,7 @@ def _gram_stable_rank(gram: torch.Tensor) -> torch.Tensor:
 
 def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
                 ls: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The SPEC fields of every (image, head) of one block, each shaped (B, H).
+    """The diagnostics fields (docs/fidelity.md) of every (image, head) of one block, each shaped (B, H).
 
     u_j = ls * (W_O^h v_j) and U = A u are never formed: with K_h = W_h'^T W_h' (hd x hd), ||u_j||^2 =
     v_j^T K_h v_j, and U = (A v) W_h'^T has the Gram matrix C^T (A v)^T (A v) C (hd x hd, K_h = C C^T) with the

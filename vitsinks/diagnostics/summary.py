@@ -27,7 +27,7 @@ def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) ->
 def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
     """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified.
 
-    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (SPEC section 3).
+    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (docs/fidelity.md).
     """
     r = d[ratio]
     broadcast = r >= BROADCAST_MIN
@@ -70,10 +70,35 @@ DEF1_EPS = (0.5, 0.3, 0.2, 0.1)  # the reference's sensitivity table
 MASS_SHARE_MIN = 0.3
 
 
-def scored_blocks(n_blocks: int) -> slice:
-    """The blocks that sinks per image count: 1..L-1 as in the reference (block 0 is reported apart), or the only
-    block of a one-block model."""
-    return slice(1, None) if n_blocks > 1 else slice(0, 1)
+def scored_blocks(n_blocks: int, block0: bool = False) -> slice:
+    """The blocks that sinks per image count: 1..L-1 as in the reference (block 0 is reported apart), every block
+    with `block0`, or the only block of a one-block model."""
+    return slice(1, None) if n_blocks > 1 and not block0 else slice(0, None)
+
+
+def blocks_label(n_blocks: int, block0: bool = False) -> str:
+    """How `scored_blocks` reads in a summary or a table header."""
+    if n_blocks == 1:
+        return "0 (the only block)"
+    return "0..L-1" if block0 else "1..L-1"
+
+
+def rule_record(rule: str, eps: float, ratio: str, use_rank: bool, n_blocks: int,
+                block0: bool = False) -> dict[str, Any]:
+    """The settings a sink count was made with, as stored in summary.json (`rule`) and read by the leaderboard."""
+    return {"events": str(rule), "eps": float(eps), "ratio": str(ratio), "use_stable_rank": bool(use_rank),
+            "blocks_counted": blocks_label(n_blocks, block0)}
+
+
+def describe_rule(r: dict[str, Any] | None) -> str:
+    """One readable line for a `rule_record` (None: a summary written before the rule was recorded)."""
+    if not r:
+        return "rule not recorded (a summary older than the rule record)"
+    events_ = ("relaxed rule (routed_frac >= 0.9)" if r["events"] == "relaxed"
+               else f"Definition 1 (min_a >= 1 - eps, eps {r['eps']:g})")
+    rank = f" and stable rank <= {BROADCAST_MAX_RANK:g}" if r["use_stable_rank"] else ", no stable-rank test"
+    return (f"{events_}; NOP-like {r['ratio']} <= {NOP_MAX:g}, broadcast-like {r['ratio']} >= {BROADCAST_MIN:g}"
+            f"{rank}; blocks {r['blocks_counted']}")
 
 
 def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[str, list]:
@@ -119,7 +144,7 @@ def continuous_measures(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_
 
 
 def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Per block: the common-mode penalty of the attention update over the diagnosed images (SPEC section 7), and
+    """Per block: the common-mode penalty of the attention update over the diagnosed images (docs/fidelity.md), and
     for models with the global pathway its pooling entropy, where its top pooled token sits most often, its mean
     recipient gate and its share of the block update's energy."""
     out: dict[str, Any] = {}
@@ -148,8 +173,7 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
     massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
     sink_heads = ev.any(axis=0)
     return {
-        "rule": {"events": rule, "eps": eps, "ratio": ratio, "use_stable_rank": use_rank,
-                 "blocks_counted": "1..L-1" if n_blocks > 1 else "0 (the only block)"},
+        "rule": rule_record(rule, eps, ratio, use_rank, n_blocks),
         "shape": {"images": n_img, "blocks": n_blocks, "heads": n_heads,
                   "registers": int(d["num_registers"])},
         "sinks_per_image": sinks_per_image(ev[:, blocks], cls[:, blocks], loc[:, blocks]),

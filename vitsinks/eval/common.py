@@ -11,6 +11,7 @@ from torch.utils.data import Dataset, Subset
 from vitsinks import files
 from vitsinks.checkpoint import load_backbone
 from vitsinks.cli import data_overrides, pick_data
+from vitsinks.data.selection import permutation
 from vitsinks.distributed import init_distributed, rank_world
 from vitsinks.errors import InputNotFound
 from vitsinks.models import SinkViT
@@ -31,11 +32,12 @@ def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, Dic
     return model, data, path.parent.parent / "results"
 
 
-def limit(ds: Dataset, n: int | None) -> Dataset:
-    """The first `n` items of `ds` (all when n is None or larger), keeping its `num_classes`."""
+def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
+    """`n` items of `ds`, the first n of a permutation seeded `seed` (`vitsinks.data.selection`: never the first n
+    files of a class-sorted split), all when n is None or larger; keeps its `num_classes`."""
     if not n or n >= len(ds):  # type: ignore[arg-type]
         return ds
-    sub = Subset(ds, range(n))
+    sub = Subset(ds, permutation(len(ds), seed)[:n])  # type: ignore[arg-type]
     if hasattr(ds, "num_classes"):
         sub.num_classes = ds.num_classes  # type: ignore[attr-defined]
     return sub

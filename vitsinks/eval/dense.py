@@ -1,18 +1,23 @@
-"""Dense (segmentation) probing of a frozen backbone.
+"""Dense (segmentation) probing of a frozen backbone, under a named protocol (`eval.dense_protocol`).
 
     python -m vitsinks.eval.dense ckpt=runs/<name>/checkpoints/last.pt data=ade20k data.root=/datasets/ade
-    python -m vitsinks.eval.dense ckpt=... data=voc data.root=/datasets/voc [data.voc_aug=true]
+    python -m vitsinks.eval.dense ckpt=... data=voc data.root=/datasets/voc eval.dense_protocol=kempner
 
-Head: BatchNorm + 1x1 conv on the final-norm patch tokens ([CLS] and registers dropped), logits upsampled
-bilinearly to the label size; AdamW. Training on cached unaugmented features (default) or with random resized
-crop + flip and features recomputed (`eval.dense_augment=true`). Evaluation at full label resolution, with a
-sliding window when an image is larger than the model input; mIoU, per-class IoU and pixel accuracy from one
-confusion matrix summed over all ranks. Writes `<run>/results/dense_<data>.json` and `dense_<data>.png`.
+Both protocols train a per-patch linear map on the final-norm patch tokens ([CLS] and registers dropped), logits
+upsampled bilinearly, cross-entropy with 255 ignored, AdamW; mIoU, per-class IoU and pixel accuracy come from one
+confusion matrix over the whole val split (summed over ranks). `dinov2` (default): BatchNorm first, the model's input
+size, one evaluation at the end at full label resolution with a sliding window. `kempner` / `kempner_cached`: the
+attention-sink reference's probe at 512 x 512, val at 512 x 512 before the first epoch and after each, the best epoch
+reported (`dense_protocols.py` holds every setting). Writes `<run>/results/dense_<data>.json` (dinov2) or
+`dense_<data>_<protocol>.json`, with the example PNG and the heads beside it.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,45 +31,51 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from lightly.transforms.utils import IMAGENET_NORMALIZE  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
 from torchmetrics.classification import MulticlassConfusionMatrix  # noqa: E402
-from torchvision import tv_tensors  # noqa: E402
-from torchvision.transforms import v2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from vitsinks import files  # noqa: E402
 from vitsinks.data import read_item  # noqa: E402
 from vitsinks.distributed import rank_world  # noqa: E402
+from vitsinks.errors import ConfigError  # noqa: E402
 from vitsinks.eval.common import limit, setup, write_result  # noqa: E402
+from vitsinks.eval.dense_protocols import DenseProtocol, best_epoch, resolve, scheduler  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
-from vitsinks.eval.metrics import iou_from_confusion  # noqa: E402
-from vitsinks.eval.segdata import IGNORE, build_seg_dataset, num_seg_classes  # noqa: E402
+from vitsinks.eval.metrics import iou_from_confusion, mean_std  # noqa: E402
+from vitsinks.eval.segdata import IGNORE, JointCropFlip, build_seg_dataset, num_seg_classes, resize_label, to_input  # noqa: E402, E501
 from vitsinks.models import SinkViT  # noqa: E402
+
+Batch = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]
+Shown = list[tuple[Image.Image, np.ndarray, np.ndarray]]
 
 
 class DenseHead(nn.Module):
-    """BatchNorm + 1x1 convolution from patch features (B, D, h, w) to class logits (B, C, h, w)."""
+    """Optional BatchNorm + 1x1 convolution (a Linear layer applied to every patch token) from patch features
+    (B, D, h, w) to class logits, upsampled bilinearly to `size` (B, C, *size)."""
 
-    def __init__(self, dim: int, classes: int) -> None:
+    def __init__(self, dim: int, classes: int, batchnorm: bool = True) -> None:
         super().__init__()
-        self.bn = nn.BatchNorm2d(dim)
+        self.bn = nn.BatchNorm2d(dim) if batchnorm else nn.Identity()
         self.conv = nn.Conv2d(dim, classes, 1)
 
     def forward(self, feats: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        return F.interpolate(self.conv(self.bn(feats)), size=size, mode="bilinear", align_corners=False)
+        logits = self.conv(self.bn(feats))  # upsampled 8 images at a time: large batches of 512 px logits stay small
+        return torch.cat([F.interpolate(c, size=size, mode="bilinear", align_corners=False) for c in logits.split(8)])
 
 
-def _to_input(img: Image.Image, width: int, height: int | None = None) -> torch.Tensor:
-    """Normalised (3, height, width) tensor of `img` resized (the whole image, as its label: no crop)."""
-    x = v2.functional.to_image(img.resize((width, height or width), Image.BILINEAR)).float().div(255)
-    return v2.functional.normalize(x, list(IMAGENET_NORMALIZE["mean"]), list(IMAGENET_NORMALIZE["std"]))
-
-
-def _label(label: np.ndarray, size: int) -> torch.Tensor:
-    return torch.from_numpy(np.array(Image.fromarray(label).resize((size, size), Image.NEAREST))).long()
+def check_size(model: SinkViT, size: int) -> None:
+    """`ConfigError` unless the model can embed size x size images (patch multiple; position embedding resampled by
+    timm's dynamic image size when `size` is not the model's own)."""
+    patch = model.patch_embed.patch_size[0]
+    if size % patch:
+        raise ConfigError(f"eval.dense_size={size} is not a multiple of the model's patch size {patch}")
+    if size != model.patch_embed.img_size[0] and not getattr(model, "dynamic_img_size", False):
+        raise ConfigError(f"eval.dense_size={size}: this model only takes {model.patch_embed.img_size[0]} px "
+                          f"images (built without dynamic image size); leave eval.dense_size unset")
 
 
 @torch.no_grad()
@@ -75,7 +86,7 @@ def slide_logits(model: SinkViT, head: DenseHead, img: Image.Image, size: int, o
     w, h = img.size
     scale = size / min(w, h)
     rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
-    x = _to_input(img, rw, rh).to(device)
+    x = to_input(img, rw, rh).to(device)
     stride = max(1, size * 2 // 3)
     ys = list(range(0, rh - size + 1, stride)) or [0]
     xs = list(range(0, rw - size + 1, stride)) or [0]
@@ -96,59 +107,19 @@ def slide_logits(model: SinkViT, head: DenseHead, img: Image.Image, size: int, o
     return F.interpolate((acc / count).unsqueeze(0), size=out_hw, mode="bilinear", align_corners=False)[0]
 
 
-def train_head(model: SinkViT, head: DenseHead, train_ds: torch.utils.data.Dataset, cfg: DictConfig, size: int,
-               cache: Path, on_bad_image: str = "skip") -> list[float]:
-    """Fit the head (its batches drawn from a generator seeded with `cfg.seed`); returns the loss per epoch."""
-    e = cfg.eval
-    device = next(model.parameters()).device
-    head.to(device).train()
-    opt = torch.optim.AdamW(head.parameters(), lr=e.dense_lr, weight_decay=e.dense_weight_decay)
-    n = len(train_ds)  # type: ignore[arg-type]
-    if not e.dense_augment:
-        def featurize(items: list) -> dict[str, torch.Tensor]:
-            x = torch.stack([_to_input(img, size) for img, _ in items]).to(device)
-            return {"feats": patch_features(model, x), "label": torch.stack([_label(lb, size) for _, lb in items])}
-
-        cached = extract(train_ds, featurize, cache, e.batch_size, "dense features (train)", on_bad_image)
-        n = len(cached["label"])  # unreadable images left out
-    steps_per_epoch = math.ceil(n / e.dense_batch_size)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, e.dense_epochs * steps_per_epoch))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    augment = v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), antialias=True), v2.RandomHorizontalFlip()])
-    losses = []
-    for _ in tqdm(range(e.dense_epochs), desc="dense probe", unit="epoch"):
-        total = 0.0
-        for idx in torch.randperm(n, generator=gen).split(e.dense_batch_size):
-            if e.dense_augment:
-                items = [it for i in idx if (it := read_item(train_ds, int(i), on_bad_image)) is not None]
-                if not items:
-                    continue
-                pairs = [augment(tv_tensors.Image(v2.functional.pil_to_tensor(img)),
-                                 tv_tensors.Mask(torch.from_numpy(lb)[None])) for img, lb in items]
-                x = torch.stack([v2.functional.normalize(p[0].float() / 255, list(IMAGENET_NORMALIZE["mean"]),
-                                                         list(IMAGENET_NORMALIZE["std"])) for p in pairs]).to(device)
-                feats, y = patch_features(model, x), torch.stack([p[1][0] for p in pairs]).long()
-            else:
-                feats, y = cached["feats"][idx].float().to(device), cached["label"][idx]
-            loss = F.cross_entropy(head(feats, y.shape[-2:]), y.to(device), ignore_index=IGNORE)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += loss.item() * len(idx)
-        losses.append(total / n)
-    return losses
+def _metrics(conf: MulticlassConfusionMatrix, miou_classes: str) -> dict[str, Any]:
+    matrix = conf.compute().cpu()
+    return {**iou_from_confusion(matrix, miou_classes), "confusion": matrix.tolist()}
 
 
 @torch.no_grad()
-def evaluate(model: SinkViT, head: DenseHead, val_ds: torch.utils.data.Dataset, classes: int, size: int,
-             examples: int = 0, on_bad_image: str = "skip") -> tuple[dict[str, Any],
-                                                                 list[tuple[Image.Image, np.ndarray, np.ndarray]]]:
-    """Confusion matrix over the whole val split (synced over ranks by torchmetrics) -> metrics, examples."""
+def evaluate(model: SinkViT, head: DenseHead, val_ds: Dataset, classes: int, size: int, on_bad_image: str = "skip",
+             miou_classes: str = "present") -> dict[str, Any]:
+    """Sliding-window predictions at full label resolution over the whole val split (this rank's share; the
+    confusion matrix is synced over ranks by torchmetrics) -> metrics."""
     device = next(model.parameters()).device
     head.to(device).eval()
     conf = MulticlassConfusionMatrix(classes, ignore_index=IGNORE).to(device)
-    shown = []
     rank, world = rank_world()
     for i in tqdm(range(rank, len(val_ds), world), desc="dense eval", unit="img", disable=rank != 0):  # type: ignore
         item = read_item(val_ds, i, on_bad_image)
@@ -157,14 +128,110 @@ def evaluate(model: SinkViT, head: DenseHead, val_ds: torch.utils.data.Dataset, 
         img, label = item
         pred = slide_logits(model, head, img, size, label.shape).argmax(0)
         conf.update(pred.flatten(), torch.from_numpy(label).long().flatten().to(device))
-        if len(shown) < examples:
-            shown.append((img, label, pred.cpu().numpy()))
-    matrix = conf.compute().cpu()
-    return {**iou_from_confusion(matrix), "confusion": matrix.tolist()}, shown
+    return _metrics(conf, miou_classes)
 
 
-def plot_examples(shown: list[tuple[Image.Image, np.ndarray, np.ndarray]], classes: int, path: Path,
-                  title: str) -> Path:
+@torch.no_grad()
+def evaluate_cached(head: DenseHead, val: dict[str, torch.Tensor], classes: int, batch_size: int,
+                    miou_classes: str = "all") -> dict[str, Any]:
+    """Metrics of the head on cached val features, at the size of the cached labels (this rank's share)."""
+    device = next(head.parameters()).device
+    head.eval()
+    conf = MulticlassConfusionMatrix(classes, ignore_index=IGNORE).to(device)
+    rank, world = rank_world()
+    for idx in torch.arange(rank, len(val["label"]), world).split(batch_size):
+        logits = head(val["feats"][idx].float().to(device), tuple(val["label"].shape[-2:]))
+        conf.update(logits.argmax(1).flatten(), val["label"][idx].to(device).flatten())
+    return _metrics(conf, miou_classes)
+
+
+def fit(head: DenseHead, batch: Batch, n: int, proto: DenseProtocol, seed: int,
+        evaluate_head: Callable[[DenseHead], dict[str, Any]]) -> dict[str, Any]:
+    """Train `head` on `n` items for `proto.epochs` epochs (batches of shuffled indices from a generator seeded with
+    `seed`, `batch(indices)` -> (features, labels) or None when none is readable; a batch without a labelled pixel is
+    skipped). `evaluate_head` runs before the first epoch and after every epoch when `proto.best_over_epochs`, else
+    once at the end; the best evaluation is reported and the head is left holding its weights."""
+    device = next(head.parameters()).device
+    opt = torch.optim.AdamW(head.parameters(), lr=proto.lr, weight_decay=proto.weight_decay)
+    per_epoch = max(1, n // proto.batch_size) if proto.drop_last else math.ceil(n / proto.batch_size)
+    sched = scheduler(opt, max(1, proto.epochs * per_epoch), proto)
+    gen = torch.Generator().manual_seed(seed)
+    curve: list[float] = []
+    kept: dict[str, Any] = {}
+
+    def record(epoch: int) -> None:
+        m = evaluate_head(head)
+        curve.append(m["mIoU"])
+        if best_epoch(curve) == len(curve) - 1:
+            kept.update(epoch=epoch, metrics=m, state=copy.deepcopy(head.state_dict()))
+
+    if proto.best_over_epochs:
+        record(0)
+    losses = []
+    for epoch in tqdm(range(1, proto.epochs + 1), desc=f"dense probe ({proto.name})", unit="epoch"):
+        head.train()
+        total, count = 0.0, 0
+        for idx in torch.randperm(n, generator=gen).split(proto.batch_size)[:per_epoch]:
+            got = batch(idx)
+            if got is None or not bool((got[1] != IGNORE).any()):
+                continue
+            feats, y = got
+            loss = F.cross_entropy(head(feats, tuple(y.shape[-2:])), y.to(device), ignore_index=IGNORE)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if proto.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(head.parameters(), proto.grad_clip)
+            opt.step()
+            sched.step()
+            total, count = total + loss.item() * len(y), count + len(y)
+        losses.append(total / max(count, 1))
+        if proto.best_over_epochs or epoch == proto.epochs:
+            record(epoch)
+    head.load_state_dict(kept["state"])
+    m = kept["metrics"]
+    return {"seed": seed, "mIoU": m["mIoU"], "best_epoch": kept["epoch"], "pixel_acc": m["pixel_acc"],
+            "per_class_iou": m["per_class_iou"], "confusion": m["confusion"], "val_mIoU": curve, "train_loss": losses}
+
+
+def augmented_batches(model: SinkViT, ds: Dataset, proto: DenseProtocol, on_bad_image: str = "skip") -> Batch:
+    """Batches of joint random resized crops + flips of `ds` items at `proto.size`, features recomputed."""
+    crop = JointCropFlip(proto.size, proto.crop_scale, proto.crop_ratio)  # type: ignore[arg-type]
+    device = next(model.parameters()).device
+
+    def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        items = [it for i in idx if (it := read_item(ds, int(i), on_bad_image)) is not None]
+        if not items:
+            return None
+        pairs = [crop(img, label) for img, label in items]
+        return patch_features(model, torch.stack([p[0] for p in pairs]).to(device)), torch.stack([p[1] for p in pairs])
+
+    return batch
+
+
+@torch.no_grad()
+def predict_examples(model: SinkViT, head: DenseHead, val_ds: Dataset, proto: DenseProtocol, count: int,
+                     on_bad_image: str = "skip") -> Shown:
+    """(image, labels, prediction) of the first `count` val items, as the protocol evaluates them (full resolution
+    with a sliding window, or image and labels resized to size x size)."""
+    device = next(model.parameters()).device
+    head.eval()
+    shown: Shown = []
+    size: int = proto.size  # type: ignore[assignment]
+    for i in range(min(count, len(val_ds))):  # type: ignore[arg-type]
+        item = read_item(val_ds, i, on_bad_image)
+        if item is None:
+            continue
+        img, label = item
+        if proto.val == "slide":
+            pred = slide_logits(model, head, img, size, label.shape).argmax(0)
+        else:
+            img, label = img.resize((size, size), Image.BILINEAR), resize_label(label, size).numpy().astype(np.uint8)
+            pred = head(patch_features(model, to_input(img, size)[None].to(device)), (size, size))[0].argmax(0)
+        shown.append((img, label, pred.cpu().numpy()))
+    return shown
+
+
+def plot_examples(shown: Shown, classes: int, path: Path, title: str) -> Path:
     """Rows of image | ground truth | prediction (ignore in black)."""
     cmap = plt.get_cmap("tab20", max(classes, 2))
     fig, axes = plt.subplots(len(shown), 3, figsize=(7.5, 2.5 * len(shown)), squeeze=False)
@@ -183,32 +250,85 @@ def plot_examples(shown: list[tuple[Image.Image, np.ndarray, np.ndarray]], class
     return save_figure(fig, path, title, title_size=9)
 
 
+def _mean_per_class(per_seed: list[list[float | None]]) -> list[float | None]:
+    """Per-class mean over probe seeds of the IoUs that exist (None where a class has none)."""
+    out: list[float | None] = []
+    for values in zip(*per_seed, strict=True):
+        got = [v for v in values if v is not None]
+        out.append(sum(got) / len(got) if got else None)
+    return out
+
+
 def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
-    """Train and evaluate the dense probe; write the JSON and the example PNG."""
+    """Train and evaluate the dense probe(s) of `eval.dense_protocol`; write the JSON, the heads and the PNG."""
     model, data, results_dir = setup(cfg, data)
     e = cfg.eval
-    train_ds = limit(build_seg_dataset(data, "train", cfg.seed), e.max_train_images)
-    val_ds = limit(build_seg_dataset(data, "val", cfg.seed), e.max_val_images)
+    proto, overrides = resolve(e, str(data.name))
+    size: int = proto.size or model.patch_embed.img_size[0]
+    proto = replace(proto, size=size)
+    check_size(model, size)
+    device = next(model.parameters()).device
+    train_ds, val_ds = (limit(build_seg_dataset(data, split, cfg.seed, proto.voc_background), n, cfg.protocol.seed)
+                        for split, n in (("train", e.max_train_images), ("val", e.max_val_images)))
     classes = num_seg_classes(train_ds)
-    size = model.patch_embed.img_size[0]
-    torch.manual_seed(cfg.seed)  # the head's initialisation and the augmentations: the same command, the same mIoU
-    head = DenseHead(model.embed_dim, classes)
-    key = cache_key(Path(cfg.ckpt), data, train_ds, cfg.seed, size=size)
-    losses = train_head(model, head, train_ds, cfg, size, results_dir.parent / "eval_cache" / f"dense-{key}.pt",
-                        data.on_bad_image)
-    metrics, shown = evaluate(model, head, val_ds, classes, size, e.dense_examples, data.on_bad_image)
-    result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes, **metrics,
-              "train_images": len(train_ds), "val_images": len(val_ds), "epochs": e.dense_epochs,  # type: ignore
-              "augment": e.dense_augment, "train_loss": losses}
-    write_result(results_dir / f"dense_{data.name}.json", result)
+
+    def featurize(items: list) -> dict[str, torch.Tensor]:
+        x = torch.stack([to_input(img, size) for img, _ in items]).to(device)
+        return {"feats": patch_features(model, x), "label": torch.stack([resize_label(lb, size) for _, lb in items])}
+
+    def cached(split: str, ds: Dataset) -> dict[str, torch.Tensor]:
+        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size)
+        return extract(ds, featurize, results_dir.parent / "eval_cache" / f"dense-{key}.pt", e.batch_size,
+                       f"dense features ({split})", data.on_bad_image)
+
+    if proto.augment:
+        n, batch = len(train_ds), augmented_batches(model, train_ds, proto, data.on_bad_image)  # type: ignore
+    else:
+        train = cached("train", train_ds)
+        n = len(train["label"])  # unreadable images left out
+
+        def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return train["feats"][idx].float().to(device), train["label"][idx]
+
+    if proto.val == "resize":
+        val = cached("val", val_ds)
+        val_images = len(val["label"])
+
+        def evaluate_head(head: DenseHead) -> dict[str, Any]:
+            return evaluate_cached(head, val, classes, proto.batch_size, proto.miou_classes)
+    else:
+        val_images = len(val_ds)  # type: ignore[arg-type]
+
+        def evaluate_head(head: DenseHead) -> dict[str, Any]:
+            return evaluate(model, head, val_ds, classes, size, data.on_bad_image, proto.miou_classes)
+
+    probes, heads = [], []
+    for k in range(proto.probe_seeds):
+        torch.manual_seed(cfg.seed + k)  # the head's init and the augmentations: the same command, the same mIoU
+        heads.append(DenseHead(model.embed_dim, classes, proto.batchnorm).to(device))
+        probes.append(fit(heads[-1], batch, n, proto, cfg.seed + k, evaluate_head))
+    miou, std = mean_std([p["mIoU"] for p in probes])
+    result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes, "protocol": proto.name,
+              "protocol_settings": proto.settings(), "overrides": overrides, "mIoU": miou, "mIoU_std": std,
+              "pixel_acc": mean_std([p["pixel_acc"] for p in probes])[0],
+              "per_class_iou": _mean_per_class([p["per_class_iou"] for p in probes]), "probes": probes,
+              "train_images": len(train_ds), "val_images": val_images,  # type: ignore[arg-type]
+              "epochs": proto.epochs, "augment": proto.augment}
+    stem = f"dense_{data.name}" + ("" if proto.name == "dinov2" else f"_{proto.name}")
+    write_result(results_dir / f"{stem}.json", result)
     if rank_world()[0] != 0:
         return result
-    files.torch_save({"head": head.state_dict(), "classes": classes}, results_dir / f"dense_{data.name}_head.pt")
+    files.torch_save({"heads": [h.state_dict() for h in heads], "classes": classes, "protocol": proto.name},
+                     results_dir / f"{stem}_head.pt")
+    shown = predict_examples(model, heads[0], val_ds, proto, e.dense_examples, data.on_bad_image)
     if shown:
-        plot_examples(shown, classes, results_dir / f"dense_{data.name}.png",
-                      f"dense probe on {data.name}: mIoU {metrics['mIoU'] * 100:.1f}")
-    print(f"dense probe on {data.name}: mIoU {metrics['mIoU'] * 100:.2f}, pixel acc {metrics['pixel_acc'] * 100:.2f}; "
-          f"{results_dir / f'dense_{data.name}.json'}")
+        plot_examples(shown, classes, results_dir / f"{stem}.png",
+                      f"dense probe ({proto.name}) on {data.name}: mIoU {miou * 100:.1f}")
+    spread = f" ± {std * 100:.2f} over {len(probes)} probe seeds" if len(probes) > 1 else ""
+    best = f", best of val before and after each of {proto.epochs} epochs" if proto.best_over_epochs else ""
+    changed = f"; overrides {overrides}" if overrides else ""
+    print(f"dense probe ({proto.name}) on {data.name}: mIoU {miou * 100:.2f}{spread}{best}, pixel acc "
+          f"{result['pixel_acc'] * 100:.2f}{changed}; {results_dir / f'{stem}.json'}")
     return result
 
 

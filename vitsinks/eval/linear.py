@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from vitsinks.cli import hydra_command
 from vitsinks.data import build_dataset, num_classes
-from vitsinks.data.views import eval_transform
+from vitsinks.diagnostics import protocol_transform
 from vitsinks.eval.common import limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
 
@@ -90,7 +90,7 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Extract (or reuse) features, train the grid, write `results/linear.json`."""
     model, data, results_dir = setup(cfg, data)
     size, device, e = model.patch_embed.img_size[0], next(model.parameters()).device, cfg.eval
-    tf = eval_transform(size)
+    tf = protocol_transform(size, cfg.protocol)
     blocks = sorted({min(b, len(model.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
     n_max = max(blocks)
 
@@ -99,12 +99,13 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
         cls, pm = global_features(model, x, n_max)
         return {"cls": cls, "patch_mean": pm, "label": torch.tensor([y for _, y in items])}
 
-    datasets = {split: limit(build_dataset(data, split, cfg.seed), n) for split, n in  # both checked before any work
-                (("train", e.max_train_images), ("val", e.max_val_images))}
+    datasets = {split: limit(build_dataset(data, split, cfg.seed), n, cfg.protocol.seed)  # both checked before any work
+                for split, n in (("train", e.max_train_images), ("val", e.max_val_images))}
     classes = num_classes(datasets["train"])
     splits = {}
     for split, ds in datasets.items():
-        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size, n_max=n_max)
+        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size, n_max=n_max,
+                        preprocess=f"{cfg.protocol.crop_pct}:{cfg.protocol.interpolation}")
         splits[split] = extract(ds, features, results_dir.parent / "eval_cache" / f"lin-{key}.pt", e.batch_size,
                                 f"features ({split})", data.on_bad_image)
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,

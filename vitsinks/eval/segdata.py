@@ -1,6 +1,8 @@
 """Segmentation datasets for the dense probes: ADE20K, Pascal VOC 2012, and the synthetic masks.
 
 Each item is `(PIL RGB image, uint8 label map)` with 255 = ignore; labels are checked against the class count.
+Also the pixel side of the probes: whole-image resizes (image bilinear, labels nearest) and the joint random resized
+crop + flip of an image and its labels.
 """
 
 from __future__ import annotations
@@ -8,8 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
+from lightly.transforms.utils import IMAGENET_NORMALIZE
 from PIL import Image
 from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 from vitsinks.config import DataConfig
 from vitsinks.data import BadImage, build_dataset, check_root
@@ -153,8 +159,61 @@ class FashionMNISTMosaic(Dataset):
         return Image.fromarray(canvas).convert("RGB"), label
 
 
-def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
-    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics)."""
+def ignore_background(label: np.ndarray) -> np.ndarray:
+    """VOC without its background class: 0 -> 255 (ignore), k -> k - 1, 255 stays."""
+    out = label.astype(np.int16) - 1
+    out[(label == 0) | (label == IGNORE)] = IGNORE
+    return out.astype(np.uint8)
+
+
+class BackgroundIgnored(Dataset):
+    """A segmentation dataset whose class 0 (background) is ignored: one class fewer, the others shifted down."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+        self.num_classes = base.num_classes - 1  # type: ignore[attr-defined]
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, np.ndarray]:
+        img, label = self.base[i]
+        return img, ignore_background(label)
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) floats in [0, 1] -> ImageNet-normalised."""
+    return v2.functional.normalize(x, list(IMAGENET_NORMALIZE["mean"]), list(IMAGENET_NORMALIZE["std"]))
+
+
+def to_input(img: Image.Image, width: int, height: int | None = None) -> torch.Tensor:
+    """Normalised (3, height, width) tensor of the whole of `img` resized bilinearly (no crop)."""
+    return normalize(v2.functional.to_image(img.resize((width, height or width), Image.BILINEAR)).float().div(255))
+
+
+def resize_label(label: np.ndarray, size: int) -> torch.Tensor:
+    """The label map resized to size x size with nearest neighbours (no new values: 255 stays ignore), as int64."""
+    return torch.from_numpy(np.array(Image.fromarray(label).resize((size, size), Image.NEAREST))).long()
+
+
+class JointCropFlip:
+    """One random resized crop (area share `scale`, aspect `ratio`) to size x size and a horizontal flip with
+    probability 1/2, applied identically to an image (bilinear) and its labels (nearest); torch's global RNG."""
+
+    def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float]) -> None:
+        self.tf = v2.Compose([v2.RandomResizedCrop(size, scale=scale, ratio=ratio, antialias=True),
+                              v2.RandomHorizontalFlip()])
+
+    def __call__(self, img: Image.Image, label: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normalised image (3, size, size), labels (size, size) int64)."""
+        x, y = self.tf(tv_tensors.Image(v2.functional.pil_to_tensor(img)),
+                       tv_tensors.Mask(torch.from_numpy(label)[None]))
+        return normalize(x.float() / 255), y[0].long()
+
+
+def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0, voc_background: bool = True) -> Dataset:
+    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics);
+    `voc_background=False`: VOC's background class ignored (`BackgroundIgnored`)."""
     if cfg.name == "synthetic":
         return SyntheticMasks(build_dataset(cfg, split, seed))  # type: ignore[arg-type]
     if cfg.name == "fashion_mnist":
@@ -166,7 +225,8 @@ def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
     if cfg.name == "ade20k":
         return ade20k(cfg.root, split, cfg.num_classes)
     if cfg.name == "voc":
-        return voc(cfg.root, split, cfg.num_classes, cfg.voc_aug)
+        ds = voc(cfg.root, split, cfg.num_classes, cfg.voc_aug)
+        return ds if voc_background else BackgroundIgnored(ds)
     raise BadValue(f"data={cfg.name} has no segmentation masks: use ade20k, voc or synthetic for the dense probe")
 
 

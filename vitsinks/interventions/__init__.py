@@ -1,13 +1,19 @@
-"""Causal interventions on sink heads (SPEC section 6): edit one head, hold its attention fixed, measure what moves.
+"""Causal interventions on sink heads (docs/fidelity.md): edit one head, hold its attention fixed, measure what moves.
 
 `intervene(subject, images, ...)` runs stage 1 (the diagnostics fields, or a reused copy, to pick heads), the
 held-out mean sink values, and the edits over batches; `vitsinks.interventions.report` turns its rows into the
 tables, the summary and the figure. `python -m vitsinks.intervene` is the command line.
+
+Sharding: shard k of n edits `sorted(selected)[k::n]` (the whole-model edits run in shard 0), its random patches
+drawn from one generator seeded `intervene.seed + 1000 * k`. A head without a sink event among the held-out images
+has no mean sink value: it is left out of `mean_sink_value` (`Result.mean_skipped`, reported), and naming
+`mean_sink_value` in `intervene.edits` when no head of the shard has one is an error.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +55,7 @@ class Result:
     n_blocks: int
     n_images: int
     mean_source: dict[str, str] = field(default_factory=dict)
+    mean_skipped: dict[str, str] = field(default_factory=dict)  # head -> why it has no mean_sink_value rows
 
 
 def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[str, np.ndarray]:
@@ -58,7 +65,8 @@ def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[s
 
 
 def batches(n: int, size: int) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of at most `size` (a trailing batch of one image joins the one before: donors need two)."""
+    """Consecutive [lo, hi) ranges of `size` images; a shorter last batch is kept (a trailing one of a single
+    image joins the one before: donors need two)."""
     if n < 2:
         raise BadValue(f"interventions need at least 2 images (got {n}): raise n_images")
     size = max(size, 2)
@@ -70,13 +78,26 @@ def batches(n: int, size: int) -> list[tuple[int, int]]:
 
 def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | None, heldout: torch.Tensor,
               settings: Any, rules: Rules | None = None, stage1: dict[str, np.ndarray] | None = None,
-              progress: bool = True) -> Result:
+              progress: bool = True, index: Sequence[int] | None = None,
+              heldout_index: Sequence[int] | None = None) -> Result:
     """Select heads (or check `settings.heads`), then run every edit on every selected head of this shard.
 
     `settings` has the fields of `InterveneConfig`; `stage1` are diagnostics fields of `images` computed before
     (e.g. the checkpoint's `per_image.npz`): their sink positions are checked against the live ones, and a
-    mismatch is an error (stale diagnostics).
+    mismatch is an error (stale diagnostics). `index` / `heldout_index`: the images' indices in their split
+    (recorded per row; default: their positions, the held-out ones after the edited ones); the two sets must be
+    disjoint.
     """
+    index = list(range(len(images))) if index is None else [int(i) for i in index]
+    heldout_index = (list(range(len(images), len(images) + len(heldout))) if heldout_index is None
+                     else [int(i) for i in heldout_index])
+    if len(index) != len(images) or len(heldout_index) != len(heldout):
+        raise BadValue(f"{len(index)} / {len(heldout_index)} split indices for {len(images)} edited / "
+                       f"{len(heldout)} held-out images")
+    overlap = sorted(set(index) & set(heldout_index))
+    if overlap:
+        raise BadValue(f"{len(overlap)} held-out images are also edited (split index {overlap[0]}, ...): the mean "
+                       f"sink value must come from other images; take the held-out images after the edited ones")
     rules = rules or Rules()
     n_blocks = len(subject.blocks)
     ranges = batches(len(images), settings.batch_size)
@@ -96,25 +117,35 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
             selected = []
     if not 0 <= settings.shard < settings.nshards:
         raise BadValue(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
+    selected = sorted(selected)
     heads = selected[settings.shard :: settings.nshards]
     plan = Plan(heads, edits)
     if heads and "mean_sink_value" in edits:
         if len(heldout) == 0:
             raise BadValue("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
         mean_sink_values(subject, heldout, plan, rules, settings.batch_size)
+        if plan.mean_skipped:
+            log.warning("mean_sink_value skipped for head(s) %s: no sink event among the %d held-out images",
+                        ", ".join(f"{b}:{h}" for b, h in plan.mean_skipped), len(heldout))
+        if not plan.mean_values and "mean_sink_value" in settings.edits:
+            raise BadValue(f"mean_sink_value was asked for, but no head of this shard ("
+                           f"{', '.join(f'{b}:{h}' for b, h in heads)}) has a sink event among the {len(heldout)} "
+                           f"held-out images: raise intervene.heldout_images or drop the edit")
+    gen = torch.Generator().manual_seed(int(settings.seed) + 1000 * int(settings.shard))
     checks, rows = Checks(), []
     model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
     bar = tqdm(total=len(ranges) * (len(heads) + model_edits), desc="interventions (heads x batches)",
                unit="head", disable=not progress)
     for i, (lo, hi) in enumerate(ranges):
-        rows += run_batch(subject, images[lo:hi], None if labels is None else labels[lo:hi], lo, plan, rules,
-                          settings.seed, checks, check_blocks=i == 0, model_edits=model_edits)
+        rows += run_batch(subject, images[lo:hi], None if labels is None else labels[lo:hi], lo, index[lo:hi], plan,
+                          rules, gen, checks, check_blocks=i == 0, model_edits=model_edits)
         bar.update(len(heads) + model_edits)
     bar.close()
     if reused:
         _check_fresh(d, rows)
     return Result(rows, heads, selected, edits, checks, n_blocks, len(images),
-                  {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()})
+                  {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()},
+                  {f"{b}:{h}": s for (b, h), s in plan.mean_skipped.items()})
 
 
 def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:

@@ -1,9 +1,17 @@
-"""The edits of SPEC section 6 (and vitsinks' gate / register edits), applied to one head with its attention held
+"""The edits of docs/fidelity.md (and vitsinks' gate / register edits), applied to one head with its attention held
 fixed, and the float64 check that a value edit changed exactly what it should.
 
 Value edits replace one value vector per image: `v_p <- new` at position p (`ValueEdit`). The head's update
 U = A u (u_j = ls * W_O^h v_j) must then change by exactly `A_:p (u'_p - u_p)`: `check_value_edit` verifies it in
 float64 on the tensors the model is actually run with.
+
+`redirect_sink_attention` is computed from the head's scores, not from A (`SinkAttention.redirected`): softmax
+heads get the softmax with the sink key masked out, `sink_logit` heads the same with the null key kept, relu and
+sigmoid heads their row with column s zeroed and rescaled to its old sum.
+
+The random controls take, per batch and per head, one draw from the run's generator for the image's own random
+patch (`zero_random_nonsink_value`) and then one for the donor's (`donor_nonsink_value`), whichever edits run:
+a uniform patch, moved to the next patch (cyclically) when it hits the excluded token (`random_patch`).
 """
 
 from __future__ import annotations
@@ -23,6 +31,11 @@ MODEL_EDITS = ("drop_registers",)  # the whole model run without its register to
 DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 RECOMPUTE_TOL = 1e-4  # the block rebuilt from (A, v, gate) vs the model's own forward, relative
+REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
+# ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
+# to its precision; sink_logit rows also need their null share (1 - row sum) without cancellation
+REDIRECT_CHECK_SHARE = {"sink_logit": 1e-3}
+REDIRECT_CHECK_SHARE_DEFAULT = 1e-30
 
 
 class EditCheckFailed(CheckFailed):
@@ -34,6 +47,13 @@ class ValueEdit(NamedTuple):
 
     pos: torch.Tensor
     new: torch.Tensor
+
+
+class Draws(NamedTuple):
+    """One head's random patches in one batch (B,): in each image's own tokens and in its donor's."""
+
+    own: torch.Tensor
+    donor: torch.Tensor
 
 
 def resolve_edits(requested: list[str], gated: bool, registers: int) -> list[str]:
@@ -52,19 +72,24 @@ def resolve_edits(requested: list[str], gated: bool, registers: int) -> list[str
 
 
 def random_patch(exclude: torch.Tensor, n_tokens: int, num_prefix: int, gen: torch.Generator) -> torch.Tensor:
-    """Per image, a uniformly drawn patch position (>= num_prefix) other than `exclude[b]`."""
+    """Per image, a patch position (>= num_prefix) other than `exclude[b]`: one uniform draw over the patches from
+    `gen` (on the CPU), moved to the next patch (cyclically) when it is `exclude[b]`."""
     n_patch = n_tokens - num_prefix
-    excl_is_patch = (exclude >= num_prefix).long()
-    r = (torch.rand(len(exclude), generator=gen) * (n_patch - excl_is_patch).cpu()).long().to(exclude.device)
+    if n_patch < 2:
+        raise BadValue(f"a random non-sink patch needs at least 2 patch tokens (this model has {n_patch})")
+    r = torch.randint(0, n_patch, exclude.shape, generator=gen).to(exclude.device)
     j = num_prefix + r
-    return j + ((excl_is_patch == 1) & (j >= exclude)).long()
+    return torch.where(j == exclude, num_prefix + (r + 1) % n_patch, j)
 
 
-def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tensor, num_prefix: int,
-               mean_value: torch.Tensor | None, gen: torch.Generator) -> ValueEdit:
+def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tensor,
+               mean_value: torch.Tensor | None, draws: Draws | None) -> ValueEdit:
     """The `ValueEdit` of `name` for one head's values v (B, N, hd) with sink positions `sink` (B,); image b's
-    donor is image `donor[b]` of the batch."""
+    donor is image `donor[b]` of the batch; `draws` are the random patches drawn for the images (`random_patch`;
+    only the random controls read them)."""
     batch = torch.arange(v.shape[0], device=v.device)
+    if draws is None and name in ("donor_nonsink_value", "zero_random_nonsink_value"):
+        raise ValueError(f"{name} needs the random patches drawn for the batch")
     if name == "zero_sink_value":
         return ValueEdit(sink, torch.zeros_like(v[batch, sink]))
     if name == "mean_sink_value":
@@ -74,11 +99,9 @@ def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tens
     if name == "donor_sink_value":
         return ValueEdit(sink, v[donor, sink[donor]])
     if name == "donor_nonsink_value":
-        other = random_patch(sink[donor], v.shape[1], num_prefix, gen)
-        return ValueEdit(sink, v[donor, other])
+        return ValueEdit(sink, v[donor, draws.donor])
     if name == "zero_random_nonsink_value":
-        pos = random_patch(sink, v.shape[1], num_prefix, gen)
-        return ValueEdit(pos, torch.zeros_like(v[batch, pos]))
+        return ValueEdit(draws.own, torch.zeros_like(v[batch, draws.own]))
     raise ValueError(f"{name} is not a value edit")
 
 
@@ -89,13 +112,23 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
     return out
 
 
-def redirect(attn: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
-    """One head's attention (B, N, N) with the sink column set to 0 and every row rescaled to its old sum (1 for
-    softmax; a row that attended only to the sink stays 0)."""
-    out = attn.clone()
-    out[torch.arange(attn.shape[0], device=attn.device), :, sink] = 0.0
-    total, rest = attn.sum(-1, keepdim=True), out.sum(-1, keepdim=True)
-    return torch.where(rest > 0, out * (total / rest.clamp_min(1e-30)), out)
+def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor, kind: str) -> tuple[float, int]:
+    """The redirect from the scores against the same edit read off A (B, N, N), on the rows where A itself holds
+    enough attention off the sink (`REDIRECT_CHECK_SHARE` of the row) for the rescaling of A to be exact: a guard
+    that the scores are the ones A was computed from. Returns (largest relative L1 error, rows checked)."""
+    a = attn.double()
+    off = a.clone()
+    off[torch.arange(len(a), device=a.device), :, sink] = 0.0
+    total, rest = a.sum(-1, keepdim=True), off.sum(-1, keepdim=True)
+    share = REDIRECT_CHECK_SHARE.get(kind, REDIRECT_CHECK_SHARE_DEFAULT)
+    keep = (rest.squeeze(-1) >= share * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
+    if not keep.any():
+        return 0.0, 0
+    # sink_logit: the null key (1 - the row sum) keeps its share; the other kinds: the row keeps its sum
+    expected = off / (rest + (1.0 - total)) if kind == "sink_logit" else off / rest * total
+    r = redirected.double()[keep]
+    err = (r - expected[keep]).abs().sum(-1) / expected[keep].abs().sum(-1).clamp_min(1e-300)
+    return float(err.max()), int(keep.sum())
 
 
 def check_value_edit(attn: torch.Tensor, v: torch.Tensor, v_new: torch.Tensor, edit: ValueEdit,

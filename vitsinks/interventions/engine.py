@@ -1,8 +1,11 @@
 """The intervention pass: select heads, then per batch cache the residual stream at every block input, edit one
 head at a time with its attention held fixed, run the rest of the network from that block's output, and measure.
 
-Per (image, head, edit) row: the head's event class on that image (none / other / nop / broadcast, from the
-same block internals), where its sink sits, and the metrics of SPEC section 6:
+Per (image, head, edit) row: the image's position in the analysis order (`image`) and index in its split
+(`image_index`), the donor's split index (`donor_index`, donor edits; -1 otherwise), the random patch drawn
+(`random_token`: in the image's own tokens for `zero_random_nonsink_value`, in the donor's for
+`donor_nonsink_value`; -1 otherwise), the head's event class on that image (none / other / nop / broadcast, from
+the same block internals), where its sink sits, and the metrics of docs/fidelity.md:
 
 - `final_patch_relrms`: sqrt(mean_i ||P'_i - P_i||^2) / sqrt(mean_i ||P_i||^2) over the final patch tokens, the
   sink token excluded;
@@ -11,6 +14,10 @@ same block internals), where its sink sits, and the metrics of SPEC section 6:
 - `donor_cosine` (donor edits): cosine between the mean patch change and (donor's mean final patch - own);
 - with a classifier: `probe_agree`, `probe_kl` (KL(before || after)), `probe_ce`, `probe_correct`, and the
   unedited `probe_ce_base`, `probe_correct_base`.
+
+Batches are consecutive in the analysis order; the donor of image b is image b + 1 of its batch (the last one's is
+the first). One generator (`intervene.seed + 1000 * shard`) serves the whole shard: per batch, per head in sorted
+order, the own then the donor random patch (`edits.random_patch`), drawn whichever edits run.
 """
 
 from __future__ import annotations
@@ -23,22 +30,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitsinks.data.views import sample_seed
 from vitsinks.diagnostics.core import layerscale
 from vitsinks.diagnostics.fields import head_fields, head_output_weight
 from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, token_location
 from vitsinks.errors import BadValue
 from vitsinks.interventions.edits import (
     DONOR_EDITS,
-    EDITS,
     GATE_EDITS,
     RECOMPUTE_TOL,
+    REDIRECT_TOL,
     VALUE_CHECK_TOL,
     VALUE_EDITS,
+    Draws,
     EditCheckFailed,
     apply_value,
+    check_redirect,
     check_value_edit,
-    redirect,
+    random_patch,
     value_edit,
 )
 from vitsinks.interventions.subject import Subject
@@ -70,21 +78,27 @@ class Checks:
     recompute_error: float = 0.0
     value_edit_error: float = 0.0
     value_edits_checked: int = 0
+    redirect_error: float = 0.0
+    redirect_rows_checked: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"recompute_error_max": f"{self.recompute_error:.3e}", "recompute_tol": RECOMPUTE_TOL,
                 "value_edit_error_max": f"{self.value_edit_error:.3e}", "value_edit_tol": VALUE_CHECK_TOL,
-                "value_edits_checked": self.value_edits_checked}
+                "value_edits_checked": self.value_edits_checked,
+                "redirect_error_max": f"{self.redirect_error:.3e}", "redirect_tol": REDIRECT_TOL,
+                "redirect_rows_checked": self.redirect_rows_checked}
 
 
 @dataclass
 class Plan:
-    """What to edit: heads (block, head), edits, and the held-out mean sink value of each head."""
+    """What to edit: heads (block, head), edits, and the held-out mean sink value of each head that has held-out
+    events (`mean_skipped`: the heads without, left out of `mean_sink_value`, and why)."""
 
     heads: list[Head]
     edits: list[str]
     mean_values: dict[Head, torch.Tensor] = field(default_factory=dict)
     mean_source: dict[Head, str] = field(default_factory=dict)
+    mean_skipped: dict[Head, str] = field(default_factory=dict)
 
     def blocks(self) -> list[int]:
         return sorted({b for b, _ in self.heads})
@@ -96,7 +110,7 @@ class NoSinkHeads(BadValue):
 
 def select_heads(d: dict[str, np.ndarray], rules: Rules, min_events: int, top_k: int,
                  top_k_block0: int) -> list[Head]:
-    """SPEC section 6: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
+    """docs/fidelity.md: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
     that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
     block counts as blocks >= 1). Raises `NoSinkHeads` (a ValueError) when no head qualifies."""
     cls = rules.event_class(d)  # (images, L, H)
@@ -149,9 +163,10 @@ def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: Rules, batch_size: int) -> None:
-    """Fill `plan.mean_values`: per head, the mean of v_s over the head's sink events on the held-out `inputs`
-    (over every held-out image when it has no event there; `plan.mean_source` says which)."""
-    sums = {hd: [None, 0, None, 0] for hd in plan.heads}  # event sum, count, all-image sum, count
+    """Fill `plan.mean_values`: per head, the float64 mean of v_s over the head's sink events (any class) on the
+    held-out `inputs`. A head without a held-out event gets none: it goes to `plan.mean_skipped` (never a mean
+    over other images)."""
+    sums: dict[Head, list[Any]] = {hd: [None, 0] for hd in plan.heads}  # event sum, count
     blocks = plan.blocks()
     for lo in range(0, len(inputs), batch_size):
         x = subject.embed(inputs[lo : lo + batch_size])
@@ -168,15 +183,15 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
                     m = torch.as_tensor(ev[:, h], device=vs.device)
                     acc[0] = vs[m].sum(0) + (0 if acc[0] is None else acc[0])
                     acc[1] += int(m.sum())
-                    acc[2] = vs.sum(0) + (0 if acc[2] is None else acc[2])
-                    acc[3] += len(vs)
             if b == blocks[-1]:
                 break  # nothing later is needed
             x = subject.block(b, x)
-    for hd, (ev_sum, n_ev, all_sum, n_all) in sums.items():
-        use_events = n_ev > 0
-        plan.mean_values[hd] = ((ev_sum / n_ev) if use_events else (all_sum / n_all)).float()
-        plan.mean_source[hd] = f"{n_ev} held-out events" if use_events else f"all {n_all} held-out images (no event)"
+    for hd, (ev_sum, n_ev) in sums.items():
+        if n_ev:
+            plan.mean_values[hd] = (ev_sum / n_ev).float()
+            plan.mean_source[hd] = f"{n_ev} held-out events"
+        else:
+            plan.mean_skipped[hd] = f"no sink event among the {len(inputs)} held-out images"
 
 
 def _masked_mean(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -219,22 +234,29 @@ def probe_metrics(base_logits: torch.Tensor, logits: torch.Tensor, labels: torch
     return out
 
 
-def _rows(first: int, block: int, head: int, edit: str, cls: np.ndarray, sink: np.ndarray, loc: np.ndarray,
-          metrics: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+def _rows(first: int, index: np.ndarray, block: int, head: int, edit: str, cls: np.ndarray, sink: np.ndarray,
+          loc: np.ndarray, metrics: dict[str, torch.Tensor], donor_index: np.ndarray | None = None,
+          random_token: np.ndarray | None = None) -> list[dict[str, Any]]:
     vals = {k: v.detach().cpu().numpy() for k, v in metrics.items()}
-    return [{"image": first + i, "block": block, "head": head, "edit": edit, "event_class": str(cls[i]),
+    none = np.full(len(cls), -1)
+    donor_index = none if donor_index is None else donor_index
+    random_token = none if random_token is None else random_token
+    return [{"image": first + i, "image_index": int(index[i]), "block": block, "head": head, "edit": edit,
+             "donor_index": int(donor_index[i]), "random_token": int(random_token[i]), "event_class": str(cls[i]),
              "sink_idx": int(sink[i]), "sink_loc": str(loc[i]), **{k: float(v[i]) for k, v in vals.items()}}
             for i in range(len(cls))]
 
 
 def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_out: torch.Tensor, h: int,
                  sink: torch.Tensor, edit: str, donor: torch.Tensor, mean_value: torch.Tensor | None,
-                 gen: torch.Generator, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
+                 draws: Draws | None, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
     """The final tokens after editing head `h` of block `b` (input `x_in`, internals `it`, head outputs
-    `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form."""
+    `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form, the
+    redirect is computed from the head's scores (`SinkAttention.redirected`)."""
+    blk = subject.blocks[b]
     out, gate = heads_out, it.gate
     if edit in VALUE_EDITS:
-        ve = value_edit(edit, it.v[:, h], sink, donor, subject.num_prefix, mean_value, gen)
+        ve = value_edit(edit, it.v[:, h], sink, donor, mean_value, draws)
         v_new = apply_value(it.v[:, h], ve)
         err = check_value_edit(it.attn[:, h], it.v[:, h], v_new, ve, w_head)
         checks.value_edit_error = max(checks.value_edit_error, err)
@@ -244,7 +266,15 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
                                   f"form A_:p (u'_p - u_p) (tolerance {VALUE_CHECK_TOL:.0e})")
         new_head = it.attn[:, h] @ v_new
     elif edit == "redirect_sink_attention":
-        new_head = redirect(it.attn[:, h], sink) @ it.v[:, h]
+        red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=subject.causal)
+        err, n_rows = check_redirect(it.attn[:, h], red, sink, blk.attn.attn_kind)
+        checks.redirect_error = max(checks.redirect_error, err)
+        checks.redirect_rows_checked += n_rows
+        if not err < REDIRECT_TOL:
+            raise EditCheckFailed(f"redirect_sink_attention on head {b}:{h}: the attention rebuilt from the scores "
+                                  f"differs by {err:.2e} from A's own rescaling where A holds it exactly (tolerance "
+                                  f"{REDIRECT_TOL:.0e}): the scores are not the ones A was computed from")
+        new_head = red @ it.v[:, h]
     elif edit in GATE_EDITS:
         gate, new_head = it.gate.clone(), None
         gate[:, :, h] = 1.0 if edit == "open_gate" else 0.0
@@ -253,18 +283,24 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
     if new_head is not None:
         out = heads_out.clone()
         out[:, h] = new_head
-    return subject.readout(subject.run(subject.blocks[b].from_heads(x_in, out, gate), b + 1))
+    return subject.readout(subject.run(blk.from_heads(x_in, out, gate), b + 1))
 
 
 @torch.no_grad()
-def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, plan: Plan,
-              rules: Rules, seed: int, checks: Checks, check_blocks: bool, model_edits: bool) -> list[dict[str, Any]]:
-    """All rows of one batch of images (global indices `first`...). `check_blocks`: rebuild every edited block
-    from (A, v, gate) and compare with the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
+def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
+              plan: Plan, rules: Rules, gen: torch.Generator, checks: Checks, check_blocks: bool,
+              model_edits: bool) -> list[dict[str, Any]]:
+    """All rows of one batch of images (positions `first`... in the analysis order, split indices `index`), the
+    random patches drawn from `gen`. `check_blocks`: rebuild every edited block from (A, v, gate) and compare with
+    the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
     B = len(inputs)
     if B < 2:
         raise BadValue("an intervention batch needs at least 2 images (the donor edits take another image's value)")
+    if len(index) != B:
+        raise ValueError(f"{len(index)} split indices for a batch of {B} images")
     donor = (torch.arange(B, device=inputs.device) + 1) % B
+    index_np = np.asarray(index, dtype=np.int64)
+    donor_index = index_np[donor.cpu().numpy()]
     xs = [subject.embed(inputs)]
     for b in range(len(subject.blocks)):
         xs.append(subject.block(b, xs[-1]))
@@ -288,7 +324,7 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         final = subject.readout(subject.run(subject.without_registers(xs[0])))
         none = np.full(B, "model")
         m = measure(subject.without_registers(base), final, None, False, 1)
-        rows += _rows(first, -1, -1, "drop_registers", none, np.full(B, -1), none, m)
+        rows += _rows(first, index_np, -1, -1, "drop_registers", none, np.full(B, -1), none, m)
     for b in plan.blocks():
         blk, x_in = subject.blocks[b], xs[b]
         it = blk.attn.internals(blk.norm1(x_in), causal=subject.causal)
@@ -306,17 +342,22 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         classes = rules.event_class(fn)  # (B, H)
         loc_idx = token_location(fn["sink_idx"], subject.num_registers)
         w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
-        for bb, h in plan.heads:
+        n_tokens = it.v.shape[-2]
+        for bb, h in plan.heads:  # sorted: the generator is consumed in the order of the sorted heads
             if bb != b:
                 continue
             sink = f["sink_idx"][:, h]
+            own = random_patch(sink, n_tokens, subject.num_prefix, gen)
+            draws = Draws(own, random_patch(sink[donor], n_tokens, subject.num_prefix, gen))
+            drawn = {"zero_random_nonsink_value": draws.own.cpu().numpy(),
+                     "donor_nonsink_value": draws.donor.cpu().numpy()}
             for edit in plan.edits:
-                if edit == "drop_registers":
+                if edit == "drop_registers" or (edit == "mean_sink_value" and (b, h) not in plan.mean_values):
                     continue
-                gen = torch.Generator().manual_seed(sample_seed(seed, first, b, h, EDITS.index(edit)))
                 final = edited_final(subject, b, x_in, it, heads_out, h, sink, edit, donor,
-                                     plan.mean_values.get((b, h)), gen, w_heads[h], checks)
-                rows += _rows(first, b, h, edit, classes[:, h], fn["sink_idx"][:, h],
+                                     plan.mean_values.get((b, h)), draws, w_heads[h], checks)
+                rows += _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h],
                               np.array(LOCATIONS)[loc_idx[:, h]],
-                              measure(base, final, sink, edit in DONOR_EDITS, subject.num_prefix))
+                              measure(base, final, sink, edit in DONOR_EDITS, subject.num_prefix),
+                              donor_index if edit in DONOR_EDITS else None, drawn.get(edit))
     return rows

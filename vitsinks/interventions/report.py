@@ -1,7 +1,7 @@
 """Intervention outputs: `interventions.csv` (one row per image, head, edit), `by_head.csv`, `by_class.md`,
 `summary.json` and `interventions.png`; shards and their merge.
 
-Aggregation (SPEC section 6): per head, edit and event class, the mean over the head's events of that class; then
+Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then
 per class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of
 block 0 are reported apart in models with more than one block. NaN entries (a coherence of an exactly zero change,
 probe columns without a classifier) are left out of the means.
@@ -28,14 +28,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from vitsinks.interventions.edits import EDITS  # noqa: E402
 
-ROW_FIELDS = ("image", "block", "head", "edit", "event_class", "sink_idx", "sink_loc", "final_patch_relrms",
-              "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce", "probe_correct", "probe_ce_base",
-              "probe_correct_base")
+ROW_FIELDS = ("image", "image_index", "block", "head", "edit", "donor_index", "random_token", "event_class", "sink_idx",
+              "sink_loc", "final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce",
+              "probe_correct", "probe_ce_base", "probe_correct_base")
 METRICS = ("final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce_delta",
            "probe_top1_delta")
 CLASS_ORDER = ("nop", "broadcast", "other", "none", "model")
 COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "model": "tab:purple"}
-INT_FIELDS = ("image", "block", "head", "sink_idx")
+INT_FIELDS = ("image", "image_index", "block", "head", "donor_index", "random_token", "sink_idx")
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
@@ -132,6 +132,17 @@ def to_markdown(summary: dict[str, Any]) -> str:
              f"{', '.join(summary['edits'])}. Mean over a head's events of the class, then over heads with >= "
              f"{summary['min_class_events']} such events (std over heads). Final patch rel. RMS change excludes the "
              "sink token.", ""]
+    if "protocol" in summary:
+        p, im = summary["protocol"], summary["images"]
+        source = f"image list {p['image_list']}" if p.get("image_list") else (
+            f"permutation seed {p['seed']}" if p["order"] == "permuted" else "the split's own order")
+        lines += [f"Protocol {p['name']}: images in the order of the {source}, the first {im['edited']} edited, the "
+                  f"next {im['heldout']} held out (disjoint); batches of {im['batch_size']}, random patches seeded "
+                  f"{im['random_seed']} + 1000 * shard.", ""]
+    skipped = summary.get("mean_sink_value_skipped") or {}
+    if skipped:
+        why = sorted(set(skipped.values()))
+        lines += [f"mean_sink_value skipped for heads {', '.join(skipped)} ({'; '.join(why)}).", ""]
     shown = [m for m in METRICS if any(not math.isnan(c.get(m, math.nan)) for s in summary["by_class"].values()
                                        for e in s.values() for c in e.values())]
     for scope, classes in summary["by_class"].items():
@@ -151,7 +162,11 @@ def to_markdown(summary: dict[str, Any]) -> str:
     ch = summary["checks"]
     lines += [f"Built-in checks: block recomputation max rel. error {ch['recompute_error_max']} (< "
               f"{ch['recompute_tol']}), {ch['value_edits_checked']} value edits checked in float64, max rel. error "
-              f"{ch['value_edit_error_max']} (< {ch['value_edit_tol']})."]
+              f"{ch['value_edit_error_max']} (< {ch['value_edit_tol']})"
+              + (f"; the redirect from the scores vs A's own rescaling on the {ch['redirect_rows_checked']} rows "
+                 f"that float32 holds off the sink, max rel. error {ch['redirect_error_max']} (< "
+                 f"{ch['redirect_tol']})"
+                 if ch.get("redirect_rows_checked") else "") + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -247,6 +262,8 @@ def merge(out: Path) -> dict[str, Any]:
     for k in ("shard", "nshards", "heads"):
         meta.pop(k, None)
     meta["mean_source"] = {k: v for _, m in ordered for k, v in m["mean_source"].items()}
+    meta["mean_sink_value_skipped"] = {k: v for _, m in ordered for k, v in m.get("mean_sink_value_skipped",
+                                                                                    {}).items()}
     meta["checks"] = _merge_checks([m["checks"] for _, m in ordered])
     meta["merged_shards"] = n
     summary = write_outputs(out, rows, meta)
@@ -258,7 +275,8 @@ def merge(out: Path) -> dict[str, Any]:
 
 def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(checks[0])
-    for key in ("recompute_error_max", "value_edit_error_max"):
-        out[key] = f"{max(float(c[key]) for c in checks):.3e}"
-    out["value_edits_checked"] = sum(c["value_edits_checked"] for c in checks)
+    for key in ("recompute_error_max", "value_edit_error_max", "redirect_error_max"):
+        out[key] = f"{max(float(c.get(key, 0)) for c in checks):.3e}"
+    for key in ("value_edits_checked", "redirect_rows_checked"):
+        out[key] = sum(c.get(key, 0) for c in checks)
     return out

@@ -10,6 +10,8 @@
 
 `internals(x)` is the single explicit computation: it returns the attention matrix A, the values v and the
 gate. The non-fused forward is built on it, so the diagnostics read exactly the computation the model runs.
+`redirected(x, head, sink)` is one head's attention with a key's share given to the other keys, computed from the
+scores (the interventions' `redirect_sink_attention`).
 """
 
 from __future__ import annotations
@@ -144,6 +146,46 @@ class SinkAttention(nn.Module):
         """
         q, k, v = self._qkv(x)
         return AttnInternals(self._attention_matrix(q, k, causal), v, self._gate(x))
+
+    def redirected(self, x: torch.Tensor, head: int, sink: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """Head `head`'s attention (B, N, N) on the pre-normed input `x` with the attention to key `sink[b]` of
+        image b removed and given to the other keys, computed from the scores (not from A, whose entries off a
+        strong sink underflow to exactly 0 in float32: a rescaled row would stay off instead of redirected).
+
+        - softmax: the softmax of the scores with the sink key masked out (-inf);
+        - sink_logit: the softmax over [scores, null logit] with the sink key masked out; the null key stays (the
+          model's own off-switch takes its share) and its column is dropped, as in `internals`;
+        - relu / sigmoid (rows not normalised): column s zeroed and the row rescaled to its old sum, the sigmoid's
+          in log space (log A = logsigmoid, sums by logsumexp), so rows whose other weights underflow are still
+          right. relu's zeros are exact: a row with no positive score off the sink stays 0.
+
+        A row with no key left (a causal query that sees only the sink) is 0 for every kind."""
+        q, k, _ = self._qkv(x)
+        s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N), as in `_attention_matrix`
+        B, n = s.shape[0], s.shape[-1]
+        is_sink = torch.zeros_like(s, dtype=torch.bool)
+        is_sink[torch.arange(B, device=s.device), :, sink] = True
+        hidden = torch.zeros(n, n, dtype=torch.bool, device=s.device)  # future keys of a causal query
+        if causal:
+            hidden = hidden.logical_not_().triu_(1)
+        off = is_sink | hidden
+        if self.attn_kind == "softmax":
+            masked = s.masked_fill(off, float("-inf"))
+            empty = masked.amax(-1, keepdim=True) == float("-inf")
+            return torch.where(empty, 0.0, masked.softmax(dim=-1))
+        if self.attn_kind == "sink_logit":
+            null = self.sink_logit[head].to(s.dtype).expand(*s.shape[:-1], 1)
+            return torch.cat([s.masked_fill(off, float("-inf")), null], dim=-1).softmax(dim=-1)[..., :-1]
+        if self.attn_kind == "relu":
+            a = (F.relu(s) / n).masked_fill(hidden, 0.0)
+            rest = a.masked_fill(is_sink, 0.0)
+            total, kept = a.sum(-1, keepdim=True), rest.sum(-1, keepdim=True)
+            return torch.where(kept == 0, 0.0, rest / kept * total)  # NaN stays NaN
+        log_a = F.logsigmoid(s - math.log(n)).masked_fill(hidden, float("-inf"))  # sigmoid
+        log_total = log_a.logsumexp(-1, keepdim=True)
+        log_rest = log_a.masked_fill(is_sink, float("-inf"))
+        log_kept = log_rest.logsumexp(-1, keepdim=True)
+        return torch.where(log_kept == float("-inf"), 0.0, (log_rest + log_total - log_kept).exp())
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): scale-norm, gate, output projection."""

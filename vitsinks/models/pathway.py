@@ -1,4 +1,4 @@
-"""The explicit global pathway (SPEC section 7, the seed paper's Eqs. 4-5) and the common-mode penalty.
+"""The explicit global pathway (docs/fidelity.md, the seed paper's Eqs. 4-5) and the common-mode penalty.
 
 A block with a pathway computes, from the same pre-normed tokens z as its attention,
 
@@ -6,9 +6,10 @@ A block with a pathway computes, from the same pre-normed tokens z as its attent
     x_i <- x_i + ls1 * o_i^attn + ls3 * gamma_i W_OG g
 
 a broadcast channel that needs no attention sink (w_P, W_VG, W_OG without biases, trunc-normal std 0.02; b_gamma = 0,
-so gamma = 0.5 at init; ls3 LayerScale or none). `hier` recipient gates multiply gamma_i by a per-image gate read
-from the global state, sigmoid(w_h . g + b_h): the image decides whether to broadcast, each token whether to receive
-(SPEC names the option without a formula; this is vitsinks' choice).
+so gamma = 0.5 at init; ls3 LayerScale or none). The `hier` recipient gate is the reference's per-token
+hierarchical gate: `[a_i, r_i0, r_ibc] = W_h z_i + b_h` (one Linear(dim, 3), trunc-normal 0.02, bias 0) and
+`gamma_i = sigmoid(a_i) * softmax([r_i0, r_ibc])_bc`, a parent gate times a two-way choice between "no update" and
+"the broadcast" (0.25 at init).
 
 The common-mode penalty of a block's attention update o (B, N, dim) is E(mean_i o_i) / (E(o) + 1e-12), E the mean
 squared entry: 0 for an update of zero mean over tokens, 1 for the same update at every token.
@@ -43,10 +44,13 @@ class GlobalPathway(nn.Module):
     """Attention-free broadcast: one softmax pool over the tokens into a `state_dim` state, written back to every
     token through a recipient gate.
 
-    The three maps of the tokens (pooling score w_P, recipient gate w_gamma, state value W_VG) are the rows of one
+    The maps of the tokens (pooling score w_P, the recipient gate's logits, state value W_VG) are the rows of one
     bias-free `inp` Linear (one matmul: the pathway is small, so kernel launches, not FLOPs, set its cost); the gate
-    has its own bias. `w_pool`, `w_gamma`, `w_value` name the rows.
+    logits have their own bias `gamma_bias` (1 logit for `learned`, 3 for `hier`). `w_pool`, `w_gamma`, `w_value`
+    name the rows.
     """
+
+    GATE_LOGITS = {"learned": 1, "hier": 3}
 
     def __init__(self, dim: int, state_dim: int = 64, gate: RecipientGate = "learned",
                  init_values: float | None = None) -> None:
@@ -56,10 +60,10 @@ class GlobalPathway(nn.Module):
         if state_dim < 1:
             raise BadValue(f"global pathway state_dim must be >= 1, got {state_dim}")
         self.gate_kind = gate
-        self.inp = nn.Linear(dim, 2 + state_dim, bias=False)  # rows: w_P, w_gamma, W_VG
-        self.gamma_bias = nn.Parameter(torch.zeros(1))  # b_gamma
+        self.n_gate = self.GATE_LOGITS[gate]
+        self.inp = nn.Linear(dim, 1 + self.n_gate + state_dim, bias=False)  # rows: w_P, gate logits, W_VG
+        self.gamma_bias = nn.Parameter(torch.zeros(self.n_gate))  # b_gamma (hier: b_a, b_r0, b_rbc)
         self.out = nn.Linear(state_dim, dim, bias=False)  # W_OG
-        self.image_gate = nn.Linear(state_dim, 1) if gate == "hier" else None
         self.ls3 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.init_weights()
 
@@ -69,29 +73,32 @@ class GlobalPathway(nn.Module):
 
     @property
     def w_gamma(self) -> torch.Tensor:
-        return self.inp.weight[1]
+        """The recipient gate's logit rows ((1, dim) learned; (3, dim) hier: a, r_0, r_bc)."""
+        return self.inp.weight[1 : 1 + self.n_gate]
 
     @property
     def w_value(self) -> torch.Tensor:
-        return self.inp.weight[2:]
+        return self.inp.weight[1 + self.n_gate :]
 
     def init_weights(self) -> None:
-        """SPEC section 7: trunc-normal std 0.02 weights, zero gate biases (gamma = 0.5 at init)."""
-        for lin in (self.inp, self.out, self.image_gate):
-            if lin is not None:
-                trunc_normal_(lin.weight, std=0.02)
+        """Trunc-normal std 0.02 weights, zero gate biases (gamma = 0.5 at init; hier: 0.25)."""
+        for lin in (self.inp, self.out):
+            trunc_normal_(lin.weight, std=0.02)
         nn.init.zeros_(self.gamma_bias)
-        if self.image_gate is not None:
-            nn.init.zeros_(self.image_gate.bias)
+
+    def recipient_gate(self, logits: torch.Tensor) -> torch.Tensor:
+        """gamma (B, N, 1) from the gate logits (B, N, n_gate), in at least fp32."""
+        logits = (logits + self.gamma_bias).float()
+        if self.gate_kind == "learned":
+            return logits.sigmoid()
+        return logits[..., :1].sigmoid() * logits[..., 1:].softmax(dim=-1)[..., 1:2]
 
     def internals(self, z: torch.Tensor) -> PathwayInternals:
         """Everything the pathway computes on pre-normed tokens z (B, N, dim)."""
         h = self.inp(z)
-        pi = h[..., 0].softmax(dim=-1)
-        g = (pi.unsqueeze(1) @ h[..., 2:]).squeeze(1)
-        gamma = (h[..., 1:2] + self.gamma_bias).sigmoid()
-        if self.image_gate is not None:
-            gamma = gamma * self.image_gate(g).sigmoid().unsqueeze(1)
+        pi = h[..., 0].float().softmax(dim=-1).to(h.dtype)
+        g = (pi.unsqueeze(1) @ h[..., 1 + self.n_gate :]).squeeze(1)
+        gamma = self.recipient_gate(h[..., 1 : 1 + self.n_gate]).to(h.dtype)
         # ls3 * (gamma_i W_OG g) = gamma_i * (ls3 * W_OG g): LayerScale on the per-image write, before broadcasting
         return PathwayInternals(pi, g, gamma, self.ls3(self.out(g)).unsqueeze(1))
 

@@ -139,13 +139,16 @@ class SinkBlock(Block):
 class SinkViT(VisionTransformer):
     """timm `VisionTransformer` built from `SinkBlock`s.
 
-    Registers follow Darcet et al.: R learned tokens after [CLS] with no position embedding, while [CLS]
+    Registers follow Darcet et al. by default: R learned tokens after [CLS] with no position embedding, while [CLS]
     keeps its own. So `pos_embed` covers [CLS] + patches whatever R is, and R registers add exactly R x dim
-    parameters. `load_timm_state_dict` converts timm's two register layouts to this one exactly.
+    parameters. `register_pos_embed=True` is the reference sweep's layout (timm's own): the position embedding covers
+    [CLS], the registers and the patches. `load_timm_state_dict` converts timm's register layouts exactly.
+    `prefix_init_std`: [CLS] and registers trunc-normal with this std (the reference: 0.02); None keeps timm's init.
     """
 
     def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", mlp: bool = True,
                  patch_embed: PatchEmbedKind = "learned", pathway: dict[str, Any] | None = None,
+                 register_pos_embed: bool = False, prefix_init_std: float | None = None,
                  **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
@@ -153,11 +156,16 @@ class SinkViT(VisionTransformer):
             kwargs["mlp_layer"] = NoMLP
         super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn, pathway=pathway), **kwargs)
         self.gate_kind, self.attn_kind, self.has_pathway = gate, attn, bool(pathway)
+        self.register_pos_embed = bool(register_pos_embed)
         if patch_embed == "orthonormal":
             self._fix_patch_embed()
-        if self.num_reg_tokens and self.pos_embed is not None:
+        if self.num_reg_tokens and self.pos_embed is not None and not self.register_pos_embed:
             self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, self.embed_dim))
             trunc_normal_(self.pos_embed, std=0.02)
+        if prefix_init_std is not None:
+            for token in (self.cls_token, self.reg_token):
+                if token is not None:
+                    trunc_normal_(token, std=prefix_init_std)
 
     def _fix_patch_embed(self) -> None:
         """A frozen, bias-free patch embedding with orthonormal columns: patch pixels enter the residual stream
@@ -199,7 +207,7 @@ class SinkViT(VisionTransformer):
         return self.num_prefix_tokens + n
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.num_reg_tokens or self.pos_embed is None:
+        if not self.num_reg_tokens or self.pos_embed is None or self.register_pos_embed:
             return super()._pos_embed(x)
         B = x.shape[0]
         pos = self.pos_embed
@@ -237,6 +245,8 @@ def build_vit(
     drop_path: float = 0.0,
     gate: GateKind = "none",
     registers: int = 0,
+    register_pos_embed: bool = False,
+    prefix_init_std: float | None = None,
     attn: AttnKind = "softmax",
     global_pathway: dict[str, Any] | None = None,
     num_classes: int = 0,
@@ -249,8 +259,10 @@ def build_vit(
     sigmoid | sink_logit. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
     `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
     position embedding (both for the sink tasks, whose targets live on the residual stream).
-    `global_pathway`: `GlobalPathway` keyword arguments (`state_dim`, `gate`, `init_values`) to add the SPEC
-    section 7 pathway to every block, or None. `dynamic_img_size` lets multi-crop views of other sizes through (the
+    `register_pos_embed`: the position embedding also covers the registers (the reference sweep's layout);
+    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init).
+    `global_pathway`: `GlobalPathway` keyword arguments (`state_dim`, `gate`, `init_values`) to add the
+    global pathway to every block, or None. `dynamic_img_size` lets multi-crop views of other sizes through (the
     position embedding is resampled); it changes no parameter.
     """
     if size not in SIZES:
@@ -272,6 +284,8 @@ def build_vit(
         mlp=mlp,
         patch_embed=patch_embed,
         pathway=global_pathway,
+        register_pos_embed=register_pos_embed,
+        prefix_init_std=prefix_init_std,
         pos_embed=pos_embed,
         proj_bias=proj_bias,
         img_size=img_size or spec.img_size,
@@ -303,8 +317,12 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     pe = sd.get("pos_embed")
     if pe is not None and model.pos_embed is not None:
         n_patch, r = model.patch_embed.num_patches, model.num_reg_tokens
-        if pe.shape[1] == n_patch:  # no position embedding on prefix tokens: [CLS] gets a zero one
+        if pe.shape[1] == model.pos_embed.shape[1]:  # the same layout
+            pass
+        elif pe.shape[1] == n_patch:  # no position embedding on prefix tokens: [CLS] gets a zero one
             sd["pos_embed"] = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)
+            if model.register_pos_embed and r:  # ... and the registers too
+                sd["pos_embed"] = torch.cat([pe.new_zeros(1, 1 + r, pe.shape[2]), pe], dim=1)
         elif r and pe.shape[1] == n_patch + 1 + r and "reg_token" in sd:  # fold register positions into them
             sd["reg_token"] = sd["reg_token"] + pe[:, 1 : 1 + r]
             sd["pos_embed"] = torch.cat([pe[:, :1], pe[:, 1 + r :]], dim=1)
@@ -351,6 +369,8 @@ def model_from_config(m: Any) -> SinkViT:
         mlp=getattr(m, "mlp", True), patch_embed=getattr(m, "patch_embed", "learned"),
         pos_embed=getattr(m, "pos_embed", "learn"), layerscale_init=m.layerscale_init,
         drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
+        register_pos_embed=getattr(m, "register_pos_embed", False),
+        prefix_init_std=getattr(m, "prefix_init_std", None),
         global_pathway=pathway_kwargs(getattr(m, "global_pathway", None)),
     )
     source = getattr(m, "pretrained", None)

@@ -75,17 +75,18 @@ FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_
 
 
 def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
-    """Per arm: task MSE, sink inflow per layer, and the cost of removing the pathway or layer 2's attention; a dot
-    per seed, the reference's means as crosses."""
+    """Per arm: task MSE, sink inflow per layer, and the cost of removing layer 2's pathway or attention; a dot per
+    seed, the reference's means (its own recipe) as crosses."""
     arms = list(r["arms"])
-    ref = r["reference"]
+    ref, rr = r["reference"], r["reference_recipe"]
     seeds = r["per_seed"]
     x = np.arange(len(arms))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     axes[0].bar(x, [r["arms"][a]["mse"] for a in arms], color="tab:blue", alpha=0.7)
     for i, a in enumerate(arms):
         axes[0].plot([i] * len(seeds[a]), [s["mse"] for s in seeds[a]], "o", color="black", ms=3)
-        axes[0].plot(i, ref[a]["mse"], "x", color="tab:red", ms=8, label="reference (30k x 1024)" if i == 0 else None)
+        axes[0].plot(i, ref[a]["mse"], "x", color="tab:red", ms=8, label=f"reference ({rr['n_seeds']} seeds, "
+                     f"{rr['steps']} x {rr['batch']}, lr {rr['lr']})" if i == 0 else None)
     axes[0].set_xticks(x, arms)
     axes[0].set_ylabel("task MSE (test)")
     axes[0].legend(fontsize=8)
@@ -101,7 +102,7 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
     axes[1].set_ylim(0, 1.05)
     axes[1].set_ylabel("sink inflow: max_s mean_i A_is")
     axes[1].legend(fontsize=8)
-    for key, color, off, name in (("d_mse_no_pathway", "tab:green", -0.2, "remove the pathway"),
+    for key, color, off, name in (("d_mse_no_pathway_layer2", "tab:green", -0.2, "remove layer-2 pathway"),
                                   ("d_mse_no_attention_layer2", "tab:purple", 0.2, "remove layer-2 attention")):
         have = [i for i, a in enumerate(arms) if key in r["arms"][a]]  # the attention arm has no pathway
         axes[2].bar(x[have] + off, [r["arms"][arms[i]][key] for i in have], 0.38, color=color, alpha=0.75,
@@ -110,12 +111,13 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
             axes[2].plot([i + off] * len(seeds[arms[i]]), [s[key] for s in seeds[arms[i]]], "o", color="black", ms=3)
             if key in ref[arms[i]]:
                 axes[2].plot(i + off, ref[arms[i]][key], "x", color="tab:red", ms=8)
-    axes[2].set_yscale("log")
+    axes[2].set_yscale("symlog", linthresh=1e-3)  # an unused pathway can cost slightly < 0
     axes[2].set_xticks(x, arms)
-    axes[2].set_ylabel("MSE increase when removed")
+    axes[2].set_ylabel("MSE increase when removed from layer 2")
     axes[2].legend(fontsize=8)
     return save_figure(fig, path, f"controlled broadcast task: {r['n_seeds']} seeds x {r['steps']} steps, batch "
-                                  f"{r['batch']}, lr {r['lr']}, lambda_B {r['cm_penalty']} (red x: reference means)")
+                                  f"{r['batch']}, lr {r['lr']}, lambda_B {r['cm_penalty']} on pen_1 + pen_2 "
+                                  "(red x: reference means)")
 
 
 FIGURES["broadcast_pathway"] = broadcast_pathway_figure

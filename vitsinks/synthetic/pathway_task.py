@@ -1,135 +1,235 @@
-"""The controlled broadcast task of SPEC section 7 (`python -m vitsinks.synthetic task=broadcast_pathway`).
+"""The controlled broadcast task (`python -m vitsinks.synthetic task=broadcast_pathway`).
 
-L tokens x_i ~ N(0, I_d); a fixed unit vector u picks the source j* = argmax_j <x_j, u>; the target is
-y_i = x_i + x_{j*} R with a fixed orthogonal R: the source's content, rotated, must reach every token. Two
-attention-only layers with one head each, trained on the residual stream (as the other synthetic tasks), in three
-arms on the same batches: attention only, + global pathway, + global pathway + common-mode penalty.
+Task: L = 32 tokens x_i ~ N(0, I_64), fresh every step; a unit vector u picks the source j* = argmax_j <x_j, u>, and
+every token must output y_i = x_i + x_{j*} R with an orthogonal R: the source's content, rotated, must reach every
+token. u and R are drawn per seed from a generator seeded 2000 + seed, the training tokens from one seeded
+1000 + seed, the evaluation tokens from one seeded 5000 + seed.
 
-Per arm and seed: task MSE (mean squared entry of the error, fresh test sequences), sink inflow per layer
-(max_s mean_i A_is, averaged over test sequences), and the MSE increase when the pathway (all layers) or layer 2's
-attention is removed from the trained model.
+Model: two pre-norm `SinkBlock`s (the ViTs' block), one head each, d = d_h = 64, no biases in W_Q, W_K, W_V, W_O, an
+MLP (LayerNorm -> Linear(d, 4d) -> GELU -> Linear(4d, d), with biases) after each attention layer and a residual
+after each; a learned position embedding p (init N(0, 0.02^2)) enters layer 1's LayerNorm only: z = LN(x + p), the
+residual stream itself never carries p. No input embedding or readout: the output is the residual stream, compared
+with y by the mean squared entry.
+
+Arms, all of one seed starting from the same parameters (`torch.manual_seed(seed)`, the pathway created after the
+base model) and seeing the same batches: attention only; + the global pathway (`GlobalPathway`, learned recipient
+gate, state dim 64) in both layers; + the common-mode penalty lambda_B * (pen_1 + pen_2), the SUM over the two
+layers of `common_mode_penalty` of each layer's attention update W_O A V.
+
+Per arm and seed: task MSE, sink inflow per layer (max_s mean_i A_is), and the MSE increase when layer 2 alone loses
+its pathway or its attention update, with its attention matrix held fixed (layer 1 is left as it is).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
+from timm.layers import Mlp
+from torch import nn
 from tqdm import tqdm
 
-from vitsinks.config import ObjectiveConfig
 from vitsinks.errors import BadValue
-from vitsinks.objective import CommonModePenalty
-from vitsinks.synthetic.model import SeqModel, train
+from vitsinks.models import SinkBlock
+from vitsinks.models.pathway import GlobalPathway, common_mode_penalty
 
 ARMS = ("attention", "global", "global+pen")
+DIM, LENGTH, STATE_DIM, DEPTH = 64, 32, 64, 2
+TASK_SEED, TRAIN_SEED, EVAL_SEED = 2000, 1000, 5000  # offsets added to the seed
+REFERENCE_RECIPE = {"n_seeds": 5, "steps": 30_000, "batch": 1024, "lr": 5e-4, "weight_decay": 1e-4,
+                    "cm_penalty": 1.0, "eval_batches": 64, "eval_batch": 256}
+REFERENCE = {"attention": {"mse": 0.140, "inflow": [0.89, 0.91], "d_mse_no_attention_layer2": 2.906},
+             "global": {"mse": 0.140, "inflow": [0.10, 0.91], "d_mse_no_attention_layer2": 2.875,
+                        "d_mse_no_pathway_layer2": 0.515},
+             "global+pen": {"mse": 0.144, "inflow": [0.06, 0.06], "d_mse_no_attention_layer2": 0.004,
+                            "d_mse_no_pathway_layer2": 1.644}}
 
 
-def task_constants(dim: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed unit selector u and orthogonal rotation R of the task (the same for every seed)."""
-    g = torch.Generator().manual_seed(1234)
-    u = torch.randn(dim, generator=g)
-    return u / u.norm(), torch.linalg.qr(torch.randn(dim, dim, generator=g)).Q
+def task_constants(seed: int, dim: int = DIM, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed's unit selector u and orthogonal rotation R, from a generator seeded 2000 + seed."""
+    g = torch.Generator(device=device).manual_seed(TASK_SEED + seed)
+    u = torch.randn(dim, generator=g, device=device)
+    return u / u.norm(), torch.linalg.qr(torch.randn(dim, dim, generator=g, device=device)).Q
 
 
-def pathway_batch(gen: torch.Generator, batch: int = 256, length: int = 32, dim: int = 64
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x, y, weight) of the task: y_i = x_i + x_{j*} R, j* = argmax_j <x_j, u>."""
-    u, R = task_constants(dim)
-    x = torch.randn(batch, length, dim, generator=gen)
+def sample_tokens(gen: torch.Generator, batch: int, length: int = LENGTH, dim: int = DIM) -> torch.Tensor:
+    """A batch of i.i.d. N(0, 1) tokens (batch, length, dim) drawn from `gen`, on its device."""
+    return torch.randn(batch, length, dim, generator=gen, device=gen.device)
+
+
+def pathway_targets(x: torch.Tensor, u: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """y_i = x_i + x_{j*} R with j* = argmax_j <x_j, u>, for tokens x (B, L, d)."""
     src = (x @ u).argmax(-1)
-    payload = x[torch.arange(batch), src] @ R
-    return x, x + payload[:, None], torch.ones(batch, length)
+    return x + (x[torch.arange(len(x), device=x.device), src] @ R)[:, None]
 
 
-@contextmanager
-def ablated(model: SeqModel, pathway: bool = False, attention_block: int | None = None) -> Iterator[SeqModel]:
-    """The model without its global pathway (every block) and / or with one block's attention update set to zero."""
-    removed = [(blk, blk.pathway) for blk in model.blocks] if pathway else []
-    hooks = []
-    if attention_block is not None:  # ls1 wraps exactly the attention update (Identity without LayerScale)
-        ls1 = model.blocks[attention_block].ls1
-        hooks.append(ls1.register_forward_hook(lambda m, inp, out: torch.zeros_like(out)))
-    for blk, _ in removed:
-        blk.pathway = None
-    try:
-        yield model
-    finally:
-        for blk, pw in removed:
-            blk.pathway = pw
-        for h in hooks:
-            h.remove()
+class PositionThenNorm(nn.Module):
+    """LN(x + p): layer 1's pre-norm, with the learned position embedding p added to its input only."""
+
+    def __init__(self, norm: nn.Module, length: int, dim: int) -> None:
+        super().__init__()
+        self.norm = norm
+        self.pos = nn.Parameter(torch.randn(length, dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.pos)
 
 
-@torch.no_grad()
-def _mse(model: SeqModel, x: torch.Tensor, y: torch.Tensor) -> float:
-    return float(((model(x) - model.embed_target(y)) ** 2).mean())
+def _biased_mlp(**kwargs: Any) -> Mlp:
+    """timm's MLP with biases (timm's `Block` would tie them to the attention's `proj_bias`, off here)."""
+    return Mlp(**{**kwargs, "bias": True})
 
 
-@torch.no_grad()
-def sink_inflow(model: SeqModel, x: torch.Tensor) -> list[float]:
-    """Per layer: max over keys of the mean attention over queries, averaged over sequences."""
-    out, h = [], model.embed(x)
-    for blk in model.blocks:
-        h, it = blk.forward_explicit(h)
-        out.append(float(it.attn.mean(-2).amax(-1).mean()))
-    return out
+class BroadcastToy(nn.Module):
+    """The task's two-layer model; `pathway` adds a global pathway to both layers (created after every base
+    parameter, so with the same `torch.manual_seed` the base parameters of every arm are equal).
+
+    `attention_updates` holds each layer's attention update W_O A V of the last forward pass run with gradients
+    (what the penalty needs)."""
+
+    def __init__(self, pathway: bool, dim: int = DIM, length: int = LENGTH, state_dim: int = STATE_DIM) -> None:
+        super().__init__()
+        blocks = [SinkBlock(dim, 1, mlp_ratio=4.0, qkv_bias=False, proj_bias=False, norm_layer=nn.LayerNorm,
+                            mlp_layer=_biased_mlp) for _ in range(DEPTH)]
+        blocks[0].norm1 = PositionThenNorm(blocks[0].norm1, length, dim)
+        self.blocks = nn.ModuleList(blocks)
+        if pathway:
+            for blk in self.blocks:
+                blk.pathway = GlobalPathway(dim, state_dim=state_dim, gate="learned")
+        self.attention_updates: list[torch.Tensor] = []
+        for blk in self.blocks:  # ls1 (Identity: no LayerScale) receives exactly the attention update
+            blk.ls1.register_forward_hook(self._record_update)
+
+    def _record_update(self, module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        if torch.is_grad_enabled():
+            self.attention_updates.append(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.attention_updates = []
+        for blk in self.blocks:
+            x = blk(x)
+        return x
 
 
-def train_arm(arm: str, seed: int, steps: int, batch: int, lr: float = 1e-2, weight_decay: float = 1e-4,
-              cm_penalty: float = 1.0, state_dim: int = 64) -> tuple[SeqModel, list[float]]:
-    """One arm trained on the seed's batches (identical across arms)."""
+def summed_penalty(model: BroadcastToy) -> torch.Tensor:
+    """pen_1 + pen_2: `common_mode_penalty` of each layer's attention update of the last forward pass, SUMMED over
+    the layers (whatever the ViT trainer does with its blocks)."""
+    if len(model.attention_updates) != len(model.blocks):
+        raise RuntimeError("summed_penalty needs one forward pass with gradients first")
+    return torch.stack([common_mode_penalty(o) for o in model.attention_updates]).sum()
+
+
+def build_arm(arm: str, seed: int, device: str | torch.device = "cpu") -> BroadcastToy:
+    """The arm's model at init: parameters from `torch.manual_seed(seed)`."""
     if arm not in ARMS:
         raise BadValue(f"unknown arm {arm!r}; choose one of {ARMS}")
     torch.manual_seed(seed)
-    pathway = None if arm == "attention" else {"state_dim": state_dim}
-    model = SeqModel(64, None, dim=64, depth=2, heads=1, pathway=pathway)
-    penalty = CommonModePenalty(model.blocks, ObjectiveConfig(cm_penalty=cm_penalty)) if arm == "global+pen" \
-        else None
-    curve = train(model, partial(pathway_batch, batch=batch), steps, lr=lr, seed=seed, weight_decay=weight_decay,
-                  cosine=False, penalty=penalty)
-    return model, curve
+    return BroadcastToy(pathway=arm != "attention").to(device)
 
 
-def evaluate_arm(model: SeqModel, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    """MSE, sink inflow per layer, and the cost of removing the pathway or layer 2's attention."""
+def training_loss(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor, cm_penalty: float | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, task MSE) of one batch: the MSE, plus cm_penalty * (pen_1 + pen_2) unless cm_penalty is None."""
+    mse = ((model(x) - y) ** 2).mean()
+    return (mse if cm_penalty is None else mse + cm_penalty * summed_penalty(model)), mse
+
+
+def train_arm(arm: str, seed: int, steps: int, batch: int, lr: float, weight_decay: float = 1e-4,
+              cm_penalty: float = 1.0, device: str | torch.device = "cpu") -> tuple[BroadcastToy, list[float]]:
+    """One arm trained with AdamW at a constant lr on fresh batches from a generator seeded 1000 + seed (the same
+    batches in every arm); returns the model and its training MSE per step."""
+    model = build_arm(arm, seed, device)
+    u, R = task_constants(seed, device=device)
+    gen = torch.Generator(device=device).manual_seed(TRAIN_SEED + seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    curve = torch.empty(steps, device=device)  # copied into: a kept `mse.detach()` pins a whole buffer per step
+    for step in range(steps):
+        x = sample_tokens(gen, batch)
+        loss, mse = training_loss(model, x, pathway_targets(x, u, R), cm_penalty if arm == "global+pen" else None)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        curve[step] = mse.detach()
+    return model, curve.tolist()
+
+
+@contextmanager
+def without_pathway(block: SinkBlock) -> Iterator[SinkBlock]:
+    """The block with its global pathway removed (restored on exit)."""
+    pathway, block.pathway = block.pathway, None
+    try:
+        yield block
+    finally:
+        block.pathway = pathway
+
+
+def _inflow(attn: torch.Tensor) -> float:
+    """max_s mean_i A_is, averaged over sequences (one head: attn (B, 1, N, N))."""
+    return float(attn.mean(-2).amax(-1).mean())
+
+
+@torch.no_grad()
+def evaluate_batch(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """MSE, inflow per layer, and the MSE increase when layer 2 loses its attention update or its pathway; layer 2
+    is recomputed from layer 1's unchanged output with its attention matrix fixed."""
+    first, second = model.blocks
+    h1, it1 = first.forward_explicit(x)
+    out, it2 = second.forward_explicit(h1)
+    heads = it2.attn @ it2.v
+
+    def err(pred: torch.Tensor) -> float:
+        return float(((pred - y) ** 2).mean())
+
+    mse = err(out)
+    res = {"mse": mse, "inflow": [_inflow(it1.attn), _inflow(it2.attn)],
+           "d_mse_no_attention_layer2": err(second.from_heads(h1, torch.zeros_like(heads), it2.gate)) - mse}
+    if second.pathway is not None:
+        with without_pathway(second):
+            res["d_mse_no_pathway_layer2"] = err(second.from_heads(h1, heads, it2.gate)) - mse
+    return res
+
+
+def evaluate_arm(model: BroadcastToy, seed: int, n_batches: int = 64, batch: int = 256) -> dict[str, Any]:
+    """`evaluate_batch` averaged over `n_batches` batches from a generator seeded 5000 + seed. After each batch one
+    more is drawn and skipped (the reference's donor sequences), so the evaluated sequences are the reference's."""
     model.eval()
-    mse = _mse(model, x, y)
-    out = {"mse": mse, "inflow": sink_inflow(model, x)}
-    with ablated(model, attention_block=1):
-        out["d_mse_no_attention_layer2"] = _mse(model, x, y) - mse
-    if any(blk.pathway is not None for blk in model.blocks):
-        with ablated(model, pathway=True):
-            out["d_mse_no_pathway"] = _mse(model, x, y) - mse
-    return out
+    device = next(model.parameters()).device
+    u, R = task_constants(seed, device=device)
+    gen = torch.Generator(device=device).manual_seed(EVAL_SEED + seed)
+    rows = []
+    for _ in range(n_batches):
+        x = sample_tokens(gen, batch)
+        sample_tokens(gen, batch)
+        rows.append(evaluate_batch(model, x, pathway_targets(x, u, R)))
+    return {k: np.mean([r[k] for r in rows], axis=0).tolist() for k in rows[0]}
 
 
-def run_broadcast_pathway(steps: int = 1500, seed: int = 0, n_seeds: int = 3, batch: int = 256, lr: float = 1e-2,
-                          cm_penalty: float = 1.0, progress: bool = True) -> dict[str, Any]:
+def run_broadcast_pathway(steps: int = 1000, seed: int = 0, n_seeds: int = 3, batch: int = 256, lr: float = 1e-2,
+                          cm_penalty: float = 1.0, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Every arm on seeds seed .. seed + n_seeds - 1; per-seed results and means over seeds.
 
-    The defaults are the CPU setting: 1,500 steps of batch 256 (the reference trains 30k x 1,024 at lr 5e-4) at a
-    20x larger learning rate, constant, AdamW with weight decay 1e-4; lambda_B = 1 on both blocks."""
-    x, y, _ = pathway_batch(torch.Generator().manual_seed(10_007), batch=1024)
+    The defaults are the CPU setting (1,000 steps of batch 256 at a constant lr 1e-2); the reference's is
+    `REFERENCE_RECIPE` (n_seeds=5 steps=30000 batch=1024 lr=5e-4, on a GPU: device=cuda). AdamW, weight decay
+    1e-4, lambda_B = `cm_penalty` on the sum over the two layers; evaluation on 64 x 256 sequences per seed."""
+    start = time.perf_counter()
     per_seed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     jobs = [(s, arm) for s in range(seed, seed + n_seeds) for arm in ARMS]
     for s, arm in tqdm(jobs, desc="broadcast_pathway (seed x arm)", disable=not progress):
-        model, curve = train_arm(arm, s, steps, batch, lr=lr, cm_penalty=cm_penalty)
-        per_seed[arm].append({"seed": s, "final_loss": curve[-1], **evaluate_arm(model, x, y)})
-    mean = {arm: _mean(rows) for arm, rows in per_seed.items()}
+        model, curve = train_arm(arm, s, steps, batch, lr=lr, cm_penalty=cm_penalty, device=device)
+        per_seed[arm].append({"seed": s, "final_train_mse": curve[-1], **evaluate_arm(model, s)})
     return {"task": "broadcast_pathway", "seed": seed, "n_seeds": n_seeds, "steps": steps, "batch": batch, "lr": lr,
-            "cm_penalty": cm_penalty, "arms": mean, "per_seed": per_seed,
-            "reference": {"attention": {"mse": 0.140, "inflow": [0.89, 0.91]},
-                          "global": {"mse": 0.140, "inflow": [0.10, 0.91]},
-                          "global+pen": {"mse": 0.144, "inflow": [0.06, 0.06], "d_mse_no_pathway": 1.64,
-                                         "d_mse_no_attention_layer2": 0.004}},
-            "expected": "attention only: layer-2 inflow >= 0.8; + global + penalty: inflow <= 0.15 in both layers at "
-                        "MSE within 10% of attention only, and removing the pathway costs more than removing "
-                        "layer-2 attention"}
+            "weight_decay": 1e-4, "cm_penalty": cm_penalty, "penalty": "lambda_B * (pen_1 + pen_2), summed",
+            "device": device, "wall_seconds": time.perf_counter() - start,
+            "arms": {arm: _mean(rows) for arm, rows in per_seed.items()}, "per_seed": per_seed,
+            "reference": REFERENCE, "reference_recipe": REFERENCE_RECIPE,
+            "expected": "attention only: a sink in layer 2 (inflow >= 0.8); + global + penalty: inflow <= 0.15 in "
+                        "both layers at an MSE within 10% of attention only, and removing layer 2's pathway costs "
+                        "more than removing its attention (the reference's pattern)"}
 
 
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -143,5 +243,6 @@ def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ARMS", "ablated", "evaluate_arm", "pathway_batch", "run_broadcast_pathway", "sink_inflow",
-           "task_constants", "train_arm"]
+__all__ = ["ARMS", "REFERENCE", "REFERENCE_RECIPE", "BroadcastToy", "PositionThenNorm", "build_arm", "evaluate_arm",
+           "evaluate_batch", "pathway_targets", "run_broadcast_pathway", "sample_tokens", "summed_penalty",
+           "task_constants", "train_arm", "training_loss", "without_pathway"]

@@ -1,0 +1,145 @@
+"""Which images of a split an analysis reads, in which order, and how they are preprocessed.
+
+Every command that uses n images of a split (the diagnostics at every checkpoint, `diagnose`, `intervene`, the
+evaluation subsets) takes them from one order: a seeded permutation of the split (`protocol.order=permuted`, the
+default) or an image list shipped as a text file (`protocol.image_list`), never the split's first n files. Splits
+in ImageFolder order are sorted by class, so the first 256 ImageNet val images cover about 6 classes.
+
+The permutation is `torch.randperm(len(split), generator=torch.Generator().manual_seed(protocol.seed))` over the
+split in its own order (ImageFolder: class folders then file names, sorted; ADE20K / VOC: sorted file names), so
+position k of it is the same image on every machine. Edited and held-out images of `intervene` are consecutive,
+disjoint ranges of this one order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightly.transforms.utils import IMAGENET_NORMALIZE
+from torch.utils.data import Dataset
+from torchvision import transforms as T
+
+from vitsinks.data.imagefolder import read_item
+from vitsinks.errors import BadValue, InputNotFound
+
+LISTS_DIR = Path(__file__).resolve().parent / "lists"  # image lists shipped with vitsinks
+DEFAULT_CROP_PCT = 224 / 256  # shorter side resized to size / crop_pct (256 for 224), then a centre crop
+
+
+def permutation(n: int, seed: int) -> list[int]:
+    """`torch.randperm(n)` drawn from a generator seeded `seed`, as a list."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).tolist()
+
+
+def item_names(dataset: Dataset) -> list[str] | None:
+    """The image file name of every item of a file-backed dataset (ImageFolder, ADE20K / VOC), else None."""
+    if hasattr(dataset, "samples"):  # torchvision ImageFolder
+        return [Path(p).name for p, _ in dataset.samples]  # type: ignore[attr-defined]
+    if hasattr(dataset, "pairs"):  # vitsinks.eval.segdata.SegFiles
+        return [Path(p).name for p, _ in dataset.pairs]  # type: ignore[attr-defined]
+    return None
+
+
+def list_path(image_list: str) -> Path:
+    """An image list: a file path, or the name of a list shipped in `vitsinks/data/lists/`."""
+    path = Path(image_list).expanduser()
+    if path.is_file():
+        return path
+    shipped = LISTS_DIR / image_list
+    if shipped.is_file():
+        return shipped
+    have = ", ".join(sorted(p.name for p in LISTS_DIR.glob("*.txt")))
+    raise InputNotFound(f"protocol.image_list={image_list}: no such file (and no shipped list of that name; "
+                        f"shipped: {have})")
+
+
+def read_list(image_list: str) -> list[str]:
+    """The file names of an image list (one per line; blank lines and `#` comments ignored)."""
+    lines = list_path(image_list).read_text().splitlines()
+    return [s for line in lines if (s := line.strip()) and not s.startswith("#")]
+
+
+def split_order(dataset: Dataset, protocol: Any) -> list[int]:
+    """Indices of `dataset` in the order an analysis reads them (see the module docstring)."""
+    n = len(dataset)  # type: ignore[arg-type]
+    if getattr(protocol, "image_list", None):
+        names = item_names(dataset)
+        if names is None:
+            raise BadValue(f"protocol.image_list={protocol.image_list} names image files, but this dataset has none "
+                           f"(a generated dataset): drop protocol.image_list or use an on-disk dataset")
+        where = {name: i for i, name in enumerate(names)}
+        wanted = read_list(protocol.image_list)
+        missing = [w for w in wanted if w not in where]
+        if missing:
+            raise InputNotFound(f"{len(missing)} of the {len(wanted)} images of protocol.image_list="
+                                f"{protocol.image_list} are not in the split (first: {missing[0]}): point data.root "
+                                f"at the dataset the list was made for")
+        return [where[w] for w in wanted]
+    if getattr(protocol, "order", "permuted") == "first":
+        return list(range(n))
+    return permutation(n, protocol.seed)
+
+
+def select_items(dataset: Dataset, counts: Sequence[int], protocol: Any, on_bad_image: str = "skip",
+                 up_to: bool = False) -> list[tuple[list[Any], list[int]]]:
+    """Consecutive, disjoint groups of readable items in the analysis order: `counts=[4096, 4096]` gives the
+    first 4,096 readable images and the next 4,096. Returns (items, their indices in the split) per group.
+
+    Unreadable images are skipped under `on_bad_image=skip` (the group takes the next one). Asking for more
+    readable images than the order holds is an error naming the counts; with `up_to`, one group of at most
+    `counts[0]` readable images is returned instead (an error only when none is readable)."""
+    if up_to:
+        order = split_order(dataset, protocol)
+        items, idx = [], []
+        for i in order:
+            if len(items) == counts[0]:
+                break
+            if (item := read_item(dataset, i, on_bad_image)) is not None:
+                items.append(item)
+                idx.append(i)
+        if not items:
+            raise BadValue(f"no readable image among the {len(order)} of the split: check data.root")
+        return [(items, idx)]
+    order = split_order(dataset, protocol)
+    need = sum(counts)
+    if need > len(order):
+        raise BadValue(f"{' + '.join(map(str, counts))} images were asked for but the split "
+                       + (f"list {protocol.image_list} " if getattr(protocol, "image_list", None) else "")
+                       + f"has {len(order)}: lower the number of images or use a larger split")
+    groups: list[tuple[list[Any], list[int]]] = []
+    pos = 0
+    for want in counts:
+        items: list[Any] = []
+        idx: list[int] = []
+        while len(items) < want and pos < len(order):
+            i = order[pos]
+            pos += 1
+            if (item := read_item(dataset, i, on_bad_image)) is not None:
+                items.append(item)
+                idx.append(i)
+        if len(items) < want:
+            raise BadValue(f"only {sum(len(g[0]) for g in groups) + len(items)} readable images where {need} were "
+                           f"asked for: lower the number of images (unreadable ones are skipped)")
+        groups.append((items, idx))
+    flat = [i for _, ids in groups for i in ids]
+    assert len(set(flat)) == len(flat), "image groups overlap"  # the order is a permutation: cannot happen
+    return groups
+
+
+def analysis_crop(size: int, crop_pct: float = DEFAULT_CROP_PCT, interpolation: str = "bicubic") -> T.Compose:
+    """The geometric part of `analysis_transform` (a PIL image in, a PIL image out; also what plots show)."""
+    if not 0 < crop_pct <= 1:
+        raise BadValue(f"protocol.crop_pct={crop_pct} (must be in (0, 1]; 0.875 = resize 256, crop 224)")
+    mode = T.InterpolationMode(interpolation)
+    return T.Compose([T.Resize(round(size / crop_pct), interpolation=mode), T.CenterCrop(size)])
+
+
+def analysis_transform(size: int, crop_pct: float = DEFAULT_CROP_PCT,
+                       interpolation: str = "bicubic") -> T.Compose:
+    """The deterministic view of probes and analyses: shorter side resized to `round(size / crop_pct)`
+    (256 for 224 px), centre crop `size`, ImageNet mean / std, fp32."""
+    return T.Compose([analysis_crop(size, crop_pct, interpolation), T.ToTensor(),
+                      T.Normalize(IMAGENET_NORMALIZE["mean"], IMAGENET_NORMALIZE["std"])])
