@@ -240,7 +240,9 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
     cfg = _eval_cfg(runs, ckpt, "eval.dense_examples=2")
     first = dense.run(cfg)
     axes = figures[-1].axes  # rows of image | ground truth | prediction, drawn from the validation items
-    val = build_seg_dataset(cfg.data, "val", cfg.seed)
+    from vitsinks.eval.common import limit
+
+    val = limit(build_seg_dataset(cfg.data, "val", cfg.seed), cfg.eval.max_val_images, cfg.protocol.seed)  # its order
     assert len(axes) == 6
     for row in range(2):
         img, label = val[row]

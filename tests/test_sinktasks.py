@@ -132,7 +132,7 @@ def test_broadcast_task_base_sinks_on_the_source(tmp_path: Path) -> None:
     run = _train(tmp_path, "base", "broadcast")
     _, d = _final(run)
     task = SinkTask("broadcast", seed=1)  # the validation stream of seed 0
-    source = np.array([int(task.sample(i)["marked"].nonzero()) + 1 for i in range(len(d["sink_idx"]))])
+    source = np.array([int(task.sample(int(i))["marked"].nonzero()) + 1 for i in d["image_index"]])  # split indices
     events = (d["routed_frac"] >= 0.9) & (d["ratio_out"] >= 0.5) & (d["stable_rank"] <= 1.5)
     head = events.mean(axis=0).reshape(-1).argmax()
     assert events.reshape(len(source), -1)[:, head].mean() >= 0.9

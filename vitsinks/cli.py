@@ -142,7 +142,7 @@ def parse_args(argv: Sequence[str], schema: Any, usage: str, positional: str | N
         raise ConfigError(f"unexpected argument(s) {' '.join(stray)}; usage: {usage}")
     # a string field takes its value as written (`title=a: b` is a title, not the YAML mapping {a: b})
     literal = {k: v for k, _, v in (a.partition("=") for a in args)
-               if isinstance(base._get_node(k, throw_on_missing_key=False), StringNode) and v != "null"}
+               if k in base and isinstance(base._get_node(k), StringNode) and v != "null"}
     typed = [a for a in args if a.partition("=")[0] not in literal]
     try:
         return OmegaConf.merge(base, OmegaConf.from_dotlist(typed), literal, extra)  # type: ignore[return-value]
