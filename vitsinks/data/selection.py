@@ -14,6 +14,7 @@ disjoint ranges of this one order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -91,41 +92,25 @@ def select_items(dataset: Dataset, counts: Sequence[int], protocol: Any, on_bad_
     Unreadable images are skipped under `on_bad_image=skip` (the group takes the next one). Asking for more
     readable images than the order holds is an error naming the counts; with `up_to`, one group of at most
     `counts[0]` readable images is returned instead (an error only when none is readable)."""
-    if up_to:
-        order = split_order(dataset, protocol)
-        items, idx = [], []
-        for i in order:
-            if len(items) == counts[0]:
-                break
-            if (item := read_item(dataset, i, on_bad_image)) is not None:
-                items.append(item)
-                idx.append(i)
-        if not items:
-            raise BadValue(f"no readable image among the {len(order)} of the split: check data.root")
-        return [(items, idx)]
     order = split_order(dataset, protocol)
+    readable = ((item, i) for i in order if (item := read_item(dataset, i, on_bad_image)) is not None)
+    if up_to:
+        group = list(islice(readable, counts[0]))
+        if not group:
+            raise BadValue(f"no readable image among the {len(order)} of the split: check data.root")
+        return [([it for it, _ in group], [i for _, i in group])]
     need = sum(counts)
     if need > len(order):
         raise BadValue(f"{' + '.join(map(str, counts))} images were asked for but the split "
                        + (f"list {protocol.image_list} " if getattr(protocol, "image_list", None) else "")
                        + f"has {len(order)}: lower the number of images or use a larger split")
     groups: list[tuple[list[Any], list[int]]] = []
-    pos = 0
-    for want in counts:
-        items: list[Any] = []
-        idx: list[int] = []
-        while len(items) < want and pos < len(order):
-            i = order[pos]
-            pos += 1
-            if (item := read_item(dataset, i, on_bad_image)) is not None:
-                items.append(item)
-                idx.append(i)
-        if len(items) < want:
-            raise BadValue(f"only {sum(len(g[0]) for g in groups) + len(items)} readable images where {need} were "
+    for want in counts:  # consecutive ranges of one stream of readable images: disjoint by construction
+        group = list(islice(readable, want))
+        if len(group) < want:
+            raise BadValue(f"only {sum(len(g[0]) for g in groups) + len(group)} readable images where {need} were "
                            f"asked for: lower the number of images (unreadable ones are skipped)")
-        groups.append((items, idx))
-    flat = [i for _, ids in groups for i in ids]
-    assert len(set(flat)) == len(flat), "image groups overlap"  # the order is a permutation: cannot happen
+        groups.append(([it for it, _ in group], [i for _, i in group]))
     return groups
 
 

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from torchvision import transforms as T
 
 from vitsinks import files
 from vitsinks.config import ProtocolConfig
-from vitsinks.data.selection import analysis_crop, analysis_transform, select_items
+from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.summary import classify, events, location, summarize
@@ -33,11 +34,10 @@ def images_of(items: list[tuple], size: int, protocol: Any = None) -> tuple[torc
         lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
         show = ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
         return x, show
-    p = protocol or ProtocolConfig()
-    crop = analysis_crop(size, p.crop_pct, str(p.interpolation))
-    tf = protocol_transform(size, p)
-    x = torch.stack([tf(im) for im in first])
-    show = np.stack([np.asarray(crop(im.convert("RGB"))) for im in first])
+    crop, *rest = protocol_transform(size, protocol).transforms  # crop once: the model's view is what plots show
+    cropped = [crop(im.convert("RGB")) for im in first]
+    x = torch.stack([T.Compose(rest)(im) for im in cropped])
+    show = np.stack([np.asarray(im) for im in cropped])
     return x, show
 
 
