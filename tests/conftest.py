@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from vitsinks.config import load_config
+from vitsinks.configs.schema import load_config
 
 TINY = [
     "model.depth=2", "model.img_size=32", "model.embed_dim=48", "model.num_heads=3",

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import TINY, tiny_cfg
 from timm.models.vision_transformer import VisionTransformer
 
-from vitsinks.checkpoint import load_backbone
+from tests.conftest import TINY, tiny_cfg
 from vitsinks.diagnose import diagnose_checkpoint, over_training
 from vitsinks.models import model_from_config
-from vitsinks.train import Trainer
+from vitsinks.train.checkpoint import load_backbone
+from vitsinks.train.trainer import Trainer
 
 PLOTS = {"attention_maps.png", "nop_broadcast_scatter.png", "sink_heatmap.png", "sink_location_by_block.png",
          "massive_activations.png"}

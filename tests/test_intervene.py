@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import bar_heights, tiny_cfg
-from test_redirect import final_patch_relrms_with, rescaled
 
-from vitsinks.checkpoint import load_backbone
-from vitsinks.config import load_config
+from tests.conftest import bar_heights, tiny_cfg
+from tests.models.test_attention import final_patch_relrms_with, rescaled
+from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import permutation
 from vitsinks.diagnose import diagnose_checkpoint
@@ -25,7 +24,8 @@ from vitsinks.interventions import report
 from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
 from vitsinks.leaderboard import collect
-from vitsinks.train import Trainer
+from vitsinks.train.checkpoint import load_backbone
+from vitsinks.train.trainer import Trainer
 
 
 def _train(runs: Path, name: str, exp: str, task: str, *extra: str) -> Path:

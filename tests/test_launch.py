@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TINY
-
-from vitsinks.tracking import read_metrics
+from tests.conftest import TINY
+from vitsinks.train.tracking import read_metrics
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bar_heights
 from omegaconf import OmegaConf
 
-from vitsinks.config import load_config
+from tests.conftest import bar_heights
+from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.summary import rule_record
-from vitsinks.errors import BadValue
 from vitsinks.leaderboard import MECHANISM, QUALITY, aggregate, build, collect, run_dirs, significant_best
-from vitsinks.stats import welch_p
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.stats import welch_p
 
 # (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
 RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.24, 4.0, 0.5),
@@ -126,7 +126,7 @@ def test_cli_errors(tmp_path: Path) -> None:
 
 
 def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(tmp_path: Path) -> None:
-    """Variants come from configs/exp (no hand-kept list): the four first, then the rest by name; the pathway
+    """Variants come from vitsinks/configs/exp (no hand-kept list): the four first, then the rest by name; the pathway
     share, the attention's common-mode share and an intervention summary reach their columns."""
     for exp in ("global+pen", "base", "reg+global+pen", "gate"):
         run = tmp_path / exp

@@ -19,13 +19,13 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from vitsinks import files
-from vitsinks.checkpoint import STEP_RE, load_backbone
-from vitsinks.cli import data_overrides, hydra_command, pick_data
+from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
-from vitsinks.errors import InputNotFound
 from vitsinks.models import model_from_config
+from vitsinks.train.checkpoint import STEP_RE, load_backbone
+from vitsinks.utils import files
+from vitsinks.utils.errors import InputNotFound
 
 
 def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | None = (),

@@ -29,17 +29,17 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks import checkpoint as ckpt
-from vitsinks import files
-from vitsinks.checkpoint import backbone_from_state
-from vitsinks.cli import data_overrides, hydra_command, pick_data
-from vitsinks.config import to_container
+from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
+from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import images_of
-from vitsinks.errors import InputNotFound
 from vitsinks.interventions import Rules, classifier_from_state, from_vit, intervene, report
 from vitsinks.models import model_from_config
+from vitsinks.train import checkpoint as ckpt
+from vitsinks.train.checkpoint import backbone_from_state
+from vitsinks.utils import files
+from vitsinks.utils.errors import InputNotFound
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -156,7 +156,7 @@ def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> s
 
 def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
-    from vitsinks import slurm
+    from vitsinks.run import slurm
 
     slurm.check_submittable(cfg)
     path = checkpoint_path(cfg)

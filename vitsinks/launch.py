@@ -15,12 +15,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks import sweep as sw
-from vitsinks.cli import compose, guarded, hydra_command, parse_args
-from vitsinks.config import exp_names, to_container
-from vitsinks.errors import ConfigError, UserError
+from vitsinks.configs.cli import compose, guarded, hydra_command, parse_args
+from vitsinks.configs.schema import exp_names, to_container
 from vitsinks.models import run_variant
-from vitsinks.train import Trainer
+from vitsinks.run import sweep as sw
+from vitsinks.train.trainer import Trainer
+from vitsinks.utils.errors import ConfigError, UserError
 
 log = logging.getLogger("vitsinks")
 
@@ -59,7 +59,7 @@ def _absolute(cfg: DictConfig) -> DictConfig:
 
 
 def submit_one(cfg: DictConfig) -> None:
-    from vitsinks import slurm
+    from vitsinks.run import slurm
 
     cfg = _absolute(cfg)
     slurm.check_submittable(cfg)
@@ -93,7 +93,7 @@ def multirun(overrides: list[str]) -> int:
     meta["sweep_dir"] = str(folder)
     failed = 0
     if cfgs[0].cluster.name == "slurm":
-        from vitsinks import slurm
+        from vitsinks.run import slurm
 
         slurm.check_submittable(cfgs[todo[0] if todo else 0])
         if todo:
@@ -123,7 +123,7 @@ def multirun(overrides: list[str]) -> int:
 
 def status(sweep: str) -> int:
     """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures. Exit 1 if any failed."""
-    from vitsinks import slurm
+    from vitsinks.run import slurm
 
     manifest = sw.read_manifest(sweep)
     folder = Path(manifest["sweep_dir"]) / "slurm"

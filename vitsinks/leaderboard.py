@@ -28,18 +28,18 @@ import numpy as np
 import yaml
 from omegaconf import OmegaConf
 
-from vitsinks import files
-from vitsinks.cli import parse_args, run_command
-from vitsinks.errors import BadValue, ConfigError, InputNotFound
-from vitsinks.plotting import save_figure
+from vitsinks.configs.cli import parse_args, run_command
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue, ConfigError, InputNotFound
+from vitsinks.utils.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from vitsinks.diagnostics.summary import DEF1_EPS, describe_rule  # noqa: E402
-from vitsinks.stats import welch_p  # noqa: E402
-from vitsinks.sweep import read_manifest  # noqa: E402
-from vitsinks.tracking import read_metrics  # noqa: E402
+from vitsinks.run.sweep import read_manifest  # noqa: E402
+from vitsinks.train.tracking import read_metrics  # noqa: E402
+from vitsinks.utils.stats import welch_p  # noqa: E402
 
 LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study first, then the rest by name
 # Dense probes by protocol (`eval.dense_protocol`): the file suffix each writes and the name its columns carry.
@@ -89,8 +89,8 @@ ALPHA, MIN_SEEDS = 0.05, 3  # Welch's test level and the fewest seeds per varian
 
 
 def variant_order() -> list[str]:
-    """Every variant that has a config (`configs/exp/*.yaml`), the study's four first."""
-    from vitsinks.config import exp_names
+    """Every variant that has a config (`vitsinks/configs/exp/*.yaml`), the study's four first."""
+    from vitsinks.configs.schema import exp_names
 
     names = exp_names()
     return [v for v in LEADING if v in names] + [v for v in names if v not in LEADING]

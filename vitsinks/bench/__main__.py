@@ -6,8 +6,8 @@ import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vitsinks.cli import parse_args, run_command
-from vitsinks.errors import ConfigError
+from vitsinks.configs.cli import parse_args, run_command
+from vitsinks.utils.errors import ConfigError
 
 # benchmark -> its default model size (None: the benchmark takes none)
 BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu"}

@@ -1,4 +1,4 @@
-"""`python -m vitsinks.bench models`: train-step time of every variant (`configs/exp/*.yaml`) against plain timm,
+"""`python -m vitsinks.bench models`: train-step time of every variant (each `exp` config) against plain timm,
 interleaved, and of `global+pen` against `base`."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from vitsinks.bench import interleaved, ratio_stats, table
-from vitsinks.config import exp_names, load_config
+from vitsinks.configs.schema import exp_names, load_config
 from vitsinks.models import SIZES, model_from_config
-from vitsinks.objective import CommonModePenalty
+from vitsinks.objectives.lejepa import CommonModePenalty
 
 
 def gate_flop_share(dim: int, tokens: int) -> float:

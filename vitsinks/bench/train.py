@@ -8,7 +8,7 @@ import time
 import torch
 
 from vitsinks.bench import interleaved, ratio_stats, table
-from vitsinks.config import load_config
+from vitsinks.configs.schema import load_config
 from vitsinks.data.synthetic import SyntheticShapes
 from vitsinks.data.views import SeededViews
 
@@ -39,7 +39,7 @@ def _phases(trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[st
 
 def run(batch: int = 64, repeats: int = 10) -> str:
     """Print and return the step-time split and the view-throughput ratio."""
-    from vitsinks.train import Trainer
+    from vitsinks.train.trainer import Trainer
 
     cfg = load_config([f"train.batch_size={batch}", "wandb.mode=disabled", "runs_dir=/nonexistent-bench"])
     trainer = Trainer(cfg)

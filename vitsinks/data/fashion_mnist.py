@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from vitsinks.errors import BadValue, InputNotFound
+from vitsinks.utils.errors import BadValue, InputNotFound
 
 DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")

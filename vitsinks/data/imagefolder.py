@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from vitsinks.errors import BadValue, InputNotFound, UserError
+from vitsinks.utils.errors import BadValue, InputNotFound, UserError
 
 log = logging.getLogger(__name__)
 

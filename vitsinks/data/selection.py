@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from torchvision import transforms as T
 
 from vitsinks.data.imagefolder import read_item
-from vitsinks.errors import BadValue, InputNotFound
+from vitsinks.utils.errors import BadValue, InputNotFound
 
 LISTS_DIR = Path(__file__).resolve().parent / "lists"  # image lists shipped with vitsinks
 DEFAULT_CROP_PCT = 224 / 256  # shorter side resized to size / crop_pct (256 for 224), then a centre crop
@@ -39,7 +39,7 @@ def item_names(dataset: Dataset) -> list[str] | None:
     """The image file name of every item of a file-backed dataset (ImageFolder, ADE20K / VOC), else None."""
     if hasattr(dataset, "samples"):  # torchvision ImageFolder
         return [Path(p).name for p, _ in dataset.samples]  # type: ignore[attr-defined]
-    if hasattr(dataset, "pairs"):  # vitsinks.eval.segdata.SegFiles
+    if hasattr(dataset, "pairs"):  # vitsinks.data.segmentation.SegFiles
         return [Path(p).name for p, _ in dataset.pairs]  # type: ignore[attr-defined]
     return None
 

@@ -5,7 +5,7 @@ the pre-norm at the same scale, so the tasks are exactly solvable by an attentio
 constant `marker / sqrt(patch pixels)` on every pixel of the first channel (a unit direction e of the
 patch-pixel space, scaled), flags special patches; the content is orthogonal to e. Targets are per patch, in
 patch-pixel space (B, P, C * p * p), with a weight per patch; the supervised objective embeds them into the
-residual stream with the model's own isometric patch embedding (see `vitsinks.supervised`).
+residual stream with the model's own isometric patch embedding (see `vitsinks.objectives.supervised`).
 
 - `nop`: `round(marked_frac * P)` (at least 1) marked patches at random positions must receive the mean content
   of all patches; every other patch must leave the network unchanged. The marked patches carry half of the loss
@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vitsinks.data.views import sample_seed
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 TASKS = ("nop", "broadcast")
 

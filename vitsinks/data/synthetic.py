@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 SHAPES = ("disk", "square", "triangle", "ring", "cross", "diamond", "star", "hexagon", "half_disk", "ellipse")
 TEXTURES = ("stripes", "checker", "dots", "waves")

@@ -12,9 +12,9 @@ from lightly.transforms.dino_transform import DINOViewTransform
 from lightly.transforms.multi_view_transform import MultiViewTransform
 from torch.utils.data import Dataset, Sampler
 
-from vitsinks.config import ViewsConfig
+from vitsinks.configs.schema import ViewsConfig
 from vitsinks.data.imagefolder import read_item
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 
 def view_transform(v: ViewsConfig) -> MultiViewTransform:

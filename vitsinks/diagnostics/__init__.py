@@ -10,13 +10,13 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
-from vitsinks import files
-from vitsinks.config import ProtocolConfig
+from vitsinks.configs.schema import ProtocolConfig
 from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.summary import classify, events, location, summarize
-from vitsinks.errors import BadValue
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
 
 __all__ = ["FIELDS", "classify", "diagnose", "diagnose_tokens", "embed", "events", "fixed_images", "head_fields",
            "images_of", "location", "protocol_transform", "qk_spectrum", "run_diagnostics", "spectrum", "stable_rank",
@@ -69,7 +69,7 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     `settings` is a `DiagnosticsConfig` (rule, eps, ratio, use_stable_rank, plots); None means its defaults.
     `image_index` (each image's index in its split) and `protocol` (its name) are recorded in the outputs.
     """
-    from vitsinks.config import DiagnosticsConfig
+    from vitsinks.configs.schema import DiagnosticsConfig
     from vitsinks.diagnostics.plots import all_plots
     from vitsinks.diagnostics.sinktable import write_sink_table
 

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
-from vitsinks.errors import CheckFailed, NonFinite
 from vitsinks.models import AttnInternals, SinkBlock, SinkViT
+from vitsinks.utils.errors import CheckFailed, NonFinite
 
 RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import matplotlib
 
-from vitsinks.plotting import save_figure
+from vitsinks.utils.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from vitsinks import files
 from vitsinks.diagnostics.summary import (
     BROADCAST_MIN,
     DEF1_EPS,
@@ -30,7 +29,8 @@ from vitsinks.diagnostics.summary import (
     scored_blocks,
     sinks_per_image,
 )
-from vitsinks.errors import BadValue
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
 
 RATIO = "ratio_head"
 # table column prefix -> class name of `sinks_per_image`; column suffix -> location name

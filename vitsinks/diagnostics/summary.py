@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 LOCATIONS = ("cls", "register", "patch")
 CLASSES = ("nop", "broadcast", "unclassified")

@@ -11,9 +11,9 @@ SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_m
 
 
 def dense_data(cfg: DictConfig) -> DictConfig | None:
-    """The data config of the after-training dense probe: `eval.dense_data` (its `configs/data` preset, root from
-    `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
-    from vitsinks.config import DataConfig, config_dir
+    """The data config of the after-training dense probe: `eval.dense_data` (its data preset, root
+    from `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
+    from vitsinks.configs.schema import DataConfig, config_dir
 
     name = str(cfg.eval.dense_data or cfg.data.name)
     if name not in SEGMENTATION_DATA:

@@ -8,13 +8,13 @@ from typing import Any
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset
 
-from vitsinks import files
-from vitsinks.checkpoint import load_backbone
-from vitsinks.cli import data_overrides, pick_data
+from vitsinks.configs.cli import data_overrides, pick_data
 from vitsinks.data.selection import permutation
-from vitsinks.distributed import init_distributed, rank_world
-from vitsinks.errors import InputNotFound
 from vitsinks.models import SinkViT
+from vitsinks.train.checkpoint import load_backbone
+from vitsinks.utils import files
+from vitsinks.utils.distributed import init_distributed, rank_world
+from vitsinks.utils.errors import InputNotFound
 
 
 def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, Path]:

@@ -23,8 +23,8 @@ from typing import Any
 
 import matplotlib
 
-from vitsinks.cli import hydra_command
-from vitsinks.plotting import save_figure
+from vitsinks.configs.cli import hydra_command
+from vitsinks.utils.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -38,16 +38,16 @@ from torch.utils.data import Dataset  # noqa: E402
 from torchmetrics.classification import MulticlassConfusionMatrix  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vitsinks import files  # noqa: E402
 from vitsinks.data import read_item  # noqa: E402
-from vitsinks.distributed import rank_world  # noqa: E402
-from vitsinks.errors import ConfigError  # noqa: E402
+from vitsinks.data.segmentation import IGNORE, JointCropFlip, build_seg_dataset, num_seg_classes, resize_label, to_input  # noqa: E402, E501
 from vitsinks.eval.common import limit, setup, write_result  # noqa: E402
 from vitsinks.eval.dense_protocols import DenseProtocol, best_epoch, resolve, scheduler  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
 from vitsinks.eval.metrics import iou_from_confusion, mean_std  # noqa: E402
-from vitsinks.eval.segdata import IGNORE, JointCropFlip, build_seg_dataset, num_seg_classes, resize_label, to_input  # noqa: E402, E501
 from vitsinks.models import SinkViT  # noqa: E402
+from vitsinks.utils import files  # noqa: E402
+from vitsinks.utils.distributed import rank_world  # noqa: E402
+from vitsinks.utils.errors import ConfigError  # noqa: E402
 
 Batch = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]
 Shown = list[tuple[Image.Image, np.ndarray, np.ndarray]]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vitsinks.errors import ConfigError
+from vitsinks.utils.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
-from vitsinks import files
-from vitsinks.config import to_container
+from vitsinks.configs.schema import to_container
 from vitsinks.data import read_item
-from vitsinks.distributed import rank_world
-from vitsinks.errors import BadValue, NonFinite
 from vitsinks.models import SinkViT
+from vitsinks.utils import files
+from vitsinks.utils.distributed import rank_world
+from vitsinks.utils.errors import BadValue, NonFinite
 
 
 @torch.no_grad()

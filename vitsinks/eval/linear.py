@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
-from vitsinks.cli import hydra_command
+from vitsinks.configs.cli import hydra_command
 from vitsinks.data import build_dataset, num_classes
 from vitsinks.diagnostics import protocol_transform
 from vitsinks.eval.common import limit, setup, write_result

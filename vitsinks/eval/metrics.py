@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 
 def iou_from_confusion(conf: torch.Tensor, classes: str = "present") -> dict[str, object]:

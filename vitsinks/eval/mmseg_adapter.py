@@ -3,7 +3,7 @@
 `VitsinksBackbone` is a plain torch module (usable without mmseg): a vitsinks ViT, optionally loaded from a
 training checkpoint, returning the final-norm patch tokens of the chosen blocks as feature maps, [CLS] and
 registers dropped. `register()` adds it to mmseg's model registry under the name `VitsinksBackbone`; the configs
-in `configs/mmseg/` use it with linear and UperNet heads on ADE20K and VOC.
+in `vitsinks/configs/mmseg/` use it with linear and UperNet heads on ADE20K and VOC.
 
 Here (torch >= 2.10, no prebuilt mmcv) mmseg cannot import `mmcv.ops`; `register()` then fails with one message
 that says why and points to the native dense probe (`python -m vitsinks.eval.dense`), which needs no mmcv.
@@ -30,7 +30,7 @@ class VitsinksBackbone(nn.Module):
                  frozen: bool = True, **model_kwargs: Any) -> None:
         super().__init__()
         if checkpoint:
-            from vitsinks.checkpoint import load_backbone
+            from vitsinks.train.checkpoint import load_backbone
 
             self.vit, _ = load_backbone(checkpoint)
         else:

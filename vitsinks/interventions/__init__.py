@@ -22,7 +22,6 @@ import torch
 from tqdm import tqdm
 
 from vitsinks.diagnostics.core import diagnose_inputs
-from vitsinks.errors import BadValue
 from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
     Checks,
@@ -36,6 +35,7 @@ from vitsinks.interventions.engine import (
     select_heads,
 )
 from vitsinks.interventions.subject import Subject, classifier_from_state, from_sequence_model, from_vit
+from vitsinks.utils.errors import BadValue
 
 log = logging.getLogger(__name__)
 

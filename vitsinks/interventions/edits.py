@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from vitsinks.errors import BadValue, CheckFailed
+from vitsinks.utils.errors import BadValue, CheckFailed
 
 EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value", "redirect_sink_attention",
          "zero_random_nonsink_value", "open_gate", "close_gate", "drop_registers")  # the order of every table

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from vitsinks.diagnostics.core import layerscale
 from vitsinks.diagnostics.fields import head_fields, head_output_weight
 from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, token_location
-from vitsinks.errors import BadValue
 from vitsinks.interventions.edits import (
     DONOR_EDITS,
     GATE_EDITS,
@@ -50,6 +49,7 @@ from vitsinks.interventions.edits import (
     value_edit,
 )
 from vitsinks.interventions.subject import Subject
+from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
 COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)

@@ -19,9 +19,9 @@ from typing import Any
 import matplotlib
 import numpy as np
 
-from vitsinks import files
-from vitsinks.errors import BadValue, InputNotFound
-from vitsinks.plotting import save_figure
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue, InputNotFound
+from vitsinks.utils.plotting import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitsinks.errors import BadValue
 from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.utils.errors import BadValue
 
 
 @dataclass
@@ -82,7 +82,7 @@ def from_sequence_model(model: Any, num_prefix: int = 0) -> Subject:
 def classifier_from_state(state: dict[str, torch.Tensor]) -> nn.Module | None:
     """The linear classifier stored beside a vitsinks backbone: LeJEPA's online probe (`probe.*`) or the
     supervised objective's head (`head.*`); None when the checkpoint has neither."""
-    from vitsinks.objective import online_probe
+    from vitsinks.objectives.lejepa import online_probe
 
     if "probe.1.weight" in state:
         classes, dim = state["probe.1.weight"].shape

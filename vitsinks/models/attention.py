@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from timm.layers import use_fused_attn
 from torch import nn
 
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 GateKind = Literal["none", "elementwise", "headwise"]
 AttnKind = Literal["softmax", "relu", "sigmoid", "sink_logit"]

@@ -23,7 +23,7 @@ import torch
 from timm.layers import LayerScale, trunc_normal_
 from torch import nn
 
-from vitsinks.errors import BadValue
+from vitsinks.utils.errors import BadValue
 
 RecipientGate = Literal["learned", "hier"]
 RECIPIENT_GATES: tuple[str, ...] = ("learned", "hier")

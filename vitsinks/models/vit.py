@@ -12,9 +12,10 @@ from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
-from vitsinks.errors import BadValue
 from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
 from vitsinks.models.pathway import GlobalPathway, common_mode_terms
+from vitsinks.models.weights import check_finite, state_dict_from_file
+from vitsinks.utils.errors import BadValue
 
 PatchEmbedKind = Literal["learned", "orthonormal"]
 PATCH_EMBEDS: tuple[str, ...] = ("learned", "orthonormal")
@@ -335,20 +336,6 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
         ) from err
 
 
-def _state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
-    """A backbone state dict from a plain state-dict file, a {'state_dict'|'model': ...} wrapper, or a vitsinks
-    training checkpoint (whose model holds `backbone.*`, `projector.*`, `probe.*`)."""
-    from vitsinks.checkpoint import backbone_state, load
-
-    obj = load(path)
-    for key in ("model", "state_dict"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict):
-        raise BadValue(f"{path} holds a {type(obj).__name__}, not a state dict: pass a state-dict file or checkpoint")
-    return backbone_state(obj)
-
-
 def pathway_kwargs(cfg: Any) -> dict[str, Any] | None:
     """`GlobalPathway` keyword arguments from a `GlobalPathwayConfig` (None when it is off or absent)."""
     if not cfg or not cfg.get("enabled", False):
@@ -376,7 +363,7 @@ def model_from_config(m: Any) -> SinkViT:
     source = getattr(m, "pretrained", None)
     if source:
         if Path(source).expanduser().is_file():
-            sd = _state_dict_from_file(Path(source).expanduser())
+            sd = state_dict_from_file(Path(source).expanduser())
         else:
             import timm
 
@@ -387,8 +374,6 @@ def model_from_config(m: Any) -> SinkViT:
                     f"model.pretrained={source!r} is neither a file nor a timm model whose weights could be loaded "
                     f"({type(err).__name__}: {err}); pass a state-dict path or a timm name with cached weights"
                 ) from err
-        from vitsinks.checkpoint import check_finite
-
         check_finite(sd, f"model.pretrained={source}")
         load_timm_state_dict(model, sd)
     return model

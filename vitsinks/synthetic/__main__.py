@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from vitsinks import files
-from vitsinks.cli import parse_args, run_command
-from vitsinks.errors import ConfigError
+from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.tasks import TASKS
+from vitsinks.utils import files
+from vitsinks.utils.errors import ConfigError
 
 PATHWAY_ONLY = ("n_seeds", "batch", "lr", "cm_penalty", "device")
 

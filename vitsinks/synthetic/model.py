@@ -57,7 +57,7 @@ def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: 
     """AdamW on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve.
 
     The batches depend on `seed` only, so models trained with one seed see the same batches. `penalty` (e.g.
-    `vitsinks.objective.CommonModePenalty`) adds its term after every forward pass.
+    `vitsinks.objectives.lejepa.CommonModePenalty`) adds its term after every forward pass.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)

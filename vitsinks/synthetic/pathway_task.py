@@ -33,9 +33,9 @@ from timm.layers import Mlp
 from torch import nn
 from tqdm import tqdm
 
-from vitsinks.errors import BadValue
 from vitsinks.models import SinkBlock
 from vitsinks.models.pathway import GlobalPathway, common_mode_penalty
+from vitsinks.utils.errors import BadValue
 
 ARMS = ("attention", "global", "global+pen")
 DIM, LENGTH, STATE_DIM, DEPTH = 64, 32, 64, 2

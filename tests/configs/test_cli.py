@@ -1,0 +1,154 @@
+"""The command-line layer: one line and a non-zero exit for bad input on every entry point, tracebacks for bugs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY
+from vitsinks.configs import cli
+from vitsinks.utils.errors import BadValue, CheckFailed, ConfigError, InputNotFound
+
+
+def run(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(out: subprocess.CompletedProcess, code: int = 1) -> str:
+    """The error line of a failed command: exactly one `error: ` line, the last one, and no traceback (progress bars
+    of the work done before the problem was found may precede it)."""
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in out.stderr, out.stderr
+    return errors[0]
+
+
+def test_guarded_prints_user_errors_on_one_line_and_keeps_tracebacks_of_bugs(capsys) -> None:
+    def user() -> None:
+        raise InputNotFound("data.root /x does not exist:\n  point data.root at the folder")
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.guarded(user)
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == "error: data.root /x does not exist: point data.root at the folder\n"
+
+    def check() -> None:
+        raise CheckFailed("block 2 differs by 3e-3")
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.guarded(check)
+    assert exit_.value.code == 3 and "built-in check failed: block 2" in capsys.readouterr().err
+
+    def bug() -> None:
+        raise ValueError("an internal invariant broke")  # not a UserError: a bug, its traceback must stay
+
+    with pytest.raises(ValueError, match="internal invariant"):
+        cli.guarded(bug)
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError
+
+    from vitsinks.configs.schema import DataConfig
+
+    def config_bug() -> None:  # vitsinks code reading a key the schema does not have: a bug, not a user's typo
+        OmegaConf.structured(DataConfig).nmae  # noqa: B018
+
+    with pytest.raises(ConfigAttributeError):
+        cli.guarded(config_bug)
+
+
+def test_parse_args_names_unknown_keys_wrong_types_and_stray_words() -> None:
+    from vitsinks.bench.__main__ import BenchArgs
+
+    args = cli.parse_args(["train", "batch=8"], BenchArgs, "usage", positional="what")
+    assert args.what == "train" and args.batch == 8 and args.size is None
+    with pytest.raises(ConfigError, match="sise"):
+        cli.parse_args(["train", "sise=vit_small"], BenchArgs, "usage", positional="what")
+    with pytest.raises(ConfigError, match="batch"):
+        cli.parse_args(["train", "batch=many"], BenchArgs, "usage", positional="what")
+    with pytest.raises(ConfigError, match="unexpected argument"):
+        cli.parse_args(["train", "extra"], BenchArgs, "usage", positional="what")
+
+
+def test_rewrite_aliases() -> None:
+    aliases = {"n_images": "intervene.n_images", "heads": "intervene.heads"}
+    assert cli.rewrite_aliases(["n_images=4", "heads=0:1", "heads_x=1", "data=voc"], aliases, lists=("heads",)) == \
+        ["intervene.n_images=4", "intervene.heads=[0:1]", "heads_x=1", "data=voc"]
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("model=vit_gigantic", "Could not find 'model/vit_gigantic'"),
+    ("train.batchsize=8", "batchsize"),
+    ("train.batch_size=many", "batch_size"),
+    ("model.gate=sideways", "expected one of [none, elementwise, headwise]"),
+])
+def test_config_mistakes_get_one_line_with_and_without_a_sweep(mistake: str, expected: str, tmp_path: Path) -> None:
+    single = one_line_error(run("vitsinks.launch", mistake, f"runs_dir={tmp_path}"))
+    sweep = one_line_error(run("vitsinks.launch", "-m", "exp=base,gate", mistake, f"runs_dir={tmp_path}"))
+    assert expected in single and expected in sweep
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing trained, submitted or written
+
+
+@pytest.mark.parametrize("override, field", [
+    ("train.batch_size=-4", "train.batch_size=-4"), ("train.batch_size=0", "train.batch_size=0"),
+    ("model.depth=0", "model.depth=0"), ("model.depth=-1", "model.depth=-1"), ("train.lr=inf", "train.lr=inf"),
+    ("model.img_size=30", "model.img_size=30 is not a multiple of model.patch_size=8"),
+    ("model.num_heads=5", "model.embed_dim=192 is not divisible by model.num_heads=5"),
+])
+def test_numbers_out_of_range_stop_at_composition(override: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace("+", r"\+").replace(".", r"\.")):
+        cli.compose([override])
+
+
+def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
+    line = one_line_error(run("vitsinks.launch", *TINY, "train.batch_size=-4", f"runs_dir={tmp_path}"))
+    assert "train.batch_size=-4 (must be >= 1)" in line
+    assert not any(tmp_path.iterdir())  # nothing trained or written
+
+
+@pytest.mark.parametrize("module, args, expected", [
+    ("vitsinks.leaderboard", ["runs=/nowhere/at/all"], "neither a run folder nor a sweep"),
+    ("vitsinks.leaderboard", ["rnus=x"], "rnus"),
+    ("vitsinks.synthetic", ["task=triggr"], "unknown task 'triggr'"),
+    ("vitsinks.synthetic", ["steps=-3"], "steps=-3"),
+    ("vitsinks.bench", ["trian"], "which benchmark"),
+    ("vitsinks.bench", ["train", "batch=0"], "must be > 0"),
+    ("vitsinks.launch", ["status"], "no sweep given"),
+    ("vitsinks.launch", ["status", "sweep=/nowhere"], "no sweep manifest"),
+    ("vitsinks.diagnose", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
+    ("vitsinks.eval.linear", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
+    ("vitsinks.intervene", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
+])
+def test_every_entry_point_reports_bad_input_on_one_line(module: str, args: list[str], expected: str) -> None:
+    assert expected in one_line_error(run(module, *args))
+
+
+def test_user_error_types_are_also_the_builtin_types() -> None:
+    assert issubclass(InputNotFound, FileNotFoundError) and issubclass(BadValue, ValueError)
+    assert not issubclass(CheckFailed, BadValue)
+
+
+def test_a_command_reading_a_checkpoint_keeps_its_data_unless_the_command_line_chooses_other_data() -> None:
+    from omegaconf import OmegaConf
+
+    from vitsinks.configs.schema import DataConfig
+
+    cli_data = OmegaConf.structured(DataConfig(name="voc", root="/v", on_bad_image="error"))
+    ckpt_data = OmegaConf.structured(DataConfig(name="imagenet", root="/i"))
+    assert cli.pick_data(cli_data, ckpt_data, []) == ckpt_data
+    assert cli.pick_data(cli_data, ckpt_data, None) == cli_data  # from Python: the config given
+    assert cli.pick_data(cli_data, ckpt_data, ["data", "data.root"]).name == "voc"
+    only_policy = cli.pick_data(cli_data, ckpt_data, ["data.on_bad_image"])
+    assert (only_policy.name, only_policy.root, only_policy.on_bad_image) == ("imagenet", "/i", "error")
+
+
+def test_a_string_argument_is_taken_as_written() -> None:
+    from vitsinks.configs.cli import parse_args
+    from vitsinks.leaderboard import LeaderboardArgs
+
+    args = parse_args(["runs=x", "title=sink tasks: 1 block, 2 heads"], LeaderboardArgs, "usage")
+    assert args.title == "sink tasks: 1 block, 2 heads" and args.out is None  # not the YAML mapping {sink tasks: ...}

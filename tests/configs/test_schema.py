@@ -1,0 +1,127 @@
+"""Hydra configs: composition, typing, presets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vitsinks.configs.schema import load_config
+from vitsinks.models import model_from_config
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_defaults_are_the_embedded_cpu_setup() -> None:
+    cfg = load_config()
+    assert (cfg.exp, cfg.model.size, cfg.data.name, cfg.cluster.name) == ("base", "vit_cpu", "synthetic", "local")
+    assert cfg.name == "base-vit_cpu-synthetic-s0"
+
+
+def test_misspelt_key_or_wrong_type_names_it() -> None:
+    with pytest.raises(Exception, match="gatee"):
+        load_config(["model.gatee=elementwise"])
+    with pytest.raises(Exception, match="registers"):
+        load_config(["model.registers=many"])
+
+
+def test_paper_recipe_is_the_kempner_recipe() -> None:
+    cfg = load_config(["exp=gate+reg", "recipe=paper"])
+    assert cfg.model.size == "vit_large" and cfg.model.patch_size == 16 and not cfg.model.qkv_bias
+    assert cfg.model.layerscale_init == 1e-4 and cfg.model.drop_path == 0.1
+    assert (cfg.model.gate, cfg.model.registers) == ("elementwise", 4)  # the exp survives the recipe
+    assert (cfg.views.n_global, cfg.views.global_size, cfg.views.n_local) == (4, 224, 0)
+    assert (cfg.objective.lamb, cfg.objective.slices, cfg.objective.proj_hidden, cfg.objective.proj_out) == \
+        (0.02, 256, 2048, 128)
+    assert (cfg.train.lr, cfg.train.weight_decay, cfg.train.epochs, cfg.train.batch_size) == (5e-4, 0.05, 100, 256)
+    with torch.device("meta"):
+        model = model_from_config(cfg.model)
+    assert len(model.blocks) == 24 and model.embed_dim == 1024 and model.num_reg_tokens == 4
+
+
+def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
+    bad = launch("exp=nonsense")
+    assert bad.returncode != 0
+    assert "Available options in 'exp'" in bad.stderr and "gate+reg" in bad.stderr
+    job = launch("exp=gate+reg", "--cfg", "job")
+    assert job.returncode == 0 and "gate: elementwise" in job.stdout and "registers: 4" in job.stdout
+
+
+@pytest.mark.parametrize("key, bad, allowed", [
+    ("model.gate", "sideways", "none, elementwise, headwise"),
+    ("model.attn", "tanh", "softmax, relu, sigmoid, sink_logit"),
+    ("model.patch_embed", "conv", "learned, orthonormal"),
+    ("model.global_pathway.gate", "open", "learned, hier"),
+    ("train.precision", "fp16", "auto, bf16, fp32"),
+    ("wandb.mode", "loud", "auto, online, offline, disabled"),
+    ("data.on_bad_image", "ignore", "skip, error"),
+    ("data.name", "imagenet21k", "synthetic, fashion_mnist, imagenet"),
+    ("diagnostics.ratio", "ratio_in", "ratio_out, ratio_head"),
+    ("diagnostics.rule", "strict", "relaxed, def1"),
+    ("objective.name", "dino", "lejepa, supervised"),
+    ("cluster.name", "slurmm", "local, slurm"),
+    ("cluster.device", "tpu", "auto, cpu, cuda"),
+])
+def test_closed_sets_stop_at_composition_with_the_allowed_values(key: str, bad: str, allowed: str) -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        load_config([f"{key}={bad}"])
+    assert bad in str(err.value) and allowed in str(err.value.__cause__ or err.value)
+
+
+def test_the_composed_values_are_plain_strings_where_they_are_saved() -> None:
+    from vitsinks.configs.schema import to_container
+
+    saved = to_container(load_config(["exp=gate+reg"]))
+    assert saved["model"]["gate"] == "elementwise" and type(saved["model"]["gate"]) is str
+
+
+def test_imagenet_loader_workers_follow_the_machine() -> None:
+    from vitsinks.data import loader_workers
+
+    cfg = load_config(["data=imagenet", "data.root=/datasets/imagenet"])
+    assert cfg.data.num_workers is None and 0 <= loader_workers(cfg.data.num_workers) <= 8
+
+
+def test_every_imported_package_is_declared() -> None:
+    """Each third-party module imported anywhere in vitsinks comes from a dependency in pyproject.toml."""
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=\[ ;]", d)[0].lower().replace("_", "-") for d in
+                project["dependencies"] + [d for ds in project["optional-dependencies"].values() for d in ds]}
+    dists = md.packages_distributions()
+    stdlib = sys.stdlib_module_names
+    missing = set()
+    for path in (root / "vitsinks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in stdlib or top == "vitsinks":
+                    continue
+                installed = dists.get(top, [{"mmseg": "mmsegmentation"}.get(top, top)])  # optional, not installed
+                if not {d.lower().replace("_", "-") for d in installed} & declared:
+                    missing.add(f"{top} ({path.name})")
+    assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
+
+
+def test_readme_install_commands_refresh_package_lists_and_stop_the_cluster() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    second = next(ln for ln in readme.splitlines() if "dataset-fashion-mnist" in ln and "pytest" in ln)
+    assert second.index("apt-get update") < second.index("apt-get install")
+    assert second.rstrip().endswith("bash slurm/local-cluster.sh stop")

@@ -1,0 +1,220 @@
+"""The redirect edit (`redirect_sink_attention`) computed from the scores (`SinkAttention.redirected`): against a
+float64 redirect for every attention kind under sink leads where float32 attention is exactly zero off the sink,
+the built-in check against A's own rescaling, and end to end through `intervene` on a head built to have such a
+lead."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from vitsinks.configs.schema import InterveneConfig
+from vitsinks.interventions import from_vit, intervene
+from vitsinks.interventions.edits import REDIRECT_TOL, check_redirect
+from vitsinks.models import SinkAttention, build_vit
+
+
+def _redirect64(kind: str, s: torch.Tensor, sink: torch.Tensor, null: float, causal: bool) -> torch.Tensor:
+    """float64 redirect from one head's scores s (B, N, N): the attention of `kind` (softmax, softmax over
+    [scores, null] without the null column, relu(s) / N, sigmoid(s - log N)), column sink[b] zeroed, the row's mass
+    given back to the other keys in proportion (softmax: 1; sink_logit: shared with the null key; relu / sigmoid:
+    the old row sum). float64 holds these weights at leads of a few hundred nats."""
+    s = s.double()
+    n = s.shape[-1]
+    seen = torch.ones(n, n, dtype=torch.float64).tril() if causal else torch.ones(n, n, dtype=torch.float64)
+    if kind in ("softmax", "sink_logit"):
+        top = torch.maximum(s.masked_fill(seen == 0, -math.inf).amax(-1, keepdim=True), torch.tensor(null).double())
+        e = torch.exp(s - top) * seen
+        e_null = torch.exp(null - top) if kind == "sink_logit" else torch.zeros_like(top)
+        a = e / (e.sum(-1, keepdim=True) + e_null)
+        p_null = e_null / (e.sum(-1, keepdim=True) + e_null)
+    else:
+        a = (torch.relu(s) / n if kind == "relu" else torch.sigmoid(s - math.log(n))) * seen
+    off = a.clone()
+    off[torch.arange(len(s)), :, sink] = 0.0
+    kept = off.sum(-1, keepdim=True)
+    if kind == "softmax":
+        mass = torch.ones_like(kept)
+    elif kind == "sink_logit":
+        return torch.where(kept + p_null > 0, off / (kept + p_null), 0.0)
+    else:
+        mass = a.sum(-1, keepdim=True)
+    return torch.where(kept > 0, off / kept * mass, 0.0)
+
+
+def _strong_sink_head(kind: str, sink: torch.Tensor) -> tuple[SinkAttention, torch.Tensor]:
+    """A 2-head attention and inputs (3 images, 6 tokens) whose head 1 scores key sink[b] ~150 above the others,
+    every query alike up to a few %: q = c + (a small read of the first head's coordinates), k = x. For sigmoid the
+    other scores sit near -140 so that their weights underflow in float32 too."""
+    g = torch.Generator().manual_seed(0)
+    attn = SinkAttention(8, num_heads=2, qkv_bias=True, attn=kind)
+    u = torch.randn(4, generator=g)
+    u /= u.norm()
+    offset = -140.0 if kind == "sigmoid" else 0.0
+    with torch.no_grad():
+        w, b = attn.qkv.weight, attn.qkv.bias
+        w.zero_(), b.zero_()
+        w[4:8, 0:4] = 0.02 * torch.randn(4, 4, generator=g)  # head 1's queries read head 0's coordinates only
+        b[4:8] = u / attn.scale  # scale * q . k = u . k (plus the small part)
+        w[8:16] = torch.eye(8)  # k = x (+ the offset below)
+        b[12:16] = offset * u
+        w[16:24] = torch.randn(8, 8, generator=g)
+        if attn.sink_logit is not None:
+            attn.sink_logit.fill_(0.5)
+    x = torch.randn(3, 6, 8, generator=g)
+    x[torch.arange(3), sink, 4:8] += 150.0 * u  # the sink's key leads by ~150 nats
+    return attn, x
+
+
+def _scores64(attn: SinkAttention, x: torch.Tensor, head: int) -> torch.Tensor:
+    """Head `head`'s scores recomputed in float64 from the module's weights (no qk norm)."""
+    qkv = x.double() @ attn.qkv.weight.double().T + attn.qkv.bias.double()
+    hd = attn.head_dim
+    q = qkv[..., head * hd : (head + 1) * hd]
+    k = qkv[..., 8 + head * hd : 8 + (head + 1) * hd]
+    return (q @ k.transpose(-2, -1)) * hd**-0.5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", ["softmax", "sink_logit", "relu", "sigmoid"])
+def test_redirect_from_the_scores_matches_float64_under_a_150_nat_sink_lead(kind: str, causal: bool) -> None:
+    """Under a lead where float32 A holds exactly zero off the sink (the old probability rescaling could only keep
+    those rows switched off), `SinkAttention.redirected` agrees with the float64 redirect row by row."""
+    sink = torch.tensor([0, 3, 5]) if causal else torch.tensor([1, 3, 5])
+    attn, x = _strong_sink_head(kind, sink)
+    s64 = _scores64(attn, x, 1)
+    truth = _redirect64(kind, s64, sink, 0.5, causal)
+    lead = s64[torch.arange(3), :, sink] - s64.masked_fill(
+        torch.nn.functional.one_hot(sink, 6).bool().unsqueeze(1), -math.inf).amax(-1)
+    assert lead.min() > 130  # the regime of the issue, by construction
+    with torch.no_grad():
+        ours = attn.redirected(x, 1, sink, causal=causal)
+        a32 = attn.internals(x, causal=causal).attn[:, 1]
+    sees_sink = a32[torch.arange(3), :, sink] > 0
+    off32 = a32.clone()
+    off32[torch.arange(3), :, sink] = 0.0
+    if kind != "relu":  # relu has no exponential: nothing underflows
+        assert (off32.sum(-1)[sees_sink] == 0).all()  # float32 A: every row that sees the sink is off elsewhere
+    assert ours.dtype == torch.float32 and ours.shape == (3, 6, 6)
+    rows = truth.sum(-1) > 1e-30  # rows whose mass float32 can hold (causal sigmoid rows before the sink cannot)
+    err = (ours.double() - truth).abs().sum(-1) / truth.sum(-1).clamp_min(1e-300)
+    assert (err[rows] < 1e-3).all(), float(err[rows].max())
+    assert (ours[~rows].sum(-1) <= 1e-30).all()  # nothing off the sink (relu: no positive score; causal row 0)
+    assert rows[sees_sink].float().mean() > 0.7  # most redirected rows do carry mass
+    assert (ours[torch.arange(3), :, sink] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sink_logit", "relu", "sigmoid"])
+def test_the_redirect_check_passes_the_scores_of_a_and_catches_other_scores(kind: str) -> None:
+    torch.manual_seed(0)
+    attn = SinkAttention(8, num_heads=2, qkv_bias=True, attn=kind)
+    x = torch.randn(3, 6, 8, generator=torch.Generator().manual_seed(1))
+    sink = torch.tensor([0, 2, 5])
+    with torch.no_grad():
+        a = attn.internals(x).attn[:, 1]
+        err, rows = check_redirect(a, attn.redirected(x, 1, sink), sink, kind)
+        assert err < 1e-5 and rows >= 15  # a diffuse head: (almost) every row is checked
+        attn.qkv.weight[4:8] *= 1.5  # other queries than those A was computed from
+        assert check_redirect(a, attn.redirected(x, 1, sink), sink, kind)[0] > REDIRECT_TOL
+
+
+def test_redirect_of_non_finite_scores_is_non_finite_not_zero() -> None:
+    for kind in ("softmax", "relu", "sigmoid", "sink_logit"):
+        attn, x = _strong_sink_head(kind, torch.tensor([1, 3, 5]))
+        x[0, 2, 0] = float("nan")
+        with torch.no_grad():
+            assert torch.isnan(attn.redirected(x, 1, torch.tensor([1, 3, 5]))[0]).any(), kind
+
+
+
+def hand_relrms(base: torch.Tensor, edited: torch.Tensor, sinks: list[int], num_prefix: int = 3) -> np.ndarray:
+    """Per image, the rel. RMS change over the patch tokens with the sink token (when it is a patch) left out."""
+    out = []
+    for i, s in enumerate(sinks):
+        keep = [j for j in range(num_prefix, base.shape[1]) if j != s]
+        d, p = edited[i, keep] - base[i, keep], base[i, keep]
+        out.append(float((d**2).sum(-1).mean().sqrt() / (p**2).sum(-1).mean().sqrt()))
+    return np.array(out)
+
+
+
+def cls_sink_vit() -> torch.nn.Module:
+    """A 2-block ViT whose head 0:0 scores [CLS] G (1 - cos(z_0, z_j)) ~ hundreds of nats above patch j (z: the
+    normed tokens entering block 0; [CLS]'s is the same for every image), up to a few % per query; head 0:1 as
+    initialised."""
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2).eval()
+    attn, dim = model.blocks[0].attn, 48
+    hd = attn.head_dim
+    u = torch.randn(hd)
+    u /= u.norm()
+    with torch.no_grad():
+        z0 = model.blocks[0].norm1(model.embed_tokens(torch.zeros(1, 3, 32, 32)))[0, 0]
+        w, b = attn.qkv.weight, attn.qkv.bias
+        w[:hd] *= 0.05  # queries: mostly u / scale, a little of the token
+        b[:hd] = u / attn.scale
+        w[dim : dim + hd] = 400.0 * torch.outer(u, z0) / z0.dot(z0)
+        b[dim : dim + hd] = 0.0
+    return model
+
+
+def final_patch_relrms_with(model: torch.nn.Module, x: torch.Tensor, block: int, head: int, sink: torch.Tensor,
+                            dtype: torch.dtype,
+                            redirect: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> np.ndarray:
+    """Per image (a ViT, no registers): head `block:head`'s attention A replaced by `redirect(A, sink)`, the model
+    run in `dtype` (a float64 copy for the truth); the final patches' rel. RMS change, the sink patch left out."""
+    m = copy.deepcopy(model).to(dtype).eval()
+    with torch.no_grad():
+        t = m.embed_tokens(x.to(dtype))
+        for blk in m.blocks[:block]:
+            t = blk(t)
+        blk = m.blocks[block]
+        it = blk.attn.internals(blk.norm1(t))
+        out = it.attn @ it.v
+        out[:, head] = redirect(it.attn[:, head], sink) @ it.v[:, head]
+        edited = blk.from_heads(t, out, it.gate)
+        for later in m.blocks[block + 1 :]:
+            edited = later(edited)
+        base, edited = m.norm(m.blocks(m.embed_tokens(x.to(dtype)))), m.norm(edited)
+    return hand_relrms(base.double(), edited.double(), sink.tolist(), num_prefix=m.num_prefix_tokens)
+
+
+def rescaled(a: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """Softmax probabilities with column sink[b] zeroed, rows divided by their new sum: the redirect, exact in
+    float64 at leads below ~700 nats."""
+    out = a.clone()
+    out[torch.arange(len(a)), :, sink] = 0.0
+    return out / out.sum(-1, keepdim=True)
+
+
+def old_rescaled(a: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """The probability rescaling vitsinks used before (float32 rows with nothing left off the sink stay 0)."""
+    out = a.clone()
+    out[torch.arange(len(a)), :, sink] = 0.0
+    total, rest = a.sum(-1, keepdim=True), out.sum(-1, keepdim=True)
+    return torch.where(rest > 0, out * (total / rest.clamp_min(1e-30)), out)
+
+
+def test_redirect_on_a_strong_sink_agrees_with_float64_end_to_end_where_probability_rescaling_does_not() -> None:
+    model = cls_sink_vit()
+    x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # the regime, measured in float64: every query's [CLS] score leads by > 100 nats
+        m64 = copy.deepcopy(model).double()
+        z = m64.blocks[0].norm1(m64.embed_tokens(x.double()))
+        q, k, _ = m64.blocks[0].attn._qkv(z)
+        s = (q[:, 0] @ k[:, 0].transpose(-2, -1)) * m64.blocks[0].attn.scale
+    assert (s[..., 0] - s[..., 1:].amax(-1)).min() > 100
+    st = InterveneConfig(n_images=6, heads=["0:0"], edits=["redirect_sink_attention"], batch_size=3)
+    res = intervene(from_vit(model), x, None, x[:0], st, progress=False)
+    assert {r["sink_idx"] for r in res.rows} == {0}
+    ours = np.array([r["final_patch_relrms"] for r in res.rows])
+    cls = torch.zeros(6, dtype=torch.long)
+    truth = final_patch_relrms_with(model, x, 0, 0, cls, torch.float64, rescaled)
+    old = final_patch_relrms_with(model, x, 0, 0, cls, torch.float32, old_rescaled)
+    assert (np.abs(ours - truth) / truth < 1e-3).all()
+    assert (np.abs(old - truth) / truth > 1e-2).all()  # the old edit switched the rows off instead

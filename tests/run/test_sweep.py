@@ -1,0 +1,72 @@
+"""Sweeps: every swept override reaches the run name, finished runs are extended when asked, manifests keep ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import TINY, tiny_cfg
+from vitsinks.configs.cli import compose
+from vitsinks.launch import _absolute
+from vitsinks.run import sweep as sw
+from vitsinks.train.trainer import Trainer
+from vitsinks.utils.errors import ConfigError
+
+
+def _named(overrides: list[str]) -> list[str]:
+    combos = sw.expand(overrides)
+    cfgs = [_absolute(compose(c)) for c in combos]  # as the sweep itself composes them
+    sw.name_runs(combos, cfgs)
+    return [c.name for c in cfgs]
+
+
+def test_every_swept_override_reaches_the_run_name() -> None:
+    names = _named(["exp=base", "train.lr=0.001,0.0001", "seed=0"])
+    assert names == ["base-vit_cpu-synthetic-s0-lr0.001", "base-vit_cpu-synthetic-s0-lr0.0001"]
+    assert _named(["exp=base,gate", "seed=0,1"]) == [  # exp and seed are in the default name already
+        "base-vit_cpu-synthetic-s0", "base-vit_cpu-synthetic-s1", "gate-vit_cpu-synthetic-s0",
+        "gate-vit_cpu-synthetic-s1"]
+    long = _named(["exp=base", "model.global_pathway.state_dim=8,16", "objective.cm_skip_blocks=0,1",
+                   "model.layerscale_init=0.1,0.01", "objective.knots=9,17"])
+    assert len(set(long)) == 16 and all(len(n) < 80 for n in long)
+
+
+def test_a_fixed_name_in_a_sweep_is_refused() -> None:
+    with pytest.raises(ConfigError, match="share the run directory 'mine'"):
+        _named(["exp=base,gate", "name=mine"])
+
+
+def test_a_finished_run_is_relaunched_when_it_is_asked_for_more_steps(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "name=ext", "train.max_steps=2")
+    Trainer(cfg).fit()
+    assert sw.is_finished(runs / "ext", cfg)
+    assert not sw.is_finished(runs / "ext", tiny_cfg(runs, "name=ext", "train.max_steps=4"))
+    assert not sw.is_finished(runs / "ext", tiny_cfg(runs, "name=ext", "train.max_steps=2", "train.epochs=3"))
+
+
+def test_a_relaunch_keeps_the_job_ids_and_logs_of_runs_it_does_not_resubmit() -> None:
+    old = {"array_job_id": "77", "runs": [
+        {"run_dir": "/r/a", "job_id": "77_0", "stdout": "/l/77_0.out", "stderr": "/l/77_0.err"},
+        {"run_dir": "/r/b", "job_id": "77_1", "stdout": "/l/77_1.out", "stderr": "/l/77_1.err"}]}
+    entries = [{"run_dir": "/r/a"}, {"run_dir": "/r/b"}]
+    meta = sw.carry_over(old, entries, todo=[1], cluster="slurm")
+    assert entries[0] == {"run_dir": "/r/a", "job_id": "77_0", "stdout": "/l/77_0.out", "stderr": "/l/77_0.err",
+                          "cluster": "slurm", "state": "finished (not relaunched)"}
+    assert entries[1]["state"] == "pending" and meta == {"array_job_id": "77", "earlier_array_job_ids": ["77"]}
+
+
+def test_local_sweep_over_a_learning_rate_writes_one_directory_per_value(tmp_path: Path) -> None:
+    from test_launch import launch
+
+    out = launch("-m", "exp=base", "train.lr=0.001,0.0001", *TINY, "train.max_steps=2", f"runs_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads(next(tmp_path.glob("sweeps/sweep-*/sweep.json")).read_text())
+    dirs = [Path(r["run_dir"]) for r in manifest["runs"]]
+    assert len(set(dirs)) == 2
+    for d, lr in zip(dirs, (0.001, 0.0001), strict=True):
+        assert OmegaConf.load(d / "config.yaml").train.lr == lr
+        assert [json.loads(ln)["step"] for ln in (d / "metrics.jsonl").read_text().splitlines()
+                if "loss" in json.loads(ln)] == [1, 2]

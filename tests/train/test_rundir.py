@@ -1,0 +1,72 @@
+"""The run directory: one writer at a time, atomic status, and what `launch status` makes of it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_cfg
+from vitsinks.launch import status
+from vitsinks.run import sweep as sw
+from vitsinks.train.rundir import RunDir
+from vitsinks.train.trainer import Trainer
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
+
+
+def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=busy", "train.max_steps=1")).fit()
+    before = {p: p.read_bytes() for p in (runs / "busy").rglob("*") if p.is_file() and p.name != ".lock"}
+    holder = RunDir(runs / "busy")
+    holder.lock()  # another process (an open file description) holds the run
+    try:
+        with pytest.raises(BadValue, match=rf"being written by pid {os.getpid()}.*name=\.\.\."):
+            Trainer(tiny_cfg(runs, "name=busy", "train.max_steps=2")).fit()
+    finally:
+        holder.unlock()
+    assert {p: p.read_bytes() for p in before} == before
+    assert Trainer(tiny_cfg(runs, "name=busy", "train.max_steps=2")).fit()["step"] == 2  # free again
+
+
+def test_status_json_is_all_or_nothing(tmp_path: Path, monkeypatch) -> None:
+    rd = RunDir(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    rd.write_status("running", step=3)
+
+    def full_disk(fd: int) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        rd.write_status("finished", step=10)
+    assert json.loads((tmp_path / "status.json").read_text()) == {"status": "running", "step": 3}
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
+def _manifest(folder: Path, states: dict[str, str]) -> Path:
+    entries = []
+    for i, (name, state) in enumerate(states.items()):
+        run = folder / name
+        run.mkdir(parents=True)
+        (run / "status.json").write_text(json.dumps({"status": state, "step": 4, "total_steps": 4}))
+        entries.append({"index": i, "name": name, "run_dir": str(run), "job_id": None, "state": state})
+    sw.write_manifest(folder / "sweep" / "sweep.json", entries, sweep_dir=str(folder / "sweep"))
+    return folder / "sweep"
+
+
+def test_launch_status_exits_non_zero_when_a_run_failed(tmp_path: Path, capsys) -> None:
+    assert status(str(_manifest(tmp_path / "ok", {"a": "finished", "b": "finished"}))) == 0
+    assert status(str(_manifest(tmp_path / "bad", {"a": "finished", "b": "failed"}))) == 1
+    assert "b (local) failed" in capsys.readouterr().out
+
+
+def test_slurm_state_falls_back_to_the_runs_own_status(tmp_path: Path, monkeypatch) -> None:
+    from vitsinks.run import slurm
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sacct at all
+    assert slurm.job_state("4242_0", tmp_path, {"status": "finished"}) == "COMPLETED (status.json)"
+    assert slurm.job_state("4242_1", tmp_path, {"status": "failed"}) == "FAILED (status.json)"
+    assert slurm.job_state("4242_2", tmp_path) == "UNKNOWN"

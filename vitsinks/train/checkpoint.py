@@ -1,0 +1,144 @@
+"""Checkpoints: the one loader (training state, backbone, resume candidates), the atomic writer that refuses
+non-finite weights, and the check that a checkpoint fits the run."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks.models import SinkViT, model_from_config, variant_name
+from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
+
+ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+             "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
+             "global_pathway", "register_pos_embed")
+# fields added after checkpoints were first written: a checkpoint without them had these values
+ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn",
+                 "register_pos_embed": False,
+                 "global_pathway": {"enabled": False, "state_dim": 64, "gate": "learned", "layerscale_init": None}}
+
+
+class CheckpointMismatch(BadValue):
+    """A checkpoint was written by a run of another variant or architecture."""
+
+
+STEP_RE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """Write a training state atomically (the old file or the new one, never a partial one); a state whose model
+    weights are not finite is refused with `NonFinite` and nothing is written."""
+    check_finite(state["model"], f"the model about to be saved to {path}")
+    files.torch_save(state, path)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG: python, numpy, torch CPU and CUDA."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, DictConfig]:
+    """The backbone and run configuration of a loaded vitsinks checkpoint (`path` names it in errors); refuses
+    non-finite weights."""
+    if not isinstance(state, dict) or "config" not in state or "model" not in state:
+        raise BadValue(f"{path} is not a vitsinks training checkpoint (no config/model inside): pass "
+                       f"runs/<name>/checkpoints/last.pt, or model.pretrained=<file> for a plain state dict")
+    cfg = OmegaConf.create(state["config"])
+    model = model_from_config(OmegaConf.merge(cfg.model, {"pretrained": None}))
+    sd = backbone_state(state["model"])
+    check_finite(sd, f"checkpoint {path}")
+    model.load_state_dict(sd)
+    return model, cfg
+
+
+def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
+    """The backbone of a vitsinks checkpoint file, built from the configuration stored in it."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFound(f"checkpoint {path} not found")
+    return backbone_from_state(load(path), path)
+
+
+def resume_candidates(ckpt_dir: Path) -> list[Path]:
+    """`last.pt`, then the periodic `step_*.pt` newest first: the order resuming tries them in."""
+    steps = sorted((p for p in ckpt_dir.glob("step_*.pt") if STEP_RE.match(p.name)),
+                   key=lambda p: int(STEP_RE.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+    last = ckpt_dir / "last.pt"
+    return ([last] if last.is_file() else []) + steps
+
+
+def load_for_resume(ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """(path, state, notes) of the newest checkpoint of a run that loads and holds finite weights; the notes say
+    which newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it
+    has some but none is usable (nothing is overwritten)."""
+    notes: list[str] = []
+    candidates = resume_candidates(ckpt_dir)
+    for path in candidates:
+        try:
+            state = load(path)
+            if not isinstance(state, dict) or not {"model", "progress", "config"} <= set(state):
+                raise BadValue(f"{path} is not a vitsinks training checkpoint")
+            check_finite(state["model"], str(path))
+        except (BadValue, NonFinite) as err:
+            notes.append(str(err).split(":")[0])
+            continue
+        return path, state, notes
+    if candidates:
+        raise BadValue(f"no usable checkpoint in {ckpt_dir} ({'; '.join(notes)}): nothing was overwritten; delete "
+                       f"the folder to start over, or pick another run name (name=...)")
+    return None
+
+
+def describe(model_cfg: dict[str, Any]) -> str:
+    pathway = bool((model_cfg.get("global_pathway") or {}).get("enabled"))
+    return (f"{variant_name(model_cfg['gate'], model_cfg['registers'], model_cfg['attn'], pathway)} "
+            f"{model_cfg['size']} (dim {model_cfg.get('embed_dim') or 'default'}, "
+            f"depth {model_cfg.get('depth') or 'default'})")
+
+
+def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Architecture fields with defaults filled in; a switched-off pathway's settings do not matter."""
+    out = {**ARCH_DEFAULTS, **model_cfg}
+    if not (out["global_pathway"] or {}).get("enabled"):
+        out["global_pathway"] = {"enabled": False}
+    return out
+
+
+# Beside the architecture, the fields that give the run's other modules their shapes (probe and head sizes).
+STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), ("objective", "proj_hidden"),
+              ("objective", "proj_out"), ("objective", "proj_layers"))
+
+
+def check_compatible(ckpt_cfg: dict[str, Any], run_cfg: dict[str, Any], path: Path) -> None:
+    """Raise `CheckpointMismatch` naming both sides when a checkpoint's run config differs from this run's in an
+    architecture field or in a field that shapes the saved state (data, classes, projector)."""
+    ckpt_model, run_model = _arch(ckpt_cfg["model"]), _arch(run_cfg["model"])
+    diff = [(k, ckpt_model.get(k), run_model.get(k)) for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
+    diff += [(f"{a}.{b}", ckpt_cfg[a][b], run_cfg.get(a, {}).get(b)) for a, b in STATE_KEYS
+             if b in ckpt_cfg.get(a, {}) and ckpt_cfg[a][b] != run_cfg.get(a, {}).get(b)]
+    if diff:
+        fields = ", ".join(f"{k}: {old!r} vs {new!r}" for k, old, new in diff)
+        raise CheckpointMismatch(
+            f"{path} holds a {describe(ckpt_model)} model trained with other settings than this run's "
+            f"{describe(run_model)} ({fields}). Nothing was overwritten: pick another run name (name=...) or "
+            f"runs_dir, or relaunch with the checkpoint's settings."
+        )

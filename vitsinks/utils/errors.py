@@ -1,0 +1,37 @@
+"""The error types that mean "the input is wrong", not "vitsinks is broken".
+
+Every command-line entry point (`vitsinks.configs.cli`) prints a `UserError` as one line and exits with its `exit_code`;
+any other exception is a bug and keeps its traceback. The subclasses also derive from the built-in type they
+refine (`InputNotFound` is a `FileNotFoundError`), so Python callers can catch either.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: a wrong name, value, file or checkpoint. The message names the problem and the fix."""
+
+    exit_code = 1
+
+
+class InputNotFound(UserError, FileNotFoundError):
+    """A file or folder the command needs does not exist (or is empty)."""
+
+
+class BadValue(UserError, ValueError):
+    """A value, file content or combination of settings that cannot be used."""
+
+
+class ConfigError(BadValue):
+    """A configuration that composes but cannot run (a number out of range, settings that exclude each other)."""
+
+
+class NonFinite(UserError, RuntimeError):
+    """NaN or infinite numbers where results are computed (a diverged run, a checkpoint with NaN weights)."""
+
+
+class CheckFailed(Exception):
+    """A built-in check of a result failed (an explicit recomputation disagrees with the model, an edit did not
+    change what it should): the numbers would be wrong, so nothing is written. Not bad input; exit code 3."""
+
+    exit_code = 3
