@@ -23,9 +23,10 @@ from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.models import model_from_config
-from vitsinks.train.checkpoint import STEP_RE, load_backbone
+from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.rundir import RunDir
 
 
 def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | None = (),
@@ -37,7 +38,7 @@ def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | 
     data = pick_data(cfg.data, ckpt_cfg.data, data_keys)
     images, shown, index = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
                                         ckpt_cfg.views.global_size, data.get("on_bad_image", "skip"), cfg.protocol)
-    out = out_dir or path.parent.parent / "diagnostics" / path.stem
+    out = out_dir or RunDir.of_checkpoint(path).diagnostics(path.stem)
     return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
 
 
@@ -46,13 +47,14 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     checkpoint without a fresh one; then the plot and the tables."""
     from vitsinks.diagnostics.plots import over_training as plot_over_training
 
-    diag = run_dir / "diagnostics"
-    summaries = {int(p.parent.name[5:]): p for p in diag.glob("step_*/summary.json")}
-    ckpts = {int(m.group(1)): p for p in (run_dir / "checkpoints").glob("step_*.pt") if (m := STEP_RE.match(p.name))}
+    run = RunDir(run_dir)
+    diag = run.diagnostics_root
+    summaries = run.diagnosed_steps()
+    ckpts = run.step_checkpoints()
     stale = [s for s, p in ckpts.items() if s not in summaries or summaries[s].stat().st_mtime < p.stat().st_mtime]
     for step in tqdm(sorted(stale), desc="diagnosing checkpoints", unit="ckpt"):
         diagnose_checkpoint(ckpts[step], cfg)
-        summaries[step] = diag / ckpts[step].stem / "summary.json"
+        summaries[step] = run.diagnostics(ckpts[step].stem) / "summary.json"
     if not summaries:
         raise InputNotFound(f"no diagnostics and no checkpoints/step_*.pt in {run_dir}: is it a run directory?")
     rows = [(s, json.loads(summaries[s].read_text())) for s in sorted(summaries)]
@@ -80,7 +82,7 @@ def main(cfg: DictConfig) -> None:
         path = Path(cfg.ckpt)
         s = diagnose_checkpoint(path, cfg, data_overrides())
         print(json.dumps(s["sinks_per_image"], indent=1))
-        print(f"outputs in {path.parent.parent / 'diagnostics' / path.stem}")
+        print(f"outputs in {RunDir.of_checkpoint(path).diagnostics(path.stem)}")
     else:  # a model from the config, typically model.pretrained=<timm name or file>
         model = model_from_config(cfg.model)
         images, shown, index = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,

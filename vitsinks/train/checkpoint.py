@@ -4,7 +4,6 @@ non-finite weights, and the check that a checkpoint fits the run."""
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from vitsinks.models import SinkViT, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
+from vitsinks.utils.rundir import RunDir
 
 ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
              "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
@@ -30,7 +30,6 @@ class CheckpointMismatch(BadValue):
     """A checkpoint was written by a run of another variant or architecture."""
 
 
-STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
 
 def save_state(state: dict[str, Any], path: Path) -> None:
@@ -78,20 +77,19 @@ def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
     return backbone_from_state(load(path), path)
 
 
-def resume_candidates(ckpt_dir: Path) -> list[Path]:
-    """`last.pt`, then the periodic `step_*.pt` newest first: the order resuming tries them in."""
-    steps = sorted((p for p in ckpt_dir.glob("step_*.pt") if STEP_RE.match(p.name)),
-                   key=lambda p: int(STEP_RE.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
-    last = ckpt_dir / "last.pt"
-    return ([last] if last.is_file() else []) + steps
+def save(run: RunDir, state: dict[str, Any], step: int, periodic: bool) -> None:
+    """`last.pt` of `run`, and `step_XXXXXXX.pt` when `periodic`; refuses non-finite weights (`NonFinite`)."""
+    save_state(state, run.last)
+    if periodic:
+        save_state(state, run.step_checkpoint(step))
 
 
-def load_for_resume(ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
-    """(path, state, notes) of the newest checkpoint of a run that loads and holds finite weights; the notes say
-    which newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it
-    has some but none is usable (nothing is overwritten)."""
+def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
+    """(path, state) of the newest checkpoint of a run that loads and holds finite weights, saying (main rank) which
+    newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it has some
+    but none is usable (nothing is overwritten)."""
     notes: list[str] = []
-    candidates = resume_candidates(ckpt_dir)
+    candidates = run.resume_candidates()
     for path in candidates:
         try:
             state = load(path)
@@ -101,9 +99,12 @@ def load_for_resume(ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | 
         except (BadValue, NonFinite) as err:
             notes.append(str(err).split(":")[0])
             continue
-        return path, state, notes
+        if run.is_main:
+            for note in notes:
+                print(f"warning: passed over {note}", flush=True)
+        return path, state
     if candidates:
-        raise BadValue(f"no usable checkpoint in {ckpt_dir} ({'; '.join(notes)}): nothing was overwritten; delete "
+        raise BadValue(f"no usable checkpoint in {run.ckpt_dir} ({'; '.join(notes)}): nothing was overwritten; delete "
                        f"the folder to start over, or pick another run name (name=...)")
     return None
 

@@ -31,10 +31,10 @@ from vitsinks.objectives import supervised as sup
 from vitsinks.objectives.lejepa import CommonModePenalty, LeJEPAModel, LeJEPAObjective, LossTerms
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.optim import build_optimizer
-from vitsinks.train.rundir import RunDir
 from vitsinks.train.tracking import Tracker
 from vitsinks.utils.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
 from vitsinks.utils.errors import ConfigError, NonFinite
+from vitsinks.utils.rundir import RunDir
 
 
 class NonFiniteLoss(NonFinite):
@@ -131,7 +131,7 @@ class Trainer:
         that are not finite are never written: `NonFiniteLoss` naming the last good checkpoint."""
         if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not self.rundir.last.exists()):
             try:
-                self.rundir.save(self.state_dict(), self.progress.step, periodic and self.cfg.train.keep_periodic)
+                ckpt.save(self.rundir, self.state_dict(), self.progress.step, periodic and self.cfg.train.keep_periodic)
             except NonFinite as err:
                 raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
                                     f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
@@ -155,11 +155,13 @@ class Trainer:
     def resume(self) -> bool:
         """Restore everything from the newest usable checkpoint (`last.pt`, else the newest `step_*.pt`); refuse a
         checkpoint of another model or data."""
-        found = self.rundir.resume_state()
+        found = ckpt.load_for_resume(self.rundir)
         if found is None:
             return False
         path, state = found
         ckpt.check_compatible(state["config"], to_container(self.cfg), path)
+        if self.dist.is_main:  # only once the checkpoint is known to fit
+            print(f"resuming from {path} at step {state['progress']['step']}", flush=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -11,10 +11,10 @@ import pytest
 from tests.conftest import tiny_cfg
 from vitsinks.launch import status
 from vitsinks.run import sweep as sw
-from vitsinks.train.rundir import RunDir
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import RunDir
 
 
 def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:

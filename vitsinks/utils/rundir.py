@@ -1,0 +1,170 @@
+"""A run's directory: the one place that knows its layout. One writer at a time.
+
+    <runs_dir>/<name>/config.yaml                  the resolved config of the latest launch
+                      status.json                  running | finished | interrupted | failed, with the step
+                      metrics.jsonl                (vitsinks.train.tracking)
+                      checkpoints/                 last.pt and step_XXXXXXX.pt (written atomically, never with NaN)
+                      diagnostics/<checkpoint>/    summary.json, per_image.npz, sink_table.*, plots
+                      diagnostics/over_training.*  sinks vs step
+                      interventions/<checkpoint>/  the causal-intervention report
+                      results/<kind>.json          evaluation results (linear probe, dense probes, ...)
+                      .lock                        held while a process trains the run
+
+A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`
+(`RunDir.of_checkpoint` finds the run of a checkpoint path). The final diagnosis after training is `final`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import socket
+from pathlib import Path
+from typing import IO, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
+
+STEP_RE = re.compile(r"^step_(\d+)\.pt$")
+FINAL = "final"  # the diagnosis of the final checkpoint, written after training
+
+
+class RunDir:
+    """The files of one run. Only the main rank writes; `lock()` refuses a second process on the same run."""
+
+    def __init__(self, path: Path | str, is_main: bool = True) -> None:
+        self.path, self.is_main = Path(path), is_main
+        self._lock: IO | None = None
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: Path | str) -> RunDir:
+        """The run a checkpoint `<run>/checkpoints/<stem>.pt` belongs to."""
+        return cls(Path(ckpt).parent.parent)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # --- the layout -------------------------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def status(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        return self.ckpt_dir / "last.pt"
+
+    def step_checkpoint(self, step: int) -> Path:
+        return self.ckpt_dir / f"step_{step:07d}.pt"
+
+    def step_checkpoints(self) -> dict[int, Path]:
+        """The periodic checkpoints on disk by step."""
+        return {int(m.group(1)): p for p in self.ckpt_dir.glob("step_*.pt") if (m := STEP_RE.match(p.name))}
+
+    def resume_candidates(self) -> list[Path]:
+        """`last.pt`, then the periodic `step_*.pt` newest first: the order resuming tries them in."""
+        steps = [p for _, p in sorted(self.step_checkpoints().items(), reverse=True)]
+        return ([self.last] if self.last.is_file() else []) + steps
+
+    @property
+    def diagnostics_root(self) -> Path:
+        return self.path / "diagnostics"
+
+    def diagnostics(self, stem: str) -> Path:
+        """The diagnostics folder of checkpoint `stem` (`step_0000100`, `last`, or `final` after training)."""
+        return self.diagnostics_root / stem
+
+    def step_diagnostics(self, step: int) -> Path:
+        return self.diagnostics(f"step_{step:07d}")
+
+    def diagnosed_steps(self) -> dict[int, Path]:
+        """`summary.json` of every step's diagnosis on disk, by step."""
+        return {int(p.parent.name[5:]): p for p in self.diagnostics_root.glob("step_*/summary.json")}
+
+    @property
+    def interventions_root(self) -> Path:
+        return self.path / "interventions"
+
+    def interventions(self, stem: str) -> Path:
+        return self.interventions_root / stem
+
+    @property
+    def results(self) -> Path:
+        return self.path / "results"
+
+    def result(self, kind: str) -> Path:
+        """`results/<kind>.json` (`linear`, `dense_ade20k`, ...)."""
+        return self.results / f"{kind}.json"
+
+    def is_run(self) -> bool:
+        return self.config.is_file()
+
+    # --- writing ----------------------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue`."""
+        if not self.is_main or self._lock is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        f = (self.path / ".lock").open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise BadValue(f"run directory {self.path} is being written by {holder}: wait for it to finish, or give "
+                           f"this run another name (name=...)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        self._lock = f
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def start(self, cfg: DictConfig) -> None:
+        """Before training: remove the temp files of killed writes, write the resolved config."""
+        if not self.is_main:
+            return
+        for leftover in files.remove_leftovers(self.ckpt_dir) + files.remove_leftovers(self.path):
+            print(f"removed {leftover} (left by a write that was killed)", flush=True)
+        files.write_text(self.config, OmegaConf.to_yaml(cfg, resolve=True))
+
+    def write_status(self, status: str, **info: Any) -> None:
+        """`status.json`, atomically (sweeps read it while the run writes it)."""
+        if self.is_main and self.path.is_dir():
+            files.write_json(self.status, {"status": status, **info})
+
+    def latest(self) -> str:
+        """The newest checkpoint on disk, for messages: its path, or that there is none yet."""
+        found = self.resume_candidates()
+        return f"{found[0]} is the last good checkpoint" if found else \
+            f"no checkpoint was written yet (a relaunch starts {self.path.name} from step 0)"
+
+
+def find_runs(src: Path | str) -> list[RunDir]:
+    """The runs under `src` (a runs folder or a sweep folder, one level deep), or `src` itself when it is a run."""
+    src = Path(src)
+    found = sorted(p.parent for p in src.glob("*/config.yaml"))
+    if not found and (src / "config.yaml").is_file():
+        found = [src]
+    return [RunDir(p) for p in found]
