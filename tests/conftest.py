@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
 
 from vitsinks.configs.schema import load_config
+from vitsinks.models import SinkViT, build_vit
 
 TINY = [
     "model.depth=2", "model.img_size=32", "model.embed_dim=48", "model.num_heads=3",
@@ -18,6 +24,14 @@ TINY = [
     "train.batch_size=16", "train.epochs=2", "train.log_every=1", "train.ckpt_every=3", "wandb.mode=disabled",
     "diagnostics.enabled=false",
 ]
+
+# The one tiny ViT of the unit tests (2 blocks, 3 heads, 32 px in 8 px patches: 16 patches + [CLS]).
+TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
+
+
+def tiny_vit(**overrides) -> SinkViT:
+    """`build_vit("vit_cpu", **TINY_VIT)` with `overrides` (any `build_vit` keyword)."""
+    return build_vit("vit_cpu", **{**TINY_VIT, **overrides})
 
 
 def tiny_cfg(runs: Path, *overrides: str) -> DictConfig:
@@ -81,3 +95,36 @@ def figures(monkeypatch) -> list:
 def bar_heights(ax) -> list[float]:
     """Heights of an axes' bars, in drawing order."""
     return [p.get_height() for p in ax.patches]
+
+
+def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command to its end, capturing text stdout/stderr like `subprocess.run(capture_output=True, text=True)`;
+    stop it only when it has written nothing for `idle_s` seconds (a hung command), never for being slow on a
+    loaded machine: a command that keeps printing progress runs as long as it needs."""
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+    last = [time.monotonic()]
+
+    def pump(stream, key: str) -> None:
+        for piece in iter(lambda: os.read(stream.fileno(), 65536), b""):  # whatever arrived, \r progress bars too
+            chunks[key].append(piece)
+            last[0] = time.monotonic()
+
+    threads = [threading.Thread(target=pump, args=(s, k), daemon=True) for s, k in ((proc.stdout, "out"),
+                                                                                      (proc.stderr, "err"))]
+    for th in threads:
+        th.start()
+    while proc.poll() is None:
+        if time.monotonic() - last[0] > idle_s:
+            proc.kill()
+            raise subprocess.TimeoutExpired(list(args), idle_s, b"".join(chunks["out"]), b"".join(chunks["err"]))
+        time.sleep(0.2)
+    for th in threads:
+        th.join()
+    out, err = (b"".join(chunks[k]).decode(errors="replace") for k in ("out", "err"))
+    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+
+
+def run_module(module: str, *args: str, idle_s: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m module args...` through `run_command`."""
+    return run_command([sys.executable, "-m", module, *args], idle_s=idle_s, **kwargs)

@@ -95,3 +95,10 @@ def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> N
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "diagnostics" / str(path).replace("/", "_") / "summary.json").read_text())
     assert summary["shape"] == {"images": 3, "blocks": 2, "heads": 3, "registers": 4}
+
+
+def test_a_folder_without_checkpoints_fails_with_one_line_and_no_progress_bar(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    out = cli(f"run={tmp_path / 'empty'}")
+    assert out.returncode == 1 and "no diagnostics and no checkpoints" in out.stderr
+    assert "diagnosing checkpoints" not in out.stderr + out.stdout and len(out.stderr.strip().splitlines()) == 1

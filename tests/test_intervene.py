@@ -23,7 +23,7 @@ from vitsinks.intervene import run
 from vitsinks.interventions import report
 from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
-from vitsinks.leaderboard import collect
+from vitsinks.report import collect
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
@@ -89,10 +89,9 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
     assert (folder / "interventions.png").stat().st_size > 10_000 and (folder / "config.yaml").is_file()
     heads = report.by_head(report.read_rows(folder / "interventions.csv"))
     report.figure(heads, summary, tmp_path / "again.png")  # the bars are the summary's class means
-    scope = next(s for s in summary["by_class"] if s not in ("block 0", "whole model"))
-    shown = [e for e in EDITS if e in summary["by_class"][scope]["nop"]]
-    assert bar_heights(figures[-1].axes[0]) == [summary["by_class"][scope]["nop"][e]["final_patch_relrms"]
-                                                for e in shown]
+    nop = report.InterventionsReport.from_json(summary).classes("main")["nop"]
+    shown = [e for e in EDITS if e in nop]
+    assert bar_heights(figures[-1].axes[0]) == [nop[e]["final_patch_relrms"] for e in shown]
     assert "interventions (heads x batches)" in out.stderr  # the progress bar
     row = collect(run_dir)  # the leaderboard's causal columns read this summary
     assert row["causal_zero_nop"] == zero["final_patch_relrms"]

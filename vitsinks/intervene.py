@@ -34,25 +34,22 @@ from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import images_of
-from vitsinks.interventions import Rules, classifier_from_state, from_vit, intervene, report
+from vitsinks.interventions import SinkRules, classifier_from_state, from_vit, intervene, report
 from vitsinks.models import model_from_config
+from vitsinks.run import slurm
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
+from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.rundir import RunDir
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
 
-def _device(cfg: DictConfig) -> torch.device:
-    if cfg.cluster.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.cluster.device)
-
-
 def checkpoint_path(cfg: DictConfig) -> Path | None:
     """The checkpoint `ckpt=` names, `run=`'s last.pt, or None (a model from the config)."""
-    return Path(cfg.run) / "checkpoints" / "last.pt" if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
+    return RunDir(cfg.run).last if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
 
 
 def _model_name(cfg: DictConfig) -> str:
@@ -65,8 +62,8 @@ def output_dir(cfg: DictConfig) -> Path:
         return Path(cfg.intervene.out)
     path = checkpoint_path(cfg)
     if path is not None:
-        return path.parent.parent / "interventions" / path.stem
-    return Path(cfg.runs_dir) / "interventions" / _model_name(cfg)
+        return RunDir.of_checkpoint(path).interventions(path.stem)
+    return RunDir(cfg.runs_dir).interventions(_model_name(cfg))  # not a run: laid out as one under the runs folder
 
 
 def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
@@ -79,10 +76,11 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
         state = ckpt.load(path)
         model, ccfg = backbone_from_state(state, path)
         head = classifier_from_state(state["model"])
-        npz = path.parent.parent / "diagnostics" / path.stem / "per_image.npz"
+        run_dir = RunDir.of_checkpoint(path)
+        npz = run_dir.per_image(path.stem)
         reusable = not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
         return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
-                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{path.parent.parent.name}/{path.stem}",
+                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{run_dir.name}/{path.stem}",
                 "npz": npz if reusable else None,
                 "id": f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"}
     model = model_from_config(cfg.model)
@@ -111,22 +109,22 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     out = output_dir(cfg)
     (edited, index), (heldout, heldout_index) = select_items(build_dataset(src["data"], "val", src["seed"]),
                                                             [st.n_images, st.heldout_images], cfg.protocol,
-                                                            src["data"].get("on_bad_image", "skip"))
+                                                            src["data"].on_bad_image)
     x, _ = images_of(edited, src["size"], cfg.protocol)
     x_held = images_of(heldout, src["size"], cfg.protocol)[0] if heldout else x[:0]
     labels = None
     if isinstance(edited[0][1], (int, np.integer)):
         labels = torch.tensor([int(it[1]) for it in edited])
-    device = _device(cfg)
+    device = resolve_device(cfg.cluster.device)
     subject = from_vit(src["model"].to(device), None if src["head"] is None else src["head"].to(device))
-    rules = Rules(cfg.diagnostics.rule, cfg.diagnostics.eps, cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank)
+    rules = SinkRules.from_config(cfg.diagnostics)
     stage1 = _stage1(src["npz"], index)
     res = intervene(subject, x.to(device), None if labels is None else labels.to(device), x_held.to(device), st,
                     rules, stage1, index=index, heldout_index=heldout_index)
     settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
     protocol = to_container(cfg.protocol)
-    key_src = json.dumps([src["id"], to_container(src["data"]), settings, protocol, cfg.diagnostics.rule,
-                          cfg.diagnostics.eps, cfg.diagnostics.ratio, cfg.diagnostics.use_stable_rank],
+    key_src = json.dumps([src["id"], to_container(src["data"]), settings, protocol, rules.rule, rules.eps,
+                          rules.ratio, rules.use_stable_rank],
                          sort_keys=True, default=str)
     meta = {"subject": f"{src['name']} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
             "protocol": protocol,
@@ -137,7 +135,7 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
             "edits": res.edits, "min_class_events": st.min_class_events, "mean_source": res.mean_source,
             "mean_sink_value_skipped": res.mean_skipped,
             "checks": res.checks.as_dict(), "stage1": f"reused {src['npz']}" if stage1 is not None else "computed",
-            "rule": {"events": rules.rule, "eps": rules.eps, "ratio": rules.ratio, "use_stable_rank": rules.use_rank},
+            "rule": rules.record(),
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
     config = OmegaConf.to_yaml(cfg, resolve=True)
     if st.nshards > 1:
@@ -156,8 +154,6 @@ def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> s
 
 def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
-    from vitsinks.run import slurm
-
     slurm.check_submittable(cfg)
     path = checkpoint_path(cfg)
     if path is not None and not path.is_file():

@@ -1,4 +1,4 @@
-"""Main entry point.
+"""Train: one run, a sweep of runs (`-m`, here or as one SLURM job array), or where a sweep stands (`status`).
 
     python -m vitsinks.launch exp=gate+reg [model=... data=... train=... cluster=...]     # one run
     python -m vitsinks.launch -m exp=base,gate,reg,gate+reg seed=0,1,2 cluster=slurm   # a sweep: one job array
@@ -18,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from vitsinks.configs.cli import compose, guarded, hydra_command, parse_args
 from vitsinks.configs.schema import exp_names, to_container
 from vitsinks.models import run_variant
+from vitsinks.run import slurm
 from vitsinks.run import sweep as sw
+from vitsinks.run.pipeline import train_and_evaluate
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import ConfigError, UserError
 
@@ -26,7 +28,8 @@ log = logging.getLogger("vitsinks")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one run in this process (rank layout from torchrun/SLURM variables) and return its summary."""
+    """Train (then, with `eval.after_train`, evaluate) one run in this process (rank layout from torchrun/SLURM
+    variables) and return its summary."""
     trainer = Trainer(cfg)
     n = sum(p.numel() for p in trainer.model.backbone.parameters())
     if trainer.dist.is_main:
@@ -34,11 +37,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
               f"{trainer.model.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
               f"{trainer.total_steps} steps, device {trainer.device}, {trainer.dist.world} rank(s)")
         print(f"run directory: {trainer.run_dir}")
-    summary = trainer.fit()
-    if summary["status"] == "finished" and cfg.eval.after_train and trainer.dist.is_main:
-        from vitsinks.eval import after_train
-
-        summary["after_train"] = after_train(cfg, trainer.run_dir)
+    summary = train_and_evaluate(trainer)
     if trainer.dist.is_main:
         val = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("val/"))
         loss = summary.get("loss")
@@ -59,8 +58,6 @@ def _absolute(cfg: DictConfig) -> DictConfig:
 
 
 def submit_one(cfg: DictConfig) -> None:
-    from vitsinks.run import slurm
-
     cfg = _absolute(cfg)
     slurm.check_submittable(cfg)
     job = slurm.submit([cfg], slurm.logs_dir(cfg))[0]
@@ -93,8 +90,6 @@ def multirun(overrides: list[str]) -> int:
     meta["sweep_dir"] = str(folder)
     failed = 0
     if cfgs[0].cluster.name == "slurm":
-        from vitsinks.run import slurm
-
         slurm.check_submittable(cfgs[todo[0] if todo else 0])
         if todo:
             jobs = slurm.submit([cfgs[i] for i in todo], folder / "slurm", name=f"vitsinks-{folder.name}")
@@ -123,8 +118,6 @@ def multirun(overrides: list[str]) -> int:
 
 def status(sweep: str) -> int:
     """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures. Exit 1 if any failed."""
-    from vitsinks.run import slurm
-
     manifest = sw.read_manifest(sweep)
     folder = Path(manifest["sweep_dir"]) / "slurm"
     rows, failures = [], []

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The ViT sink tasks x the variants base, gate, reg, gate+reg, relu and the global-pathway family (global,
-# global+pen, gate+global+pen, reg+global+pen), 2 seeds each (36 runs of 256 steps; about 15 minutes on 2 CPU
+# The ViT sink tasks x the variants base, gate, reg, gate+reg, relu, softpick and the global-pathway family (global,
+# global+pen, gate+global+pen, reg+global+pen), 2 seeds each (40 runs of 256 steps; about 17 minutes on 2 CPU
 # cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
 # of every final checkpoint (256 images, heads selected by docs/fidelity.md; a run without a qualifying head and
 # without registers has nothing to edit and is said so), then one leaderboard with a row per (task, variant), and
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/sinktasks}
 for task in sinktask_nop sinktask_broadcast; do
-  python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,global,global+pen,gate+global+pen,reg+global+pen \
+  python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,softpick,global,global+pen,gate+global+pen,reg+global+pen \
     seed=0,1 data="$task" runs_dir="$RUNS" wandb.mode=disabled objective.cm_skip_blocks=0  # one block: penalise it
 done
 for run in "$RUNS"/*-s[0-9]/; do

@@ -152,3 +152,52 @@ def test_a_string_argument_is_taken_as_written() -> None:
 
     args = parse_args(["runs=x", "title=sink tasks: 1 block, 2 heads"], LeaderboardArgs, "usage")
     assert args.title == "sink tasks: 1 block, 2 heads" and args.out is None  # not the YAML mapping {sink tasks: ...}
+
+
+# ---- one composition per command ----------------------------------------------------------------------------------
+
+def test_a_command_composes_once_and_gets_the_typed_checked_config(monkeypatch) -> None:
+    from vitsinks.configs import schema
+
+    calls: list[list[str]] = []
+    real = schema.compose_config
+
+    def counting(overrides, hydra=False):
+        calls.append(list(overrides))
+        return real(overrides, hydra=hydra)
+
+    monkeypatch.setattr(cli, "compose_config", counting)
+    seen = {}
+
+    def fn(cfg) -> None:
+        seen.update(cfg=cfg, data=cli.data_overrides())
+
+    cli.hydra_command(fn, aliases={"n_images": "diagnostics.n_images"})(["n_images=3", "data.on_bad_image=error"])
+    assert calls == [["diagnostics.n_images=3", "data.on_bad_image=error"]]
+    assert seen["cfg"].diagnostics.n_images == 3 and "hydra" not in seen["cfg"]
+    assert seen["data"] == ["data.on_bad_image"]  # what the command line set, for commands reading a checkpoint
+    assert cli.data_overrides() is None  # cleared after the command: Python callers get the config they pass
+
+
+def test_help_lists_the_groups_and_cfg_prints_without_running(capsys) -> None:
+    ran = []
+    main = cli.hydra_command(ran.append, aliases={"n_images": "diagnostics.n_images"})
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert "exp: " in out and "gate+reg" in out and "n_images= (diagnostics.n_images=)" in out
+    main(["exp=gate", "--cfg", "job"])
+    out = capsys.readouterr().out
+    assert "gate: elementwise" in out and "hydra:" not in out
+    main(["exp=gate", "--cfg=hydra"])
+    assert capsys.readouterr().out.startswith("hydra:")
+    assert ran == []
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--info"], "unknown option --info"), (["--cfg", "everything"], "--cfg takes one of job, hydra, all"),
+    (["-m", "exp=base,gate"], "unknown option -m"),
+])
+def test_flags_a_command_does_not_take_are_one_line(args: list[str], expected: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.hydra_command(lambda cfg: None)(args)
+    assert exit_.value.code == 1 and capsys.readouterr().err.startswith(f"error: {expected}")

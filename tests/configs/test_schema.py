@@ -125,3 +125,98 @@ def test_readme_install_commands_refresh_package_lists_and_stop_the_cluster() ->
     second = next(ln for ln in readme.splitlines() if "dataset-fashion-mnist" in ln and "pytest" in ln)
     assert second.index("apt-get update") < second.index("apt-get install")
     assert second.rstrip().endswith("bash slurm/local-cluster.sh stop")
+
+
+# ---- ranges as field metadata -------------------------------------------------------------------------------------
+
+from vitsinks.configs import schema  # noqa: E402
+from vitsinks.utils.errors import BadValue, ConfigError  # noqa: E402
+
+NUMERIC = list(schema.numeric_fields())
+
+
+def test_the_schema_walk_finds_nested_and_list_fields() -> None:
+    keys = {f.key: f for f in NUMERIC}
+    assert keys["model.global_pathway.state_dim"].kind is int and not keys["model.global_pathway.state_dim"].is_list
+    assert keys["views.global_scale"].is_list and keys["views.global_scale"].kind is float
+    assert keys["eval.linear_last_blocks"].is_list and keys["eval.linear_last_blocks"].kind is int
+    assert "train.compile" not in keys and "model.qkv_bias" not in keys  # booleans are not numbers
+
+
+def test_every_numeric_field_of_the_schema_declares_a_range() -> None:
+    missing = [f.key for f in NUMERIC if f.range is None]
+    assert not missing, f"numeric fields without a range (declare one with vitsinks.utils.fields.bounded): {missing}"
+
+
+def _outside(f: schema.NumericField, op: str, bound: float) -> float:
+    """The nearest value of the field's type that the bound refuses."""
+    step = 1 if f.kind is int else 1e-3
+    return f.kind({">=": bound - step, ">": bound, "<=": bound + step, "<": bound}[op])
+
+
+CASES = [(f, op, bound) for f in NUMERIC for op, bound in f.range.bounds()]
+
+
+@pytest.fixture(scope="module")
+def composed():
+    return load_config()
+
+
+@pytest.mark.parametrize("f, op, bound", CASES, ids=[f"{f.key}{op}{b:g}" for f, op, b in CASES])
+def test_a_value_just_outside_a_bound_is_refused_on_one_line(composed, f, op: str, bound: float) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = composed.copy()
+    bad = _outside(f, op, bound)
+    OmegaConf.update(cfg, f.key, [bad] if f.is_list else bad)
+    with pytest.raises(ConfigError) as err:
+        schema.check_config(cfg)
+    message = str(err.value)
+    shown = f"[{bad}]" if f.is_list else f"{bad}"
+    assert "\n" not in message and f"{f.key}={shown} (" in message and f"{op} {bound:g}" in message, message
+    if op in (">=", "<="):  # an inclusive bound itself is accepted (whatever else the value breaks)
+        OmegaConf.update(cfg, f.key, [bound] if f.is_list else f.kind(bound))
+        try:
+            schema.check_config(cfg)
+        except ConfigError as again:
+            assert f"{f.key}=" not in str(again) or "not a multiple" in str(again) or "divisible" in str(again)
+
+
+def test_none_means_the_default_and_is_not_checked(composed) -> None:
+    assert composed.train.max_steps is None and composed.model.depth is None
+    schema.check_config(composed)  # no range complains about the None fields
+
+
+@pytest.mark.parametrize("override", ["views.hflip=1.5", "views.color_jitter=-0.1", "objective.slices=0",
+                                      "objective.knots=1", "views.local_scale=[0.0,0.3]", "data.marked_frac=1"])
+def test_fields_that_were_unchecked_are_now_checked(override: str) -> None:
+    with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):
+        load_config([override])
+
+
+# ---- the upgrade path of older configs ----------------------------------------------------------------------------
+
+def test_an_old_config_gets_the_fields_added_since_at_their_defaults_and_keeps_its_own_values() -> None:
+    old = {"exp": "gate", "name": "gate-old", "seed": 3, "sweep": None,  # a retired field
+           "model": {"size": "vit_cpu", "gate": "elementwise", "registers": 0, "attn": "softmax"},
+           "train": {"lr": 1e-3}}
+    cfg = schema.upgrade(old)
+    assert (cfg.name, cfg.seed, cfg.model.gate, cfg.train.lr) == ("gate-old", 3, "elementwise", 1e-3)
+    assert cfg.model.gate is schema.Gate.elementwise  # typed as a composed config
+    assert cfg.model.mlp is True and cfg.model.global_pathway.enabled is False and cfg.model.pos_embed == "learn"
+    assert "sweep" not in cfg
+
+
+def test_a_saved_config_round_trips_through_the_upgrade_unchanged() -> None:
+    composed = load_config(["exp=gate+reg", "train.lr=0.002"])
+    assert schema.to_container(schema.upgrade(schema.to_container(composed))) == schema.to_container(composed)
+
+
+def test_a_renamed_field_is_mapped_once(monkeypatch) -> None:
+    monkeypatch.setitem(schema.RENAMED, "train.learning_rate", "train.lr")
+    assert schema.upgrade({"name": "x", "train": {"learning_rate": 0.25}}).train.lr == 0.25
+
+
+def test_a_key_the_schema_does_not_know_names_itself_and_the_source() -> None:
+    with pytest.raises(BadValue, match=r"runs/x/config.yaml .*'nonsense'"):
+        schema.upgrade({"name": "x", "train": {"nonsense": 1}}, "runs/x/config.yaml")

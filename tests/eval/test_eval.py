@@ -13,9 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.configs.test_cli import one_line_error
+from tests.configs.test_cli import run as run_module
 from tests.conftest import TINY, require_fashion_mnist, tiny_cfg
+from tests.data.test_datasets import imagefolder
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
+from vitsinks.eval import dense
 from vitsinks.eval.dense import DenseHead, evaluate, predict_examples
 from vitsinks.eval.dense_protocols import PROTOCOLS
 from vitsinks.eval.linear import train_grid
@@ -259,9 +263,7 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
 
 
 def test_after_train_runs_the_dense_probe_on_other_data_or_says_why_not(runs: Path, tmp_path: Path, capsys) -> None:
-    from test_data import imagefolder
-
-    from vitsinks.eval import after_train
+    from vitsinks.run.pipeline import after_train
 
     require_fashion_mnist()
     cfg = tiny_cfg(runs, "name=at", "train.max_steps=1", "eval.dense_data=fashion_mnist", "eval.max_train_images=16",
@@ -280,8 +282,6 @@ def test_after_train_runs_the_dense_probe_on_other_data_or_says_why_not(runs: Pa
 
 
 def test_one_bad_validation_image_does_not_lose_the_run(runs: Path, tmp_path: Path) -> None:
-    from test_data import imagefolder
-
     root = imagefolder(tmp_path / "inet", {"a": (8, 3), "b": (8, 3)})
     (root / "val" / "a" / "0.JPEG").write_bytes(b"\xff\xd8 truncated")
     common = ["data=imagenet", f"data.root={root}", "data.num_workers=0", "train.max_steps=2",
@@ -297,30 +297,25 @@ def test_one_bad_validation_image_does_not_lose_the_run(runs: Path, tmp_path: Pa
 
 
 def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_path: Path) -> None:
-    from test_cli import one_line_error, run
-    from test_data import imagefolder
-
-    from vitsinks.eval import dense
-
     ckpt = _trained(runs)
     root = imagefolder(tmp_path / "inet", {"a": (4, 1), "b": (4, 1)})
     (root / "val" / "b" / "0.JPEG").unlink()
     (root / "val" / "b").rmdir()
-    line = one_line_error(run("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}"))
+    line = one_line_error(run_module("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}"))
     assert "missing: b" in line
     (root / "val" / "b").mkdir()
     (root / "val" / "b" / "0.JPEG").write_bytes(b"garbage")
-    line = one_line_error(run("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
+    line = one_line_error(run_module("vitsinks.eval.linear", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
                               "data.on_bad_image=error"))
     assert "cannot decode image" in line and "0.JPEG" in line
-    line = one_line_error(run("vitsinks.diagnose", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
+    line = one_line_error(run_module("vitsinks.diagnose", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
                               "data.on_bad_image=error", "n_images=4"))
     assert "cannot decode image" in line
     voc_root = _voc_fixture(tmp_path / "voc")
     jpeg = voc_root / "VOCdevkit/VOC2012/JPEGImages/2007_000039.jpg"
     jpeg.write_bytes(jpeg.read_bytes()[:60])  # truncated
     voc_data = ["data=voc", f"data.root={voc_root}", "data.image_size=32"]
-    line = one_line_error(run("vitsinks.eval.dense", f"ckpt={ckpt}", *voc_data, "data.on_bad_image=error"))
+    line = one_line_error(run_module("vitsinks.eval.dense", f"ckpt={ckpt}", *voc_data, "data.on_bad_image=error"))
     assert "2007_000039.jpg" in line
     result = dense.run(_eval_cfg(runs, ckpt, *voc_data))  # skipped under the default policy
     assert result["val_images"] == 2 and 0 <= result["mIoU"] <= 1

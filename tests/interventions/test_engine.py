@@ -12,6 +12,7 @@ import torch
 
 from tests.models.test_attention import cls_sink_vit, hand_relrms
 from vitsinks.configs.schema import InterveneConfig
+from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import from_sequence_model, from_vit, intervene, stage_one
 from vitsinks.interventions.edits import (
     Draws,
@@ -22,7 +23,7 @@ from vitsinks.interventions.edits import (
     resolve_edits,
     value_edit,
 )
-from vitsinks.interventions.engine import NoSinkHeads, Rules, patch_metrics, probe_metrics, select_heads
+from vitsinks.interventions.engine import NoSinkHeads, patch_metrics, probe_metrics, select_heads
 from vitsinks.interventions.report import by_class, by_head, to_markdown, write_outputs
 from vitsinks.models import build_vit
 from vitsinks.synthetic.tasks import broadcast_batch, nop_batch, train_broadcast, train_nop
@@ -132,10 +133,10 @@ def _fields(counts: dict[tuple[int, int, int], int], n: int = 60) -> dict[str, n
 
 def test_head_selection_follows_the_reference_protocol() -> None:
     d = _fields({(1, 0, 0): 55, (2, 1, 0): 58, (2, 0, 1): 51, (0, 1, 0): 52, (1, 1, 0): 49})
-    assert select_heads(d, Rules(), 50, 16, 4) == [(2, 1), (1, 0), (0, 1), (2, 0)]  # ranked; 49 events: out
-    assert select_heads(d, Rules(), 50, 1, 0) == [(2, 1), (2, 0)]  # top 1 per class, none of block 0
+    assert select_heads(d, SinkRules(), 50, 16, 4) == [(2, 1), (1, 0), (0, 1), (2, 0)]  # ranked; 49 events: out
+    assert select_heads(d, SinkRules(), 50, 1, 0) == [(2, 1), (2, 0)]  # top 1 per class, none of block 0
     with pytest.raises(NoSinkHeads, match="most per head: NOP 58, broadcast 51"):
-        select_heads(d, Rules(), 59, 16, 4)
+        select_heads(d, SinkRules(), 59, 16, 4)
 
 
 def _vit() -> torch.nn.Module:
@@ -312,7 +313,7 @@ def test_shards_run_the_sorted_heads_and_rows_name_their_images_donors_and_draws
     d["sink_idx"] = _sinks(model, x)
     split = [40, 7, 13, 2, 31, 8]  # the images' indices in their split
     edits = ["donor_sink_value", "donor_nonsink_value", "zero_random_nonsink_value", "zero_sink_value"]
-    ranked = select_heads(d, Rules(), 1, 16, 4)
+    ranked = select_heads(d, SinkRules(), 1, 16, 4)
     assert ranked != sorted(ranked)
     for shard in (0, 1):
         st = InterveneConfig(n_images=6, min_events=1, edits=edits, batch_size=3, seed=4, shard=shard, nshards=2)
@@ -350,7 +351,7 @@ def test_a_head_without_held_out_events_gets_no_mean_sink_value_and_the_report_s
     model = cls_sink_vit()
     x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(4))
     subject = from_vit(model)
-    live = Rules().event_class(stage_one(subject, x[4:], 4))  # the held-out images' live events
+    live = SinkRules().event_class(stage_one(subject, x[4:], 4))  # the held-out images' live events
     assert (live[:, 0, 0] != "none").all() and (live[:, 0, 1] == "none").all()  # 0:0 by construction; 0:1 none
     d = stage_one(subject, x[:4], 4)
     d["routed_frac"][:, 0, 1] = 1.0  # 0:1 "has" events on the edited images, so it can be named

@@ -1,7 +1,7 @@
 """The redirect edit (`redirect_sink_attention`) computed from the scores (`SinkAttention.redirected`): against a
-float64 redirect for every attention kind under sink leads where float32 attention is exactly zero off the sink,
-the built-in check against A's own rescaling, and end to end through `intervene` on a head built to have such a
-lead."""
+float64 redirect for every registered attention kind under sink leads where float32 attention is exactly zero off the
+sink, the built-in check against A's own rescaling, and end to end through `intervene` on a head built to have such
+a lead."""
 
 from __future__ import annotations
 
@@ -16,35 +16,36 @@ import torch
 from vitsinks.configs.schema import InterveneConfig
 from vitsinks.interventions import from_vit, intervene
 from vitsinks.interventions.edits import REDIRECT_TOL, check_redirect
-from vitsinks.models import SinkAttention, build_vit
+from vitsinks.models import ATTN_KINDS, KINDS, SinkAttention, build_vit
 
 
-def _redirect64(kind: str, s: torch.Tensor, sink: torch.Tensor, null: float, causal: bool) -> torch.Tensor:
-    """float64 redirect from one head's scores s (B, N, N): the attention of `kind` (softmax, softmax over
-    [scores, null] without the null column, relu(s) / N, sigmoid(s - log N)), column sink[b] zeroed, the row's mass
-    given back to the other keys in proportion (softmax: 1; sink_logit: shared with the null key; relu / sigmoid:
-    the old row sum). float64 holds these weights at leads of a few hundred nats."""
-    s = s.double()
-    n = s.shape[-1]
-    seen = torch.ones(n, n, dtype=torch.float64).tril() if causal else torch.ones(n, n, dtype=torch.float64)
-    if kind in ("softmax", "sink_logit"):
-        top = torch.maximum(s.masked_fill(seen == 0, -math.inf).amax(-1, keepdim=True), torch.tensor(null).double())
-        e = torch.exp(s - top) * seen
-        e_null = torch.exp(null - top) if kind == "sink_logit" else torch.zeros_like(top)
-        a = e / (e.sum(-1, keepdim=True) + e_null)
-        p_null = e_null / (e.sum(-1, keepdim=True) + e_null)
-    else:
-        a = (torch.relu(s) / n if kind == "relu" else torch.sigmoid(s - math.log(n))) * seen
+def reference_rows(attn: SinkAttention, s: torch.Tensor, head: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, null share) in float64 from one head's scores s (B, N, N), row by row from the kind's naive formula
+    (`AttentionKind.reference`); the null share is 0 for kinds without a null key."""
+    kind = KINDS[attn.attn_kind]
+    B, n, _ = s.shape
+    a, null = torch.zeros(B, n, n, dtype=torch.float64), torch.zeros(B, n, 1, dtype=torch.float64)
+    for b in range(B):
+        for i in range(n):
+            keys = i + 1 if causal else n
+            row = kind.reference(attn, s[b, i, :keys].double(), head, n)
+            a[b, i, :keys] = row[:keys]
+            if kind.null_key:
+                null[b, i, 0] = row[-1]
+    return a, null
+
+
+def _redirect64(attn: SinkAttention, s: torch.Tensor, sink: torch.Tensor, causal: bool, head: int = 1) -> torch.Tensor:
+    """float64 redirect from one head's scores s (B, N, N): the kind's attention (its naive formula), column sink[b]
+    zeroed, the row's mass given back to the other keys in proportion: the old row sum (1 for softmax), shared with
+    the null key for kinds that have one. float64 holds these weights at leads of a few hundred nats."""
+    a, p_null = reference_rows(attn, s, head, causal)
     off = a.clone()
     off[torch.arange(len(s)), :, sink] = 0.0
     kept = off.sum(-1, keepdim=True)
-    if kind == "softmax":
-        mass = torch.ones_like(kept)
-    elif kind == "sink_logit":
+    if KINDS[attn.attn_kind].null_key:
         return torch.where(kept + p_null > 0, off / (kept + p_null), 0.0)
-    else:
-        mass = a.sum(-1, keepdim=True)
-    return torch.where(kept > 0, off / kept * mass, 0.0)
+    return torch.where(kept > 0, off / kept * a.sum(-1, keepdim=True), 0.0)
 
 
 def _strong_sink_head(kind: str, sink: torch.Tensor) -> tuple[SinkAttention, torch.Tensor]:
@@ -64,8 +65,8 @@ def _strong_sink_head(kind: str, sink: torch.Tensor) -> tuple[SinkAttention, tor
         w[8:16] = torch.eye(8)  # k = x (+ the offset below)
         b[12:16] = offset * u
         w[16:24] = torch.randn(8, 8, generator=g)
-        if attn.sink_logit is not None:
-            attn.sink_logit.fill_(0.5)
+        for name in KINDS[kind].parameters(2):  # the kind's own parameters (sink_logit's null logit) away from 0
+            getattr(attn, name).fill_(0.5)
     x = torch.randn(3, 6, 8, generator=g)
     x[torch.arange(3), sink, 4:8] += 150.0 * u  # the sink's key leads by ~150 nats
     return attn, x
@@ -81,14 +82,14 @@ def _scores64(attn: SinkAttention, x: torch.Tensor, head: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kind", ["softmax", "sink_logit", "relu", "sigmoid"])
+@pytest.mark.parametrize("kind", ATTN_KINDS)
 def test_redirect_from_the_scores_matches_float64_under_a_150_nat_sink_lead(kind: str, causal: bool) -> None:
     """Under a lead where float32 A holds exactly zero off the sink (the old probability rescaling could only keep
     those rows switched off), `SinkAttention.redirected` agrees with the float64 redirect row by row."""
     sink = torch.tensor([0, 3, 5]) if causal else torch.tensor([1, 3, 5])
     attn, x = _strong_sink_head(kind, sink)
     s64 = _scores64(attn, x, 1)
-    truth = _redirect64(kind, s64, sink, 0.5, causal)
+    truth = _redirect64(attn, s64, sink, causal)
     lead = s64[torch.arange(3), :, sink] - s64.masked_fill(
         torch.nn.functional.one_hot(sink, 6).bool().unsqueeze(1), -math.inf).amax(-1)
     assert lead.min() > 130  # the regime of the issue, by construction
@@ -109,7 +110,7 @@ def test_redirect_from_the_scores_matches_float64_under_a_150_nat_sink_lead(kind
     assert (ours[torch.arange(3), :, sink] == 0).all()
 
 
-@pytest.mark.parametrize("kind", ["softmax", "sink_logit", "relu", "sigmoid"])
+@pytest.mark.parametrize("kind", ATTN_KINDS)
 def test_the_redirect_check_passes_the_scores_of_a_and_catches_other_scores(kind: str) -> None:
     torch.manual_seed(0)
     attn = SinkAttention(8, num_heads=2, qkv_bias=True, attn=kind)
@@ -124,7 +125,7 @@ def test_the_redirect_check_passes_the_scores_of_a_and_catches_other_scores(kind
 
 
 def test_redirect_of_non_finite_scores_is_non_finite_not_zero() -> None:
-    for kind in ("softmax", "relu", "sigmoid", "sink_logit"):
+    for kind in ATTN_KINDS:
         attn, x = _strong_sink_head(kind, torch.tensor([1, 3, 5]))
         x[0, 2, 0] = float("nan")
         with torch.no_grad():

@@ -15,7 +15,7 @@ from tests.conftest import tiny_cfg
 from vitsinks.configs.schema import ObjectiveConfig, load_config
 from vitsinks.diagnostics import diagnose, summarize
 from vitsinks.models import GlobalPathway, build_vit, common_mode_penalty, load_timm_state_dict, model_from_config
-from vitsinks.objectives.lejepa import CommonModePenalty
+from vitsinks.objectives.penalty import CommonModePenalty
 from vitsinks.train.trainer import Trainer
 
 

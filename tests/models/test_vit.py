@@ -3,21 +3,28 @@
 import math
 
 import pytest
+import timm
 import torch
+from omegaconf import OmegaConf
+from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
-from vitsinks.configs.schema import exp_names, load_config
+from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.models import (
     ATTN_KINDS,
+    GATES,
+    KINDS,
     SIZES,
     SinkAttention,
     build_vit,
     load_timm_state_dict,
     model_from_config,
     run_variant,
+    variant_name,
 )
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)
+TINY_MODEL = {"size": "vit_cpu", **TINY}
 EXPS = exp_names()  # every vitsinks/configs/exp/*.yaml
 
 
@@ -49,8 +56,6 @@ def test_every_exp_builds_and_trains(exp: str) -> None:
 
 @pytest.mark.parametrize("size", ["vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"])
 def test_base_parameter_count_equals_timm(size: str) -> None:
-    import timm
-
     timm_name = {"vit_huge": "vit_huge_patch14_224"}.get(size, f"{size}_patch16_224")
     with torch.device("meta"):
         ours = build_vit(size)
@@ -65,6 +70,9 @@ def test_variant_parameter_deltas() -> None:
     assert n_params(build_vit("vit_cpu", **TINY, registers=r)) - base == r * d
     assert n_params(build_vit("vit_cpu", **TINY, gate="elementwise")) - base == depth * (d * d + d)
     assert n_params(build_vit("vit_cpu", **TINY, gate="headwise")) - base == depth * (d * h + h)
+    for kind in ATTN_KINDS:  # a kind adds exactly its declared parameters (sink_logit: one logit per head)
+        extra = sum(p.numel() for p in KINDS[kind].parameters(h).values())
+        assert n_params(build_vit("vit_cpu", **TINY, attn=kind)) - base == depth * extra
     assert n_params(build_vit("vit_cpu", **TINY, attn="sink_logit")) - base == depth * h
 
 
@@ -148,13 +156,15 @@ def test_sink_logit_rows_sum_below_one() -> None:
 
 def naive_attention(attn: SinkAttention, x: torch.Tensor, causal: bool) -> torch.Tensor:
     """SPEC's formulas written out per image, head and query with plain tensor ops, from the module's weights only:
-    scores s_ij = q_i . k_j / sqrt(d); softmax, relu(s) / N, sigmoid(s - log N), or softmax over [s_i, b_h] without
-    the null column; future keys masked when causal; the G1 gate sigmoid(x W_g^T + b_g) per channel (elementwise) or
-    per head (headwise); then the output projection."""
+    scores s_ij = q_i . k_j / sqrt(d); the kind's naive formula (`AttentionKind.reference`: softmax, relu(s) / N,
+    sigmoid(s - log N), softmax over [s_i, b_h] without the null column, softpick, ...); future keys masked when
+    causal; the G1 gate sigmoid(x W_g^T + b_g) per channel (elementwise) or per head (headwise); then the output
+    projection."""
     B, N, C = x.shape
     H = attn.num_heads
     d = C // H
     W, bias = attn.qkv.weight, attn.qkv.bias
+    kind = KINDS[attn.attn_kind]
     out = torch.zeros(B, N, C)
     for b in range(B):
         qkv = x[b] @ W.T + (bias if bias is not None else 0)
@@ -164,15 +174,7 @@ def naive_attention(attn: SinkAttention, x: torch.Tensor, causal: bool) -> torch
             for i in range(N):
                 keys = range(i + 1) if causal else range(N)
                 s = torch.stack([q[i] @ k[j] / math.sqrt(d) for j in keys])
-                if attn.attn_kind == "softmax":
-                    a = torch.exp(s - s.max()) / torch.exp(s - s.max()).sum()
-                elif attn.attn_kind == "sink_logit":
-                    full = torch.cat([s, attn.sink_logit[h : h + 1]])
-                    a = (torch.exp(full - full.max()) / torch.exp(full - full.max()).sum())[:-1]
-                elif attn.attn_kind == "relu":
-                    a = torch.clamp(s, min=0) / N
-                else:
-                    a = 1 / (1 + torch.exp(-(s - math.log(N))))
+                a = kind.reference(attn, s.double(), h, N)[: len(keys)].float()
                 y = sum(a[t] * v[j] for t, j in enumerate(keys))
                 if gate is not None:
                     y = y * (gate[i, h * d : (h + 1) * d] if attn.gate_kind == "elementwise" else gate[i, h])
@@ -181,7 +183,7 @@ def naive_attention(attn: SinkAttention, x: torch.Tensor, causal: bool) -> torch
 
 
 @pytest.mark.parametrize("kind", ATTN_KINDS)
-@pytest.mark.parametrize("gate", ["none", "elementwise", "headwise"])
+@pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_matches_a_naive_reference(kind: str, gate: str, causal: bool) -> None:
     torch.manual_seed(0)
@@ -189,13 +191,28 @@ def test_attention_matches_a_naive_reference(kind: str, gate: str, causal: bool)
     with torch.no_grad():
         if attn.gate is not None:  # an input-dependent gate, different per channel and head
             torch.nn.init.normal_(attn.gate.weight, std=1.0)
-        if attn.sink_logit is not None:
-            attn.sink_logit.copy_(torch.tensor([-1.0, 0.5, 2.0]))
+        for name in KINDS[kind].parameters(3):  # the kind's own parameters away from their init
+            getattr(attn, name).copy_(torch.tensor([-1.0, 0.5, 2.0]))
     x = torch.randn(2, 5, 12)
     ref = naive_attention(attn, x, causal)
     for fused in (True, False):  # the module's fused (SDPA) path where it has one, and its explicit path
         attn.fused_attn = fused
         torch.testing.assert_close(attn(x, is_causal=causal), ref, atol=1e-5, rtol=1e-4)
+    assert attn.uses_fused == (KINDS[kind].fused and attn.fused_attn)
+
+
+@pytest.mark.parametrize("kind", ATTN_KINDS)
+def test_rows_of_every_kind_sum_as_it_declares(kind: str) -> None:
+    """Normalised kinds: rows sum to 1 over the tokens, or to less with a null key (which takes the rest)."""
+    torch.manual_seed(0)
+    attn = SinkAttention(12, 3, attn=kind, qkv_bias=True)
+    for causal in (False, True):
+        rows = attn.internals(torch.randn(2, 7, 12), causal=causal).attn.sum(-1)
+        assert (rows >= 0).all() and torch.isfinite(rows).all()
+        if KINDS[kind].null_key:
+            assert (rows < 1).all()
+        elif KINDS[kind].normalised:
+            torch.testing.assert_close(rows, torch.ones_like(rows))
 
 
 def test_block_explicit_forward_matches_block_forward() -> None:
@@ -255,3 +272,83 @@ def test_unknown_variant_values_are_rejected() -> None:
         build_vit("vit_cpu", gate="sideways")
     with pytest.raises(ValueError, match="unknown model size"):
         build_vit("vit_giant")
+    with pytest.raises(ValueError, match="unknown attention kind 'tanh'; choose one of .*softpick"):
+        build_vit("vit_cpu", attn="tanh")
+    with pytest.raises(TypeError, match="unknown arguments \\['gating'\\]"):
+        build_vit("vit_cpu", gating="elementwise")
+
+
+@pytest.mark.parametrize("overrides, name", [
+    (["exp=base", "model.gate=elementwise"], "gate"),
+    (["exp=softpick", "model.registers=4"], "softpick+reg"),
+    (["exp=base", "model.registers=2", "model.gate=headwise"], "gate_headwise+reg2"),
+    (["exp=gate+reg", "model.attn=relu", "model.global_pathway.enabled=true"], "relu+gate+reg+global"),
+    (["exp=reg", "objective.cm_penalty=0.1", "model.global_pathway.enabled=true"], "reg+global+pen"),
+])
+def test_a_run_is_named_by_its_model_not_its_exp(overrides: list[str], name: str) -> None:
+    cfg = load_config(overrides)
+    assert run_variant(cfg) == name and run_variant(to_container(cfg)) == name
+    assert model_from_config(OmegaConf.merge(cfg.model, TINY_MODEL)).variant == name.removesuffix("+pen")
+    assert variant_name({"gate": "elementwise"}) == "gate"  # absent fields: the schema defaults
+
+
+@pytest.mark.parametrize("kw", [{}, {"gate": "elementwise"}, {"attn": "softpick", "registers": 4},
+                                {"gate": "headwise", "global_pathway": {"gate": "hier"}, "attn": "sink_logit"}])
+def test_timm_create_model_builds_the_same_module_as_build_vit(kw: dict) -> None:
+    ours = build_vit("vit_cpu", **TINY, **kw)
+    via_timm = timm.create_model("vitsinks_vit_cpu", **TINY, **kw)
+    assert type(via_timm) is type(ours) and via_timm.variant == ours.variant
+    assert {k: v.shape for k, v in via_timm.state_dict().items()} == {k: v.shape for k, v in ours.state_dict().items()}
+    assert set(timm.list_models("vitsinks_*")) == {f"vitsinks_{s}" for s in SIZES}
+
+
+def test_the_attention_is_timms_attn_layer_and_the_block_runs_timms_forward_without_hooks() -> None:
+    model = build_vit("vit_cpu", **TINY, gate="elementwise", attn="relu")
+    assert not any(type(m) is Attention for m in model.modules())  # timm's attention is never built
+    blk = model.blocks[0]
+    assert isinstance(blk.attn, SinkAttention) and (blk.attn.gate_kind, blk.attn.attn_kind) == ("elementwise", "relu")
+    assert type(blk.attn) is type(model.blocks[1].attn)  # one layer class per (kind, gate)
+    calls: list[int] = []
+    blk.attn.register_forward_hook(lambda m, a, o: calls.append(1))
+    x = torch.randn(2, 17, 48)
+    blk(x)
+    assert calls == [1]  # timm's Block.forward calls the attention module
+    handle = blk.register_update_hook(lambda b, u, p: None)
+    blk(x)
+    assert calls == [1]  # with a hook the block runs its own forward (heads, then the update)
+    handle.remove()
+    blk(x)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("pathway", [False, True])
+def test_update_hooks_see_the_attention_update_after_the_gate_and_before_the_pathway(gate: str, pathway: bool) -> None:
+    torch.manual_seed(0)
+    model = build_vit("vit_cpu", **TINY, gate=gate, layerscale_init=0.5,
+                      global_pathway={"state_dim": 8} if pathway else None).eval()
+    blk = model.blocks[0]
+    if blk.attn.gate is not None:  # an input-dependent gate
+        torch.nn.init.normal_(blk.attn.gate.weight, std=1.0)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    handle = blk.register_update_hook(lambda b, u, pre: seen.append((u, pre())))
+    x = torch.randn(2, 17, 48)
+    with torch.no_grad():
+        z = blk.norm1(x)
+        a, v, g = blk.attn.internals(z)
+        by_hand = blk.ls1(blk.attn.combine(a @ v, g))
+        ungated = blk.ls1(blk.attn.combine(a @ v, None))
+        for run in (lambda: blk(x), lambda: blk.forward_explicit(x), lambda: blk.from_heads(x, a @ v, g)):
+            before = len(seen)
+            run()
+            assert len(seen) == before + 1  # fused forward, explicit forward and from_heads alike
+            update, pre = seen[-1]
+            torch.testing.assert_close(update, by_hand, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(pre, ungated, atol=1e-5, rtol=1e-5)
+        assert (gate == "none") == torch.equal(seen[-1][0], seen[-1][1])
+        out = blk(x)
+        o = by_hand if not pathway else blk.pathway.add_to(by_hand, z)
+        torch.testing.assert_close(out, x + o + blk.ls2(blk.mlp(blk.norm2(x + o))), atol=1e-5, rtol=1e-5)
+    handle.remove()
+    blk(x)
+    assert len(seen) == 4

@@ -1,18 +1,18 @@
 """The LeJEPA objective against lightly's own LeJEPALoss, and the model it trains."""
 
 import torch
-from lightly.loss import LeJEPALoss
+from lightly.loss import LeJEPALoss as LightlyLeJEPALoss
 
 from vitsinks.configs.schema import ObjectiveConfig
 from vitsinks.models import build_vit
-from vitsinks.objectives.lejepa import LeJEPAModel, LeJEPAObjective
+from vitsinks.objectives.lejepa import LeJEPALoss, LeJEPAModel
 
 
 def test_loss_equals_lightly_lejepa_loss() -> None:
     torch.manual_seed(0)
     g, loc = torch.randn(2, 32, 16), torch.randn(4, 32, 16)
-    ours = LeJEPAObjective(ObjectiveConfig(lamb=0.05, slices=256, knots=17))
-    ref = LeJEPALoss(lambda_param=0.05, sigreg_knots=17, sigreg_num_vectors=256)
+    ours = LeJEPALoss(ObjectiveConfig(lamb=0.05, slices=256, knots=17))
+    ref = LightlyLeJEPALoss(lambda_param=0.05, sigreg_knots=17, sigreg_num_vectors=256)
     torch.manual_seed(1)
     terms = ours(g, loc)
     torch.manual_seed(1)  # the same random slices
@@ -24,7 +24,7 @@ def test_loss_equals_lightly_lejepa_loss() -> None:
 def test_invariance_term_by_hand_and_global_only_views() -> None:
     torch.manual_seed(0)
     g = torch.randn(4, 8, 5)
-    terms = LeJEPAObjective(ObjectiveConfig(lamb=0.0, slices=16))(g)
+    terms = LeJEPALoss(ObjectiveConfig(lamb=0.0, slices=16))(g)
     centre = g.mean(0, keepdim=True)
     assert torch.allclose(terms.loss, ((g - centre) ** 2).mean())
 
@@ -60,8 +60,8 @@ def test_pooled_sigreg_is_one_statistic_of_all_views_as_the_reference_computes_i
     torch.manual_seed(0)
     proj = torch.randn(4, 16, 8) * torch.tensor([1.0, 1.5, 0.5, 1.0, 2.0, 1.0, 0.7, 1.0])  # not isotropic
     proj[1] += 0.8  # one view shifted: pooling the views is not the mean of per-view statistics
-    pooled = LeJEPAObjective(ObjectiveConfig(lamb=1.0, slices=64, sigreg="pooled_per_rank"))
-    per_view = LeJEPAObjective(ObjectiveConfig(lamb=1.0, slices=64, sigreg="per_view_global"))
+    pooled = LeJEPALoss(ObjectiveConfig(lamb=1.0, slices=64, sigreg="pooled_per_rank"))
+    per_view = LeJEPALoss(ObjectiveConfig(lamb=1.0, slices=64, sigreg="per_view_global"))
     torch.manual_seed(5)
     got = float(pooled(proj).sigreg)
     torch.manual_seed(5)  # the same unit slices, drawn as torch.randn(D, S) then normalised per column

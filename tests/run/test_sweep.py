@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import TINY, tiny_cfg
+from tests.test_launch import launch
 from vitsinks.configs.cli import compose
 from vitsinks.launch import _absolute
 from vitsinks.run import sweep as sw
@@ -45,6 +46,11 @@ def test_a_finished_run_is_relaunched_when_it_is_asked_for_more_steps(runs: Path
     assert sw.is_finished(runs / "ext", cfg)
     assert not sw.is_finished(runs / "ext", tiny_cfg(runs, "name=ext", "train.max_steps=4"))
     assert not sw.is_finished(runs / "ext", tiny_cfg(runs, "name=ext", "train.max_steps=2", "train.epochs=3"))
+    saved = OmegaConf.load(runs / "ext" / "config.yaml")  # as an older version wrote it: a field fewer, one retired
+    del saved.objective["sigreg"]
+    saved.sweep = None
+    OmegaConf.save(saved, runs / "ext" / "config.yaml")
+    assert sw.is_finished(runs / "ext", cfg)
 
 
 def test_a_relaunch_keeps_the_job_ids_and_logs_of_runs_it_does_not_resubmit() -> None:
@@ -59,8 +65,6 @@ def test_a_relaunch_keeps_the_job_ids_and_logs_of_runs_it_does_not_resubmit() ->
 
 
 def test_local_sweep_over_a_learning_rate_writes_one_directory_per_value(tmp_path: Path) -> None:
-    from test_launch import launch
-
     out = launch("-m", "exp=base", "train.lr=0.001,0.0001", *TINY, "train.max_steps=2", f"runs_dir={tmp_path}")
     assert out.returncode == 0, out.stderr
     manifest = json.loads(next(tmp_path.glob("sweeps/sweep-*/sweep.json")).read_text())

@@ -15,6 +15,7 @@ from PIL import Image
 from tests.conftest import tiny_cfg
 from vitsinks.data import BadImage
 from vitsinks.train import checkpoint as ckpt
+from vitsinks.train.callbacks import Callback
 from vitsinks.train.checkpoint import CheckpointMismatch
 from vitsinks.train.optim import WarmupCosine
 from vitsinks.train.tracking import read_metrics
@@ -65,6 +66,51 @@ def test_checkpoint_holds_the_whole_state(runs: Path) -> None:
     assert state["progress"] == {"epoch": 0, "batch": 3, "step": 3}
     assert any(k.startswith("projector.") for k in state["model"]) and "probe.1.weight" in state["model"]
     assert len(list(runs.glob("*/checkpoints/step_0000003.pt"))) == 1
+
+
+class Recorder(Callback):
+    """Every hook call, as (hook, step, epoch, extra)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self.calls.append(("fit_start", trainer.progress.step))
+
+    def on_step_end(self, trainer: Trainer, terms: dict) -> None:
+        self.calls.append(("step_end", trainer.progress.step, sorted(terms)[:1]))
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
+        self.calls.append(("epoch_end", trainer.progress.step, epoch, trainer.progress.epoch))
+
+    def on_save(self, trainer: Trainer) -> None:
+        self.calls.append(("save", trainer.progress.step, trainer.rundir.last.is_file()))
+
+    def on_fit_end(self, trainer: Trainer, status: str) -> None:
+        self.calls.append(("fit_end", trainer.progress.step, status))
+
+    def close(self, trainer: Trainer) -> None:
+        self.calls.append(("close",))
+
+
+def test_callbacks_see_the_loop_in_order_and_close_after_a_failure(runs: Path) -> None:
+    rec = Recorder()
+    Trainer(tiny_cfg(runs, "name=cb", "data.train_size=32"), callbacks=[rec]).fit()  # 2 steps an epoch, 4 in all
+    steps = [("step_end", k, ["invariance"]) for k in range(1, 5)]
+    # the trainer's own callbacks run first: a hook's checkpoint is written (on_save) before a later callback's hook
+    assert rec.calls == [("fit_start", 0), *steps[:2], ("save", 2, True), ("epoch_end", 2, 0, 1), ("save", 3, True),
+                         steps[2], steps[3], ("save", 4, True), ("fit_end", 4, "finished"), ("close",)]
+    metrics = read_metrics(runs / "cb")
+    assert [m["step"] for m in metrics if "val/probe_acc" in m] == [2, 4]  # validation: epoch 0's end, the end
+    rec = Recorder()
+
+    def fail(tr: Trainer) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(tiny_cfg(runs, "name=cb2"), callbacks=[rec]).fit(on_step=fail)
+    assert rec.calls[-1] == ("close",) and ("fit_end", 1, "finished") not in rec.calls
+    assert '"failed"' in (runs / "cb2" / "status.json").read_text()
 
 
 def test_warmup_cosine_schedule() -> None:

@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vitsinks.bench import interleaved, ratio_stats, table
 from vitsinks.configs.schema import exp_names, load_config
 from vitsinks.models import SIZES, model_from_config
-from vitsinks.objectives.lejepa import CommonModePenalty
+from vitsinks.objectives.penalty import CommonModePenalty
 
 
 def gate_flop_share(dim: int, tokens: int) -> float:

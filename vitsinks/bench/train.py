@@ -11,15 +11,17 @@ from vitsinks.bench import interleaved, ratio_stats, table
 from vitsinks.configs.schema import load_config
 from vitsinks.data.synthetic import SyntheticShapes
 from vitsinks.data.views import SeededViews
+from vitsinks.train.trainer import Trainer
 
 
-def _phases(trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[str, float]:
-    """One instrumented train step: seconds spent in forward, loss, backward, optimizer; SIGReg alone."""
+def _phases(trainer: Trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[str, float]:
+    """One instrumented train step (LeJEPA): seconds spent in forward, loss, backward, optimizer; SIGReg alone."""
     n_global = trainer.cfg.views.n_global
+    loss = trainer.objective.loss
     t = [time.perf_counter()]
     proj_g, proj_l, logits = trainer.model(views, n_global)
     t.append(time.perf_counter())
-    terms = trainer.objective(proj_g, proj_l)
+    terms = loss(proj_g, proj_l)
     total = terms.loss + torch.nn.functional.cross_entropy(logits, labels.repeat(n_global))
     t.append(time.perf_counter())
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -31,7 +33,7 @@ def _phases(trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[st
     # SIGReg alone (forward + backward) on the same projections
     all_proj = torch.cat([proj_g, proj_l]).detach().requires_grad_(True)
     s0 = time.perf_counter()
-    trainer.objective.sigreg(all_proj).backward()
+    loss.sigreg(all_proj).backward()
     sig = time.perf_counter() - s0
     return {"forward": t[1] - t[0], "loss": t[2] - t[1], "backward": t[3] - t[2], "optimizer": t[4] - t[3],
             "sigreg": sig}
@@ -39,11 +41,9 @@ def _phases(trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[st
 
 def run(batch: int = 64, repeats: int = 10) -> str:
     """Print and return the step-time split and the view-throughput ratio."""
-    from vitsinks.train.trainer import Trainer
-
     cfg = load_config([f"train.batch_size={batch}", "wandb.mode=disabled", "runs_dir=/nonexistent-bench"])
     trainer = Trainer(cfg)
-    loader = iter(trainer._loader(0))
+    loader = iter(trainer.loader(0))
     rows: dict[str, list[float]] = {}
     for r in range(repeats + 1):
         t0 = time.perf_counter()

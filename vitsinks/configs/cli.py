@@ -1,8 +1,11 @@
 """The one command-line layer of every entry point: Hydra set-up, argument parsing and error-to-exit-code handling.
 
 - Hydra commands (`launch`, `diagnose`, `intervene`, `eval.linear`, `eval.dense`) are built with `hydra_command`:
-  the repository's configs, short aliases (`n_images=` for `diagnostics.n_images=`), `check_config` right after
-  composition, then the command's function.
+  short aliases (`n_images=` for `diagnostics.n_images=`) rewritten, the config composed ONCE with Hydra's compose
+  API (`compose`) and checked (`check_config`), then the command's function gets that typed config. The sweeps of
+  `launch -m` compose each run the same way (`vitsinks.run.sweep.expand` + `compose`): the compose API is the only
+  way configs are made, so a sweep can know every run before it starts (names, the SLURM array, finished runs).
+  Of Hydra's own flags, `--cfg job|hydra|all` (with `--resolve`) and `--help` are kept.
 - Plain commands (`leaderboard`, `synthetic`, `bench`) parse `key=value` arguments against a typed schema with
   `parse_args` (misspelt keys and wrong types name themselves) and run under `run_command`.
 - `compose` turns a configuration that does not compose into a `ConfigError`; `guarded` turns a `UserError` into
@@ -12,16 +15,22 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
+from vitsinks.configs.schema import check_config, compose_config, config_dir
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
 
 
@@ -56,9 +65,8 @@ def composition_message(err: BaseException) -> str:
 
 
 def data_overrides() -> list[str] | None:
-    """The `data` / `data.*` keys this Hydra command line set; None outside a Hydra command (called from Python)."""
-    from hydra.core.hydra_config import HydraConfig
-
+    """The `data` / `data.*` keys the running command's command line set; None outside a command (called from
+    Python)."""
     if not HydraConfig.initialized():
         return None
     keys = [o.split("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
@@ -75,18 +83,18 @@ def pick_data(cfg_data: DictConfig, ckpt_data: DictConfig, overridden: Sequence[
                                        for k in overridden})  # type: ignore[return-value]
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """The checked config of these overrides, composed as the command line would (see `config.load_config`); a
-    composition error (unknown group or option, misspelt key, wrong type, value outside a closed set) becomes a
-    `ConfigError` with Hydra's message on one line. Errors of vitsinks' own code keep their type and traceback."""
-    from hydra.errors import HydraException
-
-    from vitsinks.configs.schema import load_config
-
+def compose(overrides: Sequence[str], check: bool = True, hydra: bool = False) -> DictConfig:
+    """The config of these overrides, composed as the command line does, checked (`check_config`) unless `check` is
+    False; `hydra` keeps Hydra's own node (see `schema.compose_config`). A composition error (unknown group or
+    option, misspelt key, wrong type, value outside a closed set) becomes a `ConfigError` with Hydra's message on
+    one line. Errors of vitsinks' own code keep their type and traceback."""
     try:
-        return load_config(list(overrides))
+        cfg = compose_config(list(overrides), hydra=hydra)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(composition_message(err)) from None
+    if check:
+        check_config(cfg)
+    return cfg
 
 
 def rewrite_aliases(argv: Sequence[str], aliases: dict[str, str], lists: Sequence[str] = ()) -> list[str]:
@@ -103,26 +111,83 @@ def rewrite_aliases(argv: Sequence[str], aliases: dict[str, str], lists: Sequenc
     return out
 
 
+CFG_PARTS = ("job", "hydra", "all")
+FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
+
+
+def split_flags(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """(`{"help": bool, "cfg": None | job | hydra | all, "resolve": bool}`, the overrides) of a command line."""
+    flags: dict[str, Any] = {"help": False, "cfg": None, "resolve": False}
+    overrides: list[str] = []
+    rest = list(args)
+    while rest:
+        a = rest.pop(0)
+        if a in ("-h", "--help"):
+            flags["help"] = True
+        elif a == "--resolve":
+            flags["resolve"] = True
+        elif a in ("-c", "--cfg") or a.startswith("--cfg="):
+            part = a.partition("=")[2] if "=" in a else (rest.pop(0) if rest else "")
+            if part not in CFG_PARTS:
+                raise ConfigError(f"--cfg takes one of {', '.join(CFG_PARTS)}, got {part!r}")
+            flags["cfg"] = part
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option {a}; the options are {FLAGS_USAGE}")
+        else:
+            overrides.append(a)
+    return flags, overrides
+
+
+def help_text(doc: str | None, aliases: dict[str, str]) -> str:
+    """A command's `--help`: its module docstring, the config groups with their options, and its aliases."""
+    groups = sorted(p for p in config_dir().iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+    lines = [(doc or "").strip(), "", "config groups (group=option):"]
+    lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
+    if aliases:
+        lines += ["", "short keys: " + ", ".join(f"{k}= ({v}=)" for k, v in aliases.items())]
+    lines += ["", f"any field: key=value (e.g. train.lr=1e-3); options: {FLAGS_USAGE}"]
+    return "\n".join(lines)
+
+
+def task_config(cfg: DictConfig) -> DictConfig:
+    """The run's config without Hydra's node (what a command's function gets)."""
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
+
+
+@contextmanager
+def hydra_context(cfg: DictConfig) -> Iterator[None]:
+    """What Hydra sets up around a job, for the config `cfg` composed with its Hydra node: `HydraConfig` (the
+    command line's overrides, read by `data_overrides`) and logging; `HydraConfig` is cleared afterwards."""
+    HydraConfig.instance().set_config(cfg)
+    configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = None
+
+
 def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | None = None,
                   lists: Sequence[str] = ()) -> Callable[[Sequence[str] | None], None]:
-    """The `main(argv)` of a Hydra command running `fn(cfg)`: aliases rewritten, the config checked, errors handled."""
-    import hydra
-
-    from vitsinks.configs.schema import check_config, config_dir, register_configs
-
-    def task(cfg: DictConfig) -> None:
-        guarded(check_config, cfg)
-        guarded(fn, cfg)
-
-    register_configs()
-    hydra_main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(task)
+    """The `main(argv)` of a Hydra command running `fn(cfg)`: aliases rewritten, the config composed once and
+    checked, errors on one line (see the module docstring)."""
 
     def main(argv: Sequence[str] | None = None) -> None:
         args = rewrite_aliases(sys.argv[1:] if argv is None else list(argv), aliases or {}, lists)
-        if not any(a.startswith("-") or a.startswith("hydra") for a in args):
-            guarded(compose, args)  # composition mistakes on one line (Hydra's own message spans several)
-        sys.argv = [sys.argv[0], *args]
-        hydra_main()
+        flags, overrides = guarded(split_flags, args)
+        if flags["help"]:
+            module = sys.modules.get(getattr(fn, "__module__", None) or "")
+            print(help_text(module.__doc__ if module else None, aliases or {}))
+            return
+        cfg = guarded(compose, overrides, flags["cfg"] is None, True)
+        if flags["cfg"] is not None:
+            part = {"job": task_config(cfg), "hydra": OmegaConf.masked_copy(cfg, "hydra"), "all": cfg}[flags["cfg"]]
+            print(OmegaConf.to_yaml(part, resolve=flags["resolve"]), end="")
+            return
+        with hydra_context(cfg):
+            guarded(fn, task_config(cfg))
 
     return main
 

@@ -6,23 +6,29 @@ value of the wrong type fails at composition with a message that names it.
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from vitsinks.utils.errors import ConfigError
+# The model's config and closed sets live with the model (their registries build them); re-exported here.
+from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # noqa: F401
+from vitsinks.models.mitigations.gate import Gate  # noqa: F401
+from vitsinks.models.mitigations.global_pathway import GlobalPathwayConfig, RecipientGate  # noqa: F401
+from vitsinks.models.vit import SIZES
+from vitsinks.utils.errors import BadValue, ConfigError
+from vitsinks.utils.fields import Range, bounded, range_of
 
 # Closed sets: a value outside them stops at composition with the allowed values (member names are the values).
-Gate = StrEnum("Gate", "none elementwise headwise", module=__name__)
-Attn = StrEnum("Attn", "softmax relu sigmoid sink_logit", module=__name__)
-PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
-PosEmbed = StrEnum("PosEmbed", "learn none", module=__name__)
-RecipientGate = StrEnum("RecipientGate", "learned hier", module=__name__)
 DataName = StrEnum("DataName", "synthetic fashion_mnist imagenet sinktask_nop sinktask_broadcast ade20k voc",
                    module=__name__)
 OnBadImage = StrEnum("OnBadImage", "skip error", module=__name__)
@@ -41,75 +47,38 @@ Interpolation = StrEnum("Interpolation", "bicubic bilinear", module=__name__)
 
 
 @dataclass
-class GlobalPathwayConfig:
-    """The docs/fidelity.md global pathway beside attention in every block (`vitsinks.models.pathway`)."""
-
-    enabled: bool = False
-    state_dim: int = 64  # d_g
-    gate: RecipientGate = RecipientGate.learned  # learned: sigmoid(w . z_i + b); hier: sigmoid(a_i) * softmax(r_i)_bc
-    layerscale_init: float | None = None  # ls3; None: no LayerScale on the pathway
-
-
-@dataclass
-class ModelConfig:
-    """ViT architecture and sink-mitigation switches (see `vitsinks.models.build_vit`)."""
-
-    size: str = "vit_cpu"
-    img_size: int | None = None
-    patch_size: int | None = None
-    embed_dim: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    proj_bias: bool = True  # attention output-projection bias
-    mlp: bool = True  # False: attention-only blocks (the sink tasks)
-    patch_embed: PatchEmbed = PatchEmbed.learned  # orthonormal: frozen isometry, no bias (sink tasks)
-    pos_embed: PosEmbed = PosEmbed.learn  # learn | none
-    layerscale_init: float | None = None
-    drop_path: float = 0.0
-    gate: Gate = Gate.none
-    registers: int = 0
-    register_pos_embed: bool = False  # True: the position embedding covers [CLS], registers and patches (reference)
-    prefix_init_std: float | None = None  # [CLS] / register init: None timm's (normal std 1e-6); x: trunc-normal std x
-    attn: Attn = Attn.softmax
-    global_pathway: GlobalPathwayConfig = field(default_factory=GlobalPathwayConfig)
-    pretrained: str | None = None  # timm model name (downloads) or a state-dict / checkpoint path
-
-
-@dataclass
 class DataConfig:
     """Dataset choice. `root` is needed by the on-disk datasets; `synthetic` is generated on the fly."""
 
     name: DataName = DataName.synthetic
     root: str | None = None
-    num_classes: int = 10
-    image_size: int = 64  # resolution the synthetic images are drawn at
-    train_size: int = 4096  # synthetic: images per epoch
-    val_size: int = 1024  # synthetic: validation images
-    num_workers: int | None = 0  # None: min(8, the CPUs this process may use)
+    num_classes: int = bounded(10, ge=0)
+    image_size: int = bounded(64, ge=1)  # resolution the synthetic images are drawn at
+    train_size: int = bounded(4096, ge=1)  # synthetic: images per epoch
+    val_size: int = bounded(1024, ge=1)  # synthetic: validation images
+    num_workers: int | None = bounded(0, ge=0)  # None: min(8, the CPUs this process may use)
     on_bad_image: OnBadImage = OnBadImage.skip  # skip (warn and count) | error
     voc_aug: bool = False  # voc: train on SegmentationClassAug (ImageSets/Segmentation/train_aug.txt)
-    patch_size: int = 4  # sink tasks: the patch grid the task is defined on (set to the model's)
-    marked_frac: float = 0.03  # sinktask_nop: share of patches that receive the update
-    marker: float = 3.0  # sink tasks: strength of the marker that flags a marked / source patch
+    patch_size: int = bounded(4, ge=1)  # sink tasks: the patch grid the task is defined on (set to the model's)
+    marked_frac: float = bounded(0.03, gt=0, lt=1)  # sinktask_nop: share of patches that receive the update
+    marker: float = bounded(3.0, gt=0)  # sink tasks: strength of the marker that flags a marked / source patch
 
 
 @dataclass
 class ViewsConfig:
     """Multi-crop views (lightly transforms): `n_global` large crops and `n_local` small ones."""
 
-    n_global: int = 2
-    global_size: int = 64
-    global_scale: list[float] = field(default_factory=lambda: [0.3, 1.0])
-    n_local: int = 2
-    local_size: int = 32
-    local_scale: list[float] = field(default_factory=lambda: [0.05, 0.3])
-    color_jitter: float = 0.8  # probability
-    grayscale: float = 0.2
-    blur: float = 0.5
-    solarize: float = 0.1
-    hflip: float = 0.5
+    n_global: int = bounded(2, ge=1)
+    global_size: int = bounded(64, ge=1)
+    global_scale: list[float] = bounded(factory=lambda: [0.3, 1.0], gt=0, le=1)  # share of the image's area
+    n_local: int = bounded(2, ge=0)
+    local_size: int = bounded(32, ge=1)
+    local_scale: list[float] = bounded(factory=lambda: [0.05, 0.3], gt=0, le=1)
+    color_jitter: float = bounded(0.8, ge=0, le=1)  # probabilities
+    grayscale: float = bounded(0.2, ge=0, le=1)
+    blur: float = bounded(0.5, ge=0, le=1)
+    solarize: float = bounded(0.1, ge=0, le=1)
+    hflip: float = bounded(0.5, ge=0, le=1)
 
 
 @dataclass
@@ -121,17 +90,17 @@ class ObjectiveConfig:
     """
 
     name: Objective = Objective.lejepa
-    lamb: float = 0.05
-    slices: int = 1024
-    knots: int = 17
-    proj_hidden: int = 512
-    proj_out: int = 64
-    proj_layers: int = 3
+    lamb: float = bounded(0.05, ge=0, le=1)
+    slices: int = bounded(1024, ge=1)  # SIGReg's random directions
+    knots: int = bounded(17, ge=2)  # SIGReg's integration points
+    proj_hidden: int = bounded(512, ge=1)
+    proj_out: int = bounded(64, ge=1)
+    proj_layers: int = bounded(3, ge=2)
     projector_bn: BatchNormStats = BatchNormStats.global_batch  # the projector's BatchNorm statistics under DDP
     sigreg: SigregForm = SigregForm.per_view_global  # pooled_per_rank: the reference's (one statistic of V x N per GPU)
-    probe_lr: float = 1e-3
-    cm_penalty: float = 0.0  # lambda_B of the common-mode penalty on every block's attention update (0: off)
-    cm_skip_blocks: int = 0  # the first blocks the penalty leaves out
+    probe_lr: float = bounded(1e-3, ge=0)
+    cm_penalty: float = bounded(0.0, ge=0)  # lambda_B of the common-mode penalty on every block's attention update
+    cm_skip_blocks: int = bounded(0, ge=0)  # the first blocks the penalty leaves out
     cm_pre_gate: bool = False  # penalise the attention update before the attention gate
 
 
@@ -139,18 +108,18 @@ class ObjectiveConfig:
 class TrainConfig:
     """Optimisation. `batch_size` is the global batch (split over ranks); `lr` is for that global batch."""
 
-    epochs: int = 3
-    max_steps: int | None = None  # stop early after this many steps (None: run all epochs)
-    batch_size: int = 64
-    lr: float = 5e-4
-    weight_decay: float = 0.05
-    warmup_epochs: float = 0.5
-    min_lr_ratio: float = 1e-3  # cosine decays to lr * min_lr_ratio
-    grad_clip: float = 1.0
+    epochs: int = bounded(3, ge=1)
+    max_steps: int | None = bounded(None, ge=1)  # stop early after this many steps (None: run all epochs)
+    batch_size: int = bounded(64, ge=1)
+    lr: float = bounded(5e-4, gt=0)
+    weight_decay: float = bounded(0.05, ge=0)
+    warmup_epochs: float = bounded(0.5, ge=0)
+    min_lr_ratio: float = bounded(1e-3, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
+    grad_clip: float = bounded(1.0, ge=0)
     precision: Precision = Precision.auto  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
     compile: bool = False
-    log_every: int = 10
-    ckpt_every: int = 100  # steps between periodic checkpoints (last.pt is also written at every epoch end)
+    log_every: int = bounded(10, ge=1)
+    ckpt_every: int = bounded(100, ge=1)  # steps between periodic checkpoints (last.pt: also at every epoch end)
     keep_periodic: bool = True
 
 
@@ -174,9 +143,9 @@ class ProtocolConfig:
 
     name: str = "vitsinks"
     order: ImageOrder = ImageOrder.permuted  # permuted: a seeded permutation of the split | first: its own order
-    seed: int = 0  # the permutation's generator seed
+    seed: int = bounded(0, ge=0)  # the permutation's generator seed
     image_list: str | None = None  # a text file of image file names (or a list shipped in vitsinks/data/lists/)
-    crop_pct: float = 0.875  # shorter side resized to size / crop_pct (256 for 224 px), then a centre crop
+    crop_pct: float = bounded(0.875, gt=0, le=1)  # shorter side to size / crop_pct (256 for 224 px), then a centre crop
     interpolation: Interpolation = Interpolation.bicubic
 
 
@@ -185,10 +154,10 @@ class DiagnosticsConfig:
     """Sink diagnostics: run on a fixed image set at every checkpoint save (and by `vitsinks.diagnose`)."""
 
     enabled: bool = True
-    n_images: int = 16  # validation images, in the order of `protocol`
+    n_images: int = bounded(16, ge=1)  # validation images, in the order of `protocol`
     plots: bool = True
     rule: SinkRule = SinkRule.relaxed  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
-    eps: float = 0.5
+    eps: float = bounded(0.5, gt=0, le=0.5)  # def1; above 0.5 a head can have several sinks
     ratio: SinkRatio = SinkRatio.ratio_out
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
     block0: bool = False  # the reference-layout sink table (sink_table.md) also counts block 0
@@ -204,18 +173,18 @@ class InterveneConfig:
     `diagnostics` settings (rule, eps, ratio, use_stable_rank).
     """
 
-    n_images: int = 256  # validation images edited, the first n of the `protocol` order
-    heldout_images: int = 64  # the next ones in that order: the source of mean_sink_value (disjoint)
-    batch_size: int = 32
+    n_images: int = bounded(256, ge=2)  # validation images edited, the first n of the `protocol` order
+    heldout_images: int = bounded(64, ge=0)  # the next ones in that order: the source of mean_sink_value (disjoint)
+    batch_size: int = bounded(32, ge=2)  # the donor of an image is another image of its batch
     heads: list[str] = field(default_factory=list)  # ["block:head", ...]; empty: automatic selection
     edits: list[str] = field(default_factory=list)  # empty: every edit that applies to the model
-    min_events: int = 50
-    top_k: int = 16
-    top_k_block0: int = 4
-    min_class_events: int = 20
-    seed: int = 0  # random non-sink patches: one generator per shard, seeded seed + 1000 * shard
-    shard: int = 0  # this process edits heads[shard::nshards]
-    nshards: int = 1
+    min_events: int = bounded(50, ge=1)
+    top_k: int = bounded(16, ge=0)
+    top_k_block0: int = bounded(4, ge=0)
+    min_class_events: int = bounded(20, ge=1)
+    seed: int = bounded(0, ge=0)  # random non-sink patches: one generator per shard, seeded seed + 1000 * shard
+    shard: int = bounded(0, ge=0)  # this process edits heads[shard::nshards]
+    nshards: int = bounded(1, ge=1)
     merge: str | None = None  # a folder of shards to join into the final outputs
     out: str | None = None  # default: <run>/interventions/<checkpoint> (or <runs_dir>/interventions/<model>)
 
@@ -233,16 +202,16 @@ class ClusterConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: int = 1  # CPU jobs only; with GPUs there is one task per GPU
-    cpus_per_task: int = 8
-    mem_gb: int | None = None
-    time_min: int = 240
+    nodes: int = bounded(1, ge=1)
+    gpus_per_node: int = bounded(0, ge=0)
+    tasks_per_node: int = bounded(1, ge=1)  # CPU jobs only; with GPUs there is one task per GPU
+    cpus_per_task: int = bounded(8, ge=1)
+    mem_gb: int | None = bounded(None, ge=1)
+    time_min: int = bounded(240, ge=1)
     constraint: str | None = None
-    signal_delay_s: int = 120  # the preemption/time-limit signal comes this long before the end
-    max_requeues: int = 3  # requeues after a time-out (preemptions are always requeued)
-    array_parallelism: int = 64  # at most this many array tasks run at once
+    signal_delay_s: int = bounded(120, ge=0)  # the preemption/time-limit signal comes this long before the end
+    max_requeues: int = bounded(3, ge=0)  # requeues after a time-out (preemptions are always requeued)
+    array_parallelism: int = bounded(64, ge=1)  # at most this many array tasks run at once
     additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch parameters, e.g. {mail-type: END}
     setup: list[str] = field(default_factory=list)  # shell lines run before the job, e.g. module load ...
     logs_dir: str | None = None  # submitit's folder (default: <runs_dir>/slurm_logs)
@@ -256,13 +225,13 @@ class EvalConfig:
     """
 
     after_train: bool = False
-    batch_size: int = 64  # feature extraction
-    max_train_images: int | None = None  # subsample for quick checks (None: the whole split)
-    max_val_images: int | None = None
-    linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3])
-    linear_last_blocks: list[int] = field(default_factory=lambda: [1, 4])
-    linear_epochs: int = 10
-    linear_batch_size: int = 256
+    batch_size: int = bounded(64, ge=1)  # feature extraction
+    max_train_images: int | None = bounded(None, ge=1)  # subsample for quick checks (None: the whole split)
+    max_val_images: int | None = bounded(None, ge=1)
+    linear_lrs: list[float] = bounded(factory=lambda: [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3], gt=0)
+    linear_last_blocks: list[int] = bounded(factory=lambda: [1, 4], ge=1)
+    linear_epochs: int = bounded(10, ge=1)
+    linear_batch_size: int = bounded(256, ge=1)
     dense_data: DataName | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
     # The dense probe's protocol (vitsinks/eval/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
@@ -270,13 +239,13 @@ class EvalConfig:
     # val epoch) | kempner_cached (the same on cached features, 3 probe seeds). The fields below left at None take
     # the protocol's own value; the kempner protocols accept only dense_size and dense_epochs as overrides.
     dense_protocol: DenseProtocolName = DenseProtocolName.dinov2
-    dense_size: int | None = None  # input side in pixels (dinov2: the model's; kempner: 512)
-    dense_epochs: int | None = None  # dinov2 10; kempner ADE20K 10 / VOC 25; kempner_cached 25 / 100
-    dense_lr: float | None = None  # dinov2 only (1e-3)
-    dense_weight_decay: float | None = None  # dinov2 only (1e-4)
-    dense_batch_size: int | None = None  # dinov2 only (16)
+    dense_size: int | None = bounded(None, ge=1)  # input side in pixels (dinov2: the model's; kempner: 512)
+    dense_epochs: int | None = bounded(None, ge=1)  # dinov2 10; kempner ADE20K 10 / VOC 25; kempner_cached 25 / 100
+    dense_lr: float | None = bounded(None, gt=0)  # dinov2 only (1e-3)
+    dense_weight_decay: float | None = bounded(None, ge=0)  # dinov2 only (1e-4)
+    dense_batch_size: int | None = bounded(None, ge=1)  # dinov2 only (16)
     dense_augment: bool | None = None  # dinov2 only (false: cached features; true: random resized crop + flip)
-    dense_examples: int = 4  # val images drawn as image | ground truth | prediction
+    dense_examples: int = bounded(4, ge=0)  # val images drawn as image | ground truth | prediction
 
 
 @dataclass
@@ -285,7 +254,7 @@ class Config:
 
     exp: str = "base"
     name: str = MISSING
-    seed: int = 0
+    seed: int = bounded(0, ge=0)
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
@@ -323,65 +292,79 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
                                   enum_to_str=True)
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose the config from Python, exactly as the command line would (used by tests and notebooks), and
-    check its numbers (`check_config`)."""
-    from hydra import compose, initialize_config_dir
-
+def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
+    """The config of these overrides as Hydra composes it (not checked; `hydra=True` keeps the `hydra` node, which
+    carries the command line's overrides and the logging set-up)."""
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides or []))
+        return compose(config_name="config", overrides=list(overrides or []), return_hydra_config=hydra)
+
+
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the config from Python, exactly as the command line does (used by tests and notebooks), and
+    check its numbers (`check_config`)."""
+    cfg = compose_config(overrides)
     check_config(cfg)
     return cfg
 
 
-# (field, lowest allowed, lower bound inclusive); None values mean "the default" and are not checked.
-RANGES: tuple[tuple[str, float, bool], ...] = (
-    ("train.epochs", 1, True), ("train.max_steps", 1, True), ("train.batch_size", 1, True), ("train.lr", 0, False),
-    ("train.weight_decay", 0, True), ("train.warmup_epochs", 0, True), ("train.min_lr_ratio", 0, True),
-    ("train.grad_clip", 0, True), ("train.log_every", 1, True), ("train.ckpt_every", 1, True),
-    ("model.img_size", 1, True), ("model.patch_size", 1, True), ("model.embed_dim", 1, True),
-    ("model.depth", 1, True), ("model.num_heads", 1, True), ("model.mlp_ratio", 0, False),
-    ("model.registers", 0, True), ("model.drop_path", 0, True), ("model.global_pathway.state_dim", 1, True),
-    ("data.num_classes", 0, True), ("data.image_size", 1, True), ("data.train_size", 1, True),
-    ("data.val_size", 1, True), ("data.num_workers", 0, True), ("data.patch_size", 1, True),
-    ("views.n_global", 1, True), ("views.global_size", 1, True), ("views.n_local", 0, True),
-    ("views.local_size", 1, True), ("objective.lamb", 0, True), ("objective.cm_penalty", 0, True),
-    ("objective.cm_skip_blocks", 0, True), ("objective.slices", 1, True), ("objective.knots", 2, True),
-    ("objective.proj_hidden", 1, True), ("objective.proj_out", 1, True), ("objective.proj_layers", 2, True),
-    ("objective.probe_lr", 0, True), ("model.prefix_init_std", 0, True),
-    ("diagnostics.n_images", 1, True), ("diagnostics.eps", 0, False),
-    ("intervene.n_images", 2, True), ("intervene.heldout_images", 0, True), ("intervene.batch_size", 2, True),
-    ("intervene.nshards", 1, True), ("intervene.shard", 0, True), ("eval.batch_size", 1, True),
-    ("eval.max_train_images", 1, True), ("eval.max_val_images", 1, True), ("eval.linear_epochs", 1, True),
-    ("eval.linear_batch_size", 1, True), ("eval.dense_epochs", 1, True), ("eval.dense_batch_size", 1, True),
-    ("eval.dense_lr", 0, False), ("eval.dense_size", 1, True), ("eval.dense_weight_decay", 0, True),
-    ("cluster.nodes", 1, True), ("cluster.gpus_per_node", 0, True),
-    ("cluster.tasks_per_node", 1, True), ("cluster.cpus_per_task", 1, True), ("cluster.time_min", 1, True),
-    ("protocol.crop_pct", 0, False),
-)
-UPPER = {"protocol.crop_pct": 1, "train.min_lr_ratio": 1, "model.drop_path": 0.999, "objective.lamb": 1,
-         "diagnostics.eps": 0.5}
+@dataclass(frozen=True)
+class NumericField:
+    """One int / float field of the schema (or a list of them: `is_list`), its dotted key and declared range."""
+
+    key: str
+    owner: type
+    name: str
+    kind: type  # int or float
+    is_list: bool
+    range: Range | None
+
+
+def _numeric_kind(hint: Any) -> tuple[type, bool] | None:
+    """(int | float, is a list) for `int`, `float | None`, `list[float]`, ...; None for any other type."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return _numeric_kind(args[0]) if len(args) == 1 else None
+    if typing.get_origin(hint) is list and len(args) == 1:
+        inner = _numeric_kind(args[0])
+        return (inner[0], True) if inner and not inner[1] else None
+    return (hint, False) if hint in (int, float) else None
+
+
+def _nested(hint: Any) -> type | None:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and len(args) == 1:
+        hint = args[0]
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def numeric_fields(schema: type = None, prefix: str = "") -> Iterator[NumericField]:  # type: ignore[assignment]
+    """Every numeric field of a config dataclass (default: the whole `Config`), nested dataclasses included."""
+    schema = schema or Config
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        if (sub := _nested(hints[f.name])) is not None:
+            yield from numeric_fields(sub, key + ".")
+        elif (kind := _numeric_kind(hints[f.name])) is not None:
+            yield NumericField(key, schema, f.name, kind[0], kind[1], range_of(f))
 
 
 def check_config(cfg: DictConfig) -> None:
     """Numbers out of range and sizes that do not fit, checked once after composition: `ConfigError` naming the
-    field, its value and what is allowed (the closed sets are enums, checked by OmegaConf itself)."""
+    field, its value and what is allowed. Every numeric field of the schema is checked against the range it declares
+    (`bounded`); None means "the default" and is not checked. The closed sets are enums, checked by OmegaConf."""
     problems = []
-    for key, low, inclusive in RANGES:
-        value = OmegaConf.select(cfg, key, default=None)
-        if value is None:
+    for nf in numeric_fields():
+        value = OmegaConf.select(cfg, nf.key, default=None)
+        if value is None or nf.range is None:
             continue
-        high = UPPER.get(key, math.inf)
-        if not math.isfinite(value) or value < low or (value == low and not inclusive) or value > high:
-            bound = f"{'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high < math.inf else "")
-            problems.append(f"{key}={value} (must be {bound})")
-    for key in ("eval.linear_lrs", "eval.linear_last_blocks"):
-        if any(not math.isfinite(v) or v <= 0 for v in OmegaConf.select(cfg, key, default=[]) or []):
-            problems.append(f"{key}={list(OmegaConf.select(cfg, key))} (every entry must be > 0)")
+        if nf.is_list:
+            if not all(nf.range.admits(v) for v in value):
+                problems.append(f"{nf.key}={list(value)} (every entry must be {nf.range.describe()})")
+        elif not nf.range.admits(value):
+            problems.append(f"{nf.key}={value} (must be {nf.range.describe()})")
     m = cfg.model
-    from vitsinks.models.vit import SIZES
-
     if m.size not in SIZES:
         problems.append(f"model.size={m.size} (choose one of {', '.join(sorted(SIZES))})")
     else:
@@ -397,3 +380,43 @@ def check_config(cfg: DictConfig) -> None:
         problems.append(f"intervene.shard={st.shard} (must be < intervene.nshards={st.nshards})")
     if problems:
         raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))
+
+
+# The one upgrade path of saved configs (checkpoints' `config`, runs' config.yaml) written by older versions.
+RENAMED: dict[str, str] = {}  # old dotted key -> its current key; add an entry when a field is renamed
+REMOVED: tuple[str, ...] = ("sweep",)  # retired fields, dropped (`sweep`: now `launch status sweep=...`'s argument)
+
+
+def _pop(tree: dict[str, Any], key: str) -> tuple[bool, Any]:
+    *parents, last = key.split(".")
+    for p in parents:
+        tree = tree.get(p)
+        if not isinstance(tree, dict):
+            return False, None
+    return (True, tree.pop(last)) if last in tree else (False, None)
+
+
+def _put(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    tree[last] = value
+
+
+def upgrade(old: Mapping[str, Any] | DictConfig, source: str = "a saved config") -> DictConfig:
+    """A run's saved config on the current schema: renamed fields moved (`RENAMED`), retired ones dropped
+    (`REMOVED`), fields added since at the schema's defaults (the values older code had), typed like a composed
+    config, so code reads it by attribute without defaults. Ranges are not checked (an old run stays readable);
+    a key the schema does not know is a `BadValue` naming it and `source`."""
+    tree = OmegaConf.to_container(OmegaConf.create(old) if not isinstance(old, DictConfig) else old, resolve=True)
+    assert isinstance(tree, dict)
+    for before, now in RENAMED.items():
+        found, value = _pop(tree, before)
+        if found:
+            _put(tree, now, value)
+    for key in REMOVED:
+        _pop(tree, key)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), tree)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:
+        raise BadValue(f"{source} does not fit this version's config schema: {str(err).splitlines()[0]}") from None

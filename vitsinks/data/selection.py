@@ -116,8 +116,6 @@ def select_items(dataset: Dataset, counts: Sequence[int], protocol: Any, on_bad_
 
 def analysis_crop(size: int, crop_pct: float = DEFAULT_CROP_PCT, interpolation: str = "bicubic") -> T.Compose:
     """The geometric part of `analysis_transform` (a PIL image in, a PIL image out; also what plots show)."""
-    if not 0 < crop_pct <= 1:
-        raise BadValue(f"protocol.crop_pct={crop_pct} (must be in (0, 1]; 0.875 = resize 256, crop 224)")
     mode = T.InterpolationMode(interpolation)
     return T.Compose([T.Resize(round(size / crop_pct), interpolation=mode), T.CenterCrop(size)])
 

@@ -37,8 +37,6 @@ class SinkTask(Dataset):
             raise BadValue(f"unknown sink task {task!r}; choose one of {TASKS}")
         if image_size % patch_size:
             raise BadValue(f"sink task: image_size {image_size} is not a multiple of patch_size {patch_size}")
-        if not 0.0 < marked_frac < 1.0:
-            raise BadValue(f"data.marked_frac must be in (0, 1), got {marked_frac}")
         self.task, self.size, self.patch, self.length, self.seed = task, image_size, patch_size, length, seed
         self.channels, self.marker = channels, marker
         self.grid = image_size // patch_size

@@ -10,17 +10,21 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
-from vitsinks.configs.schema import ProtocolConfig
+from vitsinks.configs.schema import DiagnosticsConfig, ProtocolConfig
 from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
-from vitsinks.diagnostics.summary import classify, events, location, summarize
+from vitsinks.diagnostics.plots import all_plots
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.sinktable import write_sink_table
+from vitsinks.diagnostics.summary import DiagnosticsSummary, classify, events, location, summarize
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import SUMMARY
 
-__all__ = ["FIELDS", "classify", "diagnose", "diagnose_tokens", "embed", "events", "fixed_images", "head_fields",
-           "images_of", "location", "protocol_transform", "qk_spectrum", "run_diagnostics", "spectrum", "stable_rank",
-           "summarize"]
+__all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "embed", "events",
+           "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
+           "run_diagnostics", "spectrum", "stable_rank", "summarize"]
 
 
 def images_of(items: list[tuple], size: int, protocol: Any = None) -> tuple[torch.Tensor, np.ndarray]:
@@ -69,21 +73,18 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     `settings` is a `DiagnosticsConfig` (rule, eps, ratio, use_stable_rank, plots); None means its defaults.
     `image_index` (each image's index in its split) and `protocol` (its name) are recorded in the outputs.
     """
-    from vitsinks.configs.schema import DiagnosticsConfig
-    from vitsinks.diagnostics.plots import all_plots
-    from vitsinks.diagnostics.sinktable import write_sink_table
-
     st = settings or DiagnosticsConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
     d = diagnose(model, images)
     if image_index is not None:
         d["image_index"] = np.asarray(image_index, dtype=np.int64)
-    summary = summarize(d, rule=st.rule, eps=st.eps, ratio=st.ratio, use_rank=st.use_stable_rank)
-    summary["protocol"] = str((protocol or ProtocolConfig()).name)
+    result = DiagnosticsSummary.from_json(summarize(d, SinkRules.from_config(st)))
+    result.protocol = str((protocol or ProtocolConfig()).name)
+    summary = result.to_json()
     with files.atomic_open(out_dir / "per_image.npz", "wb") as f:
         np.savez_compressed(f, **{k: v for k, v in d.items() if k != "attn_col_mean"})
-    files.write_json(out_dir / "summary.json", summary)
-    write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=summary.get("protocol"))
+    result.write(out_dir / SUMMARY)
+    write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=result.protocol)
     if st.plots:
         all_plots(d, summary, shown, out_dir, st.ratio)
     return summary

@@ -21,6 +21,8 @@ from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
 from vitsinks.models import AttnInternals, SinkBlock, SinkViT
+from vitsinks.models.common_mode import common_mode_terms_per_image
+from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.utils.errors import CheckFailed, NonFinite
 
 RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
@@ -52,10 +54,10 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     attention each key receives, for the attention-map plots.
     """
     blocks = list(blocks)
-    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass", "gate_mean")}
+    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass")}
     norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
     update: dict[str, list[torch.Tensor]] = {}
-    with_pathway = any(blk.pathway is not None for blk in blocks)
+    mitigations = diagnosed_mitigations(blocks)
     for blk in blocks:
         ref = blk(x, is_causal=True) if causal else blk(x)
         if not bool(torch.isfinite(ref).all()):
@@ -63,15 +65,12 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
                             f"its weights or inputs are broken; diagnose a checkpoint of a run that did not diverge")
         out, it = blk.forward_explicit(x, causal=causal)
         errors.append(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
-        for k, v in update_fields(blk, x, it, with_pathway).items():
+        for k, v in update_fields(blk, x, it, mitigations).items():
             update.setdefault(k, []).append(v)
         fields = head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk))
         for k in FIELDS:
             per_block[k].append(fields[k])
         per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
-        per_block["gate_mean"].append(
-            torch.full_like(fields["mass"], torch.nan) if it.gate is None
-            else it.gate.float().mean(dim=-1).mean(dim=1).expand_as(fields["mass"]))
         if keep_maps:
             maps.append(it.attn[:keep_maps].float().mean(-2))
         del it, out
@@ -92,23 +91,30 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     return result
 
 
-def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals, with_pathway: bool) -> dict[str, torch.Tensor]:
-    """Per image (B,) of one block: `cm_num` / `cm_den`, the squared token-mean and the mean square of the attention
-    update o = ls1 * attn(z) (their ratio is the common-mode penalty); with `with_pathway`, the global pathway's
-    `pw_entropy` (of the pooling weights pi), `pw_top_token` (argmax pi), `pw_gamma` (mean recipient gate) and
-    `pw_share` (its update's energy over the attention's plus its own), NaN / -1 in blocks without one."""
-    o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate)).float()
-    out = {"cm_num": o.mean(dim=1).square().mean(-1), "cm_den": o.square().mean(dim=(1, 2))}
-    if not with_pathway:
-        return out
-    nan = torch.full_like(out["cm_num"], torch.nan)
-    if blk.pathway is None:
-        return {**out, "pw_entropy": nan, "pw_top_token": torch.full_like(nan, -1), "pw_gamma": nan, "pw_share": nan}
-    pw = blk.pathway.internals(blk.norm1(x))
-    energy = (pw.gamma * pw.write).float().square().mean(dim=(1, 2))
-    return {**out, "pw_entropy": -(pw.pi * pw.pi.clamp_min(1e-30).log()).sum(-1),
-            "pw_top_token": pw.pi.argmax(-1).float(), "pw_gamma": pw.gamma.float().mean(dim=(1, 2)),
-            "pw_share": energy / (energy + out["cm_den"]).clamp_min(1e-30)}
+def diagnosed_mitigations(blocks: Iterable[SinkBlock]) -> list[type[BlockMitigation]]:
+    """The registered mitigations whose fields a diagnosis of `blocks` holds: those diagnosed always, and the others
+    where some block has them."""
+    blocks = list(blocks)
+    return [m for m in MITIGATIONS.values() if m.diagnostic_fields and
+            (m.always_diagnosed or any(m.present(blk) for blk in blocks))]
+
+
+def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals,
+                  mitigations: Iterable[type[BlockMitigation]]) -> dict[str, torch.Tensor]:
+    """Per image (B,) of one block: `cm_num` / `cm_den`, the common-mode terms of the attention update
+    o = ls1 * attn(z) (`models.common_mode`); and each mitigation's fields (per head (B, heads) at the heads,
+    per image (B,) at the update), its `diagnostic_fields` fill values in a block without it."""
+    o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate))
+    num, den = common_mode_terms_per_image(o)
+    out = {"cm_num": num, "cm_den": den}
+    z = blk.norm1(x)
+    for m in mitigations:
+        got = m.diagnostics(blk, z, it, den)
+        if got is None:
+            shape = it.attn.shape[:2] if m.site == "heads" else den.shape
+            got = {k: torch.full(shape, fill, device=den.device) for k, fill in m.diagnostic_fields.items()}
+        out.update(got)
+    return out
 
 
 def spectrum(blocks: Iterable[SinkBlock]) -> dict[str, np.ndarray]:

@@ -11,7 +11,6 @@ register (always present, zero for a model without registers).
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from vitsinks.diagnostics.summary import (
 )
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.tables import markdown_table, write_csv
 
 RATIO = "ratio_head"
 # table column prefix -> class name of `sinks_per_image`; column suffix -> location name
@@ -81,9 +81,8 @@ def _rule_name(row: dict[str, Any]) -> str:
 
 def to_markdown(table: dict[str, Any]) -> str:
     """The header line and one row per rule."""
-    lines = [header(table), "", "| rule | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
-    lines += [f"| {_rule_name(r)} | " + " | ".join(f"{r[c]:.2f}" for c in COLUMNS) + " |" for r in table["rows"]]
-    return "\n".join(lines) + "\n"
+    rows = [[_rule_name(r), *(f"{r[c]:.2f}" for c in COLUMNS)] for r in table["rows"]]
+    return "\n".join([header(table), "", *markdown_table(["rule", *COLUMNS], rows)]) + "\n"
 
 
 def write_sink_table(d: dict[str, np.ndarray], out_dir: Path, eps: Sequence[float] = DEF1_EPS,
@@ -91,10 +90,8 @@ def write_sink_table(d: dict[str, np.ndarray], out_dir: Path, eps: Sequence[floa
     """Write `sink_table.md` and `sink_table.csv` (each row carrying its counting settings) into `out_dir`."""
     table = sink_table(d, eps, block0, protocol)
     files.write_text(out_dir / "sink_table.md", to_markdown(table))
-    with files.atomic_open(out_dir / "sink_table.csv", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["rule", "eps", "ratio", "stable_rank_test", "blocks_counted", "n_images", "protocol", *COLUMNS])
-        for r in table["rows"]:
-            w.writerow([r["rule"], "" if r["eps"] is None else f"{r['eps']:g}", RATIO, 0, table["blocks_counted"],
-                        table["images"], table["protocol"] or "", *(f"{r[c]:.6f}" for c in COLUMNS)])
+    write_csv(out_dir / "sink_table.csv",
+              ["rule", "eps", "ratio", "stable_rank_test", "blocks_counted", "n_images", "protocol", *COLUMNS],
+              [[r["rule"], "" if r["eps"] is None else f"{r['eps']:g}", RATIO, 0, table["blocks_counted"],
+                table["images"], table["protocol"] or "", *(f"{r[c]:.6f}" for c in COLUMNS)] for r in table["rows"]])
     return table

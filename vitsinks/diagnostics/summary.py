@@ -1,39 +1,32 @@
-"""Sink events, NOP / broadcast classification, sink locations, and the per-checkpoint summary."""
+"""Sink locations, the per-checkpoint summary and its typed result (`DiagnosticsSummary`, with its leaderboard
+columns); events and classes come from `vitsinks.diagnostics.rules`."""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitsinks.utils.errors import BadValue
+from vitsinks.diagnostics.rules import (  # noqa: F401 - re-exported: the rules' home is diagnostics.rules
+    BROADCAST_MAX_RANK,
+    BROADCAST_MIN,
+    CLASSES,
+    NOP_MAX,
+    ROUTED_MIN,
+    SinkRules,
+    classify,
+    events,
+)
+from vitsinks.models.common_mode import common_mode_ratio
+from vitsinks.utils import files
+from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.rundir import RunDir
 
 LOCATIONS = ("cls", "register", "patch")
-CLASSES = ("nop", "broadcast", "unclassified")
-NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
-
-
-def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) -> np.ndarray:
-    """Boolean sink events (images, blocks, heads): `relaxed` (routed_frac >= 0.9) or `def1` (min_a >= 1 - eps)."""
-    if rule == "relaxed":
-        return d["routed_frac"] >= 0.9
-    if rule == "def1":
-        if not 0 < eps <= 0.5:
-            raise BadValue(f"Definition 1 needs 0 < eps <= 0.5, got {eps}")
-        return d["min_a"] >= 1 - eps
-    raise BadValue(f"unknown sink rule {rule!r}: use relaxed or def1")
-
-
-def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
-    """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified.
-
-    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (docs/fidelity.md).
-    """
-    r = d[ratio]
-    broadcast = r >= BROADCAST_MIN
-    if use_rank:
-        broadcast &= d["stable_rank"] <= BROADCAST_MAX_RANK
-    return np.where(r <= NOP_MAX, 0, np.where(broadcast, 1, 2))
 
 
 def token_location(index: np.ndarray, num_registers: int) -> np.ndarray:
@@ -70,31 +63,39 @@ DEF1_EPS = (0.5, 0.3, 0.2, 0.1)  # the reference's sensitivity table
 MASS_SHARE_MIN = 0.3
 
 
+def block0_apart(n_blocks: int) -> bool:
+    """The block-0 rule, the one place it is decided: block 0 is counted and reported apart from blocks 1..L-1 (as
+    in the reference) in every model with more than one block; a one-block model's only block is its main scope."""
+    return n_blocks > 1
+
+
+def main_blocks(n_blocks: int) -> range:
+    """The blocks of the main scope: 1..L-1, or the only block of a one-block model (see `block0_apart`)."""
+    return range(1 if block0_apart(n_blocks) else 0, n_blocks)
+
+
 def scored_blocks(n_blocks: int, block0: bool = False) -> slice:
-    """The blocks that sinks per image count: 1..L-1 as in the reference (block 0 is reported apart), every block
-    with `block0`, or the only block of a one-block model."""
-    return slice(1, None) if n_blocks > 1 and not block0 else slice(0, None)
+    """The blocks that sinks per image count: the main scope (`main_blocks`), every block with `block0`."""
+    return slice(0 if block0 else main_blocks(n_blocks).start, None)
 
 
 def blocks_label(n_blocks: int, block0: bool = False) -> str:
     """How `scored_blocks` reads in a summary or a table header."""
-    if n_blocks == 1:
+    if not block0_apart(n_blocks):
         return "0 (the only block)"
     return "0..L-1" if block0 else "1..L-1"
 
 
-def rule_record(rule: str, eps: float, ratio: str, use_rank: bool, n_blocks: int,
-                block0: bool = False) -> dict[str, Any]:
+def rule_record(rules: SinkRules, n_blocks: int, block0: bool = False) -> dict[str, Any]:
     """The settings a sink count was made with, as stored in summary.json (`rule`) and read by the leaderboard."""
-    return {"events": str(rule), "eps": float(eps), "ratio": str(ratio), "use_stable_rank": bool(use_rank),
-            "blocks_counted": blocks_label(n_blocks, block0)}
+    return {**rules.record(), "blocks_counted": blocks_label(n_blocks, block0)}
 
 
 def describe_rule(r: dict[str, Any] | None) -> str:
     """One readable line for a `rule_record` (None: a summary written before the rule was recorded)."""
     if not r:
         return "rule not recorded (a summary older than the rule record)"
-    events_ = ("relaxed rule (routed_frac >= 0.9)" if r["events"] == "relaxed"
+    events_ = (f"relaxed rule (routed_frac >= {ROUTED_MIN:g})" if r["events"] == "relaxed"
                else f"Definition 1 (min_a >= 1 - eps, eps {r['eps']:g})")
     rank = f" and stable rank <= {BROADCAST_MAX_RANK:g}" if r["use_stable_rank"] else ", no stable-rank test"
     return (f"{events_}; NOP-like {r['ratio']} <= {NOP_MAX:g}, broadcast-like {r['ratio']} >= {BROADCAST_MIN:g}"
@@ -120,10 +121,11 @@ def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[
     return out
 
 
-def continuous_measures(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> dict[str, Any]:
+def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[str, Any]:
     """Measures that move before any sink event: the strongest head per block, the share of (image, head) pairs
-    with mass >= 0.3, Definition-1 counts at several eps (sinks per image, by class), and the mean gate."""
-    cls = classify(d, ratio, use_rank)
+    with mass >= 0.3, Definition-1 counts at several eps (sinks per image, by `rules`' class), and the mean gate."""
+    rules = rules or SinkRules()
+    cls = rules.classify(d)
     blocks = scored_blocks(d["mass"].shape[1])
     strong = d["mass"] >= MASS_SHARE_MIN
     def1 = {}
@@ -133,7 +135,7 @@ def continuous_measures(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_
                           **{name: _fmt((ev & (cls[:, blocks] == i)).sum(axis=(1, 2)).mean())
                              for i, name in enumerate(CLASSES[:2])}}
     out: dict[str, Any] = {
-        "strongest_head_by_block": strongest_heads(d, ratio),
+        "strongest_head_by_block": strongest_heads(d, rules.ratio),
         "mass_share_by_block": [_fmt(x) for x in strong.mean(axis=(0, 2))],
         "mass_share": _fmt(strong.mean()),
         "def1_sinks_per_image": def1,
@@ -149,7 +151,8 @@ def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
     recipient gate and its share of the block update's energy."""
     out: dict[str, Any] = {}
     if "cm_num" in d:
-        out["common_mode_by_block"] = [_fmt(x) for x in d["cm_num"].mean(0) / np.maximum(d["cm_den"].mean(0), 1e-30)]
+        ratio = common_mode_ratio(d["cm_num"].mean(0), d["cm_den"].mean(0))  # of the means over the images
+        out["common_mode_by_block"] = [_fmt(x) for x in ratio]
     if "pw_share" in d:
         top = d["pw_top_token"]
         loc = token_location(top, int(d["num_registers"]))
@@ -164,16 +167,17 @@ def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5, ratio: str = "ratio_out",
-              use_rank: bool = True) -> dict[str, Any]:
-    """The JSON summary of one diagnosed checkpoint (see the README's diagnostics section)."""
-    ev, cls, loc = events(d, rule, eps), classify(d, ratio, use_rank), location(d)
+def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[str, Any]:
+    """The JSON summary of one diagnosed checkpoint, events and classes read by `rules` (default: the defaults of
+    the `diagnostics` config group); see the README's diagnostics section."""
+    rules = rules or SinkRules()
+    ev, cls, loc = rules.events(d), rules.classify(d), location(d)
     n_img, n_blocks, n_heads = ev.shape
     blocks = scored_blocks(n_blocks)
     massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
     sink_heads = ev.any(axis=0)
     return {
-        "rule": rule_record(rule, eps, ratio, use_rank, n_blocks),
+        "rule": rule_record(rules, n_blocks),
         "shape": {"images": n_img, "blocks": n_blocks, "heads": n_heads,
                   "registers": int(d["num_registers"])},
         "sinks_per_image": sinks_per_image(ev[:, blocks], cls[:, blocks], loc[:, blocks]),
@@ -198,8 +202,106 @@ def summarize(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5,
             "location_share_by_block": {name: [_fmt(x) for x in (massive_loc == i).mean(axis=0)]
                                         for i, name in enumerate(LOCATIONS)},
         },
-        **continuous_measures(d, ratio, use_rank),
+        **continuous_measures(d, rules),
         **update_measures(d),
         "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }
+
+
+# --- the typed result and its leaderboard columns --------------------------------------------------------------
+_SPI = (("sinks", "sinks / image", "all", "all"), ("nop", "NOP-like", "nop", "all"),
+        ("broadcast", "broadcast-like", "broadcast", "all"), ("on_cls", "on [CLS]", "all", "cls"),
+        ("on_register", "on register", "all", "register"), ("on_patch", "on patch", "all", "patch"))
+_STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on [CLS]+reg"),
+              ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
+
+
+@register_result
+@dataclass
+class DiagnosticsSummary(Result):
+    """`diagnostics/<checkpoint>/summary.json` (written by `run_diagnostics`). Fields a summary of an older version
+    lacks are None (left out of its JSON); keys this version does not know are kept in `extra`."""
+
+    kind = "diagnostics"
+    rank = 50
+
+    sinks_per_image: dict[str, dict[str, float]]
+    massive_activations: dict[str, Any]
+    rule: dict[str, Any] | None = None
+    shape: dict[str, int] | None = None
+    sinks_per_image_block0: dict[str, dict[str, float]] | None = None
+    block_frequency: list[float] | None = None
+    max_mass_by_block: list[float] | None = None
+    head_frequency: list[list[float]] | None = None
+    location_by_block: dict[str, list[float]] | None = None
+    class_by_block: dict[str, list[float]] | None = None
+    spectrum: dict[str, Any] | None = None
+    strongest_head_by_block: dict[str, list] | None = None
+    mass_share_by_block: list[float] | None = None
+    mass_share: float | None = None
+    def1_sinks_per_image: dict[str, dict[str, float]] | None = None
+    gate_mean_by_block: list[float] | None = None
+    common_mode_by_block: list[float] | None = None
+    pathway: dict[str, list] | None = None
+    recompute_error_max: float | None = None
+    recompute_error_by_block: list[float] | None = None
+    protocol: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _ORDER = ("rule", "shape", "sinks_per_image", "sinks_per_image_block0", "block_frequency", "max_mass_by_block",
+              "head_frequency", "location_by_block", "class_by_block", "spectrum", "massive_activations",
+              "strongest_head_by_block", "mass_share_by_block", "mass_share", "def1_sinks_per_image",
+              "gate_mean_by_block", "common_mode_by_block", "pathway", "recompute_error_max",
+              "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self._ORDER if getattr(self, k) is not None}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> DiagnosticsSummary:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in obj.items() if k in known},
+                   extra={k: v for k, v in obj.items() if k not in known})
+
+    def write(self, path: Path) -> None:
+        """Write the summary JSON atomically."""
+        files.write_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, run: RunDir) -> DiagnosticsSummary | None:
+        """The run's newest summary (the final diagnosis, else the newest step's), or None."""
+        path = run.latest_summary()
+        return cls.from_json(json.loads(path.read_text())) if path is not None else None
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [*(Column(k, label, "mechanism") for k, label, _, _ in _SPI),
+                *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism") for e in DEF1_EPS),
+                *(Column(k, label, "mechanism") for k, label in _STRONGEST),
+                Column("massive", "massive act. ratio", "mechanism"),
+                Column("common_mode", "attn. common-mode share", "mechanism")]
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        """The columns' values and, for the leaderboard, `sink_rule` (the rule in words), `sink_at` (where the
+        strongest sink sits) and `profile` (the strongest head's mass per block)."""
+        s = cls.load(run)
+        if s is None:
+            return {**cls.missing(), "sink_rule": "-", "sink_at": "-", "profile": []}
+        spi = s.sinks_per_image
+        row: dict[str, Any] = {k: spi[c][loc] for k, _, c, loc in _SPI}
+        row.update(massive=max(s.massive_activations["ratio_by_block"]), sink_rule=describe_rule(s.rule))
+        row.update({k: math.nan for k, _ in _STRONGEST}, common_mode=math.nan,
+                   **{f"def1_{e}": math.nan for e in DEF1_EPS}, sink_at="-", profile=[])
+        if s.common_mode_by_block:
+            row["common_mode"] = float(np.mean(s.common_mode_by_block))
+        strong = s.strongest_head_by_block
+        if strong:
+            b = int(np.argmax(strong["mass"]))  # the block whose strongest head holds the most mass
+            row.update(max_mass=strong["mass"][b], strong_ratio=strong["ratio"][b], mass_share=s.mass_share,
+                       prefix_mass=strong.get("prefix_mass", [math.nan] * (b + 1))[b],
+                       sink_at=f"{strong['location'][b]} (block {b})", profile=list(strong["mass"]),
+                       **{f"def1_{e}": v["all"] for e, v in (s.def1_sinks_per_image or {}).items()})
+        return row

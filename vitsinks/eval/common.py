@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset
@@ -15,12 +14,14 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import init_distributed, rank_world
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.results import Result
+from vitsinks.utils.rundir import RunDir
 
 
-def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, Path]:
-    """(frozen backbone on this rank's device, data config, results folder `<run>/results`) for `cfg.ckpt`. The data
-    is `data` if given, else as `cli.pick_data` decides (the checkpoint's training data unless the command line chose
-    other data)."""
+def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, RunDir]:
+    """(frozen backbone on this rank's device, data config, the checkpoint's run directory) for `cfg.ckpt`. The
+    data is `data` if given, else as `cli.pick_data` decides (the checkpoint's training data unless the command line
+    chose other data)."""
     if not cfg.ckpt:
         raise InputNotFound("pass the checkpoint to evaluate: ckpt=runs/<name>/checkpoints/last.pt")
     path = Path(cfg.ckpt)
@@ -29,7 +30,7 @@ def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, Dic
     model = model.to(dist_info.device).eval().requires_grad_(False)
     if data is None:
         data = pick_data(cfg.data, ckpt_cfg.data, data_overrides())
-    return model, data, path.parent.parent / "results"
+    return model, data, RunDir.of_checkpoint(path)
 
 
 def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
@@ -43,7 +44,7 @@ def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
     return sub
 
 
-def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Write a result JSON atomically, once (rank 0)."""
+def write_result(path: Path, result: Result) -> None:
+    """Write a typed result's JSON atomically, once (rank 0)."""
     if rank_world()[0] == 0:
-        files.write_json(path, result)
+        files.write_json(path, result.to_json())

@@ -44,6 +44,7 @@ from vitsinks.eval.common import limit, setup, write_result  # noqa: E402
 from vitsinks.eval.dense_protocols import DenseProtocol, best_epoch, resolve, scheduler  # noqa: E402
 from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
 from vitsinks.eval.metrics import iou_from_confusion, mean_std  # noqa: E402
+from vitsinks.eval.results import DenseResult, dense_kind  # noqa: E402
 from vitsinks.models import SinkViT  # noqa: E402
 from vitsinks.utils import files  # noqa: E402
 from vitsinks.utils.distributed import rank_world  # noqa: E402
@@ -261,7 +262,7 @@ def _mean_per_class(per_seed: list[list[float | None]]) -> list[float | None]:
 
 def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Train and evaluate the dense probe(s) of `eval.dense_protocol`; write the JSON, the heads and the PNG."""
-    model, data, results_dir = setup(cfg, data)
+    model, data, run = setup(cfg, data)
     e = cfg.eval
     proto, overrides = resolve(e, str(data.name))
     size: int = proto.size or model.patch_embed.img_size[0]
@@ -278,7 +279,7 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
 
     def cached(split: str, ds: Dataset) -> dict[str, torch.Tensor]:
         key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size)
-        return extract(ds, featurize, results_dir.parent / "eval_cache" / f"dense-{key}.pt", e.batch_size,
+        return extract(ds, featurize, run.eval_cache / f"dense-{key}.pt", e.batch_size,
                        f"dense features ({split})", data.on_bad_image)
 
     if proto.augment:
@@ -308,27 +309,30 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
         heads.append(DenseHead(model.embed_dim, classes, proto.batchnorm).to(device))
         probes.append(fit(heads[-1], batch, n, proto, cfg.seed + k, evaluate_head))
     miou, std = mean_std([p["mIoU"] for p in probes])
-    result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes, "protocol": proto.name,
-              "protocol_settings": proto.settings(), "overrides": overrides, "mIoU": miou, "mIoU_std": std,
-              "pixel_acc": mean_std([p["pixel_acc"] for p in probes])[0],
-              "per_class_iou": _mean_per_class([p["per_class_iou"] for p in probes]), "probes": probes,
-              "train_images": len(train_ds), "val_images": val_images,  # type: ignore[arg-type]
-              "epochs": proto.epochs, "augment": proto.augment}
-    stem = f"dense_{data.name}" + ("" if proto.name == "dinov2" else f"_{proto.name}")
-    write_result(results_dir / f"{stem}.json", result)
+    details = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes,
+               "protocol_settings": proto.settings(), "overrides": overrides, "mIoU_std": std,
+               "pixel_acc": mean_std([p["pixel_acc"] for p in probes])[0],
+               "per_class_iou": _mean_per_class([p["per_class_iou"] for p in probes]), "probes": probes,
+               "train_images": len(train_ds), "val_images": val_images,  # type: ignore[arg-type]
+               "epochs": proto.epochs, "augment": proto.augment}
+    typed = DenseResult(miou, proto.name, details)
+    result = typed.to_json()
+    kind = dense_kind(data.name, proto.name)
+    path = run.result(kind)
+    write_result(path, typed)
     if rank_world()[0] != 0:
         return result
     files.torch_save({"heads": [h.state_dict() for h in heads], "classes": classes, "protocol": proto.name},
-                     results_dir / f"{stem}_head.pt")
+                     run.results / f"{kind}_head.pt")
     shown = predict_examples(model, heads[0], val_ds, proto, e.dense_examples, data.on_bad_image)
     if shown:
-        plot_examples(shown, classes, results_dir / f"{stem}.png",
+        plot_examples(shown, classes, run.results / f"{kind}.png",
                       f"dense probe ({proto.name}) on {data.name}: mIoU {miou * 100:.1f}")
     spread = f" ± {std * 100:.2f} over {len(probes)} probe seeds" if len(probes) > 1 else ""
     best = f", best of val before and after each of {proto.epochs} epochs" if proto.best_over_epochs else ""
     changed = f"; overrides {overrides}" if overrides else ""
     print(f"dense probe ({proto.name}) on {data.name}: mIoU {miou * 100:.2f}{spread}{best}, pixel acc "
-          f"{result['pixel_acc'] * 100:.2f}{changed}; {results_dir / f'{stem}.json'}")
+          f"{result['pixel_acc'] * 100:.2f}{changed}; {path}")
     return result
 
 

@@ -45,6 +45,7 @@ class DenseProtocol:
     probe_seeds: int  # heads trained with seeds seed, seed + 1, ...; mean and population std reported
     voc_background: bool  # False: VOC class 0 is ignored (20 classes)
     miou_classes: str  # "present": mean over classes in prediction or labels | "all": absent classes count as 0
+    label: str = ""  # its name in tables (the leaderboard's dense columns)
 
     def for_data(self, name: str) -> DenseProtocol:
         """These settings with `epochs` resolved for the dataset `name`."""
@@ -52,24 +53,26 @@ class DenseProtocol:
 
     def settings(self) -> dict[str, Any]:
         """The settings as written into the result JSON."""
-        return {k: v for k, v in asdict(self).items() if k not in ("name", "epochs_by_data")}
+        return {k: v for k, v in asdict(self).items() if k not in ("name", "epochs_by_data", "label")}
 
 
 _KEMPNER = DenseProtocol(
     name="kempner", batchnorm=False, size=512, val="resize", augment=True, crop_scale=(0.5, 1.0),
     crop_ratio=(0.75, 1.33), epochs=10, epochs_by_data=(("ade20k", 10), ("voc", 25)), lr=5e-3, weight_decay=1e-2,
     batch_size=32, warmup_iters=100, warmup_start=0.01, min_lr_ratio=0.01, grad_clip=1.0, drop_last=True,
-    best_over_epochs=True, probe_seeds=1, voc_background=False, miou_classes="all")
+    best_over_epochs=True, probe_seeds=1, voc_background=False, miou_classes="all", label="reference probe")
 PROTOCOLS: dict[str, DenseProtocol] = {
     "dinov2": DenseProtocol(
         name="dinov2", batchnorm=True, size=None, val="slide", augment=False, crop_scale=(0.25, 1.0),
         crop_ratio=(3 / 4, 4 / 3), epochs=10, epochs_by_data=(), lr=1e-3, weight_decay=1e-4, batch_size=16,
         warmup_iters=0, warmup_start=1.0, min_lr_ratio=0.0, grad_clip=None, drop_last=False, best_over_epochs=False,
-        probe_seeds=1, voc_background=True, miou_classes="present"),
+        probe_seeds=1, voc_background=True, miou_classes="present", label="DINOv2-style probe"),
     "kempner": _KEMPNER,
     "kempner_cached": replace(_KEMPNER, name="kempner_cached", augment=False, epochs=25,
-                              epochs_by_data=(("ade20k", 25), ("voc", 100)), probe_seeds=3),
+                              epochs_by_data=(("ade20k", 25), ("voc", 100)), probe_seeds=3,
+                              label="reference cached probe"),
 }
+DEFAULT_PROTOCOL = "dinov2"  # its results are written without a protocol suffix (`dense_<data>.json`)
 # eval.* field -> protocol setting; the kempner protocols take only the first two (a CPU check needs small images).
 OVERRIDES = {"dense_size": "size", "dense_epochs": "epochs", "dense_lr": "lr", "dense_weight_decay": "weight_decay",
              "dense_batch_size": "batch_size", "dense_augment": "augment"}

@@ -26,6 +26,7 @@ from vitsinks.data import build_dataset, num_classes
 from vitsinks.diagnostics import protocol_transform
 from vitsinks.eval.common import limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
+from vitsinks.eval.results import LinearResult
 
 POOLS = ("cls", "cls+avgpool")
 
@@ -88,7 +89,7 @@ def train_grid(train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], cla
 
 def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Extract (or reuse) features, train the grid, write `results/linear.json`."""
-    model, data, results_dir = setup(cfg, data)
+    model, data, run = setup(cfg, data)
     size, device, e = model.patch_embed.img_size[0], next(model.parameters()).device, cfg.eval
     tf = protocol_transform(size, cfg.protocol)
     blocks = sorted({min(b, len(model.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
@@ -106,18 +107,19 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     for split, ds in datasets.items():
         key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size, n_max=n_max,
                         preprocess=f"{cfg.protocol.crop_pct}:{cfg.protocol.interpolation}")
-        splits[split] = extract(ds, features, results_dir.parent / "eval_cache" / f"lin-{key}.pt", e.batch_size,
+        splits[split] = extract(ds, features, run.eval_cache / f"lin-{key}.pt", e.batch_size,
                                 f"features ({split})", data.on_bad_image)
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,
                        e.linear_epochs, e.linear_batch_size, cfg.seed)
-    result = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes,
-              "train_images": len(splits["train"]["label"]), "val_images": len(splits["val"]["label"]),
-              "best": cells[0], "grid": cells}
-    write_result(results_dir / "linear.json", result)
+    result = LinearResult(checkpoint=str(cfg.ckpt), data=data.name, classes=classes,
+                          train_images=len(splits["train"]["label"]), val_images=len(splits["val"]["label"]),
+                          best=cells[0], grid=cells)
+    path = run.result(LinearResult.kind)
+    write_result(path, result)
     best = cells[0]
     print(f"linear probe on {data.name}: top-1 {best['top1']:.2f} (lr {best['lr']}, last {best['n_last']} blocks, "
-          f"{best['pool']}); {results_dir / 'linear.json'}")
-    return result
+          f"{best['pool']}); {path}")
+    return result.to_json()
 
 
 main = hydra_command(run)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vitsinks.models import build_vit
+from vitsinks.train.checkpoint import load_backbone
 
 MMCV_HELP = ("mmsegmentation needs mmcv with its compiled ops (mmcv.ops), which is not installed or does not build "
              "against this torch (mmcv 2.1/2.2 compile with C++14/17, torch >= 2.10 headers need C++20). Use the "
@@ -30,8 +31,6 @@ class VitsinksBackbone(nn.Module):
                  frozen: bool = True, **model_kwargs: Any) -> None:
         super().__init__()
         if checkpoint:
-            from vitsinks.train.checkpoint import load_backbone
-
             self.vit, _ = load_backbone(checkpoint)
         else:
             self.vit = build_vit(size, **model_kwargs)

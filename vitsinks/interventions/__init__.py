@@ -22,12 +22,12 @@ import torch
 from tqdm import tqdm
 
 from vitsinks.diagnostics.core import diagnose_inputs
+from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
     Checks,
     NoSinkHeads,
     Plan,
-    Rules,
     mean_sink_values,
     parse_heads,
     require_events,
@@ -39,7 +39,7 @@ from vitsinks.utils.errors import BadValue
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EDITS", "EditCheckFailed", "Result", "Rules", "Subject", "classifier_from_state", "from_sequence_model",
+__all__ = ["EDITS", "EditCheckFailed", "Result", "SinkRules", "Subject", "classifier_from_state", "from_sequence_model",
            "from_vit", "intervene", "stage_one"]
 
 
@@ -77,7 +77,7 @@ def batches(n: int, size: int) -> list[tuple[int, int]]:
 
 
 def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | None, heldout: torch.Tensor,
-              settings: Any, rules: Rules | None = None, stage1: dict[str, np.ndarray] | None = None,
+              settings: Any, rules: SinkRules | None = None, stage1: dict[str, np.ndarray] | None = None,
               progress: bool = True, index: Sequence[int] | None = None,
               heldout_index: Sequence[int] | None = None) -> Result:
     """Select heads (or check `settings.heads`), then run every edit on every selected head of this shard.
@@ -98,7 +98,7 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
     if overlap:
         raise BadValue(f"{len(overlap)} held-out images are also edited (split index {overlap[0]}, ...): the mean "
                        f"sink value must come from other images; take the held-out images after the edited ones")
-    rules = rules or Rules()
+    rules = rules or SinkRules()
     n_blocks = len(subject.blocks)
     ranges = batches(len(images), settings.batch_size)
     edits = resolve_edits(list(settings.edits), subject.gated, subject.num_registers)

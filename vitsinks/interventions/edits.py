@@ -30,7 +30,6 @@ GATE_EDITS = ("open_gate", "close_gate")
 MODEL_EDITS = ("drop_registers",)  # the whole model run without its register tokens (not one head)
 DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
-RECOMPUTE_TOL = 1e-4  # the block rebuilt from (A, v, gate) vs the model's own forward, relative
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
 # ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
 # to its precision; sink_logit rows also need their null share (1 - row sum) without cancellation

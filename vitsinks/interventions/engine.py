@@ -30,13 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitsinks.diagnostics.core import layerscale
+from vitsinks.diagnostics.core import RECOMPUTE_TOL, layerscale
 from vitsinks.diagnostics.fields import head_fields, head_output_weight
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, classify, events, token_location
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.summary import LOCATIONS, block0_apart, main_blocks, token_location
 from vitsinks.interventions.edits import (
     DONOR_EDITS,
     GATE_EDITS,
-    RECOMPUTE_TOL,
     REDIRECT_TOL,
     VALUE_CHECK_TOL,
     VALUE_EDITS,
@@ -53,22 +53,6 @@ from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
 COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)
-
-
-@dataclass
-class Rules:
-    """How events and classes are read from the fields (the `diagnostics` settings)."""
-
-    rule: str = "relaxed"
-    eps: float = 0.5
-    ratio: str = "ratio_out"
-    use_rank: bool = True
-
-    def event_class(self, f: dict[str, np.ndarray]) -> np.ndarray:
-        """none / other / nop / broadcast per entry of arrays of fields (any shape)."""
-        ev, cls = events(f, self.rule, self.eps), classify(f, self.ratio, self.use_rank)
-        names = np.array([{"nop": "nop", "broadcast": "broadcast"}.get(c, "other") for c in CLASSES])
-        return np.where(ev, names[cls], "none")
 
 
 @dataclass
@@ -108,7 +92,7 @@ class NoSinkHeads(BadValue):
     """No head has enough sink events to be selected."""
 
 
-def select_heads(d: dict[str, np.ndarray], rules: Rules, min_events: int, top_k: int,
+def select_heads(d: dict[str, np.ndarray], rules: SinkRules, min_events: int, top_k: int,
                  top_k_block0: int) -> list[Head]:
     """docs/fidelity.md: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
     that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
@@ -120,7 +104,7 @@ def select_heads(d: dict[str, np.ndarray], rules: Rules, min_events: int, top_k:
     for name in ("nop", "broadcast"):
         counts = (cls == name).sum(axis=0)
         best[name] = int(counts.max())
-        groups = [(range(1, n_blocks), top_k), ([0], top_k_block0)] if n_blocks > 1 else [([0], top_k)]
+        groups = [(main_blocks(n_blocks), top_k)] + ([([0], top_k_block0)] if block0_apart(n_blocks) else [])
         for blocks, k in groups:
             cand = [(int(counts[b, h]), b, h) for b in blocks for h in range(counts.shape[1])
                     if counts[b, h] >= min_events]
@@ -148,7 +132,7 @@ def parse_heads(specs: Sequence[str], n_blocks: int, n_heads: int) -> list[Head]
     return list(dict.fromkeys(heads))
 
 
-def require_events(d: dict[str, np.ndarray], rules: Rules, heads: Sequence[Head]) -> None:
+def require_events(d: dict[str, np.ndarray], rules: SinkRules, heads: Sequence[Head]) -> None:
     """Every named head must have at least one sink event among the images."""
     ev = rules.event_class(d) != "none"
     empty = [f"{b}:{h}" for b, h in heads if not ev[:, b, h].any()]
@@ -162,7 +146,7 @@ def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: Rules, batch_size: int) -> None:
+def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: SinkRules, batch_size: int) -> None:
     """Fill `plan.mean_values`: per head, the float64 mean of v_s over the head's sink events (any class) on the
     held-out `inputs`. A head without a held-out event gets none: it goes to `plan.mean_skipped` (never a mean
     over other images)."""
@@ -288,7 +272,7 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
 
 @torch.no_grad()
 def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
-              plan: Plan, rules: Rules, gen: torch.Generator, checks: Checks, check_blocks: bool,
+              plan: Plan, rules: SinkRules, gen: torch.Generator, checks: Checks, check_blocks: bool,
               model_edits: bool) -> list[dict[str, Any]]:
     """All rows of one batch of images (positions `first`... in the analysis order, split indices `index`), the
     random patches drawn from `gen`. `check_blocks`: rebuild every edited block from (A, v, gate) and compare with

@@ -13,15 +13,21 @@ import csv
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
 
+from vitsinks.diagnostics.summary import block0_apart, main_blocks
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.plotting import save_figure
+from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.rundir import SUMMARY, RunDir
+from vitsinks.utils.stats import nan_mean_std
+from vitsinks.utils.tables import markdown_table, write_csv
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -40,12 +46,8 @@ INT_FIELDS = ("image", "image_index", "block", "head", "donor_index", "random_to
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """The rows as CSV (empty cells for metrics a row does not have), written atomically."""
-    with files.atomic_open(path, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="raise")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k, "")) for k in
-                        ROW_FIELDS})
+    write_csv(path, ROW_FIELDS, ({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k, ""))
+                                  for k in ROW_FIELDS} for r in rows))
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -70,12 +72,6 @@ def _metric(r: dict[str, Any], key: str) -> float:
     return r.get(key, math.nan)
 
 
-def _nanmean(vals: list[float]) -> float:
-    arr = np.asarray(vals, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    return float(arr.mean()) if arr.size else math.nan
-
-
 def by_head(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (block, head, edit, event class): the number of images and the mean of every metric over them."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -84,14 +80,27 @@ def by_head(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     edit_rank = {e: i for i, e in enumerate(EDITS)}
     keys = sorted(groups, key=lambda k: (k[0], k[1], edit_rank.get(k[2], 99), CLASS_ORDER.index(k[3])))
     return [{"block": b, "head": h, "edit": e, "event_class": c, "n": len(groups[(b, h, e, c)]),
-             **{m: _nanmean([_metric(r, m) for r in groups[(b, h, e, c)]]) for m in METRICS}}
+             **{m: nan_mean_std(_metric(r, m) for r in groups[(b, h, e, c)])[0] for m in METRICS}}
             for b, h, e, c in keys]
 
 
+ScopeKind = Literal["main", "block0", "model"]
+MODEL_SCOPE, BLOCK0_SCOPE = "whole model", "block 0"  # the scope names in by_class.md and summary.json
+
+
 def scope_of(block: int, n_blocks: int) -> str:
+    """The name of the scope a head of `block` is reported in (-1: the whole-model edits), by the block-0 rule."""
     if block < 0:
-        return "whole model"
-    return "block 0" if n_blocks > 1 and block == 0 else ("blocks 1..L-1" if n_blocks > 1 else "block 0 (only)")
+        return MODEL_SCOPE
+    if block not in main_blocks(n_blocks):
+        return BLOCK0_SCOPE
+    return "blocks 1..L-1" if block0_apart(n_blocks) else "block 0 (only)"
+
+
+def scope_kind(name: str) -> ScopeKind:
+    """Which scope a name of `scope_of` is: the main one (blocks 1..L-1, or a one-block model's only block), block 0
+    reported apart, or the whole model."""
+    return "model" if name == MODEL_SCOPE else "block0" if name == BLOCK0_SCOPE else "main"
 
 
 def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int) -> dict[str, Any]:
@@ -112,10 +121,7 @@ def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: i
                 vals = cell.pop("_vals")
                 cell["n_heads"] = len(cell["heads"])
                 for m in METRICS:
-                    arr = np.asarray(vals[m], dtype=float)
-                    arr = arr[~np.isnan(arr)]
-                    cell[m] = float(arr.mean()) if arr.size else math.nan
-                    cell[f"{m}_std"] = float(arr.std(ddof=1)) if arr.size > 1 else math.nan
+                    cell[m], cell[f"{m}_std"], _ = nan_mean_std(vals[m])
     return out
 
 
@@ -146,17 +152,13 @@ def to_markdown(summary: dict[str, Any]) -> str:
     shown = [m for m in METRICS if any(not math.isnan(c.get(m, math.nan)) for s in summary["by_class"].values()
                                        for e in s.values() for c in e.values())]
     for scope, classes in summary["by_class"].items():
-        lines += [f"## {scope}", "", "| class | edit | heads | " + " | ".join(shown) + " |",
-                  "|---|---|---|" + "---|" * len(shown)]
-        for cls in CLASS_ORDER:
-            for edit in EDITS:
-                c = classes.get(cls, {}).get(edit)
-                if c is None:
-                    continue
-                cells = [_fmt(c[m]) + ("" if math.isnan(c[f"{m}_std"]) else f" ± {_fmt(c[f'{m}_std'])}")
-                         for m in shown]
-                lines.append(f"| {cls} | {edit} | {c['n_heads']} | " + " | ".join(cells) + " |")
-        lines.append("")
+        cells = [(cls, edit, c) for cls in CLASS_ORDER for edit in EDITS
+                 if (c := classes.get(cls, {}).get(edit)) is not None]
+        lines += [f"## {scope}", "", *markdown_table(
+            ["class", "edit", "heads", *shown],
+            [[cls, edit, c["n_heads"], *(_fmt(c[m]) + ("" if math.isnan(c[f"{m}_std"]) else
+                                                       f" ± {_fmt(c[f'{m}_std'])}") for m in shown)]
+             for cls, edit, c in cells]), ""]
     if not summary["by_class"]:
         lines += ["No head has enough events of a class to be averaged (see by_head.csv).", ""]
     ch = summary["checks"]
@@ -174,9 +176,9 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
     """The reference's Figure 6 layout: per edit a bar per class (mean over heads) and a dot per head; panels for
     the final patch change (log scale), its coherence and the donor cosine. Main scope (blocks >= 1, or the only
     block), plus the whole-model edits."""
-    scopes = [s for s in summary["by_class"] if s not in ("block 0", "whole model")]
-    cells = {cls: summary["by_class"].get(scopes[0], {}).get(cls, {}) if scopes else {} for cls in ("nop", "broadcast")}
-    cells["model"] = summary["by_class"].get("whole model", {}).get("model", {})
+    report = InterventionsReport.from_json(summary)
+    cells = {cls: report.classes("main").get(cls, {}) for cls in ("nop", "broadcast")}
+    cells["model"] = report.classes("model").get("model", {})
     classes = [c for c in ("nop", "broadcast", "model") if cells[c]]
     edits = [e for e in EDITS if any(e in cells[c] for c in classes)]
     panels = (("final_patch_relrms", "final patch rel. RMS change (sink excluded)", edits),
@@ -220,14 +222,13 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
     """Every output file into `out`; returns the summary (also `summary.json`)."""
     out.mkdir(parents=True, exist_ok=True)
     heads = by_head(rows)
-    summary = {**meta, "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"])}
+    report = InterventionsReport.from_json({**meta, "by_class": by_class(heads, meta["min_class_events"],
+                                                                          meta["n_blocks"])})
+    summary = report.to_json()
     write_rows(rows, out / "interventions.csv")
-    with files.atomic_open(out / "by_head.csv", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["block", "head", "edit", "event_class", "n", *METRICS])
-        w.writeheader()
-        w.writerows(heads)
+    write_csv(out / "by_head.csv", ["block", "head", "edit", "event_class", "n", *METRICS], heads)
     files.write_text(out / "by_class.md", to_markdown(summary))
-    files.write_json(out / "summary.json", summary)
+    files.write_json(out / SUMMARY, summary)
     figure(heads, summary, out / "interventions.png")
     return summary
 
@@ -280,3 +281,64 @@ def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("value_edits_checked", "redirect_rows_checked"):
         out[key] = sum(c.get(key, 0) for c in checks)
     return out
+
+
+# --- the typed result and its leaderboard columns --------------------------------------------------------------
+# key, label, event class, edit: the mean final-patch rel. RMS change per (class, edit), main scope (the whole
+# model for the register edit)
+CAUSAL = (("causal_zero_nop", "zero v_s, NOP heads (rel. change)", "nop", "zero_sink_value"),
+          ("causal_redirect_nop", "redirect, NOP heads", "nop", "redirect_sink_attention"),
+          ("causal_zero_broadcast", "zero v_s, broadcast heads", "broadcast", "zero_sink_value"),
+          ("causal_drop_registers", "drop registers", "model", "drop_registers"))
+
+
+@dataclass
+class Scope:
+    """One scope of the report: its name (as in by_class.md), which scope it is, {class: {edit: cell}}."""
+
+    name: str
+    kind: ScopeKind
+    classes: dict[str, dict[str, dict[str, Any]]]
+
+
+@register_result
+@dataclass
+class InterventionsReport(Result):
+    """`interventions/<checkpoint>/summary.json`: the run's settings and checks (`meta`, every key but by_class, in
+    order) and the per-scope means (`scopes`, in the order of `by_class`)."""
+
+    kind = "interventions"
+    rank = 70
+
+    scopes: list[Scope]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.meta, "by_class": {s.name: s.classes for s in self.scopes}}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> InterventionsReport:
+        return cls([Scope(name, scope_kind(name), classes) for name, classes in obj["by_class"].items()],
+                   {k: v for k, v in obj.items() if k != "by_class"})
+
+    def classes(self, kind: ScopeKind) -> dict[str, dict[str, dict[str, Any]]]:
+        """{class: {edit: cell}} of the first scope of `kind` ({} without one)."""
+        return next((s.classes for s in self.scopes if s.kind == kind), {})
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [Column(k, label, "causal", fmt="g", higher_is_better=None) for k, label, _, _ in CAUSAL]
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        """The causal columns from the run's report of `last.pt`, else its newest one."""
+        path = run.latest_interventions()
+        out = cls.missing()
+        if path is None:
+            return out
+        report = cls.from_json(json.loads(path.read_text()))
+        for key, _, event_class, edit in CAUSAL:
+            cell = report.classes("model" if event_class == "model" else "main").get(event_class, {}).get(edit)
+            if cell is not None:
+                out[key] = cell["final_patch_relrms"]
+        return out

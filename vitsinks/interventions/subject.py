@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.objectives.lejepa import online_probe
 from vitsinks.utils.errors import BadValue
 
 
@@ -82,8 +83,6 @@ def from_sequence_model(model: Any, num_prefix: int = 0) -> Subject:
 def classifier_from_state(state: dict[str, torch.Tensor]) -> nn.Module | None:
     """The linear classifier stored beside a vitsinks backbone: LeJEPA's online probe (`probe.*`) or the
     supervised objective's head (`head.*`); None when the checkpoint has neither."""
-    from vitsinks.objectives.lejepa import online_probe
-
     if "probe.1.weight" in state:
         classes, dim = state["probe.1.weight"].shape
         module: nn.Module = online_probe(dim, classes)

@@ -1,39 +1,32 @@
-"""One attention module family for every sink-mitigation variant.
+"""One attention module family for every attention kind and heads-site mitigation.
 
-`SinkAttention` keeps timm's parameter names (`qkv`, `q_norm`, `k_norm`, `norm`, `gate`, `proj`) so a timm
-`VisionTransformer` state dict loads unchanged. It adds:
-
-- a G1 output gate (Qiu et al. 2025): `Y' = Y * sigmoid(X W_g + b_g)` with X the block's pre-normed input,
-  elementwise (`W_g`: dim x dim) or headwise (`W_g`: dim x heads);
-- four attention nonlinearities: `softmax`, `relu` (`relu(s) / N`), `sigmoid` (`sigmoid(s - log N)`) and
-  `sink_logit` (softmax with one extra, always-present key of zero value and a learnable per-head logit).
+`SinkAttention` keeps timm's parameter names (`qkv`, `q_norm`, `k_norm`, `norm`, `proj`) so a timm
+`VisionTransformer` state dict loads unchanged. Its attention nonlinearity is a registered kind
+(`vitsinks.models.kinds`: softmax, relu, sigmoid, sink_logit, softpick, ...), which may add parameters (`sink_logit`);
+the heads-site mitigations (`vitsinks.models.mitigations`, the G1 gate at `gate`) gate the per-head outputs before
+the output projection.
 
 `internals(x)` is the single explicit computation: it returns the attention matrix A, the values v and the
 gate. The non-fused forward is built on it, so the diagnostics read exactly the computation the model runs.
 `redirected(x, head, sink)` is one head's attention with a key's share given to the other keys, computed from the
-scores (the interventions' `redirect_sink_attention`).
+scores by the kind (the interventions' `redirect_sink_attention`).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Literal, NamedTuple
+import functools
+from functools import partialmethod
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from timm.layers import use_fused_attn
 from torch import nn
 
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
+from vitsinks.models.mitigations import at_site
 from vitsinks.utils.errors import BadValue
 
-GateKind = Literal["none", "elementwise", "headwise"]
-AttnKind = Literal["softmax", "relu", "sigmoid", "sink_logit"]
-GATES: tuple[str, ...] = ("none", "elementwise", "headwise")
-ATTN_KINDS: tuple[str, ...] = ("softmax", "relu", "sigmoid", "sink_logit")
-FUSED_KINDS: tuple[str, ...] = ("softmax", "sink_logit")
-
-GATE_INIT_STD = 1e-6  # Kempner reference init: the gate starts (almost) input-independent ...
-GATE_INIT_BIAS = 2.0  # ... and open at sigmoid(2) ~ 0.88.
+HEAD_MITIGATIONS = at_site("heads")
 
 
 class AttnInternals(NamedTuple):
@@ -41,7 +34,7 @@ class AttnInternals(NamedTuple):
 
     attn: (B, heads, N, N) after the nonlinearity (rows of `sink_logit` sum to < 1: the null key is dropped).
     v: (B, heads, N, head_dim) value vectors.
-    gate: sigmoid gate values broadcastable to (B, N, heads, head_dim), i.e. (B, N, heads, head_dim) for the
+    gate: the heads-site gate values broadcastable to (B, N, heads, head_dim), i.e. (B, N, heads, head_dim) for the
         elementwise gate and (B, N, heads, 1) for the headwise gate; None without a gate.
     """
 
@@ -51,7 +44,8 @@ class AttnInternals(NamedTuple):
 
 
 class SinkAttention(nn.Module):
-    """Multi-head self-attention with an optional G1 gate and a choice of attention nonlinearity."""
+    """Multi-head self-attention of a registered kind (`attn`), with the heads-site mitigations given by their
+    config names (`gate="elementwise"`, ...)."""
 
     def __init__(
         self,
@@ -64,26 +58,27 @@ class SinkAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] | None = None,
-        gate: GateKind = "none",
-        attn: AttnKind = "softmax",
+        attn: str = DEFAULT_KIND,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **mitigations: Any,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if dim % num_heads:
             raise BadValue(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
-        if gate not in GATES:
-            raise BadValue(f"unknown gate {gate!r}; choose one of {GATES}")
-        if attn not in ATTN_KINDS:
+        if attn not in KINDS:
             raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+        unknown = set(mitigations) - {m.name for m in HEAD_MITIGATIONS}
+        if unknown:
+            raise TypeError(f"SinkAttention got unknown arguments {sorted(unknown)}")
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.gate_kind = gate
-        self.attn_kind = attn
+        self.kind = KINDS[attn]
+        self.attn_kind = str(attn)
         self.fused_attn = use_fused_attn()
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
@@ -91,25 +86,36 @@ class SinkAttention(nn.Module):
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
-        gate_out = {"none": 0, "elementwise": dim, "headwise": num_heads}[gate]
-        self.gate = nn.Linear(dim, gate_out, bias=True, **dd) if gate_out else None
-        self.sink_logit = nn.Parameter(torch.zeros(num_heads, **dd)) if attn == "sink_logit" else None
+        for m in HEAD_MITIGATIONS:
+            setting = m.setting(mitigations.get(m.name))
+            module = None if setting is None else m.build(setting, dim, num_heads)
+            if module is not None and (device is not None or dtype is not None):
+                module.to(device=device, dtype=dtype)
+            setattr(self, m.attr, module)
+        for name, param in self.kind.parameters(num_heads, **dd).items():
+            self.register_parameter(name, param)
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
 
+    @property
+    def gate_kind(self) -> str:
+        """The G1 gate's mode: none | elementwise | headwise."""
+        return "none" if self.gate is None else self.gate.mode
+
     def init_weights(self) -> None:
-        """Reference gate init (std 1e-6, bias 2). timm's ViT init calls this after initialising the Linears."""
-        if self.gate is not None:
-            nn.init.normal_(self.gate.weight, std=GATE_INIT_STD)
-            nn.init.constant_(self.gate.bias, GATE_INIT_BIAS)
-        if self.sink_logit is not None:
-            nn.init.zeros_(self.sink_logit)
+        """Reference init of the heads-site mitigations (the gate: std 1e-6, bias 2) and of the kind's parameters.
+        timm's ViT init calls this after initialising the Linears."""
+        for m in HEAD_MITIGATIONS:
+            module = getattr(self, m.attr)
+            if module is not None:
+                module.init_weights()
+        self.kind.init_parameters(self)
 
     @property
     def uses_fused(self) -> bool:
         """Whether the training forward goes through `scaled_dot_product_attention`."""
-        return self.fused_attn and self.attn_kind in FUSED_KINDS
+        return self.fused_attn and self.kind.fused
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, C = x.shape
@@ -118,26 +124,19 @@ class SinkAttention(nn.Module):
         return self.q_norm(q), self.k_norm(k), v
 
     def _gate(self, x: torch.Tensor) -> torch.Tensor | None:
-        if self.gate is None:
-            return None
-        B, N, _ = x.shape
-        g = self.gate(x).sigmoid()
-        return g.view(B, N, self.num_heads, -1)  # (.., head_dim) elementwise, (.., 1) headwise
+        gate = None
+        for m in HEAD_MITIGATIONS:
+            module = getattr(self, m.attr)
+            if module is not None:
+                values = module.values(x)
+                gate = values if gate is None else gate * values
+        return gate
 
     def _attention_matrix(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         n = k.shape[-2]
         s = (q * self.scale) @ k.transpose(-2, -1)
         future = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1) if causal else None
-        if self.attn_kind in ("softmax", "sink_logit"):
-            if future is not None:
-                s = s.masked_fill(future, float("-inf"))
-            if self.attn_kind == "softmax":
-                return s.softmax(dim=-1)
-            # sink_logit: softmax over [scores, per-head null logit]; the null key has zero value, so drop it.
-            null = self.sink_logit.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
-            return torch.cat([s, null], dim=-1).softmax(dim=-1)[..., :-1]
-        a = F.relu(s) / n if self.attn_kind == "relu" else torch.sigmoid(s - math.log(n))
-        return a.masked_fill(future, 0.0) if future is not None else a
+        return self.kind.matrix(self, s, future)
 
     def internals(self, x: torch.Tensor, causal: bool = False) -> AttnInternals:
         """Explicit attention matrix, values and gate for a pre-normed input `x` of shape (B, N, dim).
@@ -150,16 +149,9 @@ class SinkAttention(nn.Module):
     def redirected(self, x: torch.Tensor, head: int, sink: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """Head `head`'s attention (B, N, N) on the pre-normed input `x` with the attention to key `sink[b]` of
         image b removed and given to the other keys, computed from the scores (not from A, whose entries off a
-        strong sink underflow to exactly 0 in float32: a rescaled row would stay off instead of redirected).
-
-        - softmax: the softmax of the scores with the sink key masked out (-inf);
-        - sink_logit: the softmax over [scores, null logit] with the sink key masked out; the null key stays (the
-          model's own off-switch takes its share) and its column is dropped, as in `internals`;
-        - relu / sigmoid (rows not normalised): column s zeroed and the row rescaled to its old sum, the sigmoid's
-          in log space (log A = logsigmoid, sums by logsumexp), so rows whose other weights underflow are still
-          right. relu's zeros are exact: a row with no positive score off the sink stays 0.
-
-        A row with no key left (a causal query that sees only the sink) is 0 for every kind."""
+        strong sink underflow to exactly 0 in float32: a rescaled row would stay off instead of redirected). The
+        kind says how (`AttentionKind.redirected`): normalised kinds renormalise over the other keys, the others
+        keep the row's old sum. A row with no key left (a causal query that sees only the sink) is 0."""
         q, k, _ = self._qkv(x)
         s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N), as in `_attention_matrix`
         B, n = s.shape[0], s.shape[-1]
@@ -168,24 +160,7 @@ class SinkAttention(nn.Module):
         hidden = torch.zeros(n, n, dtype=torch.bool, device=s.device)  # future keys of a causal query
         if causal:
             hidden = hidden.logical_not_().triu_(1)
-        off = is_sink | hidden
-        if self.attn_kind == "softmax":
-            masked = s.masked_fill(off, float("-inf"))
-            empty = masked.amax(-1, keepdim=True) == float("-inf")
-            return torch.where(empty, 0.0, masked.softmax(dim=-1))
-        if self.attn_kind == "sink_logit":
-            null = self.sink_logit[head].to(s.dtype).expand(*s.shape[:-1], 1)
-            return torch.cat([s.masked_fill(off, float("-inf")), null], dim=-1).softmax(dim=-1)[..., :-1]
-        if self.attn_kind == "relu":
-            a = (F.relu(s) / n).masked_fill(hidden, 0.0)
-            rest = a.masked_fill(is_sink, 0.0)
-            total, kept = a.sum(-1, keepdim=True), rest.sum(-1, keepdim=True)
-            return torch.where(kept == 0, 0.0, rest / kept * total)  # NaN stays NaN
-        log_a = F.logsigmoid(s - math.log(n)).masked_fill(hidden, float("-inf"))  # sigmoid
-        log_total = log_a.logsumexp(-1, keepdim=True)
-        log_rest = log_a.masked_fill(is_sink, float("-inf"))
-        log_kept = log_rest.logsumexp(-1, keepdim=True)
-        return torch.where(log_kept == float("-inf"), 0.0, (log_rest + log_total - log_kept).exp())
+        return self.kind.redirected(self, s, head, is_sink, hidden)
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): scale-norm, gate, output projection."""
@@ -195,23 +170,11 @@ class SinkAttention(nn.Module):
             y = (y.view(B, N, H, D) * gate).view(B, N, H * D)
         return self.proj_drop(self.proj(y))
 
-    def _fused_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        drop = self.attn_drop.p if self.training else 0.0
-        if self.attn_kind == "softmax":
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        # sink_logit: one extra key with zero value; q . 0 = 0, so an additive bias on that column sets its logit.
-        B, H, N, D = k.shape
-        zeros = k.new_zeros(B, H, 1, D)
-        bias = torch.cat([k.new_zeros(1, H, 1, N), self.sink_logit.to(k.dtype).view(1, H, 1, 1)], dim=-1)
-        return F.scaled_dot_product_attention(
-            q, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2), attn_mask=bias, dropout_p=drop
-        )
-
     def heads(self, x: torch.Tensor, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head outputs (B, heads, N, head_dim), fused where possible, and the gate (see `AttnInternals`)."""
         if self.uses_fused and not is_causal:
             q, k, v = self._qkv(x)
-            return self._fused_heads(q, k, v), self._gate(x)
+            return self.kind.fused_heads(self, q, k, v, self.attn_drop.p if self.training else 0.0), self._gate(x)
         attn, v, gate = self.internals(x, causal=is_causal)
         return self.attn_drop(attn) @ v, gate
 
@@ -219,3 +182,15 @@ class SinkAttention(nn.Module):
         if attn_mask is not None:
             raise NotImplementedError("SinkAttention takes no attention mask (is_causal is supported)")
         return self.combine(*self.heads(x, is_causal))
+
+
+@functools.cache
+def attention_layer(attn: str = DEFAULT_KIND, **mitigations: Any) -> type[SinkAttention]:
+    """`SinkAttention` with its kind and heads-site mitigations fixed, as timm's `Block(attn_layer=...)` takes it.
+
+    A subclass, not a `functools.partial`: timm's `_create_attn` calls `issubclass` on the layer. Cached, so equal
+    arguments give the same class."""
+    label = "_".join([attn, *(f"{k}-{v}" for k, v in sorted(mitigations.items()))])
+    return type(f"SinkAttention[{label}]", (SinkAttention,),
+                {"__init__": partialmethod(SinkAttention.__init__, attn=attn, **mitigations),
+                 "__module__": __name__, "__doc__": SinkAttention.__doc__})

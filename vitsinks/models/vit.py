@@ -1,24 +1,33 @@
-"""The ViT builder: timm's `VisionTransformer` with gated attention, registers and other attention kinds."""
+"""The ViT builder: timm's `VisionTransformer` of `SinkBlock`s, whose attention is a `SinkAttention` of a registered
+kind with the registered block mitigations (`vitsinks.models.kinds`, `vitsinks.models.mitigations`)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from vitsinks.models.attention import ATTN_KINDS, GATES, AttnInternals, AttnKind, GateKind, SinkAttention
-from vitsinks.models.pathway import GlobalPathway, common_mode_terms
+from vitsinks.models.attention import AttnInternals, attention_layer
+from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, config_values, variant_name
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
+from vitsinks.models.mitigations import MITIGATIONS, at_site
 from vitsinks.models.weights import check_finite, state_dict_from_file
 from vitsinks.utils.errors import BadValue
 
-PatchEmbedKind = Literal["learned", "orthonormal"]
-PATCH_EMBEDS: tuple[str, ...] = ("learned", "orthonormal")
+PATCH_EMBEDS: tuple[str, ...] = tuple(p.value for p in PatchEmbed)
+POS_EMBEDS: tuple[str, ...] = tuple(p.value for p in PosEmbed)
+UPDATE_MITIGATIONS = at_site("update")
+HEAD_MITIGATIONS = at_site("heads")
 
 
 @dataclass(frozen=True)
@@ -42,31 +51,6 @@ SIZES: dict[str, SizeSpec] = {
 }
 
 
-def variant_name(gate: str = "none", registers: int = 0, attn: str = "softmax", global_pathway: bool = False) -> str:
-    """Human name of an architecture: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `reg+global`,
-    ... (a run's variant adds `+pen` when it trains with the common-mode penalty, see `run_variant`)."""
-    parts = []
-    if attn != "softmax":
-        parts.append(attn)
-    if gate == "elementwise":
-        parts.append("gate")
-    elif gate == "headwise":
-        parts.append("gate_headwise")
-    if registers:
-        parts.append("reg" if registers == 4 else f"reg{registers}")
-    if global_pathway:
-        parts.append("global")
-    return "+".join(parts) or "base"
-
-
-def run_variant(cfg: Any) -> str:
-    """The variant of a run config: the architecture's name, `+pen` with the common-mode penalty."""
-    m = cfg.model
-    pathway = m.get("global_pathway") or {}
-    name = variant_name(m.gate, m.registers, m.attn, bool(pathway.get("enabled", False)))
-    return name + ("+pen" if cfg.objective.get("cm_penalty", 0) else "")
-
-
 class NoMLP(nn.Module):
     """Stands in for a block's MLP (`mlp=False`): contributes exactly nothing to the residual stream.
 
@@ -82,29 +66,39 @@ class NoMLP(nn.Module):
         return torch.zeros_like(x)
 
 
-class SinkBlock(Block):
-    """timm's pre-norm `Block` whose attention is a `SinkAttention` of the requested gate and kind, optionally with
-    the global pathway beside it (`pathway`: `GlobalPathway` keyword arguments).
+UpdateHook = Callable[["SinkBlock", torch.Tensor, Callable[[], torch.Tensor]], None]
 
-    With `collect_cm` set (by the common-mode penalty) every forward that builds a graph appends the common-mode
-    terms (`common_mode_terms`) of its attention update ls1 * attn(z) (before the gate with `cm_pre_gate`) to
-    `cm_terms`.
+
+class SinkBlock(Block):
+    """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` carrying the heads-site
+    mitigations (`attn_layer=attention_layer(...)`), with the update-site mitigations beside it; mitigations are
+    passed by their config names (`gate="elementwise"`, `global_pathway={...}`).
+
+    `register_update_hook(fn)`: `fn(block, update, pre_gate)` is called in every forward with the attention update
+    `ls1 * attn(z)` (B, N, dim) after the gate and before the update-site mitigations add to it; `pre_gate()`
+    computes (lazily) the same update without the attention gate. Without hooks and update-site modules the block
+    runs timm's own forward.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, gate: GateKind = "none", attn: AttnKind = "softmax",
-                 pathway: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        kwargs.pop("attn_layer", None)
-        super().__init__(dim, num_heads, attn_layer=SinkAttention, **kwargs)
-        self.pathway = GlobalPathway(dim, **pathway) if pathway else None
-        self.collect_cm, self.cm_pre_gate = False, False
-        self.cm_terms: list[torch.Tensor] = []
-        if gate != "none" or attn != "softmax":
-            self.attn = SinkAttention(
-                dim, num_heads, qkv_bias=kwargs.get("qkv_bias", False), qk_norm=kwargs.get("qk_norm", False),
-                scale_norm=kwargs.get("scale_attn_norm", False), proj_bias=kwargs.get("proj_bias", True),
-                attn_drop=kwargs.get("attn_drop", 0.0), proj_drop=kwargs.get("proj_drop", 0.0),
-                norm_layer=kwargs.get("norm_layer"), gate=gate, attn=attn,
-            )
+    def __init__(self, dim: int, num_heads: int, *, attn: str = DEFAULT_KIND, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in MITIGATIONS if name in kwargs}
+        kwargs.pop("attn_layer", None)  # a VisionTransformer passes timm's default Attention
+        heads = {m.name: m.setting(values.get(m.name)) for m in HEAD_MITIGATIONS}
+        layer = attention_layer(attn, **{k: v for k, v in heads.items() if v is not None})
+        super().__init__(dim, num_heads, attn_layer=layer, **kwargs)
+        for m in UPDATE_MITIGATIONS:
+            setting = m.setting(values.get(m.name))
+            setattr(self, m.attr, None if setting is None else m.build(setting, dim, num_heads))
+        self._update_hooks: OrderedDict[int, UpdateHook] = OrderedDict()
+
+    def register_update_hook(self, fn: UpdateHook) -> RemovableHandle:
+        """Call `fn(block, update, pre_gate)` in every forward (see the class docstring); remove with the handle."""
+        handle = RemovableHandle(self._update_hooks)
+        self._update_hooks[handle.id] = fn
+        return handle
+
+    def _update_modules(self) -> list[nn.Module]:
+        return [mod for m in UPDATE_MITIGATIONS if (mod := getattr(self, m.attr, None)) is not None]
 
     def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:
         """The block computed from the attention's explicit internals; returns (output, internals)."""
@@ -113,23 +107,33 @@ class SinkBlock(Block):
 
     def from_heads(self, x: torch.Tensor, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """The block's output for input `x` given its attention heads' outputs (B, heads, N, head_dim) and gate:
-        the residual update through gate, output projection and LayerScale (plus the global pathway), then the
-        MLP. The interventions call it with edited head outputs."""
+        the residual update through gate, output projection and LayerScale (plus the update-site mitigations),
+        then the MLP. The interventions call it with edited head outputs."""
         return self._finish(x, self.norm1(x), heads_out, gate)
 
     def _finish(self, x: torch.Tensor, z: torch.Tensor, heads_out: torch.Tensor,
                 gate: torch.Tensor | None) -> torch.Tensor:
-        o = self.ls1(self.attn.combine(heads_out, gate))
-        if self.collect_cm and torch.is_grad_enabled():
-            pre = self.ls1(self.attn.combine(heads_out, None)) if self.cm_pre_gate and gate is not None else o
-            self.cm_terms.append(common_mode_terms(pre))
-        if self.pathway is not None:
-            o = self.pathway.add_to(o, z)  # one residual branch: stochastic depth drops both together
+        update = self.ls1(self.attn.combine(heads_out, gate))
+        if self._update_hooks:
+            ungated: list[torch.Tensor] = []
+
+            def pre_gate() -> torch.Tensor:
+                if gate is None:
+                    return update
+                if not ungated:
+                    ungated.append(self.ls1(self.attn.combine(heads_out, None)))
+                return ungated[0]
+
+            for fn in list(self._update_hooks.values()):
+                fn(self, update, pre_gate)
+        o = update
+        for module in self._update_modules():
+            o = module.add_to(o, z)  # one residual branch: stochastic depth drops them together
         x = x + self.drop_path1(o)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if self.pathway is None and not self.collect_cm:  # timm's own forward
+        if not self._update_hooks and not self._update_modules():  # timm's own forward
             return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
         if attn_mask is not None:
             raise NotImplementedError("SinkBlock takes no attention mask (is_causal is supported)")
@@ -147,16 +151,16 @@ class SinkViT(VisionTransformer):
     `prefix_init_std`: [CLS] and registers trunc-normal with this std (the reference: 0.02); None keeps timm's init.
     """
 
-    def __init__(self, *, gate: GateKind = "none", attn: AttnKind = "softmax", mlp: bool = True,
-                 patch_embed: PatchEmbedKind = "learned", pathway: dict[str, Any] | None = None,
-                 register_pos_embed: bool = False, prefix_init_std: float | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, attn: str = DEFAULT_KIND, mlp: bool = True, patch_embed: str = "learned",
+                 register_pos_embed: bool = False, prefix_init_std: float | None = None, **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
         if not mlp:
             kwargs["mlp_layer"] = NoMLP
-        super().__init__(block_fn=partial(SinkBlock, gate=gate, attn=attn, pathway=pathway), **kwargs)
-        self.gate_kind, self.attn_kind, self.has_pathway = gate, attn, bool(pathway)
+        # the canonical setting of every mitigation (None: off), passed to every block by its config name
+        settings = {name: m.setting(kwargs.pop(name, None)) for name, m in MITIGATIONS.items()}
+        super().__init__(block_fn=partial(SinkBlock, attn=attn, **settings), **kwargs)
+        self.attn_kind, self.mitigations = str(attn), settings
         self.register_pos_embed = bool(register_pos_embed)
         if patch_embed == "orthonormal":
             self._fix_patch_embed()
@@ -197,7 +201,8 @@ class SinkViT(VisionTransformer):
 
     @property
     def variant(self) -> str:
-        return variant_name(self.gate_kind, self.num_reg_tokens, self.attn_kind, self.has_pathway)
+        """The architecture's `variant_name`."""
+        return variant_name({"attn": self.attn_kind, "registers": self.num_reg_tokens, **self.mitigations})
 
     def tokens_per_image(self, img_size: int | None = None) -> int:
         """Sequence length: 1 [CLS] + registers + patches (at `img_size`, default the model's)."""
@@ -208,6 +213,9 @@ class SinkViT(VisionTransformer):
         return self.num_prefix_tokens + n
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        # Overriding timm's private method is unavoidable here: timm's layouts are [CLS] + registers + patches
+        # (`no_embed_class=False`) or patches only (`no_embed_class=True`), never [CLS] + patches with registers
+        # without one, and the checkpoints of this layout (pos_embed of 1 + P rows) must keep loading unchanged.
         if not self.num_reg_tokens or self.pos_embed is None or self.register_pos_embed:
             return super()._pos_embed(x)
         B = x.shape[0]
@@ -240,54 +248,52 @@ def build_vit(
     qkv_bias: bool = True,
     proj_bias: bool = True,
     mlp: bool = True,
-    patch_embed: PatchEmbedKind = "learned",
+    patch_embed: str = "learned",
     pos_embed: str = "learn",
     layerscale_init: float | None = None,
     drop_path: float = 0.0,
-    gate: GateKind = "none",
     registers: int = 0,
     register_pos_embed: bool = False,
     prefix_init_std: float | None = None,
-    attn: AttnKind = "softmax",
-    global_pathway: dict[str, Any] | None = None,
+    attn: str = DEFAULT_KIND,
     num_classes: int = 0,
     global_pool: str = "token",
     dynamic_img_size: bool = True,
+    **mitigations: Any,
 ) -> SinkViT:
     """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
 
-    `gate`: none | elementwise | headwise (G1, reference init); `registers`: count; `attn`: softmax | relu |
-    sigmoid | sink_logit. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
+    `attn`: a registered attention kind (`ATTN_KINDS`: softmax, relu, sigmoid, sink_logit, softpick, ...);
+    `registers`: count; `mitigations` by their `ModelConfig` names: `gate` none | elementwise | headwise (G1,
+    reference init), `global_pathway` a `GlobalPathwayConfig` or a mapping of its fields (one without `enabled`
+    switches it on) or None. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
     `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
     position embedding (both for the sink tasks, whose targets live on the residual stream).
     `register_pos_embed`: the position embedding also covers the registers (the reference sweep's layout);
-    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init).
-    `global_pathway`: `GlobalPathway` keyword arguments (`state_dim`, `gate`, `init_values`) to add the
-    global pathway to every block, or None. `dynamic_img_size` lets multi-crop views of other sizes through (the
-    position embedding is resampled); it changes no parameter.
+    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init). `dynamic_img_size` lets
+    multi-crop views of other sizes through (the position embedding is resampled); it changes no parameter.
     """
     if size not in SIZES:
         raise BadValue(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
-    if gate not in GATES:
-        raise BadValue(f"unknown gate {gate!r}; choose one of {GATES}")
-    if attn not in ATTN_KINDS:
+    if attn not in KINDS:
         raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
+    unknown = set(mitigations) - set(MITIGATIONS)
+    if unknown:
+        raise TypeError(f"build_vit got unknown arguments {sorted(unknown)} (mitigations: {sorted(MITIGATIONS)})")
     if patch_embed not in PATCH_EMBEDS:
         raise BadValue(f"unknown patch embedding {patch_embed!r}; choose one of {PATCH_EMBEDS}")
-    if pos_embed not in ("learn", "none"):
-        raise BadValue(f"unknown position embedding {pos_embed!r}; choose learn or none")
+    if pos_embed not in POS_EMBEDS:
+        raise BadValue(f"unknown position embedding {pos_embed!r}; choose one of {POS_EMBEDS}")
     if registers < 0:
         raise BadValue(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
     return SinkViT(
-        gate=gate,
-        attn=attn,
+        attn=str(attn),
         mlp=mlp,
-        patch_embed=patch_embed,
-        pathway=global_pathway,
+        patch_embed=str(patch_embed),
         register_pos_embed=register_pos_embed,
         prefix_init_std=prefix_init_std,
-        pos_embed=pos_embed,
+        pos_embed=str(pos_embed),
         proj_bias=proj_bias,
         img_size=img_size or spec.img_size,
         patch_size=patch_size or spec.patch_size,
@@ -302,6 +308,7 @@ def build_vit(
         num_classes=num_classes,
         global_pool=global_pool,
         dynamic_img_size=dynamic_img_size,
+        **{name: MITIGATIONS[name].setting(value) for name, value in mitigations.items()},
     )
 
 
@@ -336,31 +343,20 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
         ) from err
 
 
-def pathway_kwargs(cfg: Any) -> dict[str, Any] | None:
-    """`GlobalPathway` keyword arguments from a `GlobalPathwayConfig` (None when it is off or absent)."""
-    if not cfg or not cfg.get("enabled", False):
-        return None
-    return {"state_dim": cfg.get("state_dim", 64), "gate": cfg.get("gate", "learned"),
-            "init_values": cfg.get("layerscale_init")}
+BUILD_ARGS = tuple(f.name for f in dataclasses.fields(ArchitectureConfig))  # `build_vit`'s arguments
 
 
 def model_from_config(m: Any) -> SinkViT:
-    """Build the ViT of a `ModelConfig` (or any mapping with its fields); load `m.pretrained` if set.
+    """Build the ViT of a `ModelConfig` (or any mapping with its fields; absent ones take `build_vit`'s defaults,
+    the schema's); load `m.pretrained` if set.
 
     `pretrained` is a path (state dict, timm checkpoint or vitsinks checkpoint) or a timm model name, whose
     weights timm downloads; the config must describe the same architecture (e.g. `model=dinov2_small_reg`).
     """
-    model = build_vit(
-        m.size, img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth,
-        num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, qkv_bias=m.qkv_bias, proj_bias=getattr(m, "proj_bias", True),
-        mlp=getattr(m, "mlp", True), patch_embed=getattr(m, "patch_embed", "learned"),
-        pos_embed=getattr(m, "pos_embed", "learn"), layerscale_init=m.layerscale_init,
-        drop_path=m.drop_path, gate=m.gate, registers=m.registers, attn=m.attn,
-        register_pos_embed=getattr(m, "register_pos_embed", False),
-        prefix_init_std=getattr(m, "prefix_init_std", None),
-        global_pathway=pathway_kwargs(getattr(m, "global_pathway", None)),
-    )
-    source = getattr(m, "pretrained", None)
+    given = config_values(m)
+    values = {k: given[k] for k in (*BUILD_ARGS, *MITIGATIONS) if k in given}
+    model = build_vit(values.pop("size", ArchitectureConfig.size), **values)
+    source = given.get("pretrained")
     if source:
         if Path(source).expanduser().is_file():
             sd = state_dict_from_file(Path(source).expanduser())

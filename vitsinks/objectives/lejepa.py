@@ -1,21 +1,27 @@
-"""The LeJEPA objective (lightly's SIGReg + invariance term) and the model it trains, and the common-mode penalty
-that any objective can add (docs/fidelity.md)."""
+"""The LeJEPA objective (`objective=lejepa`, the default): lightly's SIGReg + invariance term on multi-crop views, the
+model it trains (backbone + projector + online probe) and the probe's validation."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from lightly.loss.lejepa_loss import SIGReg, lejepa_invariance_loss
 from lightly.models.modules import LeJEPAProjectionHead
+from omegaconf import DictConfig
 from torch import nn
+from torch.utils.data import Dataset
 
 from vitsinks.configs.schema import ObjectiveConfig
-from vitsinks.models import SinkBlock, SinkViT
-from vitsinks.models.pathway import CM_EPS
-from vitsinks.utils.distributed import differentiable_sum, is_distributed
-from vitsinks.utils.errors import BadValue
+from vitsinks.data import is_sink_task, read_item
+from vitsinks.data.selection import permutation
+from vitsinks.data.views import SeededViews, collate_views, view_transform
+from vitsinks.diagnostics import protocol_transform
+from vitsinks.models import SinkViT
+from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
+from vitsinks.utils.distributed import sync_batchnorm
+from vitsinks.utils.errors import ConfigError
 
 
 class LossTerms(NamedTuple):
@@ -26,7 +32,7 @@ class LossTerms(NamedTuple):
     invariance: torch.Tensor
 
 
-class LeJEPAObjective(nn.Module):
+class LeJEPALoss(nn.Module):
     """`lamb * SIGReg(all views) + (1 - lamb) * invariance(all views, global views)`.
 
     Equal to `lightly.loss.LeJEPALoss` when there are local views; written from lightly's two parts so that the
@@ -41,10 +47,8 @@ class LeJEPAObjective(nn.Module):
 
     def __init__(self, cfg: ObjectiveConfig, gather_distributed: bool = False) -> None:
         super().__init__()
-        if not 0.0 <= cfg.lamb <= 1.0:
-            raise BadValue(f"objective.lamb must be in [0, 1], got {cfg.lamb}")
         self.lamb = cfg.lamb
-        self.pooled = str(getattr(cfg, "sigreg", "per_view_global")) == "pooled_per_rank"
+        self.pooled = cfg.sigreg == "pooled_per_rank"
         self.sigreg = SIGReg(knots=cfg.knots, num_vectors=cfg.slices,
                              gather_distributed=gather_distributed and not self.pooled)
 
@@ -86,36 +90,69 @@ class LeJEPAModel(nn.Module):
         return proj_g, proj_l, self.probe(emb_g.detach())
 
 
-class CommonModePenalty:
-    """`lambda_B * mean_l pen_l`, the mean over the blocks after `cm_skip_blocks` (as the reference's ViT trainer),
-    pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block
-    l's attention update o over the global batch: each term is averaged over the step's forward passes (LeJEPA's
-    global and local views) and, under DDP, over the ranks (a differentiable all-reduce) before the ratio, so several
-    ranks compute what one process would on the whole batch."""
+@torch.no_grad()
+def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtime: Runtime,
+                   max_images: int = 2048) -> float:
+    """Top-1 of the online probe on (up to `max_images` of, in the seeded order of `cfg.protocol`) the validation
+    split, centre view; unreadable images are skipped under `data.on_bad_image=skip`."""
+    model.eval()
+    tf = protocol_transform(cfg.views.global_size, cfg.protocol)
+    order = permutation(len(val_set), cfg.protocol.seed)[:max_images]  # never one class's images
+    correct = total = 0
+    for lo in range(0, len(order), 256):
+        items = [it for i in order[lo : lo + 256] if (it := read_item(val_set, i, cfg.data.on_bad_image)) is not None]
+        if not items:
+            continue
+        x = torch.stack([tf(img) for img, _ in items]).to(runtime.device)
+        y = torch.tensor([label for _, label in items], device=runtime.device)
+        with runtime.autocast():
+            logits = model.probe(model.backbone(x))
+        correct += int((logits.argmax(-1) == y).sum())
+        total += len(items)
+    return correct / max(total, 1)
 
-    def __init__(self, blocks: Iterable[SinkBlock], cfg: ObjectiveConfig) -> None:
-        self.blocks = list(blocks)
-        if cfg.cm_penalty < 0:
-            raise BadValue(f"objective.cm_penalty must be >= 0, got {cfg.cm_penalty}")
-        if not 0 <= cfg.cm_skip_blocks < len(self.blocks):
-            raise BadValue(f"objective.cm_skip_blocks={cfg.cm_skip_blocks} leaves no block to penalise (the model "
-                             f"has {len(self.blocks)}): use 0..{len(self.blocks) - 1}")
-        self.lamb, self.skip = cfg.cm_penalty, cfg.cm_skip_blocks
-        for blk in self.blocks:
-            blk.collect_cm, blk.cm_pre_gate = True, cfg.cm_pre_gate
 
-    def reset(self) -> None:
-        for blk in self.blocks:
-            blk.cm_terms.clear()
+@register("lejepa")
+class LeJEPA(Objective):
+    """LeJEPA on multi-crop views (`views.*`), with the online probe trained beside it on the detached [CLS]:
+    logged terms `loss` (the LeJEPA loss), `sigreg`, `invariance`, `probe_loss`, `probe_acc`; validation
+    `val/probe_acc`."""
 
-    def __call__(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(lambda_B * the penalty to add to the loss, logged terms: `cm_penalty` and `cm/block<l>`); resets."""
-        if any(not blk.cm_terms for blk in self.blocks):
-            raise RuntimeError("the common-mode penalty was read before a forward pass with gradients recorded it")
-        terms = torch.stack([torch.stack(blk.cm_terms).mean(0) for blk in self.blocks])  # (blocks, 2)
-        self.reset()
-        if is_distributed():
-            terms = differentiable_sum(terms) / torch.distributed.get_world_size()
-        per_block = terms[:, 0] / (terms[:, 1] + CM_EPS)
-        total = per_block[self.skip :].mean()
-        return self.lamb * total, {"cm_penalty": total, **{f"cm/block{i}": p for i, p in enumerate(per_block)}}
+    probe_prefixes = ("probe.",)
+    bar_metric = "probe_acc"
+    nan_advice = "Lower train.lr (or raise objective.lamb)"
+
+    def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
+        super().__init__(cfg, runtime)
+        if is_sink_task(cfg.data.name):
+            raise ConfigError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
+                              "with objective=supervised")
+        self.loss = LeJEPALoss(cfg.objective, gather_distributed=runtime.world > 1).to(runtime.device)
+
+    def train_samples(self, base: Dataset) -> Dataset:
+        return SeededViews(base, view_transform(self.cfg.views), self.cfg.seed, self.cfg.data.on_bad_image)
+
+    def collate(self, items: list[Any]) -> Batch:
+        return collate_views(items)
+
+    def build_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
+        model = LeJEPAModel(backbone, self.cfg.objective, num_classes)
+        if self.cfg.objective.projector_bn == "global_batch":  # per_rank: BatchNorm per GPU
+            sync_batchnorm(model, self.runtime.device)
+        return model
+
+    def loss_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
+        """The LeJEPA loss plus the online probe's cross-entropy (the probe sees detached embeddings only)."""
+        n_global = self.cfg.views.n_global
+        views = [v.to(self.runtime.device, non_blocking=True) for v in inputs]
+        labels = targets.to(self.runtime.device).repeat(n_global)
+        with self.runtime.autocast():
+            proj_g, proj_l, logits = net(views, n_global)
+        terms = self.loss(proj_g.float(), None if proj_l is None else proj_l.float())
+        probe_loss = F.cross_entropy(logits.float(), labels)
+        acc = (logits.argmax(-1) == labels).float().mean()
+        return terms.loss + probe_loss, {"loss": terms.loss, "sigreg": terms.sigreg, "invariance": terms.invariance,
+                                         "probe_loss": probe_loss, "probe_acc": acc}
+
+    def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
+        return {"val/probe_acc": probe_accuracy(model, val_set, self.cfg, self.runtime)}

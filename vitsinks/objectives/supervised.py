@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import Dataset
 
 from vitsinks.data import SinkTask, read_item
 from vitsinks.data.selection import analysis_transform
 from vitsinks.models import SinkViT
+from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
 from vitsinks.utils.errors import BadValue
 
 
@@ -137,3 +139,38 @@ def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.d
     if model.head is not None:
         return {"val/top1": total / max(count, 1)}
     return {"val/loss": total / max(count, 1), "val/rel_error": total / max(still, 1e-12)}
+
+
+@register("supervised")
+class Supervised(Objective):
+    """The dataset's own targets: logged terms `loss` (and `acc` for classification); validation `val/top1`, or
+    `val/loss` and `val/rel_error` for the sink tasks."""
+
+    bar_metric = "acc"
+
+    def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
+        super().__init__(cfg, runtime)
+        self.model: SupervisedModel | None = None  # set by build_model
+        self._val: tuple[Dataset, SupervisedSamples] | None = None  # (split, its items), built once
+
+    def train_samples(self, base: Dataset) -> Dataset:
+        return SupervisedSamples(base, self.cfg.views.global_size, self.cfg.data.on_bad_image)
+
+    def collate(self, items: list[Any]) -> Batch:
+        return collate_supervised(items)
+
+    def build_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
+        self.model = SupervisedModel(backbone, num_classes)
+        return self.model
+
+    def loss_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
+        with self.runtime.autocast():
+            out = net(inputs[0].to(self.runtime.device, non_blocking=True))
+        terms = supervised_loss(self.model, out, to_device(targets, self.runtime.device))
+        return terms["loss"], terms
+
+    def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
+        if self._val is None or self._val[0] is not val_set:
+            self._val = val_set, self.train_samples(val_set)
+        return evaluate(model, self._val[1], self.runtime.device, self.runtime.bf16)
+

@@ -17,6 +17,9 @@ import submitit
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import to_container
+from vitsinks.run.pipeline import train_and_evaluate
+from vitsinks.train.trainer import Trainer
+from vitsinks.utils.distributed import cleanup
 from vitsinks.utils.errors import BadValue
 
 MIN_WORK_S = 60  # a job must be able to train at least this long before its time-limit signal
@@ -99,9 +102,6 @@ class TrainJob(submitit.helpers.Checkpointable):
     """
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
-        from vitsinks.train.trainer import Trainer
-        from vitsinks.utils.distributed import cleanup
-
         cfg = OmegaConf.create(config)
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         trainer = Trainer(cfg)
@@ -115,13 +115,9 @@ class TrainJob(submitit.helpers.Checkpointable):
 
         signal.signal(sig, on_preemption)
         try:
-            summary = trainer.fit()
+            summary = train_and_evaluate(trainer)
             if caught and summary["status"] == "interrupted" and callable(submitit_handler):
                 submitit_handler(caught[0], None)  # checkpoint() + requeue + exit (rank 0); returns on others
-            if summary["status"] == "finished" and cfg.eval.after_train and trainer.dist.is_main:
-                from vitsinks.eval import after_train
-
-                summary["after_train"] = after_train(cfg, trainer.run_dir)
             return summary
         finally:
             cleanup()

@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
+from vitsinks.configs.schema import upgrade
 from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, ConfigError, InputNotFound
+from vitsinks.utils.rundir import RunDir
 
 # Overrides already in the default run name `<exp>-<size>-<data>-s<seed>`, or that do not change what a run computes.
 IN_NAME = ("exp", "seed", "model", "model.size", "data", "data.name", "name")
@@ -25,9 +28,8 @@ LENGTH_KEYS = ("train.epochs", "train.max_steps", "train.batch_size", "data.trai
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices."""
-    from hydra.errors import OverrideParseException
-
+    """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices (each combination
+    is then composed with `vitsinks.configs.cli.compose`, like a single run)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as err:
@@ -76,7 +78,7 @@ def name_runs(combos: list[list[str]], cfgs: list[DictConfig]) -> None:
 def run_state(run_dir: Path) -> dict[str, Any]:
     """What a run directory says about itself: status, step, total steps, last loss."""
     info: dict[str, Any] = {"status": "pending", "step": 0}
-    status = run_dir / "status.json"
+    status = RunDir(run_dir).status
     if status.exists():
         try:
             info.update(json.loads(status.read_text()))
@@ -94,11 +96,11 @@ def is_finished(run_dir: Path, cfg: DictConfig) -> bool:
     s = run_state(run_dir)
     if not (s["status"] == "finished" and s["step"] >= s.get("total_steps", 0)):
         return False
-    saved = run_dir / "config.yaml"
+    saved = RunDir(run_dir).config
     if not saved.is_file():
         return False
-    old = OmegaConf.load(saved)
-    return all(OmegaConf.select(old, k, default=None) == OmegaConf.select(cfg, k, default=None) for k in LENGTH_KEYS)
+    old = upgrade(OmegaConf.load(saved), str(saved))
+    return all(OmegaConf.select(old, k) == OmegaConf.select(cfg, k) for k in LENGTH_KEYS)
 
 
 def carry_over(old: dict[str, Any] | None, entries: list[dict[str, Any]], todo: list[int],

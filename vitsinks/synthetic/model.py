@@ -36,7 +36,7 @@ class SeqModel(nn.Module):
             nn.init.orthogonal_(self.embed.weight)
             self.embed.weight.requires_grad_(False)
         self.blocks = nn.ModuleList(
-            SinkBlock(dim, heads, attn=attn, qkv_bias=False, proj_bias=False, mlp_layer=NoMLP, pathway=pathway)
+            SinkBlock(dim, heads, attn=attn, qkv_bias=False, proj_bias=False, mlp_layer=NoMLP, global_pathway=pathway)
             for _ in range(depth))
         self.head = nn.Linear(dim, out_dim) if out_dim is not None else nn.Identity()
 
@@ -57,7 +57,7 @@ def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: 
     """AdamW on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve.
 
     The batches depend on `seed` only, so models trained with one seed see the same batches. `penalty` (e.g.
-    `vitsinks.objectives.lejepa.CommonModePenalty`) adds its term after every forward pass.
+    `vitsinks.objectives.penalty.CommonModePenalty`) adds its term after every forward pass.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)

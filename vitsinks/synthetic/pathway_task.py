@@ -33,8 +33,7 @@ from timm.layers import Mlp
 from torch import nn
 from tqdm import tqdm
 
-from vitsinks.models import SinkBlock
-from vitsinks.models.pathway import GlobalPathway, common_mode_penalty
+from vitsinks.models import GlobalPathway, SinkBlock, common_mode_penalty
 from vitsinks.utils.errors import BadValue
 
 ARMS = ("attention", "global", "global+pen")

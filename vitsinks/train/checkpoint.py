@@ -11,19 +11,19 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.models import SinkViT, model_from_config, variant_name
+from vitsinks.configs.schema import upgrade
+from vitsinks.models import MITIGATIONS, ModelConfig, SinkViT, arch_keys, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir
 
-ARCH_KEYS = ("size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
-             "layerscale_init", "gate", "registers", "attn", "mlp", "proj_bias", "patch_embed", "pos_embed",
-             "global_pathway", "register_pos_embed")
-# fields added after checkpoints were first written: a checkpoint without them had these values
-ARCH_DEFAULTS = {"mlp": True, "proj_bias": True, "patch_embed": "learned", "pos_embed": "learn",
-                 "register_pos_embed": False,
-                 "global_pathway": {"enabled": False, "state_dim": 64, "gate": "learned", "layerscale_init": None}}
+# Every `ModelConfig` field that shapes the architecture (field metadata `arch=False` marks the others).
+ARCH_KEYS = arch_keys()
+# The one upgrade path of an older checkpoint's config: a field it lacks (added after it was written) had the
+# schema default.
+ARCH_DEFAULTS: dict[str, Any] = {k: v for k, v in OmegaConf.to_container(
+    OmegaConf.structured(ModelConfig()), enum_to_str=True).items() if k in ARCH_KEYS}
 
 
 class CheckpointMismatch(BadValue):
@@ -61,7 +61,7 @@ def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, Dic
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         raise BadValue(f"{path} is not a vitsinks training checkpoint (no config/model inside): pass "
                        f"runs/<name>/checkpoints/last.pt, or model.pretrained=<file> for a plain state dict")
-    cfg = OmegaConf.create(state["config"])
+    cfg = upgrade(state["config"], f"the config of checkpoint {path}")
     model = model_from_config(OmegaConf.merge(cfg.model, {"pretrained": None}))
     sd = backbone_state(state["model"])
     check_finite(sd, f"checkpoint {path}")
@@ -110,17 +110,17 @@ def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
 
 
 def describe(model_cfg: dict[str, Any]) -> str:
-    pathway = bool((model_cfg.get("global_pathway") or {}).get("enabled"))
-    return (f"{variant_name(model_cfg['gate'], model_cfg['registers'], model_cfg['attn'], pathway)} "
-            f"{model_cfg['size']} (dim {model_cfg.get('embed_dim') or 'default'}, "
+    """`<variant> <size> (dim .., depth ..)` of a model config, for messages."""
+    return (f"{variant_name(model_cfg)} {model_cfg['size']} (dim {model_cfg.get('embed_dim') or 'default'}, "
             f"depth {model_cfg.get('depth') or 'default'})")
 
 
 def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Architecture fields with defaults filled in; a switched-off pathway's settings do not matter."""
+    """Architecture fields with the schema defaults filled in; each mitigation says what of its setting matters
+    (a switched-off pathway's settings do not)."""
     out = {**ARCH_DEFAULTS, **model_cfg}
-    if not (out["global_pathway"] or {}).get("enabled"):
-        out["global_pathway"] = {"enabled": False}
+    for name, m in MITIGATIONS.items():
+        out[name] = m.arch(out[name])
     return out
 
 

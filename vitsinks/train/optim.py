@@ -23,14 +23,15 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); the LeJEPA online
-    probe apart with its own learning rate; frozen parameters left out."""
+def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
+                 probe_prefixes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); an online probe (the
+    parameters named with one of `probe_prefixes`) apart with its own learning rate; frozen parameters left out."""
     decay, no_decay, probe = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.startswith("probe."):
+        if probe_prefixes and name.startswith(probe_prefixes):
             probe.append(p)
             continue
         skip = p.ndim < 2 or name.removeprefix("backbone.") in ("cls_token", "reg_token", "pos_embed")
@@ -39,10 +40,11 @@ def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float) 
     return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
 
 
-def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: int,
-                    total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: int, total_steps: int,
+                    probe_prefixes: tuple[str, ...] = ()) -> tuple[torch.optim.Optimizer,
+                                                                   torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `param_groups` and its per-step `WarmupCosine` schedule (warmup `train.warmup_epochs`)."""
     t = cfg.train
-    optimizer = torch.optim.AdamW(param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr))
+    optimizer = torch.optim.AdamW(param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr, probe_prefixes))
     warmup = round(t.warmup_epochs * steps_per_epoch)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps, t.min_lr_ratio))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import netrc
 import os
@@ -67,8 +68,6 @@ class Tracker:
 
 def _wandb_id(name: str, run_dir: Path) -> str:
     """A stable wandb id per run directory, so a resumed run continues the same wandb run."""
-    import hashlib
-
     digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:48] + "-" + digest
 

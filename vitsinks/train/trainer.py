@@ -1,38 +1,34 @@
 """Training: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`.
 
-The objective is LeJEPA (multi-crop views, the default) or `supervised` (the dataset's own targets, see
-`vitsinks.objectives.supervised`); everything else (optimizer, schedule, checkpoints, diagnostics, status) is shared.
+The Trainer runs the loop; the objective (`vitsinks.objectives`, chosen by `objective.name`) owns the model around
+the backbone, the batches and the loss, and the extras (logging, validation, checkpoints, diagnostics) are
+callbacks (`vitsinks.train.callbacks`).
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from vitsinks.configs.schema import to_container
-from vitsinks.data import build_dataset, is_sink_task, loader_workers, num_classes, read_item
-from vitsinks.data.selection import permutation
-from vitsinks.data.views import EpochSampler, SeededViews, collate_views, sample_seed, view_transform
-from vitsinks.diagnostics import fixed_images, protocol_transform, run_diagnostics
+from vitsinks.data import build_dataset, loader_workers, num_classes
+from vitsinks.data.views import EpochSampler, sample_seed
 from vitsinks.models import model_from_config, run_variant
-from vitsinks.objectives import supervised as sup
-from vitsinks.objectives.lejepa import CommonModePenalty, LeJEPAModel, LeJEPAObjective, LossTerms
+from vitsinks.objectives import Runtime, build_objective
 from vitsinks.train import checkpoint as ckpt
+from vitsinks.train.callbacks import Callback, OnStep, default_callbacks
 from vitsinks.train.optim import build_optimizer
-from vitsinks.train.tracking import Tracker
-from vitsinks.utils.distributed import DistInfo, all_reduce_sum, init_distributed, sync_batchnorm
+from vitsinks.train.tracking import Tracker, read_metrics
+from vitsinks.utils.distributed import DistInfo, all_reduce_sum, init_distributed
 from vitsinks.utils.errors import ConfigError, NonFinite
 from vitsinks.utils.rundir import RunDir
 
@@ -57,9 +53,11 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """Owns the model, data, optimizer and run directory of one training run (LeJEPA or supervised)."""
+    """Owns the model, data, optimizer and run directory of one training run; `callbacks` run after the trainer's
+    own (`default_callbacks`)."""
 
-    def __init__(self, cfg: DictConfig, dist_info: DistInfo | None = None) -> None:
+    def __init__(self, cfg: DictConfig, dist_info: DistInfo | None = None,
+                 callbacks: Sequence[Callback] = ()) -> None:
         self.cfg = cfg
         self.dist = dist_info or init_distributed(cfg.cluster.device)
         self.device = self.dist.device
@@ -70,35 +68,19 @@ class Trainer:
         self.bf16 = self.device.type == "cuda" and cfg.train.precision in ("auto", "bf16")
         seed_everything(cfg.seed + self.dist.rank)
 
-        self.supervised = cfg.objective.name == "supervised"
-        if is_sink_task(cfg.data.name) and not self.supervised:
-            raise ConfigError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
-                              "with objective=supervised")
+        self.objective = build_objective(cfg, Runtime(self.device, self.bf16, self.dist.world))
         base = build_dataset(cfg.data, "train", cfg.seed)
         self.val_set = build_dataset(cfg.data, "val", cfg.seed)
         self.num_classes = num_classes(base)
-        policy = cfg.data.on_bad_image
-        if self.supervised:
-            self.train_set = sup.SupervisedSamples(base, cfg.views.global_size, policy)
-            self.val_samples = sup.SupervisedSamples(self.val_set, cfg.views.global_size, policy)
-        else:
-            self.train_set = SeededViews(base, view_transform(cfg.views), cfg.seed, policy)
+        self.train_set = self.objective.train_samples(base)
         self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
         self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
         if cfg.train.max_steps:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
-        backbone = model_from_config(cfg.model)
-        if self.supervised:
-            self.model: torch.nn.Module = sup.SupervisedModel(backbone, self.num_classes).to(self.device)
-        else:
-            self.model = LeJEPAModel(backbone, cfg.objective, self.num_classes).to(self.device)
-            self.objective = LeJEPAObjective(cfg.objective, gather_distributed=self.dist.world > 1).to(self.device)
-        if cfg.objective.get("projector_bn", "global_batch") == "global_batch":  # per_rank: plain BatchNorm per GPU
-            sync_batchnorm(self.model, self.device)
-        self.cm_penalty = CommonModePenalty(backbone.blocks, cfg.objective) if cfg.objective.cm_penalty else None
+        self.model = self.objective.setup_model(model_from_config(cfg.model), self.num_classes)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.sampler.batches_per_epoch,
-                                                         self.total_steps)
+                                                         self.total_steps, self.objective.probe_prefixes)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # bf16 needs no loss scaling
         self.net: torch.nn.Module = self.model
         if self.dist.world > 1:
@@ -106,15 +88,19 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if cfg.train.compile:
             self.net = torch.compile(self.net)
+        self.callbacks: list[Callback] = [*default_callbacks(), *callbacks]
         self.progress = Progress()
         self.stop_requested = False  # the decision, identical on all ranks
         self._stop_signal = False  # this rank's request
         self._saved_step = -1
-        self._diag_images: tuple[torch.Tensor, np.ndarray] | None = None
+        self.tracker: Tracker | None = None  # while fitting
+        self.last_metrics: dict[str, Any] = {}  # the last logged step metrics (and final validation): the summary
+        self.bad_local = 0  # unreadable training images met by this rank in this fit
 
     # ---- state -------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        extra = self.objective.extra_state()
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -124,11 +110,13 @@ class Trainer:
             "progress": asdict(self.progress),
             "config": to_container(self.cfg),
             "variant": run_variant(self.cfg),
+            **({"objective": extra} if extra else {}),
         }
 
     def save(self, periodic: bool = False) -> Path:
-        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then diagnose it. Weights
-        that are not finite are never written: `NonFiniteLoss` naming the last good checkpoint."""
+        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then run the callbacks'
+        `on_save` (the diagnostics). Weights that are not finite are never written: `NonFiniteLoss` naming the
+        last good checkpoint."""
         if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not self.rundir.last.exists()):
             try:
                 ckpt.save(self.rundir, self.state_dict(), self.progress.step, periodic and self.cfg.train.keep_periodic)
@@ -137,20 +125,8 @@ class Trainer:
                                     f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
                                     f"to resume from it.") from err
             self._saved_step = self.progress.step
-            self._diagnose()
+            self._emit("on_save")
         return self.rundir.last
-
-    def _diagnose(self) -> None:
-        """Sink diagnostics of the current weights into `<run>/diagnostics/step_XXXXXXX/` (rank 0, once a step)."""
-        d = self.cfg.diagnostics
-        out = self.run_dir / "diagnostics" / f"step_{self.progress.step:07d}"
-        if not d.enabled or (out / "summary.json").exists():
-            return
-        if self._diag_images is None:
-            self._diag_images = fixed_images(self.val_set, d.n_images, self.cfg.views.global_size,
-                                             self.cfg.data.on_bad_image, self.cfg.protocol)
-        images, shown, index = self._diag_images
-        run_diagnostics(self.model.backbone, images, shown, out, d, index, self.cfg.protocol)
 
     def resume(self) -> bool:
         """Restore everything from the newest usable checkpoint (`last.pt`, else the newest `step_*.pt`); refuse a
@@ -166,6 +142,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        self.objective.load_extra_state(state.get("objective", {}))
         self.progress = Progress(**state["progress"])
         self._saved_step = self.progress.step
         rng = state["rng"]
@@ -177,51 +154,21 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------------------
 
-    def _loader(self, epoch: int) -> DataLoader:
+    def loader(self, epoch: int) -> DataLoader:
+        """The training batches of `epoch`, from where the progress stands in it."""
         self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
         self.train_set.epoch = epoch
         return DataLoader(
-            self.train_set, batch_size=self.sampler.local, sampler=self.sampler,
-            collate_fn=sup.collate_supervised if self.supervised else collate_views,
+            self.train_set, batch_size=self.sampler.local, sampler=self.sampler, collate_fn=self.objective.collate,
             num_workers=loader_workers(self.cfg.data.num_workers), drop_last=True,
             pin_memory=self.device.type == "cuda",
             generator=torch.Generator().manual_seed(sample_seed(self.cfg.seed, epoch, 1)),  # keeps global RNG intact
         )
 
-    def _lejepa_terms(self, views: list[torch.Tensor], labels: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                      dict[str, torch.Tensor]]:
-        """(total loss to minimise, logged terms) of one LeJEPA batch: the objective plus the online probe."""
-        n_global = self.cfg.views.n_global
-        views = [v.to(self.device, non_blocking=True) for v in views]
-        labels = labels.to(self.device).repeat(n_global)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            proj_g, proj_l, logits = self.net(views, n_global)
-        terms: LossTerms = self.objective(proj_g.float(), None if proj_l is None else proj_l.float())
-        probe_loss = F.cross_entropy(logits.float(), labels)
-        acc = (logits.argmax(-1) == labels).float().mean()
-        return terms.loss + probe_loss, {"loss": terms.loss, "sigreg": terms.sigreg, "invariance": terms.invariance,
-                                         "probe_loss": probe_loss, "probe_acc": acc}
-
-    def _supervised_terms(self, images: list[torch.Tensor], targets: Any) -> tuple[torch.Tensor,
-                                                                                   dict[str, torch.Tensor]]:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.net(images[0].to(self.device, non_blocking=True))
-        terms = sup.supervised_loss(self.model, out, sup.to_device(targets, self.device))
-        return terms["loss"], terms
-
-    def train_step(self, views: list[torch.Tensor], labels: Any) -> dict[str, torch.Tensor]:
+    def train_step(self, inputs: list[torch.Tensor], targets: Any) -> dict[str, torch.Tensor]:
         """One optimizer step; returns the logged terms (the first is `loss`)."""
         self.net.train()
-        if self.cm_penalty:
-            self.cm_penalty.reset()
-        if self.supervised:
-            total, terms = self._supervised_terms(views, labels)
-        else:
-            total, terms = self._lejepa_terms(views, labels)
-        if self.cm_penalty:
-            extra, cm_terms = self.cm_penalty()
-            total = total + extra
-            terms.update(cm_terms)
+        total, terms = self.objective.step_terms(self.net, inputs, targets)
         # one collective for both flags: a NaN anywhere stops every rank, and so does a stop request (a signal
         # may reach the ranks at slightly different times; they must stop after the same step)
         flags = all_reduce_sum(torch.stack([(~torch.isfinite(total.detach())).float(),
@@ -231,61 +178,28 @@ class Trainer:
             parts = " ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
             raise NonFiniteLoss(
                 f"non-finite loss at step {self.progress.step + 1}: {parts}. Training stopped; {self.rundir.latest()}."
-                f" Lower train.lr (LeJEPA: or raise objective.lamb) and relaunch to resume from it."
+                f" {self.objective.nan_advice} and relaunch to resume from it."
             )
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
-        if self.cfg.train.grad_clip > 0:  # the backbone and its heads; the online probe is not clipped
-            params = [p for n, p in self.model.named_parameters() if p.requires_grad and not n.startswith("probe.")]
+        if self.cfg.train.grad_clip > 0:  # the backbone and its heads; an online probe is not clipped
+            params = [p for n, p in self.model.named_parameters()
+                      if p.requires_grad and not n.startswith(self.objective.probe_prefixes)]
             torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return {k: v.detach() for k, v in terms.items()}
 
-    # ---- validation and logging --------------------------------------------------------------------------------
+    # ---- what callbacks use ------------------------------------------------------------------------------------
 
-    def validate(self) -> dict[str, float]:
-        """Validation metrics: `val/probe_acc` (LeJEPA's online probe), `val/top1` or `val/rel_error`."""
-        if self.supervised:
-            return sup.evaluate(self.model, self.val_samples, self.device, self.bf16)
-        return {"val/probe_acc": self.probe_accuracy()}
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Log `metrics` at the current step (metrics.jsonl and wandb, main rank)."""
+        assert self.tracker is not None, "metrics are logged while fitting"
+        self.tracker.log(metrics, self.progress.step)
 
-    @torch.no_grad()
-    def probe_accuracy(self, max_images: int = 2048) -> float:
-        """Top-1 of the online probe on (up to `max_images` of, in the seeded order of `protocol`) the validation
-        split, centre view; unreadable
-        images are skipped under `data.on_bad_image=skip`."""
-        self.model.eval()
-        tf = protocol_transform(self.cfg.views.global_size, self.cfg.protocol)
-        order = permutation(len(self.val_set), self.cfg.protocol.seed)[:max_images]  # never one class's images
-        correct = total = 0
-        for lo in range(0, len(order), 256):
-            items = [it for i in order[lo : lo + 256]
-                     if (it := read_item(self.val_set, i, self.cfg.data.on_bad_image)) is not None]
-            if not items:
-                continue
-            x = torch.stack([tf(img) for img, _ in items]).to(self.device)
-            y = torch.tensor([label for _, label in items], device=self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                logits = self.model.probe(self.model.backbone(x))
-            correct += int((logits.argmax(-1) == y).sum())
-            total += len(items)
-        return correct / max(total, 1)
-
-    def _log_step(self, tracker: Tracker, terms: dict[str, torch.Tensor], t0: float, bad_local: int,
-                  bar: tqdm) -> dict[str, Any]:
-        """Means of the step's terms over the global batch, the lr, throughput and unreadable images: to the
-        tracker and the progress bar."""
-        p = self.progress
-        parts = (all_reduce_sum(torch.stack(list(terms.values())).float()) / self.dist.world).tolist()
-        metrics = {"epoch": p.epoch, **dict(zip(terms, parts, strict=True)), "lr": self.scheduler.get_last_lr()[0],
-                   "img_per_s": self.cfg.train.batch_size / (time.perf_counter() - t0),
-                   "bad_images": int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item())}
-        tracker.log(metrics, p.step)
-        acc = metrics.get("probe_acc", metrics.get("acc"))
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}",
-                        **({} if acc is None else {"acc": f"{acc:.2f}"}))
-        return metrics
+    def bad_images(self) -> int:
+        """Unreadable training images met so far in this fit, summed over the ranks (a collective)."""
+        return int(all_reduce_sum(torch.tensor(self.bad_local, device=self.device)).item())
 
     def request_stop(self) -> None:
         """Stop after the current step with a checkpoint (preemption). Safe from a signal handler: with several
@@ -294,75 +208,69 @@ class Trainer:
         if self.dist.world == 1:
             self.stop_requested = True
 
+    def _emit(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self, *args)
+
     def _write_status(self, status: str, **extra: Any) -> None:
         self.rundir.write_status(status, step=self.progress.step, total_steps=self.total_steps,
                                  world_size=self.dist.world, variant=run_variant(self.cfg), **extra)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
 
-    def fit(self, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
-        """Train to the end (resuming from the newest checkpoint if any). Returns a summary dict."""
+    def fit(self, on_step: Callable[[Trainer], None] | None = None,
+            callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+        """Train to the end (resuming from the newest checkpoint if any), with `callbacks` (and `on_step(trainer)`
+        after every step) for this fit beside the trainer's own. Returns a summary dict."""
+        own = self.callbacks
+        self.callbacks = [*own, *callbacks, *([OnStep(on_step)] if on_step is not None else [])]
         self.rundir.lock()
         try:
-            return self._fit(on_step)
+            return self._fit()
         finally:
             self.rundir.unlock()
+            self.callbacks = own
 
-    def _fit(self, on_step: Callable[[Trainer], None] | None) -> dict[str, Any]:
+    def _fit(self) -> dict[str, Any]:
         self.resume()
         self.rundir.start(self.cfg)
         self._write_status("running")
-        tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
-                          active=self.dist.is_main, resume_step=self.progress.step)
-        cfg, p = self.cfg.train, self.progress
-        bar = tqdm(total=self.total_steps, initial=p.step, disable=not self.dist.is_main, desc=self.cfg.name,
-                   unit="step", dynamic_ncols=True)
-        status, bad_local, last_metrics = "finished", 0, last_logged(self.run_dir, p.step)
+        self.tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
+                               active=self.dist.is_main, resume_step=self.progress.step)
+        self.last_metrics, self.bad_local = last_logged(self.run_dir, self.progress.step), 0
+        p = self.progress
         try:
+            self._emit("on_fit_start")
             while p.step < self.total_steps and not self.stop_requested:
-                for views, labels, n_bad in self._loader(p.epoch):
-                    bad_local += n_bad  # this rank's; summed over ranks when logged
+                for inputs, targets, n_bad in self.loader(p.epoch):
+                    self.bad_local += n_bad  # this rank's; summed over ranks when logged
                     p.batch += 1
-                    if not views:
+                    if not inputs:
                         continue
-                    t0 = time.perf_counter()
-                    terms = self.train_step(views, labels)
+                    self._emit("on_step_start")
+                    terms = self.train_step(inputs, targets)
                     p.step += 1
-                    bar.update(1)
-                    if p.step % cfg.log_every == 0 or p.step == self.total_steps:
-                        last_metrics = self._log_step(tracker, terms, t0, bad_local, bar)
-                    if p.step % cfg.ckpt_every == 0:
-                        self.save(periodic=True)
-                    if on_step is not None:
-                        on_step(self)
+                    self._emit("on_step_end", terms)
                     if p.step >= self.total_steps or self.stop_requested:
                         break
                 else:  # the epoch ran out
-                    tracker.log({"epoch": p.epoch, **self.validate()}, p.step)
                     p.epoch, p.batch = p.epoch + 1, 0
-                    self.save()
-            if self.stop_requested and p.step < self.total_steps:
-                status = "interrupted"
-            else:
-                val = self.validate()
-                tracker.log({"epoch": p.epoch, **val}, p.step)
-                last_metrics.update(val)
-            self.save()
+                    self._emit("on_epoch_end", p.epoch - 1)
+            status = "interrupted" if self.stop_requested and p.step < self.total_steps else "finished"
+            self._emit("on_fit_end", status)
         except BaseException as err:
             self._write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))
             raise
         finally:
-            bar.close()
-            tracker.finish()
+            self._emit("close")
+            self.tracker.finish()
+            self.tracker = None
         self._write_status(status)
-        bad_images = int(all_reduce_sum(torch.tensor(bad_local, device=self.device)).item())
-        return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": bad_images,
-                **last_metrics}
+        return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": self.bad_images(),
+                **self.last_metrics}
 
 
 def last_logged(run_dir: Path, step: int) -> dict[str, Any]:
     """The last metrics line logged at or before `step` with a loss (what a relaunch of a finished run reports)."""
-    from vitsinks.train.tracking import read_metrics
-
     lines = [m for m in read_metrics(run_dir) if "loss" in m and m["step"] <= step]
     return {k: v for k, v in lines[-1].items() if k != "step"} if lines else {}

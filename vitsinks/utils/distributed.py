@@ -35,8 +35,12 @@ def _export_slurm_env() -> None:
     TorchDistributedEnvironment().export()
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`auto` picks this rank's GPU when CUDA is available, else the CPU."""
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """The device `cluster.device` names for this process: `auto` picks this rank's GPU (`local_rank`, default
+    from LOCAL_RANK, else 0) when CUDA is available, else the CPU; `cuda` without CUDA is an error. The one place
+    a command turns `cluster.device` into a device."""
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":

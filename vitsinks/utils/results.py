@@ -1,22 +1,94 @@
 """Typed results: what one producer (diagnostics, interventions, a probe) writes into a run directory, and the
-leaderboard columns it contributes. The leaderboard only collects registered results and renders their columns."""
+leaderboard columns it contributes. The leaderboard only collects registered results and renders their columns.
+
+A result type subclasses `Result`: `to_json()` / `from_json()` (the file on disk, unchanged from what the producer
+wrote before the type existed), `columns()` (its leaderboard columns) and `collect(run)` (its leaderboard values
+for one run: every column's key, NaN where the run has no such result). `register_result` adds a type to the
+registry that `vitsinks.report` iterates, in the order of the types' `rank`.
+"""
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal, TypeVar
+
+from vitsinks.utils.rundir import RunDir
 
 ColumnGroup = Literal["quality", "mechanism", "causal"]
+GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the order the leaderboard shows them in
 
 
 @dataclass(frozen=True)
 class Column:
     """One leaderboard column: `key` (CSV header, unique), `label` (table header), the table it belongs to, its
-    number format, and which direction is better (None: neither; the leaderboard marks nothing)."""
+    number style (`f`: fixed decimals, `g`: significant digits, for values spanning decades; each table picks the
+    precision), and which direction is better (None: neither; the leaderboard marks nothing). `read`, for a
+    column read from another producer's JSON (the model mitigations' columns from the diagnostics summary): that
+    JSON -> the value (NaN when absent)."""
 
     key: str
     label: str
     group: ColumnGroup
-    fmt: str = ".3f"
+    fmt: str = "f"
     higher_is_better: bool | None = None
     doc: str = ""
+    read: Callable[[dict[str, Any]], float] | None = None
+
+
+R = TypeVar("R", bound="Result")
+
+
+class Result(ABC):
+    """A typed result of one producer. `kind` names it; `rank` places its columns on the leaderboard."""
+
+    kind: ClassVar[str]
+    rank: ClassVar[int]
+
+    @abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk."""
+
+    @classmethod
+    @abstractmethod
+    def from_json(cls: type[R], obj: dict[str, Any]) -> R:
+        """The result from its JSON (also what older versions of the producer wrote)."""
+
+    @classmethod
+    @abstractmethod
+    def columns(cls) -> list[Column]:
+        """The leaderboard columns this result contributes."""
+
+    @classmethod
+    @abstractmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        """This result's leaderboard values for `run`: every column key (NaN without the result) and any extra
+        fields the leaderboard reads (e.g. where the strongest sink sits)."""
+
+    @classmethod
+    def extra_columns(cls, keys: set[str]) -> list[Column]:
+        """Columns for values `collect` found beyond `columns()` (`keys`: every key collected over the runs)."""
+        return []
+
+    @classmethod
+    def missing(cls) -> dict[str, Any]:
+        """The values of a run without this result."""
+        return {c.key: math.nan for c in cls.columns()}
+
+
+_REGISTRY: dict[str, type[Result]] = {}
+
+
+def register_result(cls: type[R]) -> type[R]:
+    """Class decorator: add a result type to the registry (its `kind` unique)."""
+    if _REGISTRY.get(cls.kind, cls) is not cls:
+        raise ValueError(f"two result types are registered as {cls.kind!r}")
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def result_types() -> list[type[Result]]:
+    """Every registered result type, by rank."""
+    return sorted(_REGISTRY.values(), key=lambda c: c.rank)

@@ -30,6 +30,7 @@ from vitsinks.utils.errors import BadValue
 
 STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
+SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
 
 
 class RunDir:
@@ -94,7 +95,26 @@ class RunDir:
 
     def diagnosed_steps(self) -> dict[int, Path]:
         """`summary.json` of every step's diagnosis on disk, by step."""
-        return {int(p.parent.name[5:]): p for p in self.diagnostics_root.glob("step_*/summary.json")}
+        return {int(p.parent.name[5:]): p for p in self.diagnostics_root.glob(f"step_*/{SUMMARY}")}
+
+    def summary(self, stem: str) -> Path:
+        """The diagnostics summary of checkpoint `stem`."""
+        return self.diagnostics(stem) / SUMMARY
+
+    def per_image(self, stem: str) -> Path:
+        """The per-image diagnostics fields of checkpoint `stem`."""
+        return self.diagnostics(stem) / "per_image.npz"
+
+    def latest_summary(self) -> Path | None:
+        """The summary of the final diagnosis, else of the newest step's, else None."""
+        if self.summary(FINAL).is_file():
+            return self.summary(FINAL)
+        steps = self.diagnosed_steps()
+        return steps[max(steps)] if steps else None
+
+    def over_training(self, suffix: str) -> Path:
+        """`diagnostics/over_training.<suffix>` (png, json, csv): sinks vs step."""
+        return self.diagnostics_root / f"over_training.{suffix}"
 
     @property
     def interventions_root(self) -> Path:
@@ -103,6 +123,14 @@ class RunDir:
     def interventions(self, stem: str) -> Path:
         return self.interventions_root / stem
 
+    def latest_interventions(self) -> Path | None:
+        """The interventions summary of `last.pt`, else the newest one written, else None."""
+        last = self.interventions(self.last.stem) / SUMMARY
+        if last.is_file():
+            return last
+        found = sorted(self.interventions_root.glob(f"*/{SUMMARY}"), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+
     @property
     def results(self) -> Path:
         return self.path / "results"
@@ -110,6 +138,15 @@ class RunDir:
     def result(self, kind: str) -> Path:
         """`results/<kind>.json` (`linear`, `dense_ade20k`, ...)."""
         return self.results / f"{kind}.json"
+
+    def results_of(self, prefix: str) -> list[Path]:
+        """Every `results/<prefix>*.json` on disk, by name (`dense_`: the dense probes of every data and protocol)."""
+        return sorted(self.results.glob(f"{prefix}*.json"))
+
+    @property
+    def eval_cache(self) -> Path:
+        """Cached evaluation features (`vitsinks.eval.features`)."""
+        return self.path / "eval_cache"
 
     def is_run(self) -> bool:
         return self.config.is_file()

@@ -1,8 +1,12 @@
-"""Small statistics with no dependency beyond the standard library: Welch's t-test for the leaderboards' marks."""
+"""Small statistics: Welch's t-test for the leaderboards' marks (standard library only) and the NaN-aware mean and
+standard deviation of every table."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+
+import numpy as np
 
 
 def betainc(a: float, b: float, x: float) -> float:
@@ -34,3 +38,12 @@ def welch_p(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> flo
     t2 = (m1 - m2) ** 2 / (v1 + v2)
     df = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))
     return betainc(df / 2, 0.5, df / (df + t2))  # P(|T_df| >= |t|)
+
+
+def nan_mean_std(values: Iterable[float | None]) -> tuple[float, float, int]:
+    """(mean, sample std with ddof 1, count) over the values that are not NaN (None counts as NaN); NaN mean for
+    none, NaN std for fewer than two."""
+    vals = np.array([math.nan if v is None else v for v in values], dtype=float)
+    vals = vals[~np.isnan(vals)]
+    return (float(vals.mean()) if vals.size else math.nan, float(vals.std(ddof=1)) if vals.size > 1 else math.nan,
+            int(vals.size))

@@ -17,8 +17,10 @@ from omegaconf import OmegaConf
 
 from tests.conftest import bar_heights
 from vitsinks.configs.schema import load_config
+from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import rule_record
-from vitsinks.leaderboard import MECHANISM, QUALITY, aggregate, build, collect, run_dirs, significant_best
+from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
+from vitsinks.report.collect import quality as quality_columns
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.stats import welch_p
 
@@ -27,8 +29,8 @@ RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.2
         ("gate+reg", 0): (0.60, 70.0, 0.30, 0.0, 1.0), ("gate+reg", 1): (0.62, 72.0, 0.34, 0.0, 3.0)}
 
 
-DEFAULT_RULE = rule_record("relaxed", 0.5, "ratio_out", True, 12)  # what `diagnostics` writes by default
-KEMPNER_RULE = rule_record("relaxed", 0.5, "ratio_head", False, 12)  # the reference's counting
+DEFAULT_RULE = rule_record(SinkRules(), 12)  # what `diagnostics` writes by default
+KEMPNER_RULE = rule_record(SinkRules(ratio="ratio_head", use_stable_rank=False), 12)  # the reference's counting
 
 
 def _summary(nop: float, broadcast: float, rule: dict | None = DEFAULT_RULE) -> dict:
@@ -83,7 +85,7 @@ def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures
     assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0
     assert (out / "leaderboard.png").stat().st_size > 10_000
     quality, mechanism = figures[-1].axes[:2]  # the bars are the table's numbers
-    shown = [k for k, _ in QUALITY if any(not math.isnan(t[k][0]) for t in table)]
+    shown = [c.key for c in quality_columns(columns()) if any(not math.isnan(t[c.key][0]) for t in table)]
     assert bar_heights(quality) == [t[k][0] for k in shown for t in table] and "linear_top1" in shown
     stacked = np.array(bar_heights(mechanism)).reshape(3, len(table))  # NOP, broadcast, unclassified per variant
     assert stacked[0].tolist() == [t["nop"][0] for t in table] and stacked[1].tolist() == \
@@ -172,7 +174,7 @@ def test_welch_p_against_closed_forms_and_the_integrated_density() -> None:
 def _table(linear: dict[str, list[float]]) -> list[dict]:
     """Aggregated rows with only `linear_top1` measured: variant -> its seeds' values."""
     rows = [{"variant": v, "data": "synthetic", "seed": i, "sink_at": "-", "profile": [], "sink_rule": "-",
-             **{k: math.nan for k, _ in QUALITY + MECHANISM}, "linear_top1": x}
+             **{c.key: math.nan for c in columns()}, "linear_top1": x}
             for v, xs in linear.items() for i, x in enumerate(xs)]
     return aggregate(rows)
 
@@ -210,7 +212,7 @@ def test_reference_sinks_only_beside_counts_made_the_same_way(tmp_path: Path) ->
     assert "| gate (Gating) | 3.80 | 0.00 | 3.88 | 2.02 |" in md and "left out" not in md
     assert "NOP-like ratio_head <= 0.2, broadcast-like ratio_head >= 0.5, no stable-rank test; blocks 1..L-1" in md
     assert 'id="reference-sinks"' in (tmp_path / "a" / "leaderboard.html").read_text()
-    one_block = rule_record("relaxed", 0.5, "ratio_head", False, 1)  # same classes, but block 0 counted
+    one_block = rule_record(SinkRules(ratio="ratio_head", use_stable_rank=False), 1)  # same classes, block 0 counted
     for name, rule in (("old", None), ("oneblock", one_block)):
         build(make_runs(tmp_path / name, rule=rule), tmp_path / f"lb-{name}")
         md = (tmp_path / f"lb-{name}" / "leaderboard.md").read_text()
@@ -221,13 +223,38 @@ def test_reference_sinks_only_beside_counts_made_the_same_way(tmp_path: Path) ->
 def test_dense_numbers_carry_the_protocol_that_made_them(tmp_path: Path) -> None:
     runs = make_runs(tmp_path / "runs")
     run = run_dirs(runs)[0]
-    (run / "results" / "dense_ade20k_kempner.json").write_text(json.dumps({"protocol": "kempner", "mIoU": 0.25}))
+    run.result("dense_ade20k_kempner").write_text(json.dumps({"protocol": "kempner", "mIoU": 0.25}))
     row = collect(run)
     assert row["dense_ade20k_kempner"] == 25.0 and math.isnan(row["dense_ade20k"])
     md = (tmp_path / "lb" / "leaderboard.md")
     build(runs, md.parent)
     text = md.read_text()
     assert "ADE20K mIoU (reference probe)" in text and "comparable with the '(reference probe)'" in text
-    (run / "results" / "dense_ade20k_kempner.json").write_text(json.dumps({"protocol": "dinov2", "mIoU": 0.25}))
+    run.result("dense_ade20k_kempner").write_text(json.dumps({"protocol": "dinov2", "mIoU": 0.25}))
     with pytest.raises(BadValue, match="dense protocol"):
         collect(run)
+
+
+def test_every_dense_result_the_probe_writes_reaches_the_leaderboard(tmp_path: Path) -> None:
+    """No hand-kept dataset list: a Fashion-MNIST mosaic result (what `eval.dense data=fashion_mnist` writes) and a
+    result of data the leaderboard has never heard of both get a column, with their numbers."""
+    runs = make_runs(tmp_path / "runs", {("base", 0): RUNS[("base", 0)]})
+    run = run_dirs(runs)[0]
+    run.result("dense_fashion_mnist").write_text(json.dumps({"data": "fashion_mnist", "mIoU": 0.41}))
+    run.result("dense_cityscapes_kempner").write_text(json.dumps({"protocol": "kempner", "mIoU": 0.12}))
+    table = build(runs, tmp_path / "lb")
+    assert table[0]["dense_fashion_mnist"][0] == pytest.approx(41.0)
+    assert table[0]["dense_cityscapes_kempner"][0] == pytest.approx(12.0)
+    md = (tmp_path / "lb" / "leaderboard.md").read_text()
+    assert "Fashion-MNIST mosaics mIoU (DINOv2-style probe)" in md and "cityscapes mIoU (reference probe)" in md
+    rows = list(csv.DictReader((tmp_path / "lb" / "runs.csv").open()))
+    assert float(rows[0]["dense_fashion_mnist"]) == pytest.approx(41.0)
+
+
+def test_a_run_is_named_by_its_architecture_not_its_exp_config(tmp_path: Path) -> None:
+    """`exp=base model.gate=elementwise` trains the gate variant: the leaderboard says gate, as status.json does."""
+    run = tmp_path / "runs" / "odd"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["exp=base", "model.gate=elementwise"]),
+                                                       resolve=True))
+    assert collect(run)["variant"] == "gate"

@@ -1,0 +1,65 @@
+"""Typed results: every registered type reads back exactly what its producer writes (and what older versions
+wrote), and the interventions report's scopes are structured fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import tiny_vit
+from vitsinks.diagnostics import diagnose, summarize
+from vitsinks.interventions.report import InterventionsReport, scope_of
+from vitsinks.report import collect  # noqa: F401 - registers every result type the leaderboard shows
+from vitsinks.utils.results import result_types
+
+
+def _diagnostics() -> dict[str, Any]:
+    torch.manual_seed(0)
+    return {**summarize(diagnose(tiny_vit(gate="elementwise"), torch.randn(3, 3, 32, 32))), "protocol": "default"}
+
+
+_DENSE = {"checkpoint": "c.pt", "data": "fashion_mnist", "classes": 11, "protocol": "kempner",
+          "protocol_settings": {"size": 32}, "overrides": {}, "mIoU": 0.4, "mIoU_std": 0.0, "pixel_acc": 0.9,
+          "per_class_iou": [0.5, None], "probes": [{"seed": 0}], "train_images": 8, "val_images": 4, "epochs": 1,
+          "augment": True}
+_INTERVENTIONS = {"subject": "run/last (vit)", "n_images": 4, "n_blocks": 2, "checks": {"recompute_tol": 1e-4},
+                  "by_class": {scope_of(0, 2): {"nop": {"zero_sink_value": {"final_patch_relrms": 9.0}}},
+                               scope_of(1, 2): {"nop": {"zero_sink_value": {"final_patch_relrms": 0.25}}},
+                               scope_of(-1, 2): {"model": {"drop_registers": {"final_patch_relrms": 0.5}}}}}
+# per kind: what today's producer writes, then what an older version wrote (fewer keys)
+SAMPLES: dict[str, list[dict[str, Any]]] = {
+    "diagnostics": [_diagnostics(), {"sinks_per_image": {}, "massive_activations": {"ratio_by_block": [1.0]}}],
+    "interventions": [_INTERVENTIONS, {"by_class": {}}],
+    "linear": [{"checkpoint": "c.pt", "data": "synthetic", "classes": 4, "train_images": 8, "val_images": 4,
+                "best": {"lr": 0.1, "top1": 50.0}, "grid": [{"lr": 0.1, "top1": 50.0}]}, {"best": {"top1": 60.0}}],
+    "dense": [_DENSE, {"mIoU": 0.2}],
+    "online_probe": [{"val/probe_acc": 0.5}],
+    "task_fit": [{"val/rel_error": 0.1}],
+}
+
+
+@pytest.mark.parametrize("kind", [t.kind for t in result_types()])
+def test_every_result_type_reads_back_what_its_producer_writes(kind: str) -> None:
+    cls = next(t for t in result_types() if t.kind == kind)
+    assert kind in SAMPLES, f"result type {kind} has no sample here: add what its producer writes"
+    for obj in SAMPLES[kind]:
+        back = cls.from_json(obj).to_json()
+        assert back == obj and list(back) == list(obj)  # same content, same key order: old runs still load
+    assert cls.columns() and len({c.key for c in cls.columns()}) == len(cls.columns())
+
+
+def test_every_column_key_is_unique_across_the_registry() -> None:
+    keys = [c.key for t in result_types() for c in t.columns()]
+    assert len(keys) == len(set(keys))
+
+
+def test_interventions_scopes_are_structured() -> None:
+    report = InterventionsReport.from_json(_INTERVENTIONS)
+    assert [s.kind for s in report.scopes] == ["block0", "main", "model"]
+    assert report.classes("main")["nop"]["zero_sink_value"]["final_patch_relrms"] == 0.25
+    assert report.classes("block0")["nop"]["zero_sink_value"]["final_patch_relrms"] == 9.0
+    assert report.classes("model")["model"]["drop_registers"]["final_patch_relrms"] == 0.5
+    one_block = InterventionsReport.from_json({"by_class": {scope_of(0, 1): {"nop": {}}}})
+    assert [s.kind for s in one_block.scopes] == ["main"]  # a one-block model's only block is its main scope

@@ -1,0 +1,80 @@
+"""The sink rules: when a head's attention is a sink event, and whether the event is NOP-like or broadcast-like.
+
+`SinkRules` is the one representation of the rule settings (the `diagnostics` config group: rule, eps, ratio,
+use_stable_rank); the diagnostics summary, the intervention engine and the leaderboard read events and classes
+through it. The thresholds are named once here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vitsinks.utils.errors import BadValue
+
+CLASSES = ("nop", "broadcast", "unclassified")  # the values 0, 1, 2 of `classify`
+ROUTED_MIN = 0.9  # relaxed rule: a sink event routes at least this share of the attention to one key
+DEF1_EPS_MAX = 0.5  # Definition 1: above this eps a head can have several sinks
+NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
+
+
+def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) -> np.ndarray:
+    """Boolean sink events (images, blocks, heads): `relaxed` (routed_frac >= 0.9) or `def1` (min_a >= 1 - eps)."""
+    if rule == "relaxed":
+        return d["routed_frac"] >= ROUTED_MIN
+    if rule == "def1":
+        if not 0 < eps <= DEF1_EPS_MAX:  # eps also comes from Python callers (the sink table's sweep of eps)
+            raise BadValue(f"Definition 1 needs 0 < eps <= {DEF1_EPS_MAX:g}, got {eps}")
+        return d["min_a"] >= 1 - eps
+    raise BadValue(f"unknown sink rule {rule!r}: use relaxed or def1")
+
+
+def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
+    """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified.
+
+    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (docs/fidelity.md).
+    """
+    r = d[ratio]
+    broadcast = r >= BROADCAST_MIN
+    if use_rank:
+        broadcast &= d["stable_rank"] <= BROADCAST_MAX_RANK
+    return np.where(r <= NOP_MAX, 0, np.where(broadcast, 1, 2))
+
+
+@dataclass(frozen=True)
+class SinkRules:
+    """How events and classes are read from the diagnostic fields; `from_config` reads the `diagnostics` group."""
+
+    rule: str = "relaxed"  # relaxed | def1
+    eps: float = 0.5  # def1 only
+    ratio: str = "ratio_out"  # ratio_out | ratio_head
+    use_stable_rank: bool = True  # broadcast-like also needs stable rank <= BROADCAST_MAX_RANK
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SinkRules:
+        """The rules of a `DiagnosticsConfig` (or its DictConfig)."""
+        return cls(str(cfg.rule), float(cfg.eps), str(cfg.ratio), bool(cfg.use_stable_rank))
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SinkRules:
+        """The rules stored in a summary (`record`'s keys, as in summary.json's `rule`)."""
+        return cls(str(record["events"]), float(record["eps"]), str(record["ratio"]), bool(record["use_stable_rank"]))
+
+    def events(self, d: dict[str, np.ndarray]) -> np.ndarray:
+        """Boolean sink events of arrays of fields (see `events`)."""
+        return events(d, self.rule, self.eps)
+
+    def classify(self, d: dict[str, np.ndarray]) -> np.ndarray:
+        """0 NOP-like, 1 broadcast-like, 2 unclassified (see `classify`)."""
+        return classify(d, self.ratio, self.use_stable_rank)
+
+    def event_class(self, d: dict[str, np.ndarray]) -> np.ndarray:
+        """none / other / nop / broadcast per entry of arrays of fields (any shape)."""
+        names = np.array([{"nop": "nop", "broadcast": "broadcast"}.get(c, "other") for c in CLASSES])
+        return np.where(self.events(d), names[self.classify(d)], "none")
+
+    def record(self) -> dict[str, Any]:
+        """The settings as stored in summary.json's and the interventions report's `rule`."""
+        return {"events": self.rule, "eps": self.eps, "ratio": self.ratio, "use_stable_rank": self.use_stable_rank}

@@ -1,0 +1,127 @@
+"""The probes' typed results: `results/linear.json` (`LinearResult`) and `results/dense_<data>[_<protocol>].json`
+(`DenseResult`), with their leaderboard columns. The JSON on disk is what the probes wrote before these types."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitsinks.eval.dense_protocols import DEFAULT_PROTOCOL, PROTOCOLS
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.rundir import RunDir
+
+# The data the dense probe takes (`data.segmentation.build_seg_dataset`) and their names in tables; a dense result
+# of other data still reaches the leaderboard, named as its data.
+DENSE_DATA = {"synthetic": "synthetic", "fashion_mnist": "Fashion-MNIST mosaics", "ade20k": "ADE20K", "voc": "VOC"}
+
+
+@register_result
+@dataclass
+class LinearResult(Result):
+    """`results/linear.json`: the best cell of the linear-probe grid and the grid (best first)."""
+
+    kind = "linear"
+    rank = 20
+
+    best: dict[str, Any]
+    checkpoint: str | None = None
+    data: str | None = None
+    classes: int | None = None
+    train_images: int | None = None
+    val_images: int | None = None
+    grid: list[dict[str, Any]] | None = None
+
+    _ORDER = ("checkpoint", "data", "classes", "train_images", "val_images", "best", "grid")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._ORDER if getattr(self, k) is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> LinearResult:
+        return cls(**{k: obj[k] for k in cls._ORDER if k in obj})
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [Column("linear_top1", "linear top-1", "quality", higher_is_better=True)]
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        path = run.result(cls.kind)
+        return {"linear_top1": cls.from_json(json.loads(path.read_text())).best["top1"] if path.is_file()
+                else math.nan}
+
+
+def dense_kind(data: str, protocol: str) -> str:
+    """The result kind (file stem) of a dense probe: `dense_<data>` under the default protocol, else
+    `dense_<data>_<protocol>`."""
+    return f"dense_{data}" + ("" if protocol == DEFAULT_PROTOCOL else f"_{protocol}")
+
+
+def parse_dense_kind(kind: str) -> tuple[str, str]:
+    """(data, protocol) of a `dense_kind` (the longest protocol name that ends it, else the default protocol)."""
+    rest = kind.removeprefix("dense_")
+    for proto in sorted(PROTOCOLS, key=len, reverse=True):
+        if proto != DEFAULT_PROTOCOL and rest.endswith(f"_{proto}"):
+            return rest[: -len(proto) - 1], proto
+    return rest, DEFAULT_PROTOCOL
+
+
+def _column(data: str, protocol: str) -> Column:
+    return Column(dense_kind(data, protocol), f"{DENSE_DATA.get(data, data)} mIoU ({PROTOCOLS[protocol].label})",
+                  "quality", higher_is_better=True)
+
+
+@register_result
+@dataclass
+class DenseResult(Result):
+    """`results/dense_<data>[_<protocol>].json`: the mIoU (mean over probe seeds) and what produced it; the keys
+    beyond the mIoU and the protocol are kept in `details`, in order."""
+
+    kind = "dense"
+    rank = 30
+
+    mIoU: float  # noqa: N815 - the JSON key
+    protocol: str = DEFAULT_PROTOCOL
+    details: dict[str, Any] = field(default_factory=dict)
+    recorded_protocol: bool = True  # False: a result written before the protocol was recorded
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.details)
+        if self.recorded_protocol:
+            out["protocol"] = self.protocol
+        out["mIoU"] = self.mIoU
+        order = ["checkpoint", "data", "classes", "protocol", "protocol_settings", "overrides", "mIoU"]
+        head = {k: out.pop(k) for k in order if k in out}  # the order `eval.dense` writes the keys in
+        return {**head, **out}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> DenseResult:
+        return cls(obj["mIoU"], obj.get("protocol", DEFAULT_PROTOCOL),
+                   {k: v for k, v in obj.items() if k not in ("mIoU", "protocol")}, "protocol" in obj)
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [_column(d, p) for p in PROTOCOLS for d in DENSE_DATA]
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        """Every dense result of the run, in % (a result whose protocol is not the one its file name says is a
+        `BadValue`); data without a column of its own get one named after the data."""
+        out = cls.missing()
+        for path in run.results_of("dense_"):
+            data, proto = parse_dense_kind(path.stem)
+            res = cls.from_json(json.loads(path.read_text()))
+            if res.protocol != proto:
+                raise BadValue(f"{path} says it was made by the {res.protocol} dense protocol, not {proto}: rerun "
+                               f"python -m vitsinks.eval.dense on that run")
+            out[dense_kind(data, proto)] = 100 * res.mIoU
+        return out
+
+    @classmethod
+    def extra_columns(cls, keys: set[str]) -> list[Column]:
+        """Columns for collected dense keys of data outside `DENSE_DATA` (in `keys`' sorted order)."""
+        known = {c.key for c in cls.columns()}
+        return [_column(*parse_dense_kind(k)) for k in sorted(keys - known) if k.startswith("dense_")]

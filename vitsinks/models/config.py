@@ -1,0 +1,113 @@
+"""The model's typed config (`ModelConfig`, `model.*` of the run config), its closed sets, and the one variant naming.
+
+The attention kinds and the block mitigations come from their registries: the enum `Attn` is built from the kind
+names, and each mitigation adds its own field to `ModelConfig` (`model.gate`, `model.global_pathway`, ...). A field's
+metadata says whether it shapes the architecture (`arch_keys`: compared when a run resumes from a checkpoint; False
+for `pretrained` and training-only fields) and its allowed range (`vitsinks.utils.fields`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND
+from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
+from vitsinks.utils.fields import RANGE, Range
+
+ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not shape the architecture
+REGISTERS_RANK = 20  # where "reg" goes among the mitigations' tags in a variant name (gate 10, global 30)
+
+Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)
+PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
+PosEmbed = StrEnum("PosEmbed", "learn none", module=__name__)
+
+
+def _field(default: Any, *, arch: bool = True, **bounds: float) -> Any:
+    """A dataclass field with its range (`bounds`: ge / gt / le / lt; numbers are always checked to be finite)
+    and, when `arch` is False, the mark that it does not shape the architecture."""
+    meta: dict[str, Any] = {RANGE: Range(**bounds)} if bounds or isinstance(default, int | float) else {}
+    if not arch:
+        meta[ARCH] = False
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass
+class ArchitectureConfig:
+    """The fields of `ModelConfig` that every ViT has (the mitigations add theirs)."""
+
+    size: str = "vit_cpu"
+    img_size: int | None = _field(None, ge=1)
+    patch_size: int | None = _field(None, ge=1)
+    embed_dim: int | None = _field(None, ge=1)
+    depth: int | None = _field(None, ge=1)
+    num_heads: int | None = _field(None, ge=1)
+    mlp_ratio: float = _field(4.0, gt=0)
+    qkv_bias: bool = True
+    proj_bias: bool = True  # attention output-projection bias
+    mlp: bool = True  # False: attention-only blocks (the sink tasks)
+    patch_embed: PatchEmbed = PatchEmbed.learned  # orthonormal: frozen isometry, no bias (sink tasks)
+    pos_embed: PosEmbed = PosEmbed.learn  # learn | none
+    layerscale_init: float | None = _field(None, gt=0)  # None: no LayerScale
+    drop_path: float = _field(0.0, arch=False, ge=0, le=0.999)  # stochastic depth (training only)
+    registers: int = _field(0, ge=0)
+    register_pos_embed: bool = False  # True: the position embedding covers [CLS], registers and patches (reference)
+    # [CLS] / register init: None timm's (normal std 1e-6); x: trunc-normal std x. An init: a checkpoint overrides it
+    prefix_init_std: float | None = _field(None, arch=False, ge=0)
+    attn: Attn = Attn[DEFAULT_KIND]
+
+
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    [*mitigation_fields(),
+     # timm model name (downloads) or a state-dict / checkpoint path
+     ("pretrained", str | None, dataclasses.field(default=None, metadata={ARCH: False}))],
+    bases=(ArchitectureConfig,),
+)
+ModelConfig.__module__ = __name__  # make_dataclass's own `module=` needs Python 3.12
+ModelConfig.__doc__ = ("ViT architecture and sink-mitigation switches (see `vitsinks.models.build_vit`): the fields "
+                       "of `ArchitectureConfig` and one field per registered block mitigation.")
+
+
+def arch_keys() -> tuple[str, ...]:
+    """The `ModelConfig` fields that shape the architecture (all but those marked `arch=False`)."""
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get(ARCH, True))
+
+
+def config_values(cfg: Any) -> dict[str, Any]:
+    """The fields of a model config (a `ModelConfig`, a DictConfig or any mapping) as a dict."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Mapping) or hasattr(cfg, "items"):
+        return dict(cfg.items())
+    raise TypeError(f"not a model config: {type(cfg).__name__}")
+
+
+def variant_name(model: Any) -> str:
+    """The one name of an architecture, from a model config (or any mapping with its fields; absent ones are the
+    schema defaults): the attention kind unless softmax, then the tags of registers and mitigations in rank
+    order: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `softpick+reg`, `reg+global`, ... (a
+    run's variant adds `+pen` with the common-mode penalty, see `run_variant`)."""
+    values = config_values(model)
+    attn = str(values.get("attn") or DEFAULT_KIND)
+    registers = int(values.get("registers") or 0)
+    tags: list[tuple[int, str]] = []
+    if registers:
+        tags.append((REGISTERS_RANK, "reg" if registers == 4 else f"reg{registers}"))
+    for name, m in MITIGATIONS.items():
+        tag = m.tag(m.setting(values[name])) if name in values else None
+        if tag:
+            tags.append((m.tag_rank, tag))
+    parts = ([] if attn == DEFAULT_KIND else [attn]) + [t for _, t in sorted(tags)]
+    return "+".join(parts) or "base"
+
+
+def run_variant(cfg: Any) -> str:
+    """The variant of a run config (DictConfig or plain dict, e.g. a checkpoint's or a run directory's
+    config.yaml): the architecture's `variant_name`, `+pen` when it trains with the common-mode penalty. The
+    leaderboard, `status.json` and the logs all name a run by this."""
+    objective = cfg.get("objective") or {}
+    return variant_name(cfg["model"]) + ("+pen" if objective.get("cm_penalty", 0) else "")

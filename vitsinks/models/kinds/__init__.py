@@ -1,0 +1,86 @@
+"""The attention-kind registry: one module per kind in this package, found and imported automatically.
+
+A kind is an `AttentionKind` subclass registered with `@register_kind`. It says how one head's scores become its
+attention matrix (`matrix`, causal masking included), whether its rows are normalised, its fused path if it has one
+(`fused_heads`), the parameters it adds to the attention module (`parameters`, state-dict names kept), how the redirect
+edit is computed from the scores (`redirected`) and its formula written out naively (`reference`, for the tests).
+
+Adding a kind is one new module here (and, to train it, one `configs/exp/<name>.yaml`): `ATTN_KINDS`, `FUSED_KINDS`,
+the config enum `Attn`, the variant names, the bench and the parametrised tests derive from the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+DEFAULT_KIND = "softmax"
+
+
+class AttentionKind:
+    """How a head turns scores into attention. Methods take the `SinkAttention` module (`attn`) for its
+    parameters."""
+
+    name: ClassVar[str]
+    normalised: ClassVar[bool] = True  # every row sums to 1 (the null key's share included)
+    fused: ClassVar[bool] = False  # has a `scaled_dot_product_attention` path (`fused_heads`)
+    null_key: ClassVar[bool] = False  # an implicit always-present key (rows sum to < 1) that keeps its share
+
+    @staticmethod
+    def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
+        """Extra parameters registered on the attention module under these names."""
+        return {}
+
+    @staticmethod
+    def init_parameters(attn: nn.Module) -> None:
+        """Deterministic init of the extra parameters (called by `SinkAttention.init_weights`)."""
+
+    @staticmethod
+    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+        """Attention (B, heads, N, N) from the scaled scores `s`; `future` (N, N) marks keys a causal query may not
+        see (None: bidirectional)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def fused_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    dropout_p: float) -> torch.Tensor:
+        """Per-head outputs (B, heads, N, head_dim) through SDPA (only kinds with `fused`)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+                   hidden: torch.Tensor) -> torch.Tensor:
+        """Head `head`'s attention (B, N, N) from its scores `s` with the sink key (`is_sink`, (B, N, N)) removed
+        and its share given to the other keys; `hidden` (N, N) marks future keys of a causal query. A row with no
+        key left is 0."""
+        raise NotImplementedError
+
+    @staticmethod
+    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+        """The kind's formula written out naively on one query's visible scores `s` (K,) of head `head` in a
+        sequence of `n` tokens (causal masking done by the caller: K <= n), in float64: the tests' independent
+        truth. Kinds with a `null_key` return K + 1 weights, the null key's share last."""
+        raise NotImplementedError
+
+
+KINDS: dict[str, type[AttentionKind]] = {}
+
+
+def register_kind(cls: type[AttentionKind]) -> type[AttentionKind]:
+    """Class decorator: add an attention kind to the registry under `cls.name`."""
+    if cls.name in KINDS:
+        raise ValueError(f"attention kind {cls.name!r} is registered twice")
+    KINDS[cls.name] = cls
+    return cls
+
+
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
+
+# The default first (the closed set's messages list it first), then the others in module order.
+ATTN_KINDS: tuple[str, ...] = (DEFAULT_KIND, *sorted(k for k in KINDS if k != DEFAULT_KIND))
+FUSED_KINDS: tuple[str, ...] = tuple(k for k in ATTN_KINDS if KINDS[k].fused)

@@ -1,0 +1,58 @@
+"""Softmax with one extra, always-present key of zero value and a learnable per-head logit (softmax off by one):
+a head can put its mass on the null key instead of on a token."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitsinks.models.kinds import AttentionKind, register_kind
+
+
+@register_kind
+class SinkLogit(AttentionKind):
+    name = "sink_logit"
+    fused = True
+    null_key = True
+
+    @staticmethod
+    def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
+        return {"sink_logit": nn.Parameter(torch.zeros(num_heads, **dd))}
+
+    @staticmethod
+    def init_parameters(attn: nn.Module) -> None:
+        nn.init.zeros_(attn.sink_logit)
+
+    @staticmethod
+    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+        """Softmax over [scores, per-head null logit]; the null key has zero value, so its column is dropped."""
+        if future is not None:
+            s = s.masked_fill(future, float("-inf"))
+        null = attn.sink_logit.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        return torch.cat([s, null], dim=-1).softmax(dim=-1)[..., :-1]
+
+    @staticmethod
+    def fused_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    dropout_p: float) -> torch.Tensor:
+        # one extra key with zero value; q . 0 = 0, so an additive bias on that column sets its logit
+        B, H, N, D = k.shape
+        zeros = k.new_zeros(B, H, 1, D)
+        bias = torch.cat([k.new_zeros(1, H, 1, N), attn.sink_logit.to(k.dtype).view(1, H, 1, 1)], dim=-1)
+        return F.scaled_dot_product_attention(
+            q, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2), attn_mask=bias, dropout_p=dropout_p
+        )
+
+    @staticmethod
+    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+                   hidden: torch.Tensor) -> torch.Tensor:
+        """The softmax over [scores, null logit] with the sink key masked out; the null key stays (the model's own
+        off-switch takes its share) and its column is dropped."""
+        null = attn.sink_logit[head].to(s.dtype).expand(*s.shape[:-1], 1)
+        return torch.cat([s.masked_fill(is_sink | hidden, float("-inf")), null], dim=-1).softmax(dim=-1)[..., :-1]
+
+    @staticmethod
+    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+        full = torch.cat([s, attn.sink_logit[head : head + 1].to(s.dtype)])
+        e = torch.exp(full - full.max())
+        return e / e.sum()  # the null key's share last

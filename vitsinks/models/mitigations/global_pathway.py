@@ -1,0 +1,200 @@
+"""The explicit global pathway (docs/fidelity.md, the seed paper's Eqs. 4-5) beside attention in every block.
+
+A block with a pathway computes, from the same pre-normed tokens z as its attention,
+
+    pi_j = softmax_j(w_P . z_j),   g = sum_j pi_j W_VG z_j,   gamma_i = sigmoid(w_gamma . z_i + b_gamma)
+    x_i <- x_i + ls1 * o_i^attn + ls3 * gamma_i W_OG g
+
+a broadcast channel that needs no attention sink (w_P, W_VG, W_OG without biases, trunc-normal std 0.02; b_gamma = 0,
+so gamma = 0.5 at init; ls3 LayerScale or none). The `hier` recipient gate is the reference's per-token
+hierarchical gate: `[a_i, r_i0, r_ibc] = W_h z_i + b_h` (one Linear(dim, 3), trunc-normal 0.02, bias 0) and
+`gamma_i = sigmoid(a_i) * softmax([r_i0, r_ibc])_bc`, a parent gate times a two-way choice between "no update" and
+"the broadcast" (0.25 at init).
+
+Config: `model.global_pathway.{enabled,state_dim,gate,layerscale_init}` (`GlobalPathwayConfig`, the one home of its
+defaults); state dict: `pathway.*` of every block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from timm.layers import LayerScale, trunc_normal_
+from torch import nn
+
+from vitsinks.models.mitigations import BlockMitigation, register_mitigation
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.fields import bounded
+from vitsinks.utils.results import Column
+
+RecipientGate = StrEnum("RecipientGate", "learned hier", module=__name__)
+RECIPIENT_GATES: tuple[str, ...] = tuple(g.value for g in RecipientGate)
+
+
+@dataclass
+class GlobalPathwayConfig:
+    """The docs/fidelity.md global pathway beside attention in every block (`model.global_pathway`)."""
+
+    enabled: bool = False
+    state_dim: int = bounded(64, ge=1)  # d_g
+    gate: RecipientGate = RecipientGate.learned  # learned: sigmoid(w . z_i + b); hier: sigmoid(a_i) * softmax(r_i)_bc
+    layerscale_init: float | None = bounded(None, gt=0)  # ls3; None: no LayerScale on the pathway
+
+
+DEFAULTS = GlobalPathwayConfig()
+
+
+class PathwayInternals(NamedTuple):
+    """pi (B, N) pooling weights, g (B, state_dim) global state, gamma (B, N, 1) recipient gate, write (B, 1, dim)
+    ls3 * W_OG g: the pathway's update of token i is gamma_i * write."""
+
+    pi: torch.Tensor
+    g: torch.Tensor
+    gamma: torch.Tensor
+    write: torch.Tensor
+
+
+class GlobalPathway(nn.Module):
+    """Attention-free broadcast: one softmax pool over the tokens into a `state_dim` state, written back to every
+    token through a recipient gate.
+
+    The maps of the tokens (pooling score w_P, the recipient gate's logits, state value W_VG) are the rows of one
+    bias-free `inp` Linear (one matmul: the pathway is small, so kernel launches, not FLOPs, set its cost); the gate
+    logits have their own bias `gamma_bias` (1 logit for `learned`, 3 for `hier`). `w_pool`, `w_gamma`, `w_value`
+    name the rows.
+    """
+
+    GATE_LOGITS = {"learned": 1, "hier": 3}
+
+    def __init__(self, dim: int, state_dim: int = DEFAULTS.state_dim, gate: str = DEFAULTS.gate,
+                 init_values: float | None = DEFAULTS.layerscale_init) -> None:
+        super().__init__()
+        if gate not in RECIPIENT_GATES:
+            raise BadValue(f"unknown recipient gate {gate!r}; choose one of {RECIPIENT_GATES}")
+        if state_dim < 1:
+            raise BadValue(f"global pathway state_dim must be >= 1, got {state_dim}")
+        self.gate_kind = str(gate)
+        self.n_gate = self.GATE_LOGITS[self.gate_kind]
+        self.inp = nn.Linear(dim, 1 + self.n_gate + state_dim, bias=False)  # rows: w_P, gate logits, W_VG
+        self.gamma_bias = nn.Parameter(torch.zeros(self.n_gate))  # b_gamma (hier: b_a, b_r0, b_rbc)
+        self.out = nn.Linear(state_dim, dim, bias=False)  # W_OG
+        self.ls3 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.init_weights()
+
+    @property
+    def w_pool(self) -> torch.Tensor:
+        return self.inp.weight[0]
+
+    @property
+    def w_gamma(self) -> torch.Tensor:
+        """The recipient gate's logit rows ((1, dim) learned; (3, dim) hier: a, r_0, r_bc)."""
+        return self.inp.weight[1 : 1 + self.n_gate]
+
+    @property
+    def w_value(self) -> torch.Tensor:
+        return self.inp.weight[1 + self.n_gate :]
+
+    def init_weights(self) -> None:
+        """Trunc-normal std 0.02 weights, zero gate biases (gamma = 0.5 at init; hier: 0.25)."""
+        for lin in (self.inp, self.out):
+            trunc_normal_(lin.weight, std=0.02)
+        nn.init.zeros_(self.gamma_bias)
+
+    def recipient_gate(self, logits: torch.Tensor) -> torch.Tensor:
+        """gamma (B, N, 1) from the gate logits (B, N, n_gate), in at least fp32."""
+        logits = (logits + self.gamma_bias).float()
+        if self.gate_kind == "learned":
+            return logits.sigmoid()
+        return logits[..., :1].sigmoid() * logits[..., 1:].softmax(dim=-1)[..., 1:2]
+
+    def internals(self, z: torch.Tensor) -> PathwayInternals:
+        """Everything the pathway computes on pre-normed tokens z (B, N, dim)."""
+        h = self.inp(z)
+        pi = h[..., 0].float().softmax(dim=-1).to(h.dtype)
+        g = (pi.unsqueeze(1) @ h[..., 1 + self.n_gate :]).squeeze(1)
+        gamma = self.recipient_gate(h[..., 1 : 1 + self.n_gate]).to(h.dtype)
+        # ls3 * (gamma_i W_OG g) = gamma_i * (ls3 * W_OG g): LayerScale on the per-image write, before broadcasting
+        return PathwayInternals(pi, g, gamma, self.ls3(self.out(g)).unsqueeze(1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """The pathway's update of the residual stream, (B, N, dim)."""
+        it = self.internals(z)
+        return it.gamma * it.write
+
+    def add_to(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o + the pathway's update, in one fused multiply-add (what the block runs)."""
+        it = self.internals(z)
+        return torch.addcmul(o, it.gamma, it.write)
+
+
+@register_mitigation
+class GlobalPathwayMitigation(BlockMitigation):
+    name = "global_pathway"
+    site = "update"
+    attr = "pathway"
+    tag_rank = 30
+    columns = (Column("pathway_share", "pathway share of update", "mechanism", fmt=".2f",
+                      doc="the pathway's update energy over the attention's plus its own, mean over blocks"),)
+    diagnostic_fields = {"pw_entropy": math.nan, "pw_top_token": -1.0, "pw_gamma": math.nan, "pw_share": math.nan}
+
+    @classmethod
+    def config_field(cls) -> tuple[Any, dataclasses.Field]:
+        return GlobalPathwayConfig, dataclasses.field(default_factory=GlobalPathwayConfig)
+
+    @classmethod
+    def setting(cls, value: Any) -> GlobalPathwayConfig | None:
+        """A `GlobalPathwayConfig` (or a mapping of its fields, missing ones the defaults; a mapping without
+        `enabled` switches the pathway on), or None / False for none."""
+        if value is None or value is False:
+            return None
+        if isinstance(value, GlobalPathwayConfig):
+            return value if value.enabled else None
+        if not isinstance(value, Mapping) and not hasattr(value, "items"):
+            raise BadValue(f"model.global_pathway must be a mapping of {[f.name for f in dataclasses.fields(DEFAULTS)]}"
+                           f", got {value!r}")
+        fields = {f.name for f in dataclasses.fields(GlobalPathwayConfig)}
+        unknown = set(value.keys()) - fields
+        if unknown:
+            raise BadValue(f"unknown global pathway settings {sorted(unknown)}; choose from {sorted(fields)}")
+        cfg = GlobalPathwayConfig(**{"enabled": True, **dict(value.items())})
+        return cfg if cfg.enabled else None
+
+    @classmethod
+    def tag(cls, setting: GlobalPathwayConfig | None) -> str | None:
+        return None if setting is None else "global"
+
+    @classmethod
+    def arch(cls, value: Any) -> dict[str, Any]:
+        s = cls.setting(value)
+        if s is None:
+            return {"enabled": False}
+        return {"enabled": True, "state_dim": s.state_dim, "gate": str(s.gate), "layerscale_init": s.layerscale_init}
+
+    @classmethod
+    def build(cls, setting: GlobalPathwayConfig, dim: int, num_heads: int) -> GlobalPathway:
+        return GlobalPathway(dim, state_dim=setting.state_dim, gate=setting.gate, init_values=setting.layerscale_init)
+
+    @classmethod
+    def diagnostics(cls, block: nn.Module, z: torch.Tensor, it: Any,
+                    attn_energy: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """Per image (B,): `pw_entropy` of the pooling weights pi, `pw_top_token` (argmax pi), `pw_gamma` (mean
+        recipient gate) and `pw_share` (its update's energy over the attention's plus its own)."""
+        if block.pathway is None:
+            return None
+        pw = block.pathway.internals(z)
+        energy = (pw.gamma * pw.write).float().square().mean(dim=(1, 2))
+        return {"pw_entropy": -(pw.pi * pw.pi.clamp_min(1e-30).log()).sum(-1),
+                "pw_top_token": pw.pi.argmax(-1).float(), "pw_gamma": pw.gamma.float().mean(dim=(1, 2)),
+                "pw_share": energy / (energy + attn_energy).clamp_min(1e-30)}
+
+    @classmethod
+    def leaderboard_values(cls, summary: Mapping[str, Any]) -> dict[str, float]:
+        shares = [v for v in summary.get("pathway", {}).get("share_by_block", []) if v is not None]
+        return {"pathway_share": float(np.mean(shares))} if shares else {}

@@ -1,0 +1,135 @@
+"""The interface between the Trainer and a training objective, and the registry of objectives (`objective.name`).
+
+An objective builds the trainable model around the backbone, turns the loader's items into batches, computes the
+loss terms of a batch, validates, and may save extra state. The common-mode penalty (`objective.cm_penalty`) is
+added here for every objective, through hooks on the backbone's blocks (`vitsinks.objectives.penalty`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import Dataset
+
+from vitsinks.models import SinkViT
+from vitsinks.objectives.penalty import CommonModePenalty
+from vitsinks.utils.errors import ConfigError
+
+# (inputs, targets, number of unreadable items) of one loader batch
+Batch = tuple[list[torch.Tensor], Any, int]
+# (the total loss to minimise, the logged terms: the first is `loss`)
+StepTerms = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where an objective computes: the device, bf16 autocast or not, the number of ranks."""
+
+    device: torch.device
+    bf16: bool = False
+    world: int = 1
+
+    def autocast(self) -> AbstractContextManager:
+        """bf16 autocast on this device when the run asks for it (a no-op context otherwise)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
+class Objective(ABC):
+    """One training objective. Subclasses register under their `objective.name` with `@register`.
+
+    `probe_prefixes`: parameter-name prefixes of an online probe (its own learning rate `objective.probe_lr`, no
+    weight decay, no gradient clipping). `bar_metric`: the logged term shown beside the loss on the progress bar.
+    `nan_advice`: what to change when the loss becomes non-finite.
+    """
+
+    name: ClassVar[str]
+    probe_prefixes: ClassVar[tuple[str, ...]] = ()
+    bar_metric: ClassVar[str | None] = None
+    nan_advice: ClassVar[str] = "Lower train.lr"
+
+    def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
+        self.cfg, self.runtime = cfg, runtime
+        self.penalty: CommonModePenalty | None = None
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def train_samples(self, base: Dataset) -> Dataset:
+        """The training items built from the base training split (an `epoch` attribute the Trainer sets)."""
+
+    @abstractmethod
+    def collate(self, items: list[Any]) -> Batch:
+        """A loader batch from items (None for an unreadable one): (inputs, targets, number dropped)."""
+
+    # ---- model and loss -----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def build_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
+        """The trainable model around `backbone` (kept as its `backbone` attribute)."""
+
+    @abstractmethod
+    def loss_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
+        """(total loss, logged terms) of one batch through `net` (the model, or its DDP / compiled wrapper)."""
+
+    def setup_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
+        """`build_model` on the run's device, with the common-mode penalty's hooks on the backbone's blocks when
+        `objective.cm_penalty` is on."""
+        model = self.build_model(backbone, num_classes).to(self.runtime.device)
+        if self.cfg.objective.cm_penalty:
+            self.penalty = CommonModePenalty(backbone.blocks, self.cfg.objective)
+        return model
+
+    def step_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
+        """`loss_terms` plus the common-mode penalty of the same forward passes."""
+        if self.penalty is not None:
+            self.penalty.reset()
+        total, terms = self.loss_terms(net, inputs, targets)
+        if self.penalty is not None:
+            extra, cm_terms = self.penalty()
+            total = total + extra
+            terms.update(cm_terms)
+        return total, terms
+
+    # ---- validation and state -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
+        """Validation metrics (`val/...`) of `model` on the validation split."""
+
+    def extra_state(self) -> dict[str, Any]:
+        """State beside the model's to save in checkpoints (none by default: checkpoints then hold no such key)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, nothing by default
+        """Restore what `extra_state` returned."""
+
+
+OBJECTIVES: dict[str, type[Objective]] = {}
+
+
+def register(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator: make an `Objective` the one `objective.name=<name>` selects."""
+
+    def add(cls: type[Objective]) -> type[Objective]:
+        if name in OBJECTIVES:
+            raise ValueError(f"objective {name!r} is registered twice ({OBJECTIVES[name].__name__}, {cls.__name__})")
+        cls.name = name
+        OBJECTIVES[name] = cls
+        return cls
+
+    return add
+
+
+def build_objective(cfg: DictConfig, runtime: Runtime) -> Objective:
+    """The objective `cfg.objective.name` names, for the run `cfg`."""
+    name = str(cfg.objective.name)
+    if name not in OBJECTIVES:
+        raise ConfigError(f"objective.name={name!r}: expected one of {sorted(OBJECTIVES)}")
+    return OBJECTIVES[name](cfg, runtime)

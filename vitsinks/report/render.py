@@ -1,0 +1,205 @@
+"""Render an aggregated leaderboard (`collect.aggregate`): Markdown, HTML and CSV, with the Welch-test marks, the
+footnotes (marking rule, sink rule) and the reference numbers. The figure is `vitsinks.report.figure`."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.summary import describe_rule, rule_record
+from vitsinks.report.collect import columns, quality
+from vitsinks.utils.results import Column
+from vitsinks.utils.stats import welch_p
+from vitsinks.utils.tables import html_table, markdown_table, write_csv
+
+# The Kempner gate x register sweep (ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe).
+REFERENCE = {
+    "columns": ["variant", "IN-1k top-1", "ADE20K mIoU", "VOC mIoU"],
+    "rows": [["base", "69.37", "16.59", "43.81"], ["reg", "69.31", "18.71", "49.90"],
+             ["gate", "69.52", "18.57", "47.95"], ["gate+reg", "69.36", "19.99", "52.17"],
+             ["headwise gate", "69.07", "18.51", "47.62"], ["headwise gate+reg", "69.13", "19.92", "52.41"]],
+    "notes": ["IN-1k top-1: the online probe (LayerNorm + Linear on the detached final-norm [CLS]). ADE20K / VOC: "
+              "the reference's linear probe at 512 x 512 (eval.dense_protocol=kempner), comparable with the "
+              "'(reference probe)' columns only, not with the DINOv2-style ones.",
+              "LeJEPA paper, frozen linear IN-1k after 100 epochs: ViT-L 77.1, ViT-H/14 79.",
+              "DINOv2 linear dense probes: ADE20K 44.3 / 47.3 / 47.7 mIoU, VOC 81.1 / 82.5 / 82.1 (ViT-S/B/L)."],
+}
+# The Kempner sink table (LeJEPA ViT-L, epoch-50 checkpoints, 1,984 ADE20K val images at 224 px), counted with
+# SINK_REFERENCE_RULE: shown only beside sink counts made the same way.
+SINK_REFERENCE = {
+    "columns": ["variant", "broadcast-like", "NOP-like", "all sinks", "on [CLS]"],
+    "rows": [["base (Baseline)", "0.09", "0.25", "0.45", "0.34"], ["gate (Gating)", "3.80", "0.00", "3.88", "2.02"],
+             ["global+pen (Global + Penalty)", "0.04", "0.00", "0.11", "0.11"],
+             ["gate+global+pen (Gating + Global + Penalty)", "0.53", "0.03", "0.63", "0.08"]],
+}
+REFERENCE_BLOCKS = 12  # any model with more than one block: the reference counts blocks 1..L-1
+SINK_REFERENCE_RULE = describe_rule(rule_record(SinkRules(ratio="ratio_head", use_stable_rank=False),
+                                                REFERENCE_BLOCKS))
+ALPHA, MIN_SEEDS = 0.05, 3  # Welch's test level and the fewest seeds per variant it is run with
+SINK_REFERENCE_TITLE = (f"Reference sinks per image (Kempner, LeJEPA ViT-L, epoch 50, 1,984 ADE20K val images; "
+                        f"{SINK_REFERENCE_RULE})")
+DEFINITIONS = ("Strongest head: the (block, head) with the largest mean sink mass, where its dominant key sits most "
+               "often, its mass on the prefix tokens and its value ratio. Share mass >= 0.3: of all (image, block, "
+               "head) triples. Attn. common-mode share: the common-mode penalty of the attention update (energy of "
+               "the token-mean update over the update's energy), mean over blocks; pathway share: the global "
+               "pathway's share of the block update's energy.")
+CAUSAL_NOTE = ("Causal columns (`python -m vitsinks.intervene`): final patch tokens' relative RMS change when one "
+               "head's sink value is zeroed (or its sink attention redirected), mean over the head's events of that "
+               "class, then over heads; drop registers: the whole model run without them.")
+
+
+def table_columns(table: list[dict[str, Any]]) -> list[Column]:
+    """The columns of an aggregated table (every registered one, and those its rows add)."""
+    return columns(set(table[0]) if table else ())
+
+
+def _style(col: Column) -> str:
+    """`g` (significant digits) or `f` (fixed decimals), from the column's number style."""
+    return "g" if col.fmt.endswith("g") else "f"
+
+
+def cell(mean_std: tuple[float, float], col: Column | None = None, digits: int = 2) -> str:
+    """`mean ± std` with `digits` decimals, or significant digits for a `g` column; `-` for NaN."""
+    m, s = mean_std
+    if math.isnan(m):
+        return "-"
+    fmt = f"{{:.{digits}{_style(col) if col else 'f'}}}"
+    return fmt.format(m) if math.isnan(s) else f"{fmt.format(m)} ± {fmt.format(s)}"
+
+
+def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
+    """`a` is better than `b` in `col`: a higher mean, not equal as shown, and Welch's p < ALPHA."""
+    key = col.key
+    (ma, sa), (mb, sb) = a[key], b[key]
+    if ma <= mb or cell((ma, math.nan), col) == cell((mb, math.nan), col):
+        return False
+    return welch_p(ma, sa, a["n"][key], mb, sb, b["n"][key]) < ALPHA
+
+
+def significant_best(table: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """Per quality column, the variant better than every other one there by Welch's test (p < ALPHA each time,
+    >= MIN_SEEDS seeds per variant), if any; and the names of the columns left unmarked for too few seeds."""
+    best, few = {}, []
+    for col in quality(table_columns(table)):
+        rows = [t for t in table if not math.isnan(t[col.key][0])]
+        if len(rows) < 2:
+            continue
+        if min(t["n"][col.key] for t in rows) < MIN_SEEDS:
+            few.append(col.label)
+            continue
+        best.update((col.key, t["variant"]) for t in rows if all(_beats(t, o, col) for o in rows if o is not t))
+    return best, few
+
+
+def mark_note(few: list[str], mark: str = "Bold") -> str:
+    """The marking rule in words, and the columns it could not be applied to."""
+    note = (f"{mark}: a variant better than every other variant of its quality column by a two-sided Welch t-test "
+            f"(unequal variances), p < {ALPHA:g} in each comparison, with >= {MIN_SEEDS} seeds per variant; means "
+            f"equal as shown are never marked.")
+    if few:
+        note += (f" Nothing is marked in {', '.join(few)}: some variant has fewer than {MIN_SEEDS} seeds there, too "
+                 f"few for the test.")
+    return note
+
+
+def _rules(table: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each sink rule the runs' summaries counted with -> the variants that used it."""
+    out: dict[str, list[str]] = {}
+    for t in table:
+        for r in t["sink_rules"]:
+            out.setdefault(r, []).append(t["variant"])
+    return out
+
+
+def rule_notes(table: list[dict[str, Any]]) -> list[str]:
+    """Which rule the sink columns used, and whether the reference's sinks per image can sit beside them."""
+    rules = _rules(table)
+    if not rules:
+        return ["No diagnostics summaries: no sink counts, and no reference sinks per image."]
+    if len(rules) == 1:
+        notes = [f"Sink columns counted with: {next(iter(rules))}. Def.1: min_a >= 1 - eps, same blocks."]
+    else:
+        notes = ["The runs' summaries counted sinks with different rules: "
+                 + "; ".join(f"{r} ({', '.join(v)})" for r, v in rules.items()) + "."]
+    if not reference_comparable(table):
+        notes.append(f"The reference's sinks per image are left out: the reference counts them with "
+                     f"[{SINK_REFERENCE_RULE}], these runs' summaries do not (or do not say), so the numbers would "
+                     f"not be comparable; each diagnosed checkpoint's sink_table.md counts the reference's way.")
+    return notes
+
+
+def reference_comparable(table: list[dict[str, Any]]) -> bool:
+    return list(_rules(table)) == [SINK_REFERENCE_RULE]
+
+
+def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
+    """Only the columns some variant has a value for."""
+    return [c for c in table_columns(table) if any(not math.isnan(t[c.key][0]) for t in table)]
+
+
+HEAD = ["variant", "seeds", "strongest sink at"]
+
+
+def to_markdown(table: list[dict[str, Any]]) -> str:
+    """The leaderboard, its footnotes (marking rule, sink rule) and the reference blocks."""
+    cols, (best, few) = shown_columns(table), significant_best(table)
+    rows = [[t["variant"], t["seeds"], t["sink_at"],
+             *(f"**{cell(t[c.key], c)}**" if best.get(c.key) == t["variant"] else cell(t[c.key], c) for c in cols)]
+            for t in table]
+    lines = [*markdown_table([*HEAD, *(c.label for c in cols)], rows),
+             "", f"Mean ± std over seeds. {mark_note(few)}", "", " ".join(rule_notes(table)), "", DEFINITIONS]
+    if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
+        lines += ["", CAUSAL_NOTE]
+    lines += ["", "Reference numbers (papers, ViT-L, not comparable in scale with CPU runs):", "",
+              *markdown_table(REFERENCE["columns"], REFERENCE["rows"]), "", *(f"- {n}" for n in REFERENCE["notes"])]
+    if reference_comparable(table):
+        lines += ["", f"{SINK_REFERENCE_TITLE}:", "", *markdown_table(SINK_REFERENCE["columns"],
+                                                                      SINK_REFERENCE["rows"])]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(table: list[dict[str, Any]], title: str) -> str:
+    """The leaderboard as one HTML page with the same footnotes and reference blocks as the Markdown."""
+    cols, (best, few) = shown_columns(table), significant_best(table)
+    esc = html.escape
+    main = html_table([*HEAD, *(c.label for c in cols)],
+                      [[t["variant"], str(t["seeds"]), t["sink_at"],
+                        *((cell(t[c.key], c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
+                       for t in table], "leaderboard", sep="\n")
+    foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
+                                                 " ".join(rule_notes(table)), DEFINITIONS])
+    notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
+    sinks = (f"<h2>{esc(SINK_REFERENCE_TITLE)}</h2>"
+             f"{html_table(SINK_REFERENCE['columns'], SINK_REFERENCE['rows'], 'reference-sinks')}"
+             if reference_comparable(table) else "")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{esc(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1.5em}}
+td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
+th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></head>
+<body><h1>{esc(title)}</h1>
+{main}
+{foot}
+<h2>Reference numbers (papers, ViT-L)</h2>
+{html_table(REFERENCE["columns"], REFERENCE["rows"], "reference")}<ul>{notes}</ul>
+{sinks}
+<img src="leaderboard.png" alt="quality and sinks per variant" style="max-width:100%"></body></html>
+"""
+
+
+def write_table_csv(table: list[dict[str, Any]], path: Path) -> None:
+    """leaderboard.csv: per variant every column's mean and std (4 decimals, or 4 significant digits for a `g`
+    column) and the strongest head's mass per block."""
+    cols = table_columns(table)
+    write_csv(path, ["variant", "seeds", "sink_at", *(f"{c.key}_{s}" for c in cols for s in ("mean", "std")),
+                     "strongest_mass_by_block"],
+              [[t["variant"], t["seeds"], t["sink_at"], *(f"{v:.4{_style(c)}}" for c in cols for v in t[c.key]),
+                " ".join(f"{v:.4f}" for v in t["profile"])] for t in table])
+
+
+def write_runs_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """runs.csv: one row per run as collected (the profile as space-separated numbers)."""
+    write_csv(path, list(rows[0]), [{**r, "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])

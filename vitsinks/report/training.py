@@ -1,0 +1,69 @@
+"""The training run's own results, read from `metrics.jsonl` (`vitsinks.train.tracking`): the online probe of
+LeJEPA runs and the sink tasks' fit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from vitsinks.train.tracking import read_metrics
+from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.rundir import RunDir
+
+
+@dataclass
+class _LastMetric(Result):
+    """The last logged value of one metric, in %: `value` (NaN when the run never logged it)."""
+
+    metric: ClassVar[str] = ""
+    column: ClassVar[Column]
+
+    value: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.metric: self.value}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> _LastMetric:
+        return cls(obj.get(cls.metric, math.nan))
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [cls.column]
+
+    @classmethod
+    def percent(cls, value: float) -> float:
+        """The column's value from the logged one."""
+        return 100 * value
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict[str, Any]:
+        logged = [m[cls.metric] for m in read_metrics(run.path) if cls.metric in m]
+        return {cls.column.key: cls.percent(logged[-1]) if logged else math.nan}
+
+
+@register_result
+@dataclass
+class OnlineProbe(_LastMetric):
+    """The online probe's last validation top-1 (LeJEPA runs)."""
+
+    kind = "online_probe"
+    rank = 10
+    metric = "val/probe_acc"
+    column = Column("online_top1", "online probe top-1", "quality", higher_is_better=True)
+
+
+@register_result
+@dataclass
+class TaskFit(_LastMetric):
+    """The sink tasks' fit: 100 x (1 - the last validation relative error)."""
+
+    kind = "task_fit"
+    rank = 40
+    metric = "val/rel_error"
+    column = Column("task_fit", "task fit (1 - rel. error)", "quality", higher_is_better=True)
+
+    @classmethod
+    def percent(cls, value: float) -> float:
+        return 100 * (1 - value)

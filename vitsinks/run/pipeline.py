@@ -1,0 +1,65 @@
+"""Train, then evaluate: the one path a run takes, in this process (`launch`) or as a SLURM task (`run.slurm`).
+
+With `eval.after_train=true` a finished run's `last.pt` gets the diagnostics, the linear probe and the dense probe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks.configs.schema import DataConfig, config_dir
+from vitsinks.diagnose import diagnose_checkpoint
+from vitsinks.eval import dense, linear
+from vitsinks.train.trainer import Trainer
+from vitsinks.utils.rundir import RunDir
+
+SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
+
+
+def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
+    """Fit `trainer` (resuming) and, when it finished and `eval.after_train` is on, evaluate its last checkpoint on
+    the main rank (`summary["after_train"]`). Returns the training summary."""
+    summary = trainer.fit()
+    if summary["status"] == "finished" and trainer.cfg.eval.after_train and trainer.dist.is_main:
+        summary["after_train"] = after_train(trainer.cfg, trainer.run_dir)
+    return summary
+
+
+def dense_data(cfg: DictConfig) -> DictConfig | None:
+    """The data config of the after-training dense probe: `eval.dense_data` (its data preset, root
+    from `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
+    name = str(cfg.eval.dense_data or cfg.data.name)
+    if name not in SEGMENTATION_DATA:
+        print(f"dense probe skipped: data={name} has no segmentation masks; set eval.dense_data=ade20k|voc (and "
+              f"eval.dense_root=...) to run it after training")
+        return None
+    if name == cfg.data.name:
+        data = cfg.data
+    else:
+        preset = OmegaConf.load(config_dir() / "data" / f"{name}.yaml")
+        root = None if OmegaConf.is_missing(preset, "root") else preset.root
+        data = OmegaConf.merge(OmegaConf.structured(DataConfig), {k: v for k, v in preset.items() if k != "root"},
+                               {"root": root})
+    if cfg.eval.dense_root:
+        data = OmegaConf.merge(data, {"root": cfg.eval.dense_root})
+    return data
+
+
+def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Diagnostics, linear probe and dense probe of a finished run's `last.pt` (`eval.after_train=true`).
+
+    The linear probe uses the training data; the dense probe uses `dense_data(cfg)`.
+    """
+    run = RunDir(run_dir)
+    out: dict[str, Any] = {}
+    diag = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics("final"))
+    out["sinks_per_image"] = diag["sinks_per_image"]
+    ev = OmegaConf.merge(cfg, {"ckpt": str(run.last)})
+    out["linear"] = linear.run(ev, cfg.data)["best"]
+    data = dense_data(cfg)
+    if data is not None:
+        out["dense"] = {k: v for k, v in dense.run(ev, data).items() if k in ("mIoU", "pixel_acc", "data")}
+    return out

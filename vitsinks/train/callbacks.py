@@ -1,0 +1,150 @@
+"""What `Trainer.fit` does beside the loop, as callbacks: metrics logging and the progress bar, validation,
+checkpointing, and the sink diagnostics of every saved checkpoint.
+
+The hooks run in the order of the trainer's callback list; that order is part of the behaviour (a step's metrics
+are logged before its checkpoint is written, validation before the epoch's checkpoint), and exact resume relies
+on it. Every hook runs on every rank (collectives are allowed) except `on_save`, which runs on the main rank after
+a checkpoint was written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vitsinks.diagnostics import fixed_images, run_diagnostics
+from vitsinks.utils.distributed import all_reduce_sum
+
+if TYPE_CHECKING:  # annotations only: the trainer imports this module
+    from vitsinks.train.trainer import Trainer
+
+
+class Callback:
+    """Hooks into `Trainer.fit`; each is a no-op unless overridden."""
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        """After resuming, before the first step."""
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        """Before an optimizer step."""
+
+    def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
+        """After an optimizer step (`trainer.progress.step` counts it); `terms`: its detached logged terms."""
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
+        """After the last batch of `epoch` (the progress already points at the start of the next one)."""
+
+    def on_save(self, trainer: Trainer) -> None:
+        """After a checkpoint of the current step was written (main rank only)."""
+
+    def on_fit_end(self, trainer: Trainer, status: str) -> None:
+        """After the loop: `status` is `finished` or `interrupted` (a stop request)."""
+
+    def close(self, trainer: Trainer) -> None:
+        """When `fit` returns or raises: release what the callback holds."""
+
+
+class StepMetrics(Callback):
+    """Every `train.log_every` steps (and at the last): the step's terms averaged over the ranks, the lr, the
+    throughput and the unreadable images so far, to the tracker, the progress bar and `trainer.last_metrics`."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+        self.t0 = 0.0
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self.bar = tqdm(total=trainer.total_steps, initial=trainer.progress.step, disable=not trainer.dist.is_main,
+                        desc=trainer.cfg.name, unit="step", dynamic_ncols=True)
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
+        assert self.bar is not None
+        self.bar.update(1)
+        step = trainer.progress.step
+        if step % trainer.cfg.train.log_every and step != trainer.total_steps:
+            return
+        parts = (all_reduce_sum(torch.stack(list(terms.values())).float()) / trainer.dist.world).tolist()
+        metrics = {"epoch": trainer.progress.epoch, **dict(zip(terms, parts, strict=True)),
+                   "lr": trainer.scheduler.get_last_lr()[0],
+                   "img_per_s": trainer.cfg.train.batch_size / (time.perf_counter() - self.t0),
+                   "bad_images": trainer.bad_images()}
+        trainer.log(metrics)
+        trainer.last_metrics = metrics
+        shown = metrics.get(trainer.objective.bar_metric) if trainer.objective.bar_metric else None
+        self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}",
+                             **({} if shown is None else {"acc": f"{shown:.2f}"}))
+
+    def close(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class Validation(Callback):
+    """The objective's validation at every epoch end and, when training finished, once more at the end (its
+    metrics then join the run's summary)."""
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
+        trainer.log({"epoch": epoch, **trainer.objective.validate(trainer.model, trainer.val_set)})
+
+    def on_fit_end(self, trainer: Trainer, status: str) -> None:
+        if status == "finished":
+            val = trainer.objective.validate(trainer.model, trainer.val_set)
+            trainer.log({"epoch": trainer.progress.epoch, **val})
+            trainer.last_metrics.update(val)
+
+
+class Checkpointing(Callback):
+    """`last.pt` (and a kept `step_XXXXXXX.pt`) every `train.ckpt_every` steps, `last.pt` at every epoch end and
+    when the loop ends, finished or interrupted."""
+
+    def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
+        if trainer.progress.step % trainer.cfg.train.ckpt_every == 0:
+            trainer.save(periodic=True)
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
+        trainer.save()
+
+    def on_fit_end(self, trainer: Trainer, status: str) -> None:
+        trainer.save()
+
+
+class Diagnostics(Callback):
+    """Sink diagnostics of every saved checkpoint into `<run>/diagnostics/step_XXXXXXX/` (`diagnostics.enabled`),
+    on the same fixed validation images each time; a step already diagnosed is left alone."""
+
+    def __init__(self) -> None:
+        self.images: tuple[torch.Tensor, np.ndarray, list[int]] | None = None
+
+    def on_save(self, trainer: Trainer) -> None:
+        d, cfg = trainer.cfg.diagnostics, trainer.cfg
+        out = trainer.rundir.step_diagnostics(trainer.progress.step)
+        if not d.enabled or (out / "summary.json").exists():
+            return
+        if self.images is None:
+            self.images = fixed_images(trainer.val_set, d.n_images, cfg.views.global_size, cfg.data.on_bad_image,
+                                       cfg.protocol)
+        images, shown, index = self.images
+        run_diagnostics(trainer.model.backbone, images, shown, out, d, index, cfg.protocol)
+
+
+class OnStep(Callback):
+    """Calls `fn(trainer)` after every step (after the step's metrics and checkpoint)."""
+
+    def __init__(self, fn: Callable[[Trainer], Any]) -> None:
+        self.fn = fn
+
+    def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
+        self.fn(trainer)
+
+
+def default_callbacks() -> list[Callback]:
+    """The trainer's own callbacks, in the order they run."""
+    return [StepMetrics(), Validation(), Checkpointing(), Diagnostics()]
