@@ -16,17 +16,17 @@ from omegaconf import DictConfig
 from vitsinks.configs.schema import load_config
 from vitsinks.models import SinkViT, build_vit
 
+# The one tiny ViT of the tests (2 blocks, 3 heads, 32 px in 8 px patches: 16 patches + [CLS]); `TINY` is a tiny
+# run of it (config overrides), `tiny_vit` the model itself.
+TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
 TINY = [
-    "model.depth=2", "model.img_size=32", "model.embed_dim=48", "model.num_heads=3",
+    *(f"model.{k}={v}" for k, v in TINY_VIT.items()),
     "views.global_size=32", "views.local_size=16", "views.n_local=2",
     "objective.proj_hidden=64", "objective.proj_out=32", "objective.slices=128",
     "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4",
     "train.batch_size=16", "train.epochs=2", "train.log_every=1", "train.ckpt_every=3", "wandb.mode=disabled",
     "diagnostics.enabled=false",
 ]
-
-# The one tiny ViT of the unit tests (2 blocks, 3 heads, 32 px in 8 px patches: 16 patches + [CLS]).
-TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
 
 
 def tiny_vit(**overrides) -> SinkViT:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY, tiny_cfg
+from tests.conftest import TINY, run_command, tiny_cfg
 from vitsinks.diagnose import diagnose_checkpoint, over_training
 from vitsinks.models import model_from_config
 from vitsinks.train.checkpoint import load_backbone
@@ -23,10 +24,10 @@ PLOTS = {"attention_maps.png", "nop_broadcast_scatter.png", "sink_heatmap.png", 
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitsinks.diagnose", *args], capture_output=True, text=True,
-                          timeout=300)
+    return run_command([sys.executable, "-m", "vitsinks.diagnose", *args])
 
 
+@pytest.mark.slow
 def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_picture(runs: Path,
                                                                                      figures: list) -> None:
     cfg = tiny_cfg(runs, "name=diag", "diagnostics.enabled=true", "diagnostics.n_images=6")
@@ -58,6 +59,7 @@ def test_training_diagnoses_every_checkpoint_and_run_draws_the_over_training_pic
     np.testing.assert_array_equal(frequency.images[0].get_array(), np.array([r["block_frequency"] for _, r in rows]).T)
 
 
+@pytest.mark.slow
 def test_cli_on_a_checkpoint_with_other_data_and_n_images(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "name=c", "train.max_steps=2")).fit()
     ckpt = runs / "c/checkpoints/last.pt"
@@ -80,6 +82,7 @@ def test_checkpoint_backbone_round_trip(runs: Path) -> None:
     assert cfg.model.depth == 2
 
 
+@pytest.mark.slow
 def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> None:
     torch.manual_seed(0)
     ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
@@ -97,6 +100,7 @@ def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> N
     assert summary["shape"] == {"images": 3, "blocks": 2, "heads": 3, "registers": 4}
 
 
+@pytest.mark.slow
 def test_a_folder_without_checkpoints_fails_with_one_line_and_no_progress_bar(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     out = cli(f"run={tmp_path / 'empty'}")

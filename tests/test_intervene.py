@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import bar_heights, tiny_cfg
+from tests.conftest import bar_heights, run_command, tiny_cfg
 from tests.models.test_attention import final_patch_relrms_with, rescaled
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
@@ -51,10 +51,10 @@ def _cell(summary: dict, cls: str, edit: str) -> dict:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args], capture_output=True, text=True,
-                          timeout=600)
+    return run_command([sys.executable, "-m", "vitsinks.intervene", *args])
 
 
+@pytest.mark.slow
 def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[str, Path], tmp_path: Path,
                                                                figures: list) -> None:
     run_dir = task_runs["nop"]
@@ -98,6 +98,7 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
     assert row["causal_redirect_nop"] == redirect["final_patch_relrms"]
 
 
+@pytest.mark.slow
 def test_broadcast_task_sink_moves_every_patch_coherently_towards_the_donor(task_runs: dict[str, Path]) -> None:
     summary, _ = run(_cfg(task_runs["broadcast"]))
     assert _cell(summary, "broadcast", "zero_sink_value")["coherence"] > 0.8
@@ -107,6 +108,7 @@ def test_broadcast_task_sink_moves_every_patch_coherently_towards_the_donor(task
     assert _cell(one, "broadcast", "donor_sink_value")["donor_cosine"] >= 0.9
 
 
+@pytest.mark.slow
 def test_redirect_on_the_broadcast_task_agrees_with_float64_row_by_row(task_runs: dict[str, Path]) -> None:
     """Acceptance: every row of the redirect edit, rebuilt from its recorded split index and sink in a float64 copy
     of the checkpoint (probability rescaling, exact in float64 at these leads), within 1e-3 relative."""
@@ -124,6 +126,7 @@ def test_redirect_on_the_broadcast_task_agrees_with_float64_row_by_row(task_runs
         assert len(mine) == 96 and (np.abs(ours - truth) / truth < 1e-3).all()
 
 
+@pytest.mark.slow
 def test_reused_diagnostics_are_checked_against_the_live_ones(task_runs: dict[str, Path]) -> None:
     run_dir = task_runs["nop"]
     ckpt = run_dir / "checkpoints" / "last.pt"
@@ -141,6 +144,7 @@ def test_reused_diagnostics_are_checked_against_the_live_ones(task_runs: dict[st
     assert run(cfg)[0]["stage1"] == "computed"
 
 
+@pytest.mark.slow
 def test_shards_merge_to_the_unsharded_result(task_runs: dict[str, Path], tmp_path: Path) -> None:
     run_dir = task_runs["nop"]
     base = ["intervene.edits=[zero_sink_value,donor_sink_value]", "intervene.n_images=40"]  # no random draws
@@ -160,6 +164,7 @@ def test_shards_merge_to_the_unsharded_result(task_runs: dict[str, Path], tmp_pa
     assert sorted(whole) == sorted(joined) and len(whole) == 1 + 40 * 2 * 2
 
 
+@pytest.mark.slow
 def test_online_probe_effects_and_register_edit_on_a_lejepa_checkpoint(runs: Path) -> None:
     cfg = tiny_cfg(runs, "exp=reg", "name=probe")
     Trainer(cfg).fit()
@@ -176,11 +181,13 @@ def test_online_probe_effects_and_register_edit_on_a_lejepa_checkpoint(runs: Pat
     ("intervene.heads=[0:7]", "head 7 is out of range"), ("intervene.edits=[zap]", "unknown edit"),
     ("intervene.edits=[open_gate]", "needs a gated model"), ("intervene.edits=[drop_registers]", "register tokens"),
     ("intervene.n_images=9999", "9999 \\+ 32 images were asked for but the split has 512")])
+@pytest.mark.slow
 def test_bad_input_is_refused_with_its_fix(task_runs: dict[str, Path], override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         run(_cfg(task_runs["nop"], override))
 
 
+@pytest.mark.slow
 def test_the_command_line_exits_1_with_one_line(task_runs: dict[str, Path], tmp_path: Path) -> None:
     for args, message in (([f"run={task_runs['nop']}", "heads=0:7"], "head 7 is out of range"),
                           ([f"run={tmp_path / 'nothing'}"], "checkpoints/last.pt")):

@@ -7,15 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import TINY
+import pytest
+
+from tests.conftest import TINY, run_command
 from vitsinks.train.tracking import read_metrics
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
-                          timeout=600)
+    return run_command([sys.executable, "-m", "vitsinks.launch", *args])
 
 
+@pytest.mark.slow
 def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -> None:
     out = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "diagnostics.enabled=true", "diagnostics.plots=false")
     assert out.returncode == 0, out.stderr
@@ -33,6 +35,7 @@ def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -
     assert "nan" not in done.stdout
 
 
+@pytest.mark.slow
 def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None:
     missing = launch(*TINY, "data=imagenet", f"data.root={tmp_path / 'nowhere'}")
     assert missing.returncode == 1
@@ -42,6 +45,7 @@ def test_bad_inputs_exit_non_zero_with_one_readable_line(tmp_path: Path) -> None
     assert gate.returncode == 1 and "'sideways', expected one of [none, elementwise, headwise]" in gate.stderr
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_each_run_and_writes_the_manifest(tmp_path: Path) -> None:
     args = ["-m", "exp=base,gate", *TINY, "train.max_steps=1", f"runs_dir={tmp_path}"]
     out = launch(*args)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import run_command
 from vitsinks.__main__ import commands
 
 
@@ -22,7 +22,7 @@ def test_commands_are_the_modules_that_run_as_main_with_their_docstring_line(tmp
 
 
 def test_python_m_vitsinks_lists_every_documented_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "vitsinks"], capture_output=True, text=True, timeout=60)
+    out = run_command([sys.executable, "-m", "vitsinks"])
     assert out.returncode == 0, out.stderr
     listed = {ln.split()[0] for ln in out.stdout.splitlines()[1:]}
     assert {"vitsinks.launch", "vitsinks.diagnose", "vitsinks.intervene", "vitsinks.leaderboard",

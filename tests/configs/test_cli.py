@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import TINY, run_command
 from vitsinks.configs import cli
 from vitsinks.utils.errors import BadValue, CheckFailed, ConfigError, InputNotFound
 
 
-def run(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout)
+def run(module: str, *args: str, idle_s: float = 300) -> subprocess.CompletedProcess:
+    return run_command([sys.executable, "-m", module, *args], idle_s=idle_s)
 
 
 def one_line_error(out: subprocess.CompletedProcess, code: int = 1) -> str:
@@ -86,6 +86,7 @@ def test_rewrite_aliases() -> None:
     ("train.batch_size=many", "batch_size"),
     ("model.gate=sideways", "expected one of [none, elementwise, headwise]"),
 ])
+@pytest.mark.slow
 def test_config_mistakes_get_one_line_with_and_without_a_sweep(mistake: str, expected: str, tmp_path: Path) -> None:
     single = one_line_error(run("vitsinks.launch", mistake, f"runs_dir={tmp_path}"))
     sweep = one_line_error(run("vitsinks.launch", "-m", "exp=base,gate", mistake, f"runs_dir={tmp_path}"))
@@ -104,6 +105,7 @@ def test_numbers_out_of_range_stop_at_composition(override: str, field: str) -> 
         cli.compose([override])
 
 
+@pytest.mark.slow
 def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
     line = one_line_error(run("vitsinks.launch", *TINY, "train.batch_size=-4", f"runs_dir={tmp_path}"))
     assert "train.batch_size=-4 (must be >= 1)" in line
@@ -123,6 +125,7 @@ def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
     ("vitsinks.eval.linear", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
     ("vitsinks.intervene", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
 ])
+@pytest.mark.slow
 def test_every_entry_point_reports_bad_input_on_one_line(module: str, args: list[str], expected: str) -> None:
     assert expected in one_line_error(run(module, *args))
 

@@ -8,13 +8,13 @@ import sys
 import pytest
 import torch
 
+from tests.conftest import run_command
 from vitsinks.configs.schema import load_config
 from vitsinks.models import model_from_config
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
-                          timeout=600)
+    return run_command([sys.executable, "-m", "vitsinks.launch", *args])
 
 
 def test_defaults_are_the_embedded_cpu_setup() -> None:
@@ -44,6 +44,7 @@ def test_paper_recipe_is_the_kempner_recipe() -> None:
     assert len(model.blocks) == 24 and model.embed_dim == 1024 and model.num_reg_tokens == 4
 
 
+@pytest.mark.slow
 def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
     bad = launch("exp=nonsense")
     assert bad.returncode != 0
@@ -67,6 +68,7 @@ def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
     ("cluster.name", "slurmm", "local, slurm"),
     ("cluster.device", "tpu", "auto, cpu, cuda"),
 ])
+@pytest.mark.slow
 def test_closed_sets_stop_at_composition_with_the_allowed_values(key: str, bad: str, allowed: str) -> None:
     from hydra.errors import ConfigCompositionException
 
@@ -162,6 +164,7 @@ def composed():
     return load_config()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("f, op, bound", CASES, ids=[f"{f.key}{op}{b:g}" for f, op, b in CASES])
 def test_a_value_just_outside_a_bound_is_refused_on_one_line(composed, f, op: str, bound: float) -> None:
     from omegaconf import OmegaConf

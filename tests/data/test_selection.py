@@ -115,6 +115,7 @@ def _ade20k(root: Path, n: int = 2000) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_diagnose_with_the_sink_table_preset_reads_the_reference_images_in_its_order(tmp_path: Path) -> None:
     root = _ade20k(tmp_path / "ade")
     out = tmp_path / "runs"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import tiny_cfg
 from vitsinks.configs.schema import load_config
 from vitsinks.data import SinkTask
 from vitsinks.leaderboard import build
@@ -92,6 +93,7 @@ def test_task_model_is_attention_only_with_an_isometric_embedding() -> None:
         assert torch.allclose(residual_stream(model, img[None])[:, 1:], model.embed_patches(img[None]), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_nop_task_base_sinks_on_cls_relu_does_not(nop_runs: dict[str, Path]) -> None:
     s, d = _final(nop_runs["base"])
     events = d["routed_frac"] >= 0.9
@@ -106,6 +108,7 @@ def test_nop_task_base_sinks_on_cls_relu_does_not(nop_runs: dict[str, Path]) -> 
     assert relu_err <= 1.1 * base_err + 1e-3  # ... relu within 10% of base (1e-3 absolute slack near zero)
 
 
+@pytest.mark.slow
 def test_nop_task_registers_and_gates_do_nothing_another_way(nop_runs: dict[str, Path]) -> None:
     """What the theory requires of a variant that solves the NOP task: a softmax head must make its update on the
     unmarked patches ~0, through a sink event (one key), or, without one, through the mechanism the variant adds:
@@ -132,6 +135,7 @@ def test_nop_task_registers_and_gates_do_nothing_another_way(nop_runs: dict[str,
         assert gate[~marked].mean() < 0.5 * gate[marked].mean()
 
 
+@pytest.mark.slow
 def test_broadcast_task_base_sinks_on_the_source(tmp_path: Path) -> None:
     run = _train(tmp_path, "base", "broadcast")
     _, d = _final(run)
@@ -143,6 +147,7 @@ def test_broadcast_task_base_sinks_on_the_source(tmp_path: Path) -> None:
     assert (d["sink_idx"].reshape(len(source), -1)[:, head] == source).mean() >= 0.9
 
 
+@pytest.mark.slow
 def test_leaderboard_of_the_task_sweep(nop_runs: dict[str, Path], tmp_path: Path) -> None:
     table = {t["variant"]: t for t in build(next(iter(nop_runs.values())).parent, tmp_path / "lb")}
     assert table["base"]["nop"][0] >= 1 and table["base"]["sink_at"].startswith("cls")
@@ -160,9 +165,8 @@ def test_lejepa_refuses_a_sink_task(tmp_path: Path) -> None:
         Trainer(cfg)
 
 
+@pytest.mark.slow
 def test_supervised_image_classification_learns(tmp_path: Path) -> None:
-    from conftest import tiny_cfg
-
     cfg = tiny_cfg(tmp_path, "objective=supervised", "data.train_size=256", "train.epochs=4", "train.lr=2e-3",
                    "data.val_size=128", "train.ckpt_every=1000")
     summary = Trainer(cfg).fit()

@@ -13,13 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.conftest import tiny_vit
 from tests.eval.test_eval import _ade_fixture, _eval_cfg, _trained, _voc_fixture
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, build_seg_dataset
 from vitsinks.eval.dense import DenseHead
 from vitsinks.eval.dense_protocols import PROTOCOLS
 from vitsinks.eval.metrics import iou_from_confusion
-from vitsinks.models import build_vit
 
 
 def _lrs(make_scheduler, lr: float, total: int) -> list[float]:
@@ -214,11 +214,11 @@ def test_dense_protocol_bad_input_gives_a_config_error() -> None:
     assert proto.epochs == 100 and proto.size == 512 and proto.probe_seeds == 3 and changed == {}
     assert resolve(compose(["eval.dense_protocol=kempner"]).eval, "ade20k")[0].epochs == 10
     assert resolve(compose(["eval.dense_protocol=kempner"]).eval, "voc")[0].epochs == 25
-    model = build_vit("vit_cpu", img_size=32, depth=1, embed_dim=48, num_heads=3)  # patch 8
+    model = tiny_vit(depth=1)  # patch 8
     with pytest.raises(ConfigError, match="dense_size=36 is not a multiple of the model's patch size 8"):
         check_size(model, 36)
     with pytest.raises(ConfigError, match="only takes 32 px"):
-        check_size(build_vit("vit_cpu", img_size=32, depth=1, embed_dim=48, num_heads=3, dynamic_img_size=False), 48)
+        check_size(tiny_vit(depth=1, dynamic_img_size=False), 48)
 
 
 def test_miou_over_all_classes_counts_an_absent_class_as_zero() -> None:

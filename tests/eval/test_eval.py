@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +14,7 @@ from PIL import Image
 
 from tests.configs.test_cli import one_line_error
 from tests.configs.test_cli import run as run_module
-from tests.conftest import TINY, require_fashion_mnist, tiny_cfg
+from tests.conftest import TINY, require_fashion_mnist, run_command, tiny_cfg, tiny_vit
 from tests.data.test_datasets import imagefolder
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
@@ -24,7 +23,6 @@ from vitsinks.eval.dense import DenseHead, evaluate, predict_examples
 from vitsinks.eval.dense_protocols import PROTOCOLS
 from vitsinks.eval.linear import train_grid
 from vitsinks.eval.metrics import iou_from_confusion
-from vitsinks.models import build_vit
 from vitsinks.train.trainer import Trainer
 
 VOC_PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0] + [0] * (252 * 3 - 12) + [224, 224, 192] * 4
@@ -53,7 +51,7 @@ class _Constant(torch.utils.data.Dataset):
 
 def test_ignore_index_is_left_out_of_the_confusion_matrix() -> None:
     torch.manual_seed(0)
-    model = build_vit("vit_cpu", img_size=32, depth=1, embed_dim=48, num_heads=3).eval()
+    model = tiny_vit(depth=1).eval()
     head = DenseHead(48, 3).eval()
     with torch.no_grad():
         head.conv.weight.zero_()
@@ -151,41 +149,41 @@ def test_segmentation_bad_input(tmp_path: Path) -> None:
         ade20k(ade.parent, "val", num_classes=100)[1]
 
 
+@pytest.mark.slow
 def test_linear_and_dense_clis_on_the_embedded_default(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "name=ev", "train.max_steps=2")).fit()
     ckpt = runs / "ev" / "checkpoints" / "last.pt"
     common = [f"ckpt={ckpt}", *TINY, "eval.max_train_images=48", "eval.max_val_images=16"]
-    lin = subprocess.run([sys.executable, "-m", "vitsinks.eval.linear", *common, "eval.linear_epochs=2"],
-                         capture_output=True, text=True, timeout=600)
+    lin = run_command([sys.executable, "-m", "vitsinks.eval.linear", *common, "eval.linear_epochs=2"])
     assert lin.returncode == 0, lin.stderr
     result = json.loads((runs / "ev" / "results" / "linear.json").read_text())
     assert {c["n_last"] for c in result["grid"]} == {1, 2}  # "last 4" of a 2-block model
     assert len(result["grid"]) == 6 * 2 * 2 and result["best"]["top1"] == max(c["top1"] for c in result["grid"])
-    dense = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", *common, "eval.dense_epochs=2",
-                            "eval.dense_augment=true", "eval.dense_examples=2"],
-                           capture_output=True, text=True, timeout=600)
+    dense = run_command([sys.executable, "-m", "vitsinks.eval.dense", *common, "eval.dense_epochs=2",
+                            "eval.dense_augment=true", "eval.dense_examples=2"])
     assert dense.returncode == 0, dense.stderr
     d = json.loads((runs / "ev" / "results" / "dense_synthetic.json").read_text())
     assert d["protocol"] == "dinov2" and "dense probe (dinov2) on synthetic" in dense.stdout
     assert d["classes"] == 5 and 0 <= d["mIoU"] <= 1 and len(d["per_class_iou"]) == 5
     assert (runs / "ev" / "results" / "dense_synthetic.png").stat().st_size > 5000
-    missing = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={ckpt}", "data=voc",
-                              f"data.root={runs / 'nowhere'}"], capture_output=True, text=True, timeout=300)
+    missing = run_command([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={ckpt}", "data=voc",
+                              f"data.root={runs / 'nowhere'}"])
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
+@pytest.mark.slow
 def test_linear_probe_runs_on_real_fashion_mnist(runs: Path) -> None:
     require_fashion_mnist()
     Trainer(tiny_cfg(runs, "name=fm", "data=fashion_mnist", "data.image_size=32", "train.max_steps=1")).fit()
-    out = subprocess.run([sys.executable, "-m", "vitsinks.eval.linear", f"ckpt={runs / 'fm/checkpoints/last.pt'}",
-                          "eval.max_train_images=200", "eval.max_val_images=100", "eval.linear_epochs=3"],
-                         capture_output=True, text=True, timeout=600)
+    out = run_command([sys.executable, "-m", "vitsinks.eval.linear", f"ckpt={runs / 'fm/checkpoints/last.pt'}",
+                          "eval.max_train_images=200", "eval.max_val_images=100", "eval.linear_epochs=3"])
     assert out.returncode == 0, out.stderr
     result = json.loads((runs / "fm" / "results" / "linear.json").read_text())
     assert result["data"] == "fashion_mnist" and result["classes"] == 10 and result["val_images"] == 100
     assert result["best"]["top1"] > 20  # well above chance (10%) even for an untrained tiny backbone
 
 
+@pytest.mark.slow
 def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
     require_fashion_mnist()
     from vitsinks.data.segmentation import build_seg_dataset
@@ -199,9 +197,8 @@ def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
     assert ((lab > 0) == (gray > 30)).mean() > 0.95  # item pixels are labelled, background is 0
     assert len(np.unique(lab)) >= 2 and lab.max() <= 10
     Trainer(tiny_cfg(runs, "name=fmd", "data=fashion_mnist", "data.image_size=32", "train.max_steps=1")).fit()
-    out = subprocess.run([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={runs / 'fmd/checkpoints/last.pt'}",
-                          "eval.max_train_images=32", "eval.max_val_images=8", "eval.dense_epochs=1"],
-                         capture_output=True, text=True, timeout=600)
+    out = run_command([sys.executable, "-m", "vitsinks.eval.dense", f"ckpt={runs / 'fmd/checkpoints/last.pt'}",
+                          "eval.max_train_images=32", "eval.max_val_images=8", "eval.dense_epochs=1"])
     assert out.returncode == 0, out.stderr
     d = json.loads((runs / "fmd" / "results" / "dense_fashion_mnist.json").read_text())
     assert d["classes"] == 11 and d["val_images"] == 8 and 0 <= d["mIoU"] <= 1
@@ -237,6 +234,7 @@ def test_feature_caches_are_keyed_on_what_determines_them(runs: Path, tmp_path: 
     assert key != cache_key(ckpt, data, voc(root, "train"), 0, size=32)
 
 
+@pytest.mark.slow
 def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path, figures: list) -> None:
     from vitsinks.eval import dense
 
@@ -262,6 +260,7 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
     assert augmented[0] == augmented[1]
 
 
+@pytest.mark.slow
 def test_after_train_runs_the_dense_probe_on_other_data_or_says_why_not(runs: Path, tmp_path: Path, capsys) -> None:
     from vitsinks.run.pipeline import after_train
 
@@ -296,6 +295,7 @@ def test_one_bad_validation_image_does_not_lose_the_run(runs: Path, tmp_path: Pa
         Trainer(tiny_cfg(runs, "name=badval2", *common, "data.on_bad_image=error")).fit()
 
 
+@pytest.mark.slow
 def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_path: Path) -> None:
     ckpt = _trained(runs)
     root = imagefolder(tmp_path / "inet", {"a": (4, 1), "b": (4, 1)})

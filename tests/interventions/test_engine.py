@@ -235,6 +235,7 @@ def nop_result() -> dict:
     return _by_class(res.rows, 1)["block 0 (only)"]["nop"]
 
 
+@pytest.mark.slow
 def test_nop_sink_on_the_synthetic_task_is_causally_a_nop(nop_result: dict) -> None:
     """Theory (SPEC section 6): zeroing or mean-replacing a NOP sink's value changes almost nothing, removing the
     attention to it changes a lot."""
@@ -244,6 +245,7 @@ def test_nop_sink_on_the_synthetic_task_is_causally_a_nop(nop_result: dict) -> N
     assert redirect_change > 10 * max(zero["final_patch_relrms"], mean["final_patch_relrms"])
 
 
+@pytest.mark.slow
 def test_broadcast_sink_on_the_synthetic_task_moves_every_token_towards_the_donor() -> None:
     model, _ = train_broadcast(steps=1500, seed=0)
     x, _, _ = broadcast_batch(torch.Generator().manual_seed(7), batch=160)

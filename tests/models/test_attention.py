@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import tiny_vit
 from vitsinks.configs.schema import InterveneConfig
 from vitsinks.interventions import from_vit, intervene
 from vitsinks.interventions.edits import REDIRECT_TOL, check_redirect
-from vitsinks.models import ATTN_KINDS, KINDS, SinkAttention, build_vit
+from vitsinks.models import ATTN_KINDS, KINDS, SinkAttention
 
 
 def reference_rows(attn: SinkAttention, s: torch.Tensor, head: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +150,7 @@ def cls_sink_vit() -> torch.nn.Module:
     normed tokens entering block 0; [CLS]'s is the same for every image), up to a few % per query; head 0:1 as
     initialised."""
     torch.manual_seed(0)
-    model = build_vit("vit_cpu", img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2).eval()
+    model = tiny_vit(num_heads=2).eval()
     attn, dim = model.blocks[0].attn, 48
     hd = attn.head_dim
     u = torch.randn(hd)

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 
+from tests.conftest import TINY_VIT
 from vitsinks.configs.schema import load_config
 from vitsinks.models import MITIGATIONS, ModelConfig, arch_keys, build_vit, mitigation_columns, variant_name
 from vitsinks.train.checkpoint import ARCH_KEYS
 from vitsinks.utils.results import Column
 
-TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)
 ON = {"gate": "elementwise", "global_pathway": {"enabled": True}}  # one "on" setting per mitigation
 
 
@@ -36,17 +36,17 @@ def test_a_mitigation_is_a_model_config_field_off_by_default_that_shapes_the_arc
 @pytest.mark.parametrize("name", sorted(MITIGATIONS))
 def test_a_mitigation_adds_its_module_at_its_attribute_to_every_block_and_nothing_else(name: str) -> None:
     m = MITIGATIONS[name]
-    base = build_vit("vit_cpu", **TINY)
-    model = build_vit("vit_cpu", **TINY, **{name: ON[name]})
+    base = build_vit("vit_cpu", **TINY_VIT)
+    model = build_vit("vit_cpu", **TINY_VIT, **{name: ON[name]})
     prefix = "attn." + m.attr if m.site == "heads" else m.attr
     added = set(model.state_dict()) - set(base.state_dict())
     assert added and all(k.split(".", 2)[2].startswith(prefix + ".") for k in added)
-    assert {k.split(".")[1] for k in added} == {str(i) for i in range(TINY["depth"])}
+    assert {k.split(".")[1] for k in added} == {str(i) for i in range(TINY_VIT["depth"])}
     assert set(base.state_dict()) <= set(model.state_dict())
 
 
 def test_todays_state_dict_names_are_kept() -> None:
-    sd = build_vit("vit_cpu", **TINY, gate="headwise", global_pathway={"gate": "hier"}).state_dict()
+    sd = build_vit("vit_cpu", **TINY_VIT, gate="headwise", global_pathway={"gate": "hier"}).state_dict()
     assert {"blocks.0.attn.gate.weight", "blocks.0.attn.gate.bias", "blocks.1.pathway.inp.weight",
             "blocks.1.pathway.gamma_bias", "blocks.1.pathway.out.weight"} <= set(sd)
     assert sd["blocks.0.attn.gate.weight"].shape == (3, 48) and sd["blocks.1.pathway.gamma_bias"].shape == (3,)
@@ -55,11 +55,11 @@ def test_todays_state_dict_names_are_kept() -> None:
 def test_the_config_keys_users_type_are_kept() -> None:
     cfg = load_config(["model.gate=headwise", "model.global_pathway.enabled=true", "model.global_pathway.state_dim=8",
                        "model.global_pathway.gate=hier", "model.global_pathway.layerscale_init=0.1"])
-    model = build_vit("vit_cpu", **TINY, gate=cfg.model.gate, global_pathway=cfg.model.global_pathway)
+    model = build_vit("vit_cpu", **TINY_VIT, gate=cfg.model.gate, global_pathway=cfg.model.global_pathway)
     pw = model.blocks[0].pathway
     assert model.blocks[0].attn.gate_kind == "headwise" and pw.gate_kind == "hier" and pw.w_value.shape[0] == 8
     assert torch.allclose(pw.ls3.gamma, torch.full((48,), 0.1))
-    off = build_vit("vit_cpu", **TINY, global_pathway=load_config().model.global_pathway)
+    off = build_vit("vit_cpu", **TINY_VIT, global_pathway=load_config().model.global_pathway)
     assert off.blocks[0].pathway is None
 
 

@@ -169,6 +169,7 @@ def _terms(run: Path, key: str) -> list[float]:
             if key in r]
 
 
+@pytest.mark.slow
 def test_global_pen_trains_logs_the_penalty_per_block_and_resumes_exactly(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "exp=global+pen", "name=straight")).fit()
 

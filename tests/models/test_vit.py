@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
+from tests.conftest import TINY_VIT
 from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.models import (
     ATTN_KINDS,
@@ -23,8 +24,7 @@ from vitsinks.models import (
     variant_name,
 )
 
-TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3)
-TINY_MODEL = {"size": "vit_cpu", **TINY}
+TINY_MODEL = {"size": "vit_cpu", **TINY_VIT}
 EXPS = exp_names()  # every vitsinks/configs/exp/*.yaml
 
 
@@ -41,6 +41,7 @@ def timm_vit(**kw) -> VisionTransformer:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exp", EXPS)
 def test_every_exp_builds_and_trains(exp: str) -> None:
     cfg = load_config([f"exp={exp}", "model.depth=2", "model.img_size=32"])
@@ -54,6 +55,7 @@ def test_every_exp_builds_and_trains(exp: str) -> None:
     assert run_variant(cfg) == exp and model.variant == exp.removesuffix("+pen")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"])
 def test_base_parameter_count_equals_timm(size: str) -> None:
     timm_name = {"vit_huge": "vit_huge_patch14_224"}.get(size, f"{size}_patch16_224")
@@ -64,16 +66,16 @@ def test_base_parameter_count_equals_timm(size: str) -> None:
 
 
 def test_variant_parameter_deltas() -> None:
-    d, h, depth, r = TINY["embed_dim"], TINY["num_heads"], TINY["depth"], 4
-    base = n_params(build_vit("vit_cpu", **TINY))
+    d, h, depth, r = TINY_VIT["embed_dim"], TINY_VIT["num_heads"], TINY_VIT["depth"], 4
+    base = n_params(build_vit("vit_cpu", **TINY_VIT))
     assert base == n_params(timm_vit())
-    assert n_params(build_vit("vit_cpu", **TINY, registers=r)) - base == r * d
-    assert n_params(build_vit("vit_cpu", **TINY, gate="elementwise")) - base == depth * (d * d + d)
-    assert n_params(build_vit("vit_cpu", **TINY, gate="headwise")) - base == depth * (d * h + h)
+    assert n_params(build_vit("vit_cpu", **TINY_VIT, registers=r)) - base == r * d
+    assert n_params(build_vit("vit_cpu", **TINY_VIT, gate="elementwise")) - base == depth * (d * d + d)
+    assert n_params(build_vit("vit_cpu", **TINY_VIT, gate="headwise")) - base == depth * (d * h + h)
     for kind in ATTN_KINDS:  # a kind adds exactly its declared parameters (sink_logit: one logit per head)
         extra = sum(p.numel() for p in KINDS[kind].parameters(h).values())
-        assert n_params(build_vit("vit_cpu", **TINY, attn=kind)) - base == depth * extra
-    assert n_params(build_vit("vit_cpu", **TINY, attn="sink_logit")) - base == depth * h
+        assert n_params(build_vit("vit_cpu", **TINY_VIT, attn=kind)) - base == depth * extra
+    assert n_params(build_vit("vit_cpu", **TINY_VIT, attn="sink_logit")) - base == depth * h
 
 
 def test_vit_cpu_preset() -> None:
@@ -102,7 +104,7 @@ def _heads(attn: SinkAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def test_registers_are_in_sequence_and_dropped_from_pooled_output() -> None:
-    m = build_vit("vit_cpu", **TINY, registers=3, global_pool="avg")
+    m = build_vit("vit_cpu", **TINY_VIT, registers=3, global_pool="avg")
     x = torch.randn(2, 3, 32, 32)
     tokens = m.forward_features(x)
     assert tokens.shape[1] == 1 + 3 + 16 == m.tokens_per_image()
@@ -217,7 +219,7 @@ def test_rows_of_every_kind_sum_as_it_declares(kind: str) -> None:
 
 def test_block_explicit_forward_matches_block_forward() -> None:
     torch.manual_seed(0)
-    m = build_vit("vit_cpu", **TINY, gate="elementwise", registers=2, layerscale_init=0.1).eval()
+    m = build_vit("vit_cpu", **TINY_VIT, gate="elementwise", registers=2, layerscale_init=0.1).eval()
     x = m._pos_embed(m.patch_embed(torch.randn(2, 3, 32, 32)))
     for blk in m.blocks:
         out, it = blk.forward_explicit(x)
@@ -235,7 +237,7 @@ def test_timm_state_dict_round_trip(registers: int, layout: str) -> None:
         ref.pos_embed.normal_()
         if ref.reg_token is not None:
             ref.reg_token.normal_()
-    ours = build_vit("vit_cpu", **TINY, registers=registers, layerscale_init=1e-2).eval()
+    ours = build_vit("vit_cpu", **TINY_VIT, registers=registers, layerscale_init=1e-2).eval()
     load_timm_state_dict(ours, ref.state_dict())
     for size in (32, 48):  # native size and a resampled position embedding
         x = torch.randn(2, 3, size, size)
@@ -244,7 +246,7 @@ def test_timm_state_dict_round_trip(registers: int, layout: str) -> None:
 
 def test_the_reference_register_layout_is_timms_and_its_tokens_start_trunc_normal() -> None:
     torch.manual_seed(0)
-    ours = build_vit("vit_cpu", **TINY, registers=4, register_pos_embed=True, prefix_init_std=0.02).eval()
+    ours = build_vit("vit_cpu", **TINY_VIT, registers=4, register_pos_embed=True, prefix_init_std=0.02).eval()
     assert ours.pos_embed.shape[1] == 1 + 4 + ours.patch_embed.num_patches  # [CLS], registers and patches
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():  # by hand: cat([CLS], registers, patches) + pos_embed over all of them
@@ -261,7 +263,7 @@ def test_the_reference_register_layout_is_timms_and_its_tokens_start_trunc_norma
 
 
 def test_state_dict_of_another_architecture_is_a_clear_error() -> None:
-    ours = build_vit("vit_cpu", **TINY)
+    ours = build_vit("vit_cpu", **TINY_VIT)
     ref = timm_vit(embed_dim=96)
     with pytest.raises(ValueError, match="build the model with the checkpoint's configuration"):
         load_timm_state_dict(ours, ref.state_dict())
@@ -295,15 +297,15 @@ def test_a_run_is_named_by_its_model_not_its_exp(overrides: list[str], name: str
 @pytest.mark.parametrize("kw", [{}, {"gate": "elementwise"}, {"attn": "softpick", "registers": 4},
                                 {"gate": "headwise", "global_pathway": {"gate": "hier"}, "attn": "sink_logit"}])
 def test_timm_create_model_builds_the_same_module_as_build_vit(kw: dict) -> None:
-    ours = build_vit("vit_cpu", **TINY, **kw)
-    via_timm = timm.create_model("vitsinks_vit_cpu", **TINY, **kw)
+    ours = build_vit("vit_cpu", **TINY_VIT, **kw)
+    via_timm = timm.create_model("vitsinks_vit_cpu", **TINY_VIT, **kw)
     assert type(via_timm) is type(ours) and via_timm.variant == ours.variant
     assert {k: v.shape for k, v in via_timm.state_dict().items()} == {k: v.shape for k, v in ours.state_dict().items()}
     assert set(timm.list_models("vitsinks_*")) == {f"vitsinks_{s}" for s in SIZES}
 
 
 def test_the_attention_is_timms_attn_layer_and_the_block_runs_timms_forward_without_hooks() -> None:
-    model = build_vit("vit_cpu", **TINY, gate="elementwise", attn="relu")
+    model = build_vit("vit_cpu", **TINY_VIT, gate="elementwise", attn="relu")
     assert not any(type(m) is Attention for m in model.modules())  # timm's attention is never built
     blk = model.blocks[0]
     assert isinstance(blk.attn, SinkAttention) and (blk.attn.gate_kind, blk.attn.attn_kind) == ("elementwise", "relu")
@@ -325,7 +327,7 @@ def test_the_attention_is_timms_attn_layer_and_the_block_runs_timms_forward_with
 @pytest.mark.parametrize("pathway", [False, True])
 def test_update_hooks_see_the_attention_update_after_the_gate_and_before_the_pathway(gate: str, pathway: bool) -> None:
     torch.manual_seed(0)
-    model = build_vit("vit_cpu", **TINY, gate=gate, layerscale_init=0.5,
+    model = build_vit("vit_cpu", **TINY_VIT, gate=gate, layerscale_init=0.5,
                       global_pathway={"state_dim": 8} if pathway else None).eval()
     blk = model.blocks[0]
     if blk.attn.gate is not None:  # an input-dependent gate

@@ -3,8 +3,8 @@
 import torch
 from lightly.loss import LeJEPALoss as LightlyLeJEPALoss
 
+from tests.conftest import tiny_vit
 from vitsinks.configs.schema import ObjectiveConfig
-from vitsinks.models import build_vit
 from vitsinks.objectives.lejepa import LeJEPALoss, LeJEPAModel
 
 
@@ -30,7 +30,7 @@ def test_invariance_term_by_hand_and_global_only_views() -> None:
 
 
 def test_model_shapes_and_detached_probe() -> None:
-    backbone = build_vit("vit_cpu", img_size=32, depth=1, embed_dim=48, num_heads=3)
+    backbone = tiny_vit(depth=1)
     model = LeJEPAModel(backbone, ObjectiveConfig(proj_hidden=32, proj_out=16), num_classes=5)
     views = [torch.randn(3, 3, 32, 32), torch.randn(3, 3, 32, 32), torch.randn(3, 3, 16, 16)]
     pg, pl, logits = model(views, n_global=2)

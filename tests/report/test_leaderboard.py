@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import bar_heights
+from tests.conftest import bar_heights, run_command
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import rule_record
@@ -57,6 +57,7 @@ def make_runs(root: Path, runs: dict = RUNS, rule: dict | None = DEFAULT_RULE) -
     return root
 
 
+@pytest.mark.slow
 def test_aggregation_by_hand(tmp_path: Path) -> None:
     table = {t["variant"]: t for t in aggregate([collect(r) for r in run_dirs(make_runs(tmp_path))])}
     assert list(table) == ["base", "gate+reg"]
@@ -70,6 +71,7 @@ def test_aggregation_by_hand(tmp_path: Path) -> None:
     assert gr["sinks"][0] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures: list) -> None:
     out = tmp_path / "lb"
     table = build(make_runs(tmp_path / "runs"), out)
@@ -97,6 +99,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
     browser = _chromium()
     if browser is None:
@@ -108,8 +111,7 @@ def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([browser, *flags, "--dump-dom", (out / "leaderboard.html").as_uri()], capture_output=True,
-                         text=True, timeout=120).stdout
+    dom = run_command([browser, *flags, "--dump-dom", (out / "leaderboard.html").as_uri()]).stdout
     assert '<table id="leaderboard">' in dom and "<td>gate+reg</td>" in dom
     assert "<td>gate+reg</td><td>2</td><td>-</td><td class=\"\">61.00 ± 1.41</td>" in dom  # 2 seeds: no mark
     assert "Nothing is marked in online probe top-1" in dom
@@ -119,6 +121,7 @@ def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
+@pytest.mark.slow
 def test_cli_errors(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", f"runs={tmp_path / 'none'}"],
                          capture_output=True, text=True)
@@ -127,6 +130,7 @@ def test_cli_errors(tmp_path: Path) -> None:
     assert usage.returncode == 1 and "rns" in usage.stderr and "usage: python -m vitsinks.leaderboard" in usage.stderr
 
 
+@pytest.mark.slow
 def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(tmp_path: Path) -> None:
     """Variants come from vitsinks/configs/exp (no hand-kept list): the four first, then the rest by name; the pathway
     share, the attention's common-mode share and an intervention summary reach their columns."""
@@ -193,6 +197,7 @@ def test_welch_marks(linear: dict, marked: str | None, few: list) -> None:
     assert best.get("linear_top1") == marked and too_few == few
 
 
+@pytest.mark.slow
 def test_three_separated_seeds_are_marked_in_every_output(tmp_path: Path, figures: list) -> None:
     runs = {("base", s): (0.50 + s / 100, 60.0 + s, 0.2, 0.0, 0.0) for s in range(3)}
     runs |= {("gate", s): (0.51 - s / 100, 70.0 + s, 0.2, 0.0, 0.0) for s in range(3)}
@@ -206,6 +211,7 @@ def test_three_separated_seeds_are_marked_in_every_output(tmp_path: Path, figure
     assert len(stars) == 1 and "Welch" in figures[-1].get_supxlabel()
 
 
+@pytest.mark.slow
 def test_reference_sinks_only_beside_counts_made_the_same_way(tmp_path: Path) -> None:
     build(make_runs(tmp_path / "kempner", rule=KEMPNER_RULE), tmp_path / "a")
     md = (tmp_path / "a" / "leaderboard.md").read_text()
@@ -220,6 +226,7 @@ def test_reference_sinks_only_beside_counts_made_the_same_way(tmp_path: Path) ->
     assert "rule not recorded" in (tmp_path / "lb-old" / "leaderboard.md").read_text()
 
 
+@pytest.mark.slow
 def test_dense_numbers_carry_the_protocol_that_made_them(tmp_path: Path) -> None:
     runs = make_runs(tmp_path / "runs")
     run = run_dirs(runs)[0]

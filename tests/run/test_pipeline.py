@@ -13,6 +13,7 @@ from vitsinks.train.trainer import Trainer
 
 @pytest.mark.parametrize(("after_train", "stop", "evaluated"), [(True, False, True), (False, False, False),
                                                                  (True, True, False)])
+@pytest.mark.slow
 def test_a_finished_run_is_evaluated_when_asked(runs: Path, monkeypatch: pytest.MonkeyPatch, after_train: bool,
                                                 stop: bool, evaluated: bool) -> None:
     calls: list[Path] = []

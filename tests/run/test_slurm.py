@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, require_slurm, tiny_cfg
+from tests.conftest import TINY, require_slurm, run_command, tiny_cfg
 from vitsinks.configs.schema import load_config
 from vitsinks.run.sweep import read_manifest, run_state
 from vitsinks.train.tracking import read_metrics
@@ -25,9 +25,8 @@ def _slurm() -> None:
     require_slurm()
 
 
-def launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitsinks.launch", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def launch(*args: str, idle_s: float = 300) -> subprocess.CompletedProcess:
+    return run_command([sys.executable, "-m", "vitsinks.launch", *args], idle_s=idle_s)
 
 
 def job_ids() -> set[str]:
@@ -58,6 +57,7 @@ def final_loss(run_dir: Path) -> float:
     return [m for m in read_metrics(run_dir) if "loss" in m][-1]["loss"]
 
 
+@pytest.mark.slow
 def test_single_job_trains_to_the_end(runs: Path) -> None:
     out = launch("exp=gate", *TINY, *CLUSTER, f"runs_dir={runs}", "name=one")
     assert out.returncode == 0, out.stderr
@@ -67,6 +67,7 @@ def test_single_job_trains_to_the_end(runs: Path) -> None:
     assert (runs / "one" / "checkpoints" / "last.pt").is_file()
 
 
+@pytest.mark.slow
 def test_array_of_four_variants_then_relaunch_and_status(runs: Path) -> None:
     before = job_ids()
     out = launch("-m", "exp=base,gate,reg,gate+reg", *TINY, *CLUSTER, f"runs_dir={runs}", "train.epochs=1")
@@ -130,12 +131,14 @@ def _interrupt_and_finish(runs: Path, name: str, interrupt: list[str]) -> tuple[
     return run, log
 
 
+@pytest.mark.slow
 def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path) -> None:
     run, log = _interrupt_and_finish(runs, "requeued", ["scontrol", "requeue"])
     assert resumed_at(log)[0] % 8 == 0  # killed without a signal: back to the last periodic checkpoint
     assert final_loss(run) == _uninterrupted(runs, *LONG)
 
 
+@pytest.mark.slow
 def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> None:
     run, log = _interrupt_and_finish(runs, "preempted", ["scancel", "--signal=USR2"])
     err = log.with_name(log.name.replace("_log.out", "_log.err")).read_text()
@@ -144,6 +147,7 @@ def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> Non
     assert final_loss(run) == _uninterrupted(runs, *LONG)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exp", ["base", "global+pen"])  # the penalty sums its terms over ranks before the ratio
 def test_two_task_job_runs_ddp_over_gloo(runs: Path, exp: str) -> None:
     out = launch(*TINY, *CLUSTER, f"exp={exp}", "cluster.tasks_per_node=2", "train.max_steps=3", f"runs_dir={runs}",
@@ -164,6 +168,7 @@ def test_two_task_job_runs_ddp_over_gloo(runs: Path, exp: str) -> None:
     ("cluster.time_min=1", "leaves no time to train and save a checkpoint"),
     ("runs_dir=/proc/vitsinks-unwritable", "cannot write to /proc/vitsinks-unwritable"),
 ])
+@pytest.mark.slow
 def test_bad_cluster_settings_fail_before_submitting(runs: Path, override: str, message: str) -> None:
     before = job_ids()
     args = [*TINY, *CLUSTER, f"runs_dir={runs}", override]
@@ -174,6 +179,7 @@ def test_bad_cluster_settings_fail_before_submitting(runs: Path, override: str, 
     assert not job_ids() - before  # nothing new was submitted (old jobs may age out of squeue meanwhile)
 
 
+@pytest.mark.slow
 def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) -> None:
     out = launch(*TINY, *CLUSTER, "train.max_steps=2", "eval.after_train=true", "diagnostics.plots=false",
                  "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.dense_epochs=1",
@@ -185,6 +191,7 @@ def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) ->
     assert json.loads((runs / "after/results/linear.json").read_text())["val_images"] == 8
 
 
+@pytest.mark.slow
 def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path) -> None:
     cfg = load_config(["exp=base", "data=sinktask_nop", f"runs_dir={runs}", "name=nop", "wandb.mode=disabled",
                        "diagnostics.enabled=false"])
@@ -192,8 +199,7 @@ def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path) -> None
     args = [f"run={runs / 'nop'}", "n_images=32", "heldout_images=8", "intervene.min_events=10",
             "edits=[zero_sink_value,redirect_sink_attention]", f"runs_dir={runs}"]
     before = job_ids()
-    out = subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args, "nshards=2", *CLUSTER],
-                         capture_output=True, text=True, timeout=300)
+    out = run_command([sys.executable, "-m", "vitsinks.intervene", *args, "nshards=2", *CLUSTER])
     assert out.returncode == 0, out.stderr
     assert "submitted SLURM job array" in out.stdout
     folder = runs / "nop" / "interventions" / "last"
@@ -209,11 +215,9 @@ def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path) -> None
 
     wait_progress(lambda: not queued(), lambda: (queued(), [m.is_file() for m in metas]), "the array to finish")
     assert all(m.is_file() for m in metas), [p.read_text()[-2000:] for p in (runs / "slurm_logs").rglob("*.err")]
-    merged = subprocess.run([sys.executable, "-m", "vitsinks.intervene", f"merge={folder}"], capture_output=True,
-                            text=True, timeout=300)
+    merged = run_command([sys.executable, "-m", "vitsinks.intervene", f"merge={folder}"])
     assert merged.returncode == 0, merged.stderr
-    local = subprocess.run([sys.executable, "-m", "vitsinks.intervene", *args, f"intervene.out={runs / 'local'}"],
-                           capture_output=True, text=True, timeout=300)
+    local = run_command([sys.executable, "-m", "vitsinks.intervene", *args, f"intervene.out={runs / 'local'}"])
     assert local.returncode == 0, local.stderr
     assert sorted((folder / "interventions.csv").read_text().splitlines()) == \
         sorted((runs / "local" / "interventions.csv").read_text().splitlines())

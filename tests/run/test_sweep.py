@@ -24,6 +24,7 @@ def _named(overrides: list[str]) -> list[str]:
     return [c.name for c in cfgs]
 
 
+@pytest.mark.slow
 def test_every_swept_override_reaches_the_run_name() -> None:
     names = _named(["exp=base", "train.lr=0.001,0.0001", "seed=0"])
     assert names == ["base-vit_cpu-synthetic-s0-lr0.001", "base-vit_cpu-synthetic-s0-lr0.0001"]
@@ -64,6 +65,7 @@ def test_a_relaunch_keeps_the_job_ids_and_logs_of_runs_it_does_not_resubmit() ->
     assert entries[1]["state"] == "pending" and meta == {"array_job_id": "77", "earlier_array_job_ids": ["77"]}
 
 
+@pytest.mark.slow
 def test_local_sweep_over_a_learning_rate_writes_one_directory_per_value(tmp_path: Path) -> None:
     out = launch("-m", "exp=base", "train.lr=0.001,0.0001", *TINY, "train.max_steps=2", f"runs_dir={tmp_path}")
     assert out.returncode == 0, out.stderr

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import run_command
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
 from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.pathway_task import (
@@ -28,6 +30,7 @@ from vitsinks.synthetic.pathway_task import (
 )
 
 
+@pytest.mark.slow
 def test_trigger_softmax_sinks_on_bos_relu_does_not() -> None:
     r = run_trigger(steps=700, seed=0)["models"]
     for heads in (1, 4):
@@ -38,6 +41,7 @@ def test_trigger_softmax_sinks_on_bos_relu_does_not() -> None:
         assert soft["task_rel_error"] < 0.05 and relu["task_rel_error"] < 0.05
 
 
+@pytest.mark.slow
 def test_nop_task_makes_a_nop_sink_on_bos_with_a_qk_spike_and_control_does_not() -> None:
     m = run_nop(steps=800, seed=0)["models"]
     damp, ctrl = m["damping"], m["control"]
@@ -48,6 +52,7 @@ def test_nop_task_makes_a_nop_sink_on_bos_with_a_qk_spike_and_control_does_not()
     assert damp["qk_sigma1_over_sigma2"] > 2 * ctrl["qk_sigma1_over_sigma2"]
 
 
+@pytest.mark.slow
 def test_broadcast_task_hub_is_classified_broadcast() -> None:
     r = run_broadcast(steps=800, seed=0)
     assert r["hub_event_rate"] >= 0.9 and r["hub_on_source_rate"] >= 0.9
@@ -55,9 +60,10 @@ def test_broadcast_task_hub_is_classified_broadcast() -> None:
     assert r["hub_ratio_out"] >= 0.5 and r["hub_stable_rank"] <= 1.5
 
 
+@pytest.mark.slow
 def test_cli_writes_json_and_figure(tmp_path: Path, figures: list) -> None:
-    out = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast", "steps=300",
-                          f"out={tmp_path}"], capture_output=True, text=True, timeout=300)
+    out = run_command([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast", "steps=300",
+                          f"out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "broadcast.json").read_text())["task"] == "broadcast"
     assert (tmp_path / "broadcast.png").stat().st_size > 10_000
@@ -225,10 +231,10 @@ def test_broadcast_pathway_removals_edit_layer_2_only() -> None:
     assert "d_mse_no_pathway_layer2" not in evaluate_batch(build_arm("attention", 3), x, y)
 
 
+@pytest.mark.slow
 def test_broadcast_pathway_cli_writes_json_and_figure(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast_pathway", "steps=2",
-                          "n_seeds=1", "batch=8", "lr=1e-3", f"out={tmp_path}"], capture_output=True, text=True,
-                         timeout=600)
+    out = run_command([sys.executable, "-m", "vitsinks.synthetic", "task=broadcast_pathway", "steps=2",
+                          "n_seeds=1", "batch=8", "lr=1e-3", f"out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     r = json.loads((tmp_path / "broadcast_pathway.json").read_text())
     assert (r["steps"], r["batch"], r["lr"], r["n_seeds"], r["device"]) == (2, 8, 1e-3, 1, "cpu")
@@ -237,6 +243,7 @@ def test_broadcast_pathway_cli_writes_json_and_figure(tmp_path: Path) -> None:
     assert (tmp_path / "broadcast_pathway.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}"],
                          capture_output=True, text=True)

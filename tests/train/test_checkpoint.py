@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import TINY, tiny_cfg
+from tests.conftest import TINY, run_command, tiny_cfg
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import CheckpointMismatch, load_backbone
 from vitsinks.train.trainer import NonFiniteLoss, Trainer
@@ -50,9 +49,10 @@ def test_message_when_no_checkpoint_exists_yet(runs: Path) -> None:
     assert "checkpoints/last.pt" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_huge_learning_rate_exits_with_one_line_and_no_nan_checkpoint(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "vitsinks.launch", *TINY, "train.lr=1e6", "name=huge",
-                          f"runs_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    out = run_command([sys.executable, "-m", "vitsinks.launch", *TINY, "train.lr=1e6", "name=huge",
+                          f"runs_dir={tmp_path}"])
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "non-finite" in [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")][0]
     for path in (tmp_path / "huge" / "checkpoints").glob("*.pt"):
@@ -69,13 +69,13 @@ def _nan_checkpoint(runs: Path) -> Path:
     return bad
 
 
+@pytest.mark.slow
 def test_evaluation_and_diagnostics_refuse_a_checkpoint_with_nan_weights(runs: Path) -> None:
     bad = _nan_checkpoint(runs)
     with pytest.raises(NonFinite, match="non-finite weights"):
         load_backbone(bad)
     for module in ("vitsinks.eval.linear", "vitsinks.eval.dense", "vitsinks.diagnose"):
-        out = subprocess.run([sys.executable, "-m", module, f"ckpt={bad}", *TINY], capture_output=True, text=True,
-                             timeout=300)
+        out = run_command([sys.executable, "-m", module, f"ckpt={bad}", *TINY])
         assert out.returncode == 1 and "non-finite weights" in out.stderr and "Traceback" not in out.stderr, module
     assert not (runs / "bad" / "results").exists()
 
@@ -89,6 +89,7 @@ def test_non_finite_features_are_refused_and_never_cached(tmp_path: Path) -> Non
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_resume_falls_back_to_the_newest_step_checkpoint_and_never_restarts(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "name=fb", "train.max_steps=7")).fit()  # step_3, step_6, last (7)
     d = runs / "fb" / "checkpoints"

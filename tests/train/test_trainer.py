@@ -26,6 +26,7 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_metrics(run_dir) if "loss" in m}
 
 
+@pytest.mark.slow
 def test_short_run_lowers_loss_and_probe_beats_chance(runs: Path) -> None:
     cfg = tiny_cfg(runs, "data.train_size=512", "train.batch_size=32", "train.epochs=3", "train.lr=2e-3",
                    "data.val_size=256", "train.ckpt_every=1000")
@@ -39,6 +40,7 @@ def test_short_run_lowers_loss_and_probe_beats_chance(runs: Path) -> None:
     assert "name: " + cfg.name in (run / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at", [2, 4])  # mid-epoch, and exactly at the end of epoch 0
 def test_interrupted_and_resumed_run_is_bitwise_identical(runs: Path, stop_at: int) -> None:
     Trainer(tiny_cfg(runs, "name=straight")).fit()
@@ -137,6 +139,7 @@ def _ddp_worker(rank: int, world: int, port: int, runs: str) -> None:
         cleanup()
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process_on_the_same_global_batch(runs: Path) -> None:
     torch.set_num_threads(1)
     Trainer(tiny_cfg(runs, "name=single", "train.max_steps=3")).fit()
@@ -180,6 +183,7 @@ def wandb_history_keys(path: Path) -> set[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_a_run_with_the_logged_keys(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "name=wb", "wandb.mode=offline", "train.max_steps=2")).fit()
     files = list((runs / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -232,6 +236,7 @@ def test_corrupt_jpeg_raises_when_asked(runs: Path, tmp_path: Path) -> None:
         Trainer(cfg).fit()
 
 
+@pytest.mark.slow
 def test_resuming_with_another_variant_is_refused_and_nothing_overwritten(runs: Path) -> None:
     Trainer(tiny_cfg(runs, "name=shared", "train.max_steps=2")).fit()
     last = runs / "shared/checkpoints/last.pt"
@@ -244,6 +249,7 @@ def test_resuming_with_another_variant_is_refused_and_nothing_overwritten(runs: 
     assert before == after
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_step_and_terms_and_keeps_last_good_checkpoint(runs: Path) -> None:
     def poison(tr: Trainer) -> None:  # after the step-3 checkpoint, break the weights
         if tr.progress.step == 3:
