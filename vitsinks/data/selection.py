@@ -23,6 +23,7 @@ from lightly.transforms.utils import IMAGENET_NORMALIZE
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
+from vitsinks.configs.schema import ProtocolConfig
 from vitsinks.data.imagefolder import read_item
 from vitsinks.utils.errors import BadValue, InputNotFound
 
@@ -63,10 +64,10 @@ def read_list(image_list: str) -> list[str]:
     return [s for line in lines if (s := line.strip()) and not s.startswith("#")]
 
 
-def split_order(dataset: Dataset, protocol: Any) -> list[int]:
+def split_order(dataset: Dataset, protocol: ProtocolConfig) -> list[int]:
     """Indices of `dataset` in the order an analysis reads them (see the module docstring)."""
     n = len(dataset)  # type: ignore[arg-type]
-    if getattr(protocol, "image_list", None):
+    if protocol.image_list:
         names = item_names(dataset)
         if names is None:
             raise BadValue(f"protocol.image_list={protocol.image_list} names image files, but this dataset has none "
@@ -79,12 +80,12 @@ def split_order(dataset: Dataset, protocol: Any) -> list[int]:
                                 f"{protocol.image_list} are not in the split (first: {missing[0]}): point data.root "
                                 f"at the dataset the list was made for")
         return [where[w] for w in wanted]
-    if getattr(protocol, "order", "permuted") == "first":
+    if protocol.order == "first":
         return list(range(n))
     return permutation(n, protocol.seed)
 
 
-def select_items(dataset: Dataset, counts: Sequence[int], protocol: Any, on_bad_image: str = "skip",
+def select_items(dataset: Dataset, counts: Sequence[int], protocol: ProtocolConfig, on_bad_image: str = "skip",
                  up_to: bool = False) -> list[tuple[list[Any], list[int]]]:
     """Consecutive, disjoint groups of readable items in the analysis order: `counts=[4096, 4096]` gives the
     first 4,096 readable images and the next 4,096. Returns (items, their indices in the split) per group.
@@ -102,7 +103,7 @@ def select_items(dataset: Dataset, counts: Sequence[int], protocol: Any, on_bad_
     need = sum(counts)
     if need > len(order):
         raise BadValue(f"{' + '.join(map(str, counts))} images were asked for but the split "
-                       + (f"list {protocol.image_list} " if getattr(protocol, "image_list", None) else "")
+                       + (f"list {protocol.image_list} " if protocol.image_list else "")
                        + f"has {len(order)}: lower the number of images or use a larger split")
     groups: list[tuple[list[Any], list[int]]] = []
     for want in counts:  # consecutive ranges of one stream of readable images: disjoint by construction
