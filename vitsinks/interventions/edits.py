@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from vitsinks.models.kinds import KINDS
 from vitsinks.utils.errors import BadValue, CheckFailed
 
 EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value", "redirect_sink_attention",
@@ -32,8 +33,8 @@ DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
 # ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
-# to its precision; sink_logit rows also need their null share (1 - row sum) without cancellation
-REDIRECT_CHECK_SHARE = {"sink_logit": 1e-3}
+# to its precision; rows of a kind with a null key also need its share (1 - row sum) without cancellation
+REDIRECT_CHECK_SHARE_NULL_KEY = 1e-3
 REDIRECT_CHECK_SHARE_DEFAULT = 1e-30
 
 
@@ -119,12 +120,13 @@ def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Ten
     off = a.clone()
     off[torch.arange(len(a), device=a.device), :, sink] = 0.0
     total, rest = a.sum(-1, keepdim=True), off.sum(-1, keepdim=True)
-    share = REDIRECT_CHECK_SHARE.get(kind, REDIRECT_CHECK_SHARE_DEFAULT)
+    null_key = KINDS[kind].null_key
+    share = REDIRECT_CHECK_SHARE_NULL_KEY if null_key else REDIRECT_CHECK_SHARE_DEFAULT
     keep = (rest.squeeze(-1) >= share * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
     if not keep.any():
         return 0.0, 0
-    # sink_logit: the null key (1 - the row sum) keeps its share; the other kinds: the row keeps its sum
-    expected = off / (rest + (1.0 - total)) if kind == "sink_logit" else off / rest * total
+    # a null key (sink_logit's: 1 - the row sum) keeps its share; the other kinds: the row keeps its sum
+    expected = off / (rest + (1.0 - total)) if null_key else off / rest * total
     r = redirected.double()[keep]
     err = (r - expected[keep]).abs().sum(-1) / expected[keep].abs().sum(-1).clamp_min(1e-300)
     return float(err.max()), int(keep.sum())

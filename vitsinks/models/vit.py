@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -361,8 +362,6 @@ def model_from_config(m: Any) -> SinkViT:
         if Path(source).expanduser().is_file():
             sd = state_dict_from_file(Path(source).expanduser())
         else:
-            import timm
-
             try:
                 sd = timm.create_model(source, pretrained=True, num_classes=0).state_dict()
             except Exception as err:  # noqa: BLE001 - unknown name, no network, missing hub files

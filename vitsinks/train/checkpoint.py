@@ -30,8 +30,6 @@ class CheckpointMismatch(BadValue):
     """A checkpoint was written by a run of another variant or architecture."""
 
 
-
-
 def save_state(state: dict[str, Any], path: Path) -> None:
     """Write a training state atomically (the old file or the new one, never a partial one); a state whose model
     weights are not finite is refused with `NonFinite` and nothing is written."""

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -44,8 +46,6 @@ def write_json(path: Path, obj: Any) -> None:
 
 def torch_save(obj: Any, path: Path) -> None:
     """`torch.save` to `path` atomically."""
-    import torch
-
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
 

@@ -81,6 +81,6 @@ def register_kind(cls: type[AttentionKind]) -> type[AttentionKind]:
 for _info in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_info.name}")
 
-# The default first (the closed set's messages list it first), then the others in module order.
+# The default first (the closed set's messages list it first), then the others by name.
 ATTN_KINDS: tuple[str, ...] = (DEFAULT_KIND, *sorted(k for k in KINDS if k != DEFAULT_KIND))
 FUSED_KINDS: tuple[str, ...] = tuple(k for k in ATTN_KINDS if KINDS[k].fused)
