@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import upgrade
-from vitsinks.models import MITIGATIONS, ModelConfig, SinkViT, arch_keys, model_from_config, variant_name
+from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
@@ -20,10 +20,6 @@ from vitsinks.utils.rundir import RunDir
 
 # Every `ModelConfig` field that shapes the architecture (field metadata `arch=False` marks the others).
 ARCH_KEYS = arch_keys()
-# The one upgrade path of an older checkpoint's config: a field it lacks (added after it was written) had the
-# schema default.
-ARCH_DEFAULTS: dict[str, Any] = {k: v for k, v in OmegaConf.to_container(
-    OmegaConf.structured(ModelConfig()), enum_to_str=True).items() if k in ARCH_KEYS}
 
 
 class CheckpointMismatch(BadValue):
@@ -114,9 +110,9 @@ def describe(model_cfg: dict[str, Any]) -> str:
 
 
 def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Architecture fields with the schema defaults filled in; each mitigation says what of its setting matters
+    """Architecture fields of a complete (upgraded) model config; each mitigation says what of its setting matters
     (a switched-off pathway's settings do not)."""
-    out = {**ARCH_DEFAULTS, **model_cfg}
+    out = dict(model_cfg)
     for name, m in MITIGATIONS.items():
         out[name] = m.arch(out[name])
     return out
@@ -129,7 +125,9 @@ STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), 
 
 def check_compatible(ckpt_cfg: dict[str, Any], run_cfg: dict[str, Any], path: Path) -> None:
     """Raise `CheckpointMismatch` naming both sides when a checkpoint's run config differs from this run's in an
-    architecture field or in a field that shapes the saved state (data, classes, projector)."""
+    architecture field or in a field that shapes the saved state (data, classes, projector). The checkpoint's config
+    is read through `schema.upgrade` (fields added since it was written take the schema defaults)."""
+    ckpt_cfg = OmegaConf.to_container(upgrade(ckpt_cfg, str(path)), resolve=True, enum_to_str=True)  # type: ignore
     ckpt_model, run_model = _arch(ckpt_cfg["model"]), _arch(run_cfg["model"])
     diff = [(k, ckpt_model.get(k), run_model.get(k)) for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]
     diff += [(f"{a}.{b}", ckpt_cfg[a][b], run_cfg.get(a, {}).get(b)) for a, b in STATE_KEYS
