@@ -71,10 +71,12 @@ def cell(mean_std: tuple[float, float], col: Column | None = None, digits: int =
 
 
 def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
-    """`a` is better than `b` in `col`: a higher mean, not equal as shown, and Welch's p < ALPHA."""
+    """`a` is better than `b` in `col`: a mean on the better side (`col.higher_is_better`; a column without a better
+    side is never marked), not equal as shown, and Welch's p < ALPHA."""
     key = col.key
     (ma, sa), (mb, sb) = a[key], b[key]
-    if ma <= mb or cell((ma, math.nan), col) == cell((mb, math.nan), col):
+    worse = ma <= mb if col.higher_is_better else ma >= mb
+    if col.higher_is_better is None or worse or cell((ma, math.nan), col) == cell((mb, math.nan), col):
         return False
     return welch_p(ma, sa, a["n"][key], mb, sb, b["n"][key]) < ALPHA
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -25,9 +24,7 @@ GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the orde
 class Column:
     """One leaderboard column: `key` (CSV header, unique), `label` (table header), the table it belongs to, its
     number style (`f`: fixed decimals, `g`: significant digits, for values spanning decades; each table picks the
-    precision), and which direction is better (None: neither; the leaderboard marks nothing). `read`, for a
-    column read from another producer's JSON (the model mitigations' columns from the diagnostics summary): that
-    JSON -> the value (NaN when absent)."""
+    precision), and which direction is better (None: neither; the leaderboard marks nothing)."""
 
     key: str
     label: str
@@ -35,7 +32,6 @@ class Column:
     fmt: str = "f"
     higher_is_better: bool | None = None
     doc: str = ""
-    read: Callable[[dict[str, Any]], float] | None = None
 
 
 R = TypeVar("R", bound="Result")
