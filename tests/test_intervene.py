@@ -69,7 +69,7 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
     assert summary["selected"] == ["0:0", "0:1"] and zero["n_heads"] == 2
     with (folder / "interventions.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 96 * 2 * 6  # images x heads x edits (no gate, no registers)
+    assert len(rows) == 96 * 2 * 8  # images x heads x edits (no gate, no registers)
     assert {r["event_class"] for r in rows} == {"nop"} and {r["sink_loc"] for r in rows} == {"cls"}
     order = permutation(512, 0)  # the default protocol: the val split (512 items) permuted with seed 0
     zero_rows = [r for r in rows if r["edit"] == "zero_sink_value" and r["head"] == "0"]
@@ -77,7 +77,11 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
     for r in rows:
         i = int(r["image"])
         donor = order[i // 32 * 32 + (i % 32 + 1) % 32]  # the next image of its batch of 32
-        assert int(r["donor_index"]) == (donor if r["edit"].startswith("donor") else -1)
+        if r["edit"] == "shuffle_sink_value":  # another image of its batch (a derangement)
+            assert int(r["donor_index"]) in order[i // 32 * 32 : i // 32 * 32 + 32]
+            assert int(r["donor_index"]) != int(r["image_index"])
+        else:
+            assert int(r["donor_index"]) == (donor if r["edit"].startswith("donor") else -1)
         random = r["edit"] in ("donor_nonsink_value", "zero_random_nonsink_value")
         assert (1 <= int(r["random_token"]) < 65) if random else int(r["random_token"]) == -1
     assert summary["protocol"]["name"] == "vitsinks" and summary["images"]["heldout"] == 32

@@ -4,8 +4,10 @@
     python -m vitsinks.diagnose run=runs/<name>          # every checkpoint of a run + the over-training plot
     python -m vitsinks.diagnose model=dinov2_small_reg data=imagenet data.root=...   # a pretrained timm model
 
-Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json`, PNG plots); `run=` adds
-`<run>/diagnostics/over_training.{png,json,csv}`.
+Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
+plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}` and the
+run's page over training `<run>/diagnostics/report.html`. `diagnostics.residual=false` / `diagnostics.report=false`
+leave the residual side / the pages out.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
+from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
+from vitsinks.diagnostics.page import run_report
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.models import model_from_config
 from vitsinks.train.checkpoint import load_backbone
@@ -41,8 +45,11 @@ def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | 
     data = pick_data(cfg.data, ckpt_cfg.data, data_keys)
     images, shown, index = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
                                         ckpt_cfg.views.global_size, data.on_bad_image, cfg.protocol)
-    out = out_dir or RunDir.of_checkpoint(path).diagnostics(path.stem)
-    return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
+    run = RunDir.of_checkpoint(path)
+    out = out_dir or run.diagnostics(path.stem)
+    quant = json.loads(run.result("quant").read_text()) if run.result("quant").is_file() else None
+    trainfree = to_container(ckpt_cfg.trainfree) if ckpt_cfg.trainfree.method else None
+    return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol, quant, trainfree)
 
 
 def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, Any]]]:
@@ -58,6 +65,8 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
         diagnose_checkpoint(ckpts[step], cfg)
         summaries[step] = run.summary(ckpts[step].stem)
     rows = [(s, json.loads(summaries[s].read_text())) for s in sorted(summaries)]
+    if cfg.diagnostics.report:
+        run_report(run)
     plot_over_training([s for s, _ in rows], [r for _, r in rows], run.over_training("png"))
     files.write_json(run.over_training("json"), [{"step": s, **r} for s, r in rows])
     write_csv(run.over_training("csv"),

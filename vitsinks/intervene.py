@@ -7,13 +7,14 @@
     python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
     python -m vitsinks.intervene merge=runs/<name>/interventions/last
 
-Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `protocol`
-(a seeded permutation of the split by default; `protocol=kempner_causal` is the reference's preset: 4,096 edited
-images, 4,096 held out, batches of 32); `mean_sink_value` averages over the next `intervene.heldout_images` of that
-order (disjoint). Every row of interventions.csv names its image's split index (and the donor's, and the random
-patch drawn), so any row can be recomputed. Outputs in `<run>/interventions/<checkpoint>/` (or `intervene.out`):
-interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
-Interventions run in float32 on the configured device (`cluster.device`).
+Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `protocol` (a
+seeded permutation of the split by default; `protocol=kempner_causal` is the reference's preset: 4,096 edited
+images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` average over the next
+`intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
+(and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
+`<run>/interventions/<checkpoint>/` (or `intervene.out`): interventions.csv, by_head.csv, by_class.md, summary.json,
+interventions.png and the resolved config.yaml. Interventions run in float32 on the configured device
+(`cluster.device`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
                        "batch_size": st.batch_size, "random_seed": st.seed},
             "selected": [f"{b}:{h}" for b, h in res.selected], "heads": [f"{b}:{h}" for b, h in res.heads],
             "edits": res.edits, "min_class_events": st.min_class_events, "mean_source": res.mean_source,
-            "mean_sink_value_skipped": res.mean_skipped,
+            "mean_sink_value_skipped": res.mean_skipped, "mean_registers_source": res.register_mean_source,
             "checks": res.checks.as_dict(), "stage1": f"reused {src['npz']}" if stage1 is not None else "computed",
             "rule": rules.record(),
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}

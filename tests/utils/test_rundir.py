@@ -70,3 +70,20 @@ def test_slurm_state_falls_back_to_the_runs_own_status(tmp_path: Path, monkeypat
     assert slurm.job_state("4242_0", tmp_path, {"status": "finished"}) == "COMPLETED (status.json)"
     assert slurm.job_state("4242_1", tmp_path, {"status": "failed"}) == "FAILED (status.json)"
     assert slurm.job_state("4242_2", tmp_path) == "UNKNOWN"
+
+
+def test_latest_summary_is_the_final_checkpoints_newest_diagnosis(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    assert run.latest_summary() is None
+    step = run.step_diagnostics(100) / "summary.json"
+    step.parent.mkdir(parents=True)
+    step.write_text("{}")
+    assert run.latest_summary() == step  # only a step's diagnosis
+    final, last = run.summary("final"), run.summary("last")
+    for i, path in enumerate((final, last)):
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")
+        os.utime(path, ns=(10**18 + i, 10**18 + i))
+    assert run.latest_summary() == last  # a later `diagnose ckpt=.../last.pt` wins over the after-training one
+    os.utime(final, ns=(2 * 10**18, 2 * 10**18))
+    assert run.latest_summary() == final

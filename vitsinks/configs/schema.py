@@ -161,6 +161,12 @@ class DiagnosticsConfig:
     ratio: SinkRatio = SinkRatio.ratio_out
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
     block0: bool = False  # the reference-layout sink table (sink_table.md) also counts block 0
+    # The residual side (docs/residual.md): token norms, high-norm tokens, massive activations, register neurons.
+    residual: bool = True
+    high_norm_k: list[float] = bounded(factory=lambda: [2.0, 5.0, 10.0, 20.0], gt=1)  # x the block's median norm
+    register_neurons: int = bounded(10, ge=1)  # the top-ranked MLP units reported per block
+    report: bool = True  # the visual report page (report.html) beside the summary
+    report_images: int = bounded(4, ge=1)  # the fixed images the report page shows
 
 
 @dataclass
@@ -182,11 +188,43 @@ class InterveneConfig:
     top_k: int = bounded(16, ge=0)
     top_k_block0: int = bounded(4, ge=0)
     min_class_events: int = bounded(20, ge=1)
-    seed: int = bounded(0, ge=0)  # random non-sink patches: one generator per shard, seeded seed + 1000 * shard
+    # random non-sink patches: one generator per shard, seeded seed + 1000 * shard; the noise / shuffle controls: a
+    # second one seeded seed + 1000 * shard + 500
+    seed: int = bounded(0, ge=0)
     shard: int = bounded(0, ge=0)  # this process edits heads[shard::nshards]
     nshards: int = bounded(1, ge=1)
     merge: str | None = None  # a folder of shards to join into the final outputs
     out: str | None = None  # default: <run>/interventions/<checkpoint> (or <runs_dir>/interventions/<model>)
+
+
+@dataclass
+class QuantConfig:
+    """Simulated quantization (`vitsinks.quantize`, docs/quantization.md): symmetric integer, per tensor, of the
+    weights of every linear layer of the blocks and of their inputs (static ranges calibrated on the first
+    `calib_images` images of the `protocol` order; the evaluation uses the next `n_images`)."""
+
+    weight_bits: int = bounded(8, ge=2, le=16)
+    act_bits: int = bounded(8, ge=2, le=16)
+    calib_images: int = bounded(32, ge=1)
+    n_images: int = bounded(64, ge=1)
+    probes: bool = True  # re-run the run's linear / dense probes on the quantized backbone (their change)
+
+
+@dataclass
+class TrainFreeConfig:
+    """A training-free mitigation applied to a trained backbone (`vitsinks.trainfree`, docs/trainfree.md).
+
+    `method`: test_time_register | mean_massive | zero_massive (None: none). The edit is fitted on the first
+    `fit_images` images of the `protocol` order of the checkpoint's data.
+    """
+
+    method: str | None = None
+    fit_images: int = bounded(64, ge=1)
+    neurons: int = bounded(10, ge=1)  # test_time_register: how many of the top-ranked register neurons are moved
+    outlier_k: float = bounded(5.0, gt=1)  # test_time_register: outliers are patches above k x the median norm
+    massive: int = bounded(2, ge=1)  # mean_massive / zero_massive: how many of the largest activation channels
+    probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
+    source: str | None = None  # set by vitsinks.trainfree: the checkpoint (or pretrained model) the edit was fitted on
 
 
 @dataclass
@@ -267,6 +305,8 @@ class Config:
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     intervene: InterveneConfig = field(default_factory=InterveneConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    trainfree: TrainFreeConfig = field(default_factory=TrainFreeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

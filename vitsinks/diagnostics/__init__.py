@@ -14,6 +14,8 @@ from vitsinks.configs.schema import DiagnosticsConfig, ProtocolConfig
 from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
+from vitsinks.diagnostics.neurons import summarize_neurons
+from vitsinks.diagnostics.page import checkpoint_report
 from vitsinks.diagnostics.plots import all_plots
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.sinktable import write_sink_table
@@ -65,20 +67,26 @@ def fixed_images(dataset: Dataset, n: int, size: int, on_bad_image: str = "skip"
 
 
 def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path,
-                    settings: Any = None, image_index: list[int] | None = None,
-                    protocol: Any = None) -> dict[str, Any]:
+                    settings: Any = None, image_index: list[int] | None = None, protocol: Any = None,
+                    quant: dict[str, Any] | None = None, trainfree: dict[str, Any] | None = None) -> dict[str, Any]:
     """Diagnose `model` on `images`; write `per_image.npz`, `summary.json`, the sink table in the reference's
     layout (`sink_table.md`, `sink_table.csv`, block 0 counted with `block0`) and the PNG plots into `out_dir`.
 
     `settings` is a `DiagnosticsConfig` (rule, eps, ratio, use_stable_rank, plots); None means its defaults.
-    `image_index` (each image's index in its split) and `protocol` (its name) are recorded in the outputs.
+    `image_index` (each image's index in its split) and `protocol` (its name) are recorded in the outputs. With
+    `settings.residual` the summary has the residual side (docs/residual.md) with the register neurons; with
+    `settings.report` the visual report page (`report.html`, docs/report.md) is written too, with the panels of a
+    quantization result (`quant`, results/quant.json) and of a training-free edit (`trainfree`, its settings).
     """
     st = settings or DiagnosticsConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
-    d = diagnose(model, images)
+    d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0))
     if image_index is not None:
         d["image_index"] = np.asarray(image_index, dtype=np.int64)
-    result = DiagnosticsSummary.from_json(summarize(d, SinkRules.from_config(st)))
+    result = DiagnosticsSummary.from_json(summarize(d, SinkRules.from_config(st), residual=st.residual,
+                                                    high_norm_k=list(st.high_norm_k)))
+    if st.residual and result.residual is not None:
+        result.residual["register_neurons"] = summarize_neurons(model, images, st)
     result.protocol = str((protocol or ProtocolConfig()).name)
     summary = result.to_json()
     with files.atomic_open(out_dir / "per_image.npz", "wb") as f:
@@ -87,4 +95,6 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=result.protocol)
     if st.plots:
         all_plots(d, summary, shown, out_dir, st.ratio)
+    if st.report:
+        checkpoint_report(model, images, shown, d, summary, out_dir, st.report_images, quant=quant, trainfree=trainfree)
     return summary

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
+from vitsinks.diagnostics.residual import block_stats
 from vitsinks.models import AttnInternals, SinkBlock, SinkViT
 from vitsinks.models.common_mode import common_mode_terms_per_image
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
@@ -51,11 +52,17 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     Also (B, L): the common-mode terms of each block's attention update and the global pathway's fields (see
     `update_fields`); `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` of each block's output
     residual stream; `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N), the mean
-    attention each key receives, for the attention-map plots.
+    attention each key receives, for the attention-map plots, and `token_norms` (keep_maps, L, N), the norm of every
+    token of each block's output.
+
+    The residual side (docs/residual.md, `residual.block_stats` of each block's output): `res_norm` (B, L, N) every
+    token's norm, `res_top` (B, L, TOP) the largest |h| over tokens x channels, `res_abs_median` (B, L) the median
+    |h|, `res_top_channel` / `res_top_token` (B, L) where the largest sits.
     """
     blocks = list(blocks)
     per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass")}
     norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
+    res: dict[str, list[torch.Tensor]] = {}
     update: dict[str, list[torch.Tensor]] = {}
     mitigations = diagnosed_mitigations(blocks)
     for blk in blocks:
@@ -75,11 +82,14 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
             maps.append(it.attn[:keep_maps].float().mean(-2))
         del it, out
         x = ref
-        norms = x.float().norm(dim=-1)  # (B, N)
+        stats = block_stats(x)
+        for k, v in stats.items():
+            res.setdefault(f"res_{k}", []).append(v)
+        norms = stats["norm"]  # (B, N)
         norms_max.append(norms.amax(-1))
         norms_med.append(norms.median(-1).values)
         norms_arg.append(norms.argmax(-1))
-    result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in {**per_block, **update}.items()}
+    result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in {**per_block, **update, **res}.items()}
     tmax, tmed = torch.stack(norms_max, 1), torch.stack(norms_med, 1)
     result.update(
         token_norm_max=tmax.cpu().numpy(), token_norm_median=tmed.cpu().numpy(),
@@ -88,6 +98,7 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     )
     if keep_maps:
         result["attn_col_mean"] = torch.stack(maps, 1).cpu().numpy()
+        result["token_norms"] = result["res_norm"][:keep_maps].astype(np.float32)
     return result
 
 

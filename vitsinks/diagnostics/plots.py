@@ -12,6 +12,8 @@ from vitsinks.utils.plotting import save_figure
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, events, location  # noqa: E402
 
@@ -128,6 +130,80 @@ def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+QUANTILE_MARKERS = {"q50": "o", "q90": "^", "q99": "s", "max": "x"}
+
+
+def residual_norms(summary: dict[str, Any], path: Path) -> Path:
+    """Per block, the distribution of the residual token norms (share of the tokens in each log-spaced bin, over
+    images x tokens, on a log colour scale so that a few high-norm tokens show) with its quantiles marked on it,
+    and the quantiles against the block."""
+    r = summary["residual"]
+    edges = np.array(r["norm_hist"]["edges"])
+    counts = np.array(r["norm_hist"]["counts_by_block"], dtype=float)
+    share = np.ma.masked_equal(counts / np.maximum(counts.sum(axis=1, keepdims=True), 1), 0)
+    L = len(counts)
+    fig, axes = plt.subplots(1, 2, figsize=(11, max(3.6, 1.5 + 0.25 * L)))
+    axes[0].set_facecolor("black")  # empty bins
+    lo = float(share.min()) if share.count() else 1.0
+    mesh = axes[0].pcolormesh(edges, np.arange(L + 1) - 0.5, share, cmap="magma", shading="flat",
+                              norm=LogNorm(vmin=min(lo, 0.999) / 4, vmax=1))  # the rarest bin shows
+    fig.colorbar(mesh, ax=axes[0], label="share of the block's tokens (log)")
+    qs = r["norm_quantiles_by_block"]
+    for name, marker in QUANTILE_MARKERS.items():
+        axes[0].plot(qs[name], range(L), ls="none", marker=marker, mfc="none", mec="tab:cyan", label=name)
+        axes[1].plot(range(L), qs[name], marker=marker, label=name)
+    axes[0].set_xscale("log")
+    axes[0].xaxis.set_minor_formatter(NullFormatter())  # the minor labels of a short log axis overlap
+    axes[0].set_yticks(range(L))
+    axes[0].set_xlabel("token norm ||h|| (log)")
+    axes[0].set_ylabel("block (output residual stream)")
+    axes[0].set_title("token-norm histogram per block", fontsize=9)
+    axes[0].legend(fontsize=7, loc="upper left")
+    axes[1].set_yscale("log")
+    axes[1].set_xticks(range(L))
+    axes[1].set_xlabel("block")
+    axes[1].set_ylabel("token norm (over images x tokens)")
+    axes[1].set_title("token-norm quantiles per block", fontsize=9)
+    axes[1].legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
+    """Per block: high-norm tokens per image at each threshold k (norm > k x the image's median), the share of
+    them that are attention sinks of the same block, and the largest activation / median |h|."""
+    r = summary["residual"]
+    high, top = r["high_norm"], r["top_activations"]
+    L = len(top["ratio_by_block"])
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for k, h in high.items():
+        axes[0].plot(range(L), h["per_image_by_block"], "o-", label=f"k = {float(k):g}")
+        share = [np.nan if x is None else x for x in h["sink_share_by_block"]]
+        axes[1].plot(range(L), share, "o-", label=f"k = {float(k):g}")
+    most = max((max(h["per_image_by_block"]) for h in high.values()), default=0.0)
+    axes[0].set_ylim(bottom=0, top=max(1.0, most * 1.1))
+    axes[0].set_ylabel("high-norm tokens per image")
+    axes[0].set_title("tokens with norm > k x the median", fontsize=9)
+    axes[1].set_ylim(-0.05, 1.05)
+    if not most:
+        axes[1].text(0.5, 0.5, "no high-norm tokens", ha="center", transform=axes[1].transAxes)
+    axes[1].set_ylabel("share that are sinks of the block")
+    axes[1].set_title("high-norm tokens that are attention sinks", fontsize=9)
+    ratio = [np.inf if x is None else x for x in top["ratio_by_block"]]
+    axes[2].plot(range(L), ratio, "s-", color="tab:red")
+    for b, (x, loc, ch) in enumerate(zip(ratio, top["location_by_block"], top["channel_by_block"], strict=True)):
+        axes[2].annotate(f"{loc} c{ch}", (b, x), fontsize=6, xytext=(2, 3), textcoords="offset points")
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("top-1 |h| / median |h|")
+    axes[2].set_title("largest activation (its token's location, channel)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("block (output residual stream)")
+        ax.set_xticks(range(L))
+    for ax in axes[:2]:
+        if high:
+            ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
 def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
     """Sinks per image by class vs step, the blocks where sinks sit vs step (emergence stages), and the mass of
     each block's strongest head vs step (how concentrated attention gets, also before any event)."""
@@ -164,6 +240,8 @@ def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndar
         sink_heatmap(d, out / "sink_heatmap.png"),
         location_by_block(summary, out / "sink_location_by_block.png"),
         massive_activations(d, out / "massive_activations.png"),
+        *((residual_norms(summary, out / "residual_norms.png"), high_norm_tokens(summary, out / "high_norm_tokens.png"))
+          if summary.get("residual") else ()),
     ]
 
 

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.diagnostics.residual import (
+    check_ks,
+    high_norm_stats,
+    k_key,
+    norm_histogram,
+    norm_quantiles,
+    sink_tokens,
+    top_activation_stats,
+)
 from vitsinks.diagnostics.rules import (  # noqa: F401 - re-exported: the rules' home is diagnostics.rules
     BROADCAST_MAX_RANK,
     BROADCAST_MIN,
@@ -167,9 +178,51 @@ def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[str, Any]:
+def _opt(x: float) -> float | None:
+    return None if math.isnan(x) else _fmt(x)
+
+
+def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
+                      high_norm_k: Sequence[float] = tuple(DiagnosticsConfig().high_norm_k)) -> dict[str, Any]:
+    """summary.json's `residual` (docs/residual.md) from a diagnosis' `res_*` arrays: per block the token-norm
+    quantiles and histogram, the high-norm tokens at each threshold of `high_norm_k` (x the median norm of their
+    image and block: per image, by location, the share that are sinks of the same block under `rules`) and the
+    largest activation magnitudes against the median."""
+    rules = rules or SinkRules()
+    norms = d["res_norm"].astype(np.float64)  # float32 rounds to noisy decimals in JSON
+    n_reg = int(d["num_registers"])
+    token_loc = token_location(np.arange(norms.shape[2]), n_reg)
+    is_sink = sink_tokens(d["sink_idx"], rules.events(d), norms.shape[2])
+    edges, counts = norm_histogram(norms)
+    high = {}
+    for k in check_ks(high_norm_k):
+        hn = high_norm_stats(norms, k, token_loc, is_sink, len(LOCATIONS))
+        high[k_key(k)] = {
+            "per_image_by_block": [_fmt(x) for x in hn["per_image"]],
+            "location_by_block": {name: [_fmt(x) for x in hn["by_location"][i]] for i, name in enumerate(LOCATIONS)},
+            "sink_share_by_block": [_opt(x) for x in hn["sink_share"]],
+        }
+    top = top_activation_stats(d["res_top"].astype(np.float64), d["res_abs_median"].astype(np.float64),
+                               d["res_top_channel"], token_location(d["res_top_token"], n_reg))
+    return {
+        "norm_quantiles_by_block": {name: [_fmt(x) for x in q] for name, q in norm_quantiles(norms).items()},
+        "norm_hist": {"edges": [float(x) for x in edges], "counts_by_block": counts.astype(int).tolist()},
+        "high_norm": high,
+        "top_activations": {
+            "top_by_block": [[_fmt(x) for x in row] for row in top["top"]],
+            "median_by_block": [_fmt(x) for x in top["median"]],
+            "ratio_by_block": [_fmt(x) if math.isfinite(x) else None for x in top["ratio"]],
+            "channel_by_block": [int(x) for x in top["channel"]],
+            "location_by_block": [LOCATIONS[int(x)] for x in top["location"]],
+        },
+    }
+
+
+def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual: bool = DiagnosticsConfig().residual,
+              high_norm_k: Sequence[float] = tuple(DiagnosticsConfig().high_norm_k)) -> dict[str, Any]:
     """The JSON summary of one diagnosed checkpoint, events and classes read by `rules` (default: the defaults of
-    the `diagnostics` config group); see the README's diagnostics section."""
+    the `diagnostics` config group); see the README's diagnostics section. With `residual` (and the diagnosis'
+    `res_*` arrays) it holds `residual` (`residual_measures`, thresholds `high_norm_k`)."""
     rules = rules or SinkRules()
     ev, cls, loc = rules.events(d), rules.classify(d), location(d)
     n_img, n_blocks, n_heads = ev.shape
@@ -202,6 +255,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[
             "location_share_by_block": {name: [_fmt(x) for x in (massive_loc == i).mean(axis=0)]
                                         for i, name in enumerate(LOCATIONS)},
         },
+        **({"residual": residual_measures(d, rules, high_norm_k)} if residual and "res_norm" in d else {}),
         **continuous_measures(d, rules),
         **update_measures(d),
         "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
@@ -213,6 +267,9 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[
 _SPI = (("sinks", "sinks / image", "all", "all"), ("nop", "NOP-like", "nop", "all"),
         ("broadcast", "broadcast-like", "broadcast", "all"), ("on_cls", "on [CLS]", "all", "cls"),
         ("on_register", "on register", "all", "register"), ("on_patch", "on patch", "all", "patch"))
+HIGH_NORM_COLUMN_K = 10.0  # the threshold of the high-norm leaderboard columns
+_RESIDUAL = (("high_norm", f"high-norm tok. / image ({HIGH_NORM_COLUMN_K:g}x)", "g"),
+             ("high_norm_sinks", "share of them sinks", "f"), ("top_act", "top act. / median", "g"))
 _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on [CLS]+reg"),
               ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
 
@@ -247,11 +304,12 @@ class DiagnosticsSummary(Result):
     recompute_error_max: float | None = None
     recompute_error_by_block: list[float] | None = None
     protocol: str | None = None
+    residual: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _ORDER = ("rule", "shape", "sinks_per_image", "sinks_per_image_block0", "block_frequency", "max_mass_by_block",
               "head_frequency", "location_by_block", "class_by_block", "spectrum", "massive_activations",
-              "strongest_head_by_block", "mass_share_by_block", "mass_share", "def1_sinks_per_image",
+              "residual", "strongest_head_by_block", "mass_share_by_block", "mass_share", "def1_sinks_per_image",
               "gate_mean_by_block", "common_mode_by_block", "pathway", "recompute_error_max",
               "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
 
@@ -281,7 +339,8 @@ class DiagnosticsSummary(Result):
                 *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism") for e in DEF1_EPS),
                 *(Column(k, label, "mechanism") for k, label in _STRONGEST),
                 Column("massive", "massive act. ratio", "mechanism"),
-                Column("common_mode", "attn. common-mode share", "mechanism")]
+                Column("common_mode", "attn. common-mode share", "mechanism"),
+                *(Column(k, label, "mechanism", fmt) for k, label, fmt in _RESIDUAL)]
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
@@ -304,4 +363,24 @@ class DiagnosticsSummary(Result):
                        prefix_mass=strong.get("prefix_mass", [math.nan] * (b + 1))[b],
                        sink_at=f"{strong['location'][b]} (block {b})", profile=list(strong["mass"]),
                        **{f"def1_{e}": v["all"] for e, v in (s.def1_sinks_per_image or {}).items()})
+        row.update(residual_columns(s.residual))
         return row
+
+
+def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
+    """The residual leaderboard columns of summary.json's `residual` (None: NaN): the high-norm tokens per image at
+    `HIGH_NORM_COLUMN_K` in the block where they are most frequent, the share of those that are sinks of that
+    block, and the largest top-1 / median activation ratio over blocks."""
+    out = {k: math.nan for k, _, _ in _RESIDUAL}
+    if not r:
+        return out
+    high = r.get("high_norm", {}).get(k_key(HIGH_NORM_COLUMN_K))
+    if high:
+        per_image = high["per_image_by_block"]
+        b = int(np.argmax(per_image))
+        share = high["sink_share_by_block"][b]
+        out.update(high_norm=float(per_image[b]), high_norm_sinks=math.nan if share is None else float(share))
+    ratios = [math.inf if x is None else x for x in r.get("top_activations", {}).get("ratio_by_block", [])]
+    if ratios:
+        out["top_act"] = float(max(ratios))
+    return out

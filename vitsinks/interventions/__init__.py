@@ -5,9 +5,11 @@ held-out mean sink values, and the edits over batches; `vitsinks.interventions.r
 tables, the summary and the figure. `python -m vitsinks.intervene` is the command line.
 
 Sharding: shard k of n edits `sorted(selected)[k::n]` (the whole-model edits run in shard 0), its random patches
-drawn from one generator seeded `intervene.seed + 1000 * k`. A head without a sink event among the held-out images
-has no mean sink value: it is left out of `mean_sink_value` (`Result.mean_skipped`, reported), and naming
-`mean_sink_value` in `intervene.edits` when no head of the shard has one is an error.
+drawn from one generator seeded `intervene.seed + 1000 * k`, vitsinks' controls (the derangement of the shuffle
+edits, the noise of `noise_sink_value`) from a second one seeded `intervene.seed + 1000 * k + 500`. A head without a
+sink event among the held-out images has no mean sink value: it is left out of `mean_sink_value`
+(`Result.mean_skipped`, reported), and naming `mean_sink_value` in `intervene.edits` when no head of the shard has
+one is an error.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from tqdm import tqdm
 
 from vitsinks.diagnostics.core import diagnose_inputs
 from vitsinks.diagnostics.rules import SinkRules
-from vitsinks.interventions.edits import EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
+from vitsinks.interventions.edits import CONTROLS_SEED_OFFSET, EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
     Checks,
     NoSinkHeads,
     Plan,
+    mean_register_tokens,
     mean_sink_values,
     parse_heads,
     require_events,
@@ -56,6 +59,7 @@ class Result:
     n_images: int
     mean_source: dict[str, str] = field(default_factory=dict)
     mean_skipped: dict[str, str] = field(default_factory=dict)  # head -> why it has no mean_sink_value rows
+    register_mean_source: str = ""  # what mean_registers averaged ("" when it did not run)
 
 
 def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[str, np.ndarray]:
@@ -113,7 +117,8 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
         except NoSinkHeads as err:
             if not any(e in MODEL_EDITS for e in edits):
                 raise
-            log.warning("%s; running the whole-model edits (%s) only", err, ", ".join(MODEL_EDITS))
+            log.warning("%s; running the whole-model edits (%s) only", err,
+                        ", ".join(e for e in edits if e in MODEL_EDITS))
             selected = []
     if not 0 <= settings.shard < settings.nshards:
         raise BadValue(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
@@ -131,27 +136,33 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
             raise BadValue(f"mean_sink_value was asked for, but no head of this shard ("
                            f"{', '.join(f'{b}:{h}' for b, h in heads)}) has a sink event among the {len(heldout)} "
                            f"held-out images: raise intervene.heldout_images or drop the edit")
-    gen = torch.Generator().manual_seed(int(settings.seed) + 1000 * int(settings.shard))
-    checks, rows = Checks(), []
     model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
+    if model_edits and "mean_registers" in edits:
+        if len(heldout) == 0:
+            raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
+        mean_register_tokens(subject, heldout, plan, settings.batch_size)
+    seed = int(settings.seed) + 1000 * int(settings.shard)
+    gen = torch.Generator().manual_seed(seed)
+    controls = torch.Generator().manual_seed(seed + CONTROLS_SEED_OFFSET)  # gen's draws do not depend on these
+    checks, rows = Checks(), []
     bar = tqdm(total=len(ranges) * (len(heads) + model_edits), desc="interventions (heads x batches)",
                unit="head", disable=not progress)
     for i, (lo, hi) in enumerate(ranges):
         rows += run_batch(subject, images[lo:hi], None if labels is None else labels[lo:hi], lo, index[lo:hi], plan,
-                          rules, gen, checks, check_blocks=i == 0, model_edits=model_edits)
+                          rules, gen, checks, check_blocks=i == 0, model_edits=model_edits, controls=controls)
         bar.update(len(heads) + model_edits)
     bar.close()
     if reused:
         _check_fresh(d, rows)
     return Result(rows, heads, selected, edits, checks, n_blocks, len(images),
                   {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()},
-                  {f"{b}:{h}": s for (b, h), s in plan.mean_skipped.items()})
+                  {f"{b}:{h}": s for (b, h), s in plan.mean_skipped.items()}, plan.register_mean_source)
 
 
 def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:
     """Reused diagnostics must describe these images under this model: the sink of every live event must sit
     where the reused fields put it."""
-    bad = [r for r in rows if r["block"] >= 0 and r["event_class"] != "none"
+    bad = [r for r in rows if r["block"] >= 0 and r["head"] >= 0 and r["event_class"] != "none"
            and int(d["sink_idx"][r["image"], r["block"], r["head"]]) != r["sink_idx"]]
     if bad:
         r = bad[0]

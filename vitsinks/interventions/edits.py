@@ -12,6 +12,16 @@ sigmoid heads their row with column s zeroed and rescaled to its old sum.
 The random controls take, per batch and per head, one draw from the run's generator for the image's own random
 patch (`zero_random_nonsink_value`) and then one for the donor's (`donor_nonsink_value`), whichever edits run:
 a uniform patch, moved to the next patch (cyclically) when it hits the excluded token (`random_patch`).
+
+vitsinks' controls draw from a second generator (`controls`, seeded `intervene.seed + 1000 * shard +
+CONTROLS_SEED_OFFSET`), so that the draws above are the same whether they run or not. Per batch, whichever edits
+run: first the batch's derangement pi (`derangement`: `torch.randperm(B)` redrawn until no image maps to itself,
+shared by `shuffle_sink_value` and `shuffle_registers`), then per head in sorted order one standard normal (B, hd)
+draw (`noise_sink_value`: rescaled per image to ||v_s||, `noise_value`).
+
+The register controls (`zero_registers`, `mean_registers`, `shuffle_registers`) edit the residual stream entering a
+block, not one head: the R register tokens (positions 1..R, after [CLS]) set to 0, to their held-out mean at that
+block input, or to image pi(b)'s (`register_control`).
 """
 
 from __future__ import annotations
@@ -23,13 +33,18 @@ import torch
 from vitsinks.models.kinds import KINDS
 from vitsinks.utils.errors import BadValue, CheckFailed
 
-EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value", "redirect_sink_attention",
-         "zero_random_nonsink_value", "open_gate", "close_gate", "drop_registers")  # the order of every table
-VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "donor_sink_value", "donor_nonsink_value",
-               "zero_random_nonsink_value")
+EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
+         "donor_nonsink_value", "redirect_sink_attention", "zero_random_nonsink_value", "open_gate", "close_gate",
+         "drop_registers", "zero_registers", "mean_registers", "shuffle_registers")  # the order of every table
+VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
+               "donor_nonsink_value", "zero_random_nonsink_value")
 GATE_EDITS = ("open_gate", "close_gate")
-MODEL_EDITS = ("drop_registers",)  # the whole model run without its register tokens (not one head)
-DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")
+REGISTER_EDITS = ("zero_registers", "mean_registers", "shuffle_registers")  # at the input of every block in turn
+# not one head: the whole model run without its register tokens, or its registers edited at one block's input
+MODEL_EDITS = ("drop_registers", *REGISTER_EDITS)
+DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")  # the donor is the next image of the batch
+SHUFFLE_EDITS = ("shuffle_sink_value", "shuffle_registers")  # the donor is pi(b), the batch's seeded derangement
+CONTROLS_SEED_OFFSET = 500  # the controls generator: seed + 1000 * shard + 500, never a patch generator's seed
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
 # ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
@@ -50,10 +65,14 @@ class ValueEdit(NamedTuple):
 
 
 class Draws(NamedTuple):
-    """One head's random patches in one batch (B,): in each image's own tokens and in its donor's."""
+    """One head's random draws in one batch: the patches (B,) in each image's own tokens and in its donor's; the
+    standard normal vectors (B, hd) of `noise_sink_value` and the batch's derangement (B,) of `shuffle_sink_value`
+    (None where not drawn)."""
 
     own: torch.Tensor
     donor: torch.Tensor
+    noise: torch.Tensor | None = None
+    shuffle: torch.Tensor | None = None
 
 
 def resolve_edits(requested: list[str], gated: bool, registers: int) -> list[str]:
@@ -82,14 +101,62 @@ def random_patch(exclude: torch.Tensor, n_tokens: int, num_prefix: int, gen: tor
     return torch.where(j == exclude, num_prefix + (r + 1) % n_patch, j)
 
 
+def derangement(n: int, gen: torch.Generator) -> torch.Tensor:
+    """A uniform random derangement of 0..n-1 (no i maps to i; n >= 2): `torch.randperm(n)` from `gen` (on the
+    CPU), redrawn until it has no fixed point (about e draws on average)."""
+    if n < 2:
+        raise BadValue(f"a derangement needs at least 2 images (got {n})")
+    while True:
+        pi = torch.randperm(n, generator=gen)
+        if not (pi == torch.arange(n)).any():
+            return pi
+
+
+def noise_value(v_sink: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Per image, the standard normal draw z[b] rescaled to ||v_sink[b]|| (computed in float64; a zero sink value
+    gives a zero vector), in v_sink's dtype."""
+    zd, vd = z.double(), v_sink.double()
+    return (zd * (vd.norm(dim=-1, keepdim=True) / zd.norm(dim=-1, keepdim=True))).to(v_sink.dtype)
+
+
+def register_control(name: str, x: torch.Tensor, registers: int, mean: torch.Tensor | None = None,
+                     perm: torch.Tensor | None = None) -> torch.Tensor:
+    """The residual stream x (B, N, D) entering a block with its register tokens (positions 1..R) edited (a copy):
+    `zero_registers` 0, `mean_registers` `mean` (R, D), `shuffle_registers` image perm[b]'s registers."""
+    reg = slice(1, 1 + registers)
+    out = x.clone()
+    if name == "zero_registers":
+        out[:, reg] = 0.0
+    elif name == "mean_registers":
+        if mean is None:
+            raise ValueError("mean_registers needs the held-out mean register tokens")
+        out[:, reg] = mean.to(x)
+    elif name == "shuffle_registers":
+        if perm is None:
+            raise ValueError("shuffle_registers needs the batch's derangement")
+        out[:, reg] = x[perm.to(x.device), reg]
+    else:
+        raise ValueError(f"{name} is not a register control")
+    return out
+
+
 def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tensor,
                mean_value: torch.Tensor | None, draws: Draws | None) -> ValueEdit:
     """The `ValueEdit` of `name` for one head's values v (B, N, hd) with sink positions `sink` (B,); image b's
-    donor is image `donor[b]` of the batch; `draws` are the random patches drawn for the images (`random_patch`;
-    only the random controls read them)."""
+    donor is image `donor[b]` of the batch; `draws` are the random draws for the images (`random_patch`, the noise
+    and the derangement; only the random controls read them)."""
     batch = torch.arange(v.shape[0], device=v.device)
     if draws is None and name in ("donor_nonsink_value", "zero_random_nonsink_value"):
         raise ValueError(f"{name} needs the random patches drawn for the batch")
+    if name == "noise_sink_value":
+        if draws is None or draws.noise is None:
+            raise ValueError("noise_sink_value needs the normal vectors drawn for the batch")
+        return ValueEdit(sink, noise_value(v[batch, sink], draws.noise.to(v.device)))
+    if name == "shuffle_sink_value":
+        if draws is None or draws.shuffle is None:
+            raise ValueError("shuffle_sink_value needs the batch's derangement")
+        pi = draws.shuffle.to(v.device)
+        return ValueEdit(sink, v[pi, sink[pi]])
     if name == "zero_sink_value":
         return ValueEdit(sink, torch.zeros_like(v[batch, sink]))
     if name == "mean_sink_value":

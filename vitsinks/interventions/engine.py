@@ -2,7 +2,7 @@
 head at a time with its attention held fixed, run the rest of the network from that block's output, and measure.
 
 Per (image, head, edit) row: the image's position in the analysis order (`image`) and index in its split
-(`image_index`), the donor's split index (`donor_index`, donor edits; -1 otherwise), the random patch drawn
+(`image_index`), the donor's split index (`donor_index`, donor and shuffle edits; -1 otherwise), the random patch drawn
 (`random_token`: in the image's own tokens for `zero_random_nonsink_value`, in the donor's for
 `donor_nonsink_value`; -1 otherwise), the head's event class on that image (none / other / nop / broadcast, from
 the same block internals), where its sink sits, and the metrics of docs/fidelity.md:
@@ -11,13 +11,21 @@ the same block internals), where its sink sits, and the metrics of docs/fidelity
   sink token excluded;
 - `coherence`: the share of the change's energy common to all patches, ||mean_i dP_i||^2 / mean_i ||dP_i||^2
   (NaN for a change at float32 rounding level, rel. RMS < 1e-6: its direction means nothing);
-- `donor_cosine` (donor edits): cosine between the mean patch change and (donor's mean final patch - own);
+- `donor_cosine` (donor and shuffle edits): cosine between the mean patch change and (donor's mean final patch -
+  own);
 - with a classifier: `probe_agree`, `probe_kl` (KL(before || after)), `probe_ce`, `probe_correct`, and the
   unedited `probe_ce_base`, `probe_correct_base`.
 
 Batches are consecutive in the analysis order; the donor of image b is image b + 1 of its batch (the last one's is
 the first). One generator (`intervene.seed + 1000 * shard`) serves the whole shard: per batch, per head in sorted
-order, the own then the donor random patch (`edits.random_patch`), drawn whichever edits run.
+order, the own then the donor random patch (`edits.random_patch`), drawn whichever edits run. A second one
+(`controls`, `intervene.seed + 1000 * shard + 500`) serves vitsinks' controls: per batch the derangement pi
+(`edits.derangement`), then per head in sorted order the normal draws of `noise_sink_value`, whichever edits run.
+
+Whole-model edits (shard 0 only) give rows with head -1, event class and sink location "model" and sink_idx -1:
+`drop_registers` (block -1) and the register controls, one row per image and block b (every block of the model:
+the register tokens entering block b edited, blocks b.. run; the metrics compare the final patches with the
+unedited model's).
 """
 
 from __future__ import annotations
@@ -35,9 +43,13 @@ from vitsinks.diagnostics.fields import head_fields, head_output_weight
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import LOCATIONS, block0_apart, main_blocks, token_location
 from vitsinks.interventions.edits import (
+    CONTROLS_SEED_OFFSET,
     DONOR_EDITS,
     GATE_EDITS,
+    MODEL_EDITS,
     REDIRECT_TOL,
+    REGISTER_EDITS,
+    SHUFFLE_EDITS,
     VALUE_CHECK_TOL,
     VALUE_EDITS,
     Draws,
@@ -45,7 +57,9 @@ from vitsinks.interventions.edits import (
     apply_value,
     check_redirect,
     check_value_edit,
+    derangement,
     random_patch,
+    register_control,
     value_edit,
 )
 from vitsinks.interventions.subject import Subject
@@ -76,13 +90,16 @@ class Checks:
 @dataclass
 class Plan:
     """What to edit: heads (block, head), edits, and the held-out mean sink value of each head that has held-out
-    events (`mean_skipped`: the heads without, left out of `mean_sink_value`, and why)."""
+    events (`mean_skipped`: the heads without, left out of `mean_sink_value`, and why); `register_means`: the
+    held-out mean register tokens (L, R, D) at every block input (`mean_registers`)."""
 
     heads: list[Head]
     edits: list[str]
     mean_values: dict[Head, torch.Tensor] = field(default_factory=dict)
     mean_source: dict[Head, str] = field(default_factory=dict)
     mean_skipped: dict[Head, str] = field(default_factory=dict)
+    register_means: torch.Tensor | None = None
+    register_mean_source: str = ""
 
     def blocks(self) -> list[int]:
         return sorted({b for b, _ in self.heads})
@@ -176,6 +193,26 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
             plan.mean_source[hd] = f"{n_ev} held-out events"
         else:
             plan.mean_skipped[hd] = f"no sink event among the {len(inputs)} held-out images"
+
+
+@torch.no_grad()
+def mean_register_tokens(subject: Subject, inputs: torch.Tensor, plan: Plan, batch_size: int) -> None:
+    """Fill `plan.register_means`: the float64 mean over the held-out `inputs` of the register tokens (positions
+    1..R) of the residual stream entering every block, (L, R, D) in float32."""
+    if len(inputs) == 0:
+        raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
+    r, total = subject.num_registers, None
+    for lo in range(0, len(inputs), batch_size):
+        x = subject.embed(inputs[lo : lo + batch_size])
+        sums = []
+        for b in range(len(subject.blocks)):
+            sums.append(x[:, 1 : 1 + r].double().sum(0))
+            if b + 1 < len(subject.blocks):
+                x = subject.block(b, x)
+        batch_sum = torch.stack(sums)
+        total = batch_sum if total is None else total + batch_sum
+    plan.register_means = (total / len(inputs)).float()
+    plan.register_mean_source = f"{len(inputs)} held-out images"
 
 
 def _masked_mean(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -273,9 +310,10 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
 @torch.no_grad()
 def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
               plan: Plan, rules: SinkRules, gen: torch.Generator, checks: Checks, check_blocks: bool,
-              model_edits: bool) -> list[dict[str, Any]]:
+              model_edits: bool, controls: torch.Generator | None = None) -> list[dict[str, Any]]:
     """All rows of one batch of images (positions `first`... in the analysis order, split indices `index`), the
-    random patches drawn from `gen`. `check_blocks`: rebuild every edited block from (A, v, gate) and compare with
+    random patches drawn from `gen`, the derangement and the noise from `controls` (default: a generator seeded
+    `edits.CONTROLS_SEED_OFFSET`). `check_blocks`: rebuild every edited block from (A, v, gate) and compare with
     the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
     B = len(inputs)
     if B < 2:
@@ -285,6 +323,11 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
     donor = (torch.arange(B, device=inputs.device) + 1) % B
     index_np = np.asarray(index, dtype=np.int64)
     donor_index = index_np[donor.cpu().numpy()]
+    if controls is None:
+        controls = torch.Generator().manual_seed(CONTROLS_SEED_OFFSET)
+    pi = derangement(B, controls)  # drawn first, whichever edits run
+    shuffle_index = index_np[pi.numpy()]
+    pi = pi.to(inputs.device)
     xs = [subject.embed(inputs)]
     for b in range(len(subject.blocks)):
         xs.append(subject.block(b, xs[-1]))
@@ -294,21 +337,36 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
                          f"weights or inputs): nothing can be measured; check the checkpoint (a run that diverged?)")
     base_logits = subject.classifier(base) if subject.classifier else None
 
-    def measure(before: torch.Tensor, final: torch.Tensor, sink: torch.Tensor | None, with_donor: bool,
+    def donor_of(edit: str) -> tuple[torch.Tensor | None, np.ndarray | None]:
+        """The edit's donors (B,) in the batch and their split indices (None for an edit without donors)."""
+        if edit in DONOR_EDITS:
+            return donor, donor_index
+        if edit in SHUFFLE_EDITS:
+            return pi, shuffle_index
+        return None, None
+
+    def measure(before: torch.Tensor, final: torch.Tensor, sink: torch.Tensor | None, edit: str,
                 num_prefix: int) -> dict[str, torch.Tensor]:
         if not torch.isfinite(final).all():
             raise EditCheckFailed(f"an edit made the final tokens non-finite on images {first}..{first + B - 1}")
-        m = patch_metrics(before, final, num_prefix, sink, donor if with_donor else None)
+        m = patch_metrics(before, final, num_prefix, sink, donor_of(edit)[0])
         if base_logits is not None:
             m.update(probe_metrics(base_logits, subject.classifier(final), labels))
         return m
 
     rows: list[dict[str, Any]] = []
+    model = np.full(B, "model")
     if model_edits and "drop_registers" in plan.edits:
         final = subject.readout(subject.run(subject.without_registers(xs[0])))
-        none = np.full(B, "model")
-        m = measure(subject.without_registers(base), final, None, False, 1)
-        rows += _rows(first, index_np, -1, -1, "drop_registers", none, np.full(B, -1), none, m)
+        m = measure(subject.without_registers(base), final, None, "drop_registers", 1)
+        rows += _rows(first, index_np, -1, -1, "drop_registers", model, np.full(B, -1), model, m)
+    for edit in [e for e in plan.edits if e in REGISTER_EDITS] if model_edits else []:
+        for b in range(len(subject.blocks)):
+            mean = None if plan.register_means is None else plan.register_means[b]
+            x_edit = register_control(edit, xs[b], subject.num_registers, mean, pi)
+            final = subject.readout(subject.run(x_edit, b))
+            rows += _rows(first, index_np, b, -1, edit, model, np.full(B, -1), model,
+                          measure(base, final, None, edit, subject.num_prefix), donor_of(edit)[1])
     for b in plan.blocks():
         blk, x_in = subject.blocks[b], xs[b]
         it = blk.attn.internals(blk.norm1(x_in), causal=subject.causal)
@@ -332,16 +390,17 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
                 continue
             sink = f["sink_idx"][:, h]
             own = random_patch(sink, n_tokens, subject.num_prefix, gen)
-            draws = Draws(own, random_patch(sink[donor], n_tokens, subject.num_prefix, gen))
+            noise = torch.randn(B, it.v.shape[-1], generator=controls)  # the controls generator, not `gen`
+            draws = Draws(own, random_patch(sink[donor], n_tokens, subject.num_prefix, gen), noise, pi)
             drawn = {"zero_random_nonsink_value": draws.own.cpu().numpy(),
                      "donor_nonsink_value": draws.donor.cpu().numpy()}
             for edit in plan.edits:
-                if edit == "drop_registers" or (edit == "mean_sink_value" and (b, h) not in plan.mean_values):
+                if edit in MODEL_EDITS or (edit == "mean_sink_value" and (b, h) not in plan.mean_values):
                     continue
                 final = edited_final(subject, b, x_in, it, heads_out, h, sink, edit, donor,
                                      plan.mean_values.get((b, h)), draws, w_heads[h], checks)
                 rows += _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h],
                               np.array(LOCATIONS)[loc_idx[:, h]],
-                              measure(base, final, sink, edit in DONOR_EDITS, subject.num_prefix),
-                              donor_index if edit in DONOR_EDITS else None, drawn.get(edit))
+                              measure(base, final, sink, edit, subject.num_prefix), donor_of(edit)[1],
+                              drawn.get(edit))
     return rows

@@ -4,7 +4,11 @@
 Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then
 per class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of
 block 0 are reported apart in models with more than one block. NaN entries (a coherence of an exactly zero change,
-probe columns without a classifier) are left out of the means.
+probe columns without a classifier) are left out of the means. The whole-model edits (head -1) form the scope
+"whole model", class "model": `drop_registers` once ("all"), each register control per block input it edited
+(`<block>:in`), averaged there over the inputs of blocks 1..L-1 (every block in a one-block model: block 0's
+registers are the same learned tokens in every image, so mean and shuffle do nothing there) and listed block by
+block, block 0 included, in `register_controls`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from vitsinks.utils.tables import markdown_table, write_csv
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vitsinks.interventions.edits import EDITS  # noqa: E402
+from vitsinks.interventions.edits import DONOR_EDITS, EDITS, REGISTER_EDITS, SHUFFLE_EDITS  # noqa: E402
 
 ROW_FIELDS = ("image", "image_index", "block", "head", "edit", "donor_index", "random_token", "event_class", "sink_idx",
               "sink_loc", "final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce",
@@ -97,6 +101,14 @@ def scope_of(block: int, n_blocks: int) -> str:
     return "blocks 1..L-1" if block0_apart(n_blocks) else "block 0 (only)"
 
 
+def unit_label(block: int, head: int) -> str:
+    """What a by_class cell lists per entry: `block:head`, `<block>:in` (a register control at that block's input),
+    or `all` (an edit of the whole model)."""
+    if block < 0:
+        return "all"
+    return f"{block}:in" if head < 0 else f"{block}:{head}"
+
+
 def scope_kind(name: str) -> ScopeKind:
     """Which scope a name of `scope_of` is: the main one (blocks 1..L-1, or a one-block model's only block), block 0
     reported apart, or the whole model."""
@@ -104,15 +116,19 @@ def scope_kind(name: str) -> ScopeKind:
 
 
 def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int) -> dict[str, Any]:
-    """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events."""
+    """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events (the
+    register controls: over the inputs of blocks 1..L-1)."""
     out: dict[str, Any] = {}
     for cls in ("nop", "broadcast", "model"):
         for r in head_rows:
             if r["event_class"] != cls or (cls != "model" and r["n"] < min_class_events):
                 continue
-            cell = out.setdefault(scope_of(r["block"], n_blocks), {}).setdefault(cls, {}).setdefault(
+            if r["head"] < 0 <= r["block"] and r["block"] not in main_blocks(n_blocks):
+                continue  # a register control at block 0's input: in the per-block table only
+            scope = MODEL_SCOPE if r["head"] < 0 else scope_of(r["block"], n_blocks)
+            cell = out.setdefault(scope, {}).setdefault(cls, {}).setdefault(
                 r["edit"], {"heads": [], "_vals": defaultdict(list)})
-            cell["heads"].append(f"{r['block']}:{r['head']}" if r["block"] >= 0 else "all")
+            cell["heads"].append(unit_label(r["block"], r["head"]))
             for m in METRICS:
                 cell["_vals"][m].append(r[m])
     for scope in out.values():
@@ -123,6 +139,15 @@ def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: i
                 for m in METRICS:
                     cell[m], cell[f"{m}_std"], _ = nan_mean_std(vals[m])
     return out
+
+
+def register_controls(head_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The register controls block by block: per (edit, block input) the number of images and the metrics' means
+    (by_head's rows of those edits, in EDITS order, then by block)."""
+    rank = {e: i for i, e in enumerate(EDITS)}
+    rows = [r for r in head_rows if r["edit"] in REGISTER_EDITS]
+    return [{"block": r["block"], "edit": r["edit"], "n": r["n"], **{m: r[m] for m in METRICS}}
+            for r in sorted(rows, key=lambda r: (rank[r["edit"]], r["block"]))]
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -144,11 +169,14 @@ def to_markdown(summary: dict[str, Any]) -> str:
             f"permutation seed {p['seed']}" if p["order"] == "permuted" else "the split's own order")
         lines += [f"Protocol {p['name']}: images in the order of the {source}, the first {im['edited']} edited, the "
                   f"next {im['heldout']} held out (disjoint); batches of {im['batch_size']}, random patches seeded "
-                  f"{im['random_seed']} + 1000 * shard.", ""]
+                  f"{im['random_seed']} + 1000 * shard (vitsinks' noise and shuffle controls: + 500).", ""]
     skipped = summary.get("mean_sink_value_skipped") or {}
     if skipped:
         why = sorted(set(skipped.values()))
         lines += [f"mean_sink_value skipped for heads {', '.join(skipped)} ({'; '.join(why)}).", ""]
+    if summary.get("mean_registers_source"):
+        lines += [f"mean_registers: the register tokens' mean at each block input over "
+                  f"{summary['mean_registers_source']}.", ""]
     shown = [m for m in METRICS if any(not math.isnan(c.get(m, math.nan)) for s in summary["by_class"].values()
                                        for e in s.values() for c in e.values())]
     for scope, classes in summary["by_class"].items():
@@ -161,6 +189,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
              for cls, edit, c in cells]), ""]
     if not summary["by_class"]:
         lines += ["No head has enough events of a class to be averaged (see by_head.csv).", ""]
+    per_block = summary.get("register_controls") or []
+    if per_block:
+        cols = [m for m in METRICS if any(not math.isnan(r[m]) for r in per_block)]
+        lines += ["## register controls by block input", "",
+                  "The register tokens entering block b set to 0, to their held-out mean there, or to another "
+                  "image's (a seeded derangement), blocks b.. run; mean over the images.", "",
+                  *markdown_table(["block", "edit", "images", *cols],
+                                  [[r["block"], r["edit"], r["n"], *(_fmt(r[m]) for m in cols)] for r in per_block]),
+                  ""]
     ch = summary["checks"]
     lines += [f"Built-in checks: block recomputation max rel. error {ch['recompute_error_max']} (< "
               f"{ch['recompute_tol']}), {ch['value_edits_checked']} value edits checked in float64, max rel. error "
@@ -183,10 +220,11 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
     edits = [e for e in EDITS if any(e in cells[c] for c in classes)]
     panels = (("final_patch_relrms", "final patch rel. RMS change (sink excluded)", edits),
               ("coherence", "coherence: share of the change common to all patches", edits),
-              ("donor_cosine", "donor edits: cosine of the change\nto (donor - own) final patches", [e for e in edits
-                                                                                     if e.startswith("donor")]))
+              ("donor_cosine", "donor and shuffle edits: cosine of the change\nto (donor - own) final patches",
+               [e for e in edits if e in DONOR_EDITS + SHUFFLE_EDITS]))
     fig, axes = plt.subplots(1, 3, figsize=(max(15.0, 1.3 * len(edits) + 11), 4.8),
-                             gridspec_kw={"width_ratios": [len(edits) or 1, len(edits) or 1, 2]})
+                             gridspec_kw={"width_ratios": [len(edits) or 1, len(edits) or 1,
+                                                           max(2, len(panels[2][2]))]})
     width = 0.8 / max(len(classes), 1)
     for ax, (metric, title, names) in zip(axes, panels, strict=True):
         x = np.arange(len(names))
@@ -199,7 +237,7 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
                 pos = x[j] + (i - (len(classes) - 1) / 2) * width
                 ax.bar(pos, c[metric], width, color=COLORS[cls], alpha=0.75, label=None if shown else cls)
                 shown = True
-                heads = {f"{r['block']}:{r['head']}" if r["block"] >= 0 else "all": r[metric] for r in head_rows
+                heads = {unit_label(r["block"], r["head"]): r[metric] for r in head_rows
                          if r["edit"] == e and r["event_class"] == cls}
                 dots = [heads[h] for h in c["heads"] if h in heads and not math.isnan(heads[h])]
                 ax.plot(np.full(len(dots), pos), dots, "o", color="black", ms=3)
@@ -222,8 +260,9 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
     """Every output file into `out`; returns the summary (also `summary.json`)."""
     out.mkdir(parents=True, exist_ok=True)
     heads = by_head(rows)
-    report = InterventionsReport.from_json({**meta, "by_class": by_class(heads, meta["min_class_events"],
-                                                                          meta["n_blocks"])})
+    per_block = register_controls(heads)
+    report = InterventionsReport.from_json({**meta, **({"register_controls": per_block} if per_block else {}),
+                                            "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"])})
     summary = report.to_json()
     write_rows(rows, out / "interventions.csv")
     write_csv(out / "by_head.csv", ["block", "head", "edit", "event_class", "n", *METRICS], heads)

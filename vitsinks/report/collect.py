@@ -19,12 +19,14 @@ from omegaconf import OmegaConf
 # the modules whose result types the leaderboard shows (each registers its own on import)
 import vitsinks.eval.results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
+import vitsinks.quant.results  # noqa: F401
 import vitsinks.report.training  # noqa: F401
 from vitsinks.configs.schema import exp_names, upgrade
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
 from vitsinks.run.sweep import read_manifest
+from vitsinks.trainfree import edited_variant
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.results import GROUPS, Column, result_types
 from vitsinks.utils.rundir import RunDir, find_runs
@@ -79,8 +81,8 @@ def collect(run: RunDir | Path | str) -> dict[str, Any]:
     """One leaderboard row from a run directory; missing evaluations are NaN."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
-    row: dict[str, Any] = {"run": run.name, "variant": run_variant(cfg), "seed": cfg.seed, "model": cfg.model.size,
-                           "data": cfg.data.name}
+    row: dict[str, Any] = {"run": run.name, "variant": edited_variant(run_variant(cfg), cfg.trainfree),
+                           "seed": cfg.seed, "model": cfg.model.size, "data": cfg.data.name}
     for t in result_types():
         row.update(t.collect(run))
     row.update(_mitigation_values(run))
@@ -91,7 +93,11 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and std over seeds per (data, variant) (std over n >= 2 seeds; NaN columns stay NaN). With several
     datasets in one leaderboard, a row's name is `<data> / <variant>`."""
     order = {v: i for i, v in enumerate(variant_order())}
-    keys = sorted({(r["data"], r["variant"]) for r in rows}, key=lambda k: (k[0], order.get(k[1], 99), k[1]))
+    def place(key: tuple[str, str]) -> tuple:  # a post-hoc edit's row right after its trained variant's
+        trained, _, edit = key[1].partition(" + ")
+        return key[0], order.get(trained, 99), trained, edit
+
+    keys = sorted({(r["data"], r["variant"]) for r in rows}, key=place)
     several = len({k[0] for k in keys}) > 1
     cols = columns({k for r in rows for k in r})
     out = []

@@ -54,9 +54,14 @@ def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     The linear probe uses the training data; the dense probe uses `dense_data(cfg)`.
     """
     run = RunDir(run_dir)
-    out: dict[str, Any] = {}
     diag = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics("final"))
-    out["sinks_per_image"] = diag["sinks_per_image"]
+    return {"sinks_per_image": diag["sinks_per_image"], **probes(cfg, run_dir)}
+
+
+def probes(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The linear probe (the training data) and the dense probe (`dense_data(cfg)`) of a run's `last.pt`."""
+    run = RunDir(run_dir)
+    out: dict[str, Any] = {}
     ev = OmegaConf.merge(cfg, {"ckpt": str(run.last)})
     out["linear"] = linear.run(ev, cfg.data)["best"]
     data = dense_data(cfg)

@@ -11,9 +11,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+import vitsinks.quant  # noqa: F401 - registers the quantization's post-hoc edit (w8a8-derived checkpoints load)
 from vitsinks.configs.schema import upgrade
 from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
+from vitsinks.trainfree import method as trainfree_method
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir
@@ -60,6 +62,11 @@ def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, Dic
     sd = backbone_state(state["model"])
     check_finite(sd, f"checkpoint {path}")
     model.load_state_dict(sd)
+    if cfg.trainfree.method:  # a derived run (vitsinks.trainfree): the post-hoc edit goes back on
+        if "trainfree" not in state:
+            raise BadValue(f"{path} names the post-hoc edit {cfg.trainfree.method} but holds no fitted state: "
+                           f"derive it again (python -m vitsinks.trainfree)")
+        model = trainfree_method(str(cfg.trainfree.method)).apply(model, state["trainfree"])
     return model, cfg
 
 

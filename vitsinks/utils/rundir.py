@@ -106,9 +106,11 @@ class RunDir:
         return self.diagnostics(stem) / "per_image.npz"
 
     def latest_summary(self) -> Path | None:
-        """The summary of the final diagnosis, else of the newest step's, else None."""
-        if self.summary(FINAL).is_file():
-            return self.summary(FINAL)
+        """The summary of the final checkpoint's newest diagnosis (`final`, written after training, or `last`, a
+        later `diagnose ckpt=<run>/checkpoints/last.pt`), else of the newest step's, else None."""
+        found = [p for p in (self.summary(FINAL), self.summary(self.last.stem)) if p.is_file()]
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime_ns)
         steps = self.diagnosed_steps()
         return steps[max(steps)] if steps else None
 

@@ -1,0 +1,81 @@
+"""A derived run from the command line: a checkpoint with a planted artifact, edited by `python -m vitsinks.trainfree`,
+read back by every command with one more register, on the leaderboard as `base + test-time register`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_module, tiny_cfg
+from tests.diagnostics.test_neurons import plant_register_neuron
+from vitsinks.configs.schema import to_container
+from vitsinks.models import model_from_config
+from vitsinks.report.collect import collect
+from vitsinks.train.checkpoint import load_backbone, save_state
+from vitsinks.trainfree.__main__ import cli
+from vitsinks.trainfree.derive import derive, fit_images
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import RunDir
+
+
+def source_checkpoint(runs: Path, *overrides: str, planted: bool = True, extra: dict | None = None) -> Path:
+    """`runs/src/checkpoints/last.pt`: a tiny 3-block model (nothing trained), with the planted register neuron
+    calibrated on the TRAIN images the edit is fitted on."""
+    cfg = tiny_cfg(runs, "name=src", "model.depth=3", *overrides)
+    torch.manual_seed(0)
+    model = model_from_config(cfg.model)
+    if planted:
+        plant_register_neuron(model, fit_images(model, cfg.data, cfg.seed, 8, cfg.protocol))
+    path = RunDir(runs / "src").last
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_state({"config": to_container(cfg), "model": model.state_dict(), **(extra or {})}, path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_derived_run_from_the_command_line(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = source_checkpoint(runs)
+    out = run_module("vitsinks.trainfree", f"ckpt={path}", "method=test_time_register", "probes=false",
+                     "fit_images=8", f"runs_dir={runs}", "diagnostics.n_images=4", "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    run = RunDir(runs / "src+test_time_register")
+    model, cfg = load_backbone(run.last)
+    assert (model.num_reg_tokens, model.num_prefix_tokens) == (1, 2)
+    assert cfg.trainfree.method == "test_time_register" and cfg.trainfree.source == str(path)
+    assert torch.load(run.last)["trainfree"]["neurons"][0] == [1, 17]  # the planted unit
+    summary = json.loads((run.diagnostics("final") / "summary.json").read_text())
+    assert summary["shape"]["images"] == 4
+    assert collect(run)["variant"] == "base + test-time register"
+    with pytest.raises(SystemExit) as exit_:  # edits do not stack
+        cli([f"ckpt={run.last}", "method=mean_massive", "probes=false", f"runs_dir={runs}"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 1 and len(lines) == 1 and "already edited (test_time_register)" in lines[0]
+
+
+def test_an_unknown_method_is_one_line_listing_the_methods(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli([f"ckpt={runs / 'none.pt'}", "method=bogus", f"runs_dir={runs}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code != 0 and len(err) == 1
+    assert "unknown post-hoc method 'bogus'" in err[0]
+    assert all(m in err[0] for m in ("mean_massive", "test_time_register", "zero_massive"))
+
+
+def test_a_derived_checkpoint_is_not_derived_again(runs: Path) -> None:
+    state = {"neurons": [[0, 0]], "scores": [1.0], "k": 5.0}
+    path = source_checkpoint(runs, "trainfree.method=test_time_register", "trainfree.source=elsewhere.pt",
+                             planted=False, extra={"trainfree": state})
+    model, _ = load_backbone(path)  # the saved edit goes back on when it is loaded
+    assert model.num_reg_tokens == 1
+    with pytest.raises(BadValue, match="already edited .* derive from its source elsewhere.pt"):
+        derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=zero_massive"))
+    assert not (runs / "src+zero_massive").exists()
+
+
+def test_a_saved_edit_without_its_state_is_refused(runs: Path) -> None:
+    path = source_checkpoint(runs, "trainfree.method=test_time_register", planted=False)
+    with pytest.raises(BadValue, match="holds no fitted state"):
+        load_backbone(path)

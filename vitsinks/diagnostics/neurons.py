@@ -1,0 +1,168 @@
+"""Register neurons (Jiang et al. 2025, "Vision Transformers Don't Need Trained Registers"; docs/trainfree.md): the
+few MLP units whose activations put the high-norm artifacts on patch tokens.
+
+The outlier tokens of an image are its PATCH tokens whose residual-stream norm at the output of the model's last
+block exceeds `k` x the median norm of all its tokens at that block (the summary's `high_norm` test at the last
+block). The score of unit u of block b is, averaged over the images with at least one outlier token, the mean of
+|a_u| over that image's outlier tokens, a_u being the unit's activation (the output of `blk.mlp.act`). The units are
+ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.utils.errors import BadValue, NonFinite
+
+
+def neuron_k(ks: Sequence[float]) -> float:
+    """The threshold the register-neuron ranking uses among `diagnostics.high_norm_k`: the lower middle value of
+    the sorted list (5.0 of the default [2, 5, 10, 20]: 2 also catches ordinary spread, 20 misses milder artifacts)."""
+    vals = sorted(float(k) for k in ks)
+    if not vals or not all(math.isfinite(k) and k > 0 for k in vals):
+        raise BadValue(f"diagnostics.high_norm_k must hold finite multiples > 0 of the median norm, got {list(ks)}")
+    return vals[(len(vals) - 1) // 2]
+
+
+
+
+def has_mlp(blk: SinkBlock) -> bool:
+    """Whether a block has an MLP (a block built with `mlp=False` has `NoMLP`, no hidden units)."""
+    return hasattr(blk.mlp, "fc2") and hasattr(blk.mlp, "act")
+
+
+def mlp_update(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
+    """The direct part of `units` (K,) of the block's MLP update at tokens with hidden activations `acts` (n, H):
+    gamma * W2[:, units] a_units (n, D), gamma the MLP LayerScale (1 without); in float64. The fc2 bias is no
+    unit's."""
+    if not isinstance(blk.mlp.norm, nn.Identity):
+        raise BadValue("register neurons need an MLP without a hidden-layer norm (timm Mlp norm_layer=None): a "
+                       "norm between act and fc2 makes a unit's contribution non-linear")
+    w2 = blk.mlp.fc2.weight.detach().double()[:, units.to(blk.mlp.fc2.weight.device)]  # (D, K)
+    out = acts[:, units].double().to(w2.device) @ w2.T
+    gamma = getattr(blk.ls2, "gamma", None)
+    return out * gamma.detach().double() if gamma is not None else out
+
+
+@dataclass
+class OutlierActivations:
+    """What `capture` keeps: per block (None without an MLP) the sum over images with an outlier token of the
+    mean |activation| over their outlier tokens (H,), and at every outlier token (all images together) the
+    activations (n, H) and the block's output (n, D); `images` counts the images with an outlier token."""
+
+    score_sum: list[torch.Tensor | None]
+    acts: list[list[torch.Tensor]] = field(default_factory=list)
+    outs: list[list[torch.Tensor]] = field(default_factory=list)
+    images: int = 0
+
+    def scores(self, b: int) -> torch.Tensor | None:
+        """The units' scores of block b (H,), None without an MLP or without any outlier token."""
+        s = self.score_sum[b]
+        return None if s is None or not self.images else s / self.images
+
+
+def outlier_mask(norms: torch.Tensor, k: float, num_prefix: int) -> torch.Tensor:
+    """(B, N) bool: the patch tokens whose norm (`norms` (B, N) at the last block) exceeds k x the image's median
+    token norm (the middle of all its tokens, the mean of the two middle ones for an even count)."""
+    if not bool(torch.isfinite(norms).all()):
+        raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; diagnose a "
+                        "checkpoint of a run that did not diverge")
+    mask = norms > k * norms.quantile(0.5, dim=-1, keepdim=True)
+    mask[:, :num_prefix] = False
+    return mask
+
+
+@torch.no_grad()
+def capture(model: SinkViT, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
+    """Run `model` on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
+    `outlier_mask` with threshold `k`)."""
+    if not (math.isfinite(k) and k > 0):
+        raise BadValue(f"the high-norm threshold k must be a finite multiple > 0 of the median norm, got {k}")
+    blocks = list(model.blocks)
+    got = OutlierActivations([None] * len(blocks), [[] for _ in blocks], [[] for _ in blocks])
+    store: dict[int, torch.Tensor] = {}
+    handles = [blk.mlp.act.register_forward_hook(lambda _m, _i, out, b=b: store.__setitem__(b, out))
+               for b, blk in enumerate(blocks) if has_mlp(blk)]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for lo in range(0, len(images), batch_size):
+            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
+            outs = []
+            for blk in blocks:
+                x = blk(x)
+                outs.append(x)
+            mask = outlier_mask(x.float().norm(dim=-1), k, model.num_prefix_tokens)
+            hit = mask.any(-1)
+            got.images += int(hit.sum())
+            for b in range(len(blocks)):
+                got.outs[b].append(outs[b][mask].float().cpu())
+                if b not in store:
+                    continue
+                a = store[b].float()
+                mean_abs = (a.abs() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)  # (B, H)
+                part = mean_abs[hit].sum(0).cpu()
+                got.score_sum[b] = part if got.score_sum[b] is None else got.score_sum[b] + part
+                got.acts[b].append(a[mask].cpu())
+            store.clear()
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return got
+
+
+def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: float,
+                          batch_size: int = 16) -> list[tuple[int, int, float]]:
+    """The `top` register neurons of `model` on `images` over all blocks, highest score first: (block, unit,
+    score). `BadValue` when no image has an outlier token at threshold `k` (nothing to rank)."""
+    if top < 1:
+        raise BadValue(f"ask for at least one register neuron, got top={top}")
+    if not any(has_mlp(blk) for blk in model.blocks):
+        raise BadValue("the model has no MLP (model.mlp=false): there are no register neurons to rank")
+    got = capture(model, images, k, batch_size)
+    if not got.images:
+        raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
+                       f"the last block): the model has no artifact for register neurons to move; use more images "
+                       f"(trainfree.fit_images) or another checkpoint")
+    ranked = [(b, u, float(s)) for b in range(len(got.score_sum)) if (sc := got.scores(b)) is not None
+              for u, s in enumerate(sc.tolist())]
+    ranked.sort(key=lambda r: -r[2])  # stable: ties keep (block, unit) order
+    return ranked[:top]
+
+
+def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: torch.Tensor) -> float | None:
+    """Mean over the outlier tokens of 1 - ||x_t - c(t)|| / ||x_t||, x_t the block's output at token t (`outs`,
+    (n, D)) and c(t) the direct part of `units` of its MLP update (`mlp_update`); None without outlier tokens."""
+    if not len(acts):
+        return None
+    x = outs.double()
+    c = mlp_update(blk, units, acts).to(x.device)
+    share = 1 - (x - c).norm(dim=-1) / x.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    return float(share.mean())
+
+
+def summarize_neurons(model: SinkViT, images: torch.Tensor, settings: DiagnosticsConfig | Any) -> dict[str, Any]:
+    """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
+    and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`. A block without
+    an MLP, or a model without any outlier token on `images`, gets empty lists and a null share."""
+    got = capture(model, images, neuron_k(settings.high_norm_k))
+    by_block: list[dict[str, Any]] = []
+    for b, blk in enumerate(model.blocks):
+        sc = got.scores(b)
+        if sc is None:
+            by_block.append({"units": [], "scores": [], "norm_share": None})
+            continue
+        vals, units = sc.topk(min(int(settings.register_neurons), sc.numel()))
+        share = norm_share(blk, units, torch.cat(got.acts[b]), torch.cat(got.outs[b]))
+        by_block.append({"units": units.tolist(), "scores": vals.tolist(), "norm_share": share})
+    return {"by_block": by_block}

@@ -1,0 +1,425 @@
+"""The visual report pages (docs/report.md): one HTML page per diagnosed checkpoint (`checkpoint_report`) and one
+per run over training (`run_report`), each beside a JSON file holding every number the page shows.
+
+A page is rendered from its JSON: the maps' PNGs are drawn from the JSON's map values, the tables' cells are the
+JSON's numbers through `num`. The pictures are inline (data URIs), so a page works wherever its folder is copied.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitsinks.diagnostics.page_figures import (
+    ATTN_CMAP,
+    NORM_CMAP,
+    cbar,
+    gradient_css,
+    grid_picture,
+    num,
+    over_training_figure,
+    page,
+    panel,
+    pca_colours,
+    png_uri,
+    residual_figure,
+    scale_factor,
+    table,
+    upscale,
+)
+from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
+from vitsinks.diagnostics.summary import LOCATIONS, describe_rule
+from vitsinks.models import SinkViT
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue, InputNotFound
+from vitsinks.utils.rundir import RunDir
+
+REPORT, REPORT_JSON = "report.html", "report.json"
+
+def _r(x: Any) -> Any:
+    """Floats rounded to 6 significant digits (nested lists and arrays too) for the JSON."""
+    if isinstance(x, np.ndarray | list | tuple):
+        return [_r(v) for v in x]
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, float | np.floating):
+        return None if math.isnan(x) else float(f"{float(x):.6g}")
+    return x
+
+
+# --- the checkpoint page's data ---------------------------------------------------------------------------------
+@torch.no_grad()
+def final_patches(model: SinkViT, images: torch.Tensor) -> np.ndarray:
+    """The final-norm patch features (n, P, dim) of `images`, in eval mode."""
+    was = model.training
+    model.eval()
+    out = model.forward_features(images.to(next(model.parameters()).device))[:, model.num_prefix_tokens:]
+    model.train(was)
+    return out.float().cpu().numpy()
+
+
+def _prefix(col: np.ndarray, n_prefix: int, name: str, agg: Any) -> dict[str, Any]:
+    """[CLS]'s value, each register's, and (with registers) `agg` of the registers' under `name`."""
+    regs = col[1:n_prefix]
+    return {"cls": _r(col[0]), "registers": _r(regs), **({name: _r(agg(regs))} if len(regs) else {})}
+
+
+def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, Any]:
+    """One image's maps per block: the strongest head's attention received per key (its prefix shares apart) and
+    the token norms, each over the patch grid with the range it is coloured on."""
+    n_prefix, (gh, gw) = int(d["num_prefix"]), (int(g) for g in d["grid"])
+    cols = [d["attn_col_mean"][i, b, h].astype(np.float64) for b, h in enumerate(heads)]
+    grids = [c[n_prefix:].reshape(gh, gw) for c in cols]
+    top = max(float(g.max()) for g in grids)  # one colour scale for the image's blocks: comparable side by side
+    attn = [{"block": b, "head": int(h), **_prefix(c, n_prefix, "registers_total", np.sum), "patches": _r(g.sum()),
+             "max": _r(g.max()), "map": _r(g)} for b, (h, c, g) in enumerate(zip(heads, cols, grids, strict=True))]
+    out: dict[str, Any] = {"image": i, "attention_scale": [0.0, _r(top)], "attention": attn}
+    if "image_index" in d:
+        out["split_index"] = int(d["image_index"][i])
+    if "token_norms" in d:
+        out["token_norm"] = []
+        for b in range(d["token_norms"].shape[1]):
+            norms = d["token_norms"][i, b].astype(np.float64)
+            grid = norms[n_prefix:].reshape(gh, gw)
+            out["token_norm"].append({"block": b, **_prefix(norms, n_prefix, "registers_max", np.max),
+                                      "vmin": _r(grid.min()), "vmax": _r(grid.max()), "map": _r(grid)})
+    return out
+
+
+def _residual(res: dict[str, Any] | None) -> dict[str, Any]:
+    """The shown part of summary["residual"] (schema: docs/report.md), keys absent from it left out."""
+    if not res:
+        return {}
+    out: dict[str, Any] = {}
+    if "norm_quantiles_by_block" in res:
+        out["norm_quantiles_by_block"] = res["norm_quantiles_by_block"]
+    if "high_norm" in res:
+        out["high_norm"] = [{"k": float(k), **v} for k, v in sorted(res["high_norm"].items(), key=lambda kv:
+                                                                       float(kv[0]))]
+    for key in ("top_activations", "register_neurons"):
+        if key in res:
+            out[key] = res[key]
+    return out
+
+
+def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarray], summary: dict[str, Any],
+                    name: str, n_images: int = 4, quant: dict | None = None,
+                    trainfree: dict | None = None) -> dict[str, Any]:
+    """Every number of a checkpoint's page (its report.json)."""
+    if "attn_col_mean" not in d:
+        raise BadValue("the diagnosis holds no attention maps (attn_col_mean): diagnose with keep_maps >= 1 (an "
+                       "on-disk per_image.npz leaves them out: re-run the diagnosis)")
+    strongest = summary.get("strongest_head_by_block")
+    if not strongest:
+        raise BadValue("the summary has no strongest_head_by_block: it is older than the report page; re-run the "
+                       "diagnosis (python -m vitsinks.diagnose ckpt=...)")
+    n = min(n_images, d["attn_col_mean"].shape[0], len(images))
+    if n < 1:
+        raise BadValue(f"n_images must be >= 1, got {n_images}")
+    _, n_blocks, n_heads, _ = d["attn_col_mean"].shape
+    rgb, evr = pca_colours(final_patches(model, images[:n]))
+    gh, gw = (int(g) for g in d["grid"])
+    maps = [image_maps(d, strongest["head"], i) for i in range(n)]
+    for m, colours in zip(maps, rgb, strict=True):
+        m["pca_map"] = _r(colours.reshape(gh, gw, 3))
+    rule = summary.get("rule")
+    return {
+        "checkpoint": name,
+        "model": {"variant": model.variant, "blocks": n_blocks, "heads": n_heads, "registers": int(d["num_registers"]),
+                  "grid": [gh, gw], "image_size": list(images.shape[-2:]), "images_shown": n,
+                  "images_diagnosed": int(d["mass"].shape[0])},
+        "rule": {"text": describe_rule(rule), **(rule or {}), "thresholds": {
+            "routed_min": ROUTED_MIN, "nop_max": NOP_MAX, "broadcast_min": BROADCAST_MIN,
+            "broadcast_max_rank": BROADCAST_MAX_RANK}},
+        "sinks_per_image": summary["sinks_per_image"],
+        "sinks_per_image_block0": summary.get("sinks_per_image_block0"),
+        "strongest_head_by_block": strongest,
+        "images": maps,
+        "pca": {"explained_variance_ratio": _r(evr), "patches": int(n * gh * gw)},
+        "residual": _residual(summary.get("residual")),
+        "quant": quant,
+        "trainfree": trainfree,
+    }
+
+
+# --- the checkpoint page's HTML ---------------------------------------------------------------------------------
+def _spi_table(spi: dict[str, dict[str, float]], table_id: str) -> str:
+    return table(["class", *LOCATIONS, "all"], [[c, *(num(spi[c][loc]) for loc in (*LOCATIONS, "all"))]
+                                               for c in (*CLASSES, "all")], table_id)
+
+
+def _settings(obj: dict[str, Any]) -> str:
+    """`key value; ...` of a dict's scalars and of its nested dicts' (escaped)."""
+    parts = []
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            parts.append(_settings(v))
+        elif k != "text":
+            shown = ("yes" if v else "no") if isinstance(v, bool) else num(v) if isinstance(v, int | float) else v
+            parts.append(html.escape(f"{k.replace('_', ' ')} {shown}"))
+    return "; ".join(parts)
+
+
+def _headline(data: dict[str, Any]) -> str:
+    s = data["strongest_head_by_block"]
+    head = ["block", "head", "mass", "sink at", "value ratio", *(["mass on [CLS]+reg"] if "prefix_mass" in s else [])]
+    rows = [[num(b), num(s["head"][b]), num(s["mass"][b]), s["location"][b], num(s["ratio"][b]),
+             *([num(s["prefix_mass"][b])] if "prefix_mass" in s else [])] for b in range(len(s["head"]))]
+    block0 = data.get("sinks_per_image_block0")
+    spi = f"<div><h3>blocks {html.escape(data['rule'].get('blocks_counted', '1..L-1'))}</h3>" \
+          f"{_spi_table(data['sinks_per_image'], 'sinks-per-image')}</div>"
+    if block0:
+        spi += f"<div><h3>block 0</h3>{_spi_table(block0, 'sinks-per-image-block0')}</div>"
+    return panel("headline", "Sinks per image by class and location", f"""
+<p class="note">Counted with: {html.escape(data['rule']['text'])}. Settings: {_settings(data['rule'])}.</p>
+<div class="row">{spi}<div><h3>strongest head per block (mean over all diagnosed images)</h3>
+{table(head, rows, 'strongest-heads')}</div></div>""")
+
+
+def _bar(shares: list[tuple[str, float]], title: str) -> str:
+    total = sum(max(v, 0.0) for _, v in shares) or 1.0
+    parts = "".join(f'<span class="{c}" style="width:{100 * max(v, 0.0) / total:.2f}%"></span>' for c, v in shares)
+    return f'<div class="bar" title="{html.escape(title)}">{parts}</div>'
+
+
+def _attn_tile(a: dict[str, Any], scale: list[float], size: tuple[int, int]) -> str:
+    pic = png_uri(grid_picture(np.array(a["map"]), *scale, ATTN_CMAP, size))
+    regs = a["registers"]
+    tip = f"[CLS] {num(a['cls'])}; " + "".join(f"register {j} {num(v)}; " for j, v in enumerate(regs)) + \
+        f"patches {num(a['patches'])}"
+    shares = [("cls", a["cls"]), *(("reg", v) for v in regs), ("patch", a["patches"])]
+    reg = f" · reg {num(a['registers_total'])}" if regs else ""
+    return (f'<div class="tile"><div class="cap">head {num(a["head"])}: max {num(a["max"])}</div>'
+            f'<img class="map" src="{pic}" alt="block {num(a["block"])} head {num(a["head"])} attention">'
+            f'{_bar(shares, tip)}<div class="cap" title="{html.escape(tip)}">[CLS] {num(a["cls"])}{reg} · '
+            f'patches {num(a["patches"])}</div></div>')
+
+
+def _norm_tile(t: dict[str, Any], size: tuple[int, int]) -> str:
+    pic = png_uri(grid_picture(np.array(t["map"]), t["vmin"], t["vmax"], NORM_CMAP, size))
+    regs = t["registers"]
+    reg = f" · reg max {num(t['registers_max'])}" if regs else ""
+    tip = f"[CLS] {num(t['cls'])}" + "".join(f"; register {j} {num(v)}" for j, v in enumerate(regs))
+    top = max([t["cls"], *regs]) > t["vmax"]
+    return (f'<div class="tile"><div class="cap">{num(t["vmin"])} to {num(t["vmax"])}</div>'
+            f'<img class="map" src="{pic}" alt="block {num(t["block"])} token norms">'
+            f'<div class="cap{" hot" if top else ""}" title="{html.escape(tip)}">[CLS] {num(t["cls"])}{reg}</div>'
+            f"</div>")
+
+
+def _image_card(m: dict[str, Any], shown: np.ndarray, n_blocks: int) -> str:
+    h, w = shown.shape[:2]
+    f = scale_factor(max(h, w))
+    size = (h * f, w * f)
+    img = png_uri(upscale(shown, size))
+    pca = png_uri(upscale((np.array(m["pca_map"]) * 255).round().astype(np.uint8), size))
+    where = f" (index {num(m['split_index'])} in its split)" if "split_index" in m else ""
+    heads = "".join(f'<div class="colhead">block {num(b)}</div>' for b in range(n_blocks))
+    attn = "".join(_attn_tile(a, m["attention_scale"], size) for a in m["attention"])
+    lo, hi = m["attention_scale"]
+    norms = "".join(_norm_tile(t, size) for t in m.get("token_norm", []))
+    norm_row = (f'<div class="rowhead">token norm</div><div class="tile"><div class="cap">PCA colours</div>'
+                f'<img class="map" src="{pca}" alt="PCA"></div>{norms}') if norms else \
+        (f'<div class="rowhead">PCA</div><div class="tile"><img class="map" src="{pca}" alt="PCA"></div>'
+         f'<div class="note wide">no token norms in this diagnosis (d["token_norms"] absent)</div>')
+    return f"""<div class="card"><h3>image {num(m['image'])}{where}</h3><p class="scale">attention coloured
+{cbar(gradient_css(ATTN_CMAP), num(lo), num(hi))} (this image's largest patch value over its blocks)</p>
+<div class="maps" style="grid-template-columns:5.5em repeat({n_blocks + 1}, minmax(0, 1fr))">
+<div></div><div class="colhead">input</div>{heads}
+<div class="rowhead">strongest head's attention</div><div class="tile"><div class="cap">as the model saw it</div>
+<img class="map" src="{img}" alt="input image"></div>{attn}
+{norm_row}</div></div>"""
+
+
+def _maps(data: dict[str, Any], shown: np.ndarray) -> str:
+    n_blocks = data["model"]["blocks"]
+    evr = data["pca"]["explained_variance_ratio"]
+    legend = (f'<div class="legend">{cbar(gradient_css(ATTN_CMAP), "0", "image max")} attention each patch '
+              f"receives (mean over queries) from the block's strongest head, one scale per image; the bar: its "
+              f"shares on "
+              f'[CLS] <span class="sw cls"></span>, registers <span class="sw reg"></span>, patches '
+              f'<span class="sw patch"></span></div>'
+              f'<div class="legend">{cbar(gradient_css(NORM_CMAP), "tile min", "tile max")} L2 norm of each patch '
+              f"token of the residual stream after the block; [CLS] and registers as numbers (red: above every "
+              f"patch)</div>"
+              f'<div class="legend">PCA colours: the final patch features\' first three principal components as red, '
+              f"green, blue (fitted over the {num(data['pca']['patches'])} patches of these images; variance shares "
+              f"{' / '.join(num(v) for v in evr)})</div>")
+    cards = "".join(_image_card(m, shown[m["image"]], n_blocks) for m in data["images"])
+    return panel("maps", "Attention, token norms and PCA per image and block", legend + cards)
+
+
+def _residual_html(res: dict[str, Any]) -> str:
+    if not res:
+        return panel("residual", "Residual side", '<p class="note">No residual measures in this summary '
+                     "(summary.json has no `residual`: diagnostics.residual was off, or it is older).</p>")
+    parts, notes = [], []
+    q, top = res.get("norm_quantiles_by_block"), res.get("top_activations")
+    if q or top:
+        parts.append(f'<img class="fig" src="{residual_figure(q, top and top["ratio_by_block"])}" '
+                     f'alt="residual measures per block">')
+    n_blocks = len(next(iter(q.values()))) if q else len(top["ratio_by_block"]) if top else 0
+    if q or top:
+        head = ["block", *(q or {}), *(["top", "second", "third", "median", "ratio", "channel", "at"] if top else [])]
+        rows = [[num(b), *(num(v[b]) for v in (q or {}).values()),
+                 *([*(num(v) for v in top["top_by_block"][b]), num(top["median_by_block"][b]),
+                    num(top["ratio_by_block"][b]), num(top["channel_by_block"][b]), top["location_by_block"][b]]
+                   if top else [])] for b in range(n_blocks)]
+        parts.append(f"<h3>token-norm quantiles and top activations (|activation| of the residual stream) per block"
+                     f"</h3>{table(head, rows, 'residual-blocks')}")
+    for key, what in (("norm_quantiles_by_block", "norm quantiles"), ("top_activations", "top activations"),
+                      ("high_norm", "high-norm tokens"), ("register_neurons", "register neurons")):
+        if key not in res:
+            notes.append(f"{what}: not in this summary.")
+    if "high_norm" in res:
+        hn = res["high_norm"]
+        blocks = len(hn[0]["per_image_by_block"]) if hn else 0
+        head = ["block", *(f"> {num(e['k'])}x: {c}" for e in hn for c in ("per image", "[CLS] / reg / patch",
+                                                                        "sink share"))]
+        rows = [[num(b), *(c for e in hn for c in (
+            num(e["per_image_by_block"][b]), " / ".join(num(e["location_by_block"][loc][b]) for loc in LOCATIONS),
+            num(e["sink_share_by_block"][b])))] for b in range(blocks)]
+        parts.append("<h3>high-norm tokens per block: norm above k x the median norm of their image and block "
+                     "(&gt; kx); how many per image, where they sit (per image), the share of them that are a sink "
+                     "of the same block</h3>"
+                     f"{table(head, rows, 'high-norm')}")
+    if "register_neurons" in res:
+        rows = [[num(b), ", ".join(f"{num(u)} ({num(s)})" for u, s in zip(e["units"], e["scores"], strict=True)),
+                 num(e.get("norm_share"))] for b, e in enumerate(res["register_neurons"]["by_block"])]
+        parts.append(f"<h3>register neurons per block: MLP units (score), highest first</h3>"
+                     f"{table(['block', 'units (score)', 'norm share'], rows, 'register-neurons')}")
+    body = "".join(parts) + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+    return panel("residual", "Residual side", body)
+
+
+def _quant_html(quant: dict[str, Any] | None) -> str:
+    if not quant:
+        return panel("quant", "Quantization", '<p class="note">No quantization result for this checkpoint '
+                     "(python -m vitsinks.quantize writes results/quant.json).</p>")
+    top = [[k, *(num(quant[k].get(c)) for c in ("fp32", "quant", "delta"))] for k in ("online_top1", "linear_top1")
+           if quant.get(k)] + [[k, *(num(v.get(c)) for c in ("fp32", "quant", "delta"))]
+                               for k, v in (quant.get("dense") or {}).items()]
+    bb = quant.get("by_block") or {}
+    layers = list(next(iter(bb.values()), {}))
+    cos = quant.get("feature_cosine_by_block") or []
+    n_blocks = max([len(cos), *(len(v) for m in bb.values() for v in m.values())])
+    head = ["block", *(f"{m} {layer}" for m in bb for layer in layers), *(["feature cosine"] if cos else [])]
+    rows = [[num(b), *(num(bb[m][layer][b]) for m in bb for layer in layers), *([num(cos[b])] if cos else [])]
+            for b in range(n_blocks)]
+    meta = (f"{html.escape(str(quant.get('checkpoint', '')))}: weights {num(quant.get('weight_bits'))} bits, inputs "
+            f"{num(quant.get('act_bits'))} bits, ranges calibrated on {num(quant.get('calib_images'))} images, "
+            f"measured on {num(quant.get('n_images'))}; final-feature cosine to fp32 "
+            f"{num(quant.get('feature_cosine'))}.")
+    tops = table(["result", "fp32", "quantized", "change"], top, "quant-top")
+    return panel("quant", "Quantization", f"<p>{meta}</p>{tops}"
+                 f"<h3>per block: kurtosis and inf-norm of each linear layer's input</h3>"
+                 f"{table(head, rows, 'quant-blocks')}")
+
+
+def _trainfree_html(tf: dict[str, Any] | None) -> str:
+    if not tf:
+        return panel("trainfree", "Training-free mitigation", '<p class="note">None: the backbone as trained.</p>')
+    rows = [[k, num(v) if isinstance(v, int | float) else html.escape(str(v))] for k, v in tf.items()]
+    return panel("trainfree", "Training-free mitigation", "<p>This backbone was edited after training:</p>" +
+                 table(["setting", "value"], rows, "trainfree"))
+
+
+def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
+    """The checkpoint page from its data (`checkpoint_data`) and the images as the model saw them."""
+    m = data["model"]
+    meta = (f"{html.escape(m['variant'])}: {num(m['blocks'])} blocks x {num(m['heads'])} heads, "
+            f"{num(m['registers'])} registers, {num(m['grid'][0])} x {num(m['grid'][1])} patches at "
+            f"{num(m['image_size'][0])} x {num(m['image_size'][1])} px; {num(m['images_shown'])} of the "
+            f"{num(m['images_diagnosed'])} diagnosed images shown.")
+    body = _headline(data) + _maps(data, shown) + _residual_html(data["residual"]) + _quant_html(data["quant"]) + \
+        _trainfree_html(data["trainfree"])
+    return page(f"Sink report: {data['checkpoint']}", meta, body,
+                [("headline", "sinks"), ("maps", "maps"), ("residual", "residual"), ("quant", "quantization"),
+                 ("trainfree", "training-free")])
+
+
+def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
+                      summary: dict, out_dir: Path, n_images: int = 4, quant: dict | None = None,
+                      trainfree: dict | None = None) -> Path:
+    """Write `out_dir/report.html` and `out_dir/report.json` (every number the page shows) for one diagnosed
+    checkpoint: `d` from `diagnose(model, images)`, `summary` from `summarize(d)`, `shown` the images as uint8 RGB
+    (n, H, W, 3); the first `n_images` images are shown. `quant` is a results/quant.json, `trainfree` the
+    checkpoint's `trainfree` settings when it is an edited backbone. Returns the page's path."""
+    out_dir, shown = Path(out_dir), np.asarray(shown)
+    if shown.ndim != 4 or shown.shape[-1] != 3 or shown.dtype != np.uint8 or len(shown) < min(n_images, len(images)):
+        raise BadValue(f"shown must hold the images as uint8 RGB (n, H, W, 3), one per image, got {shown.dtype} "
+                       f"{shown.shape}: pass the `shown` of `fixed_images` / `images_of`")
+    data = checkpoint_data(model, images, d, summary, out_dir.name, n_images, quant, trainfree)
+    files.write_json(out_dir / REPORT_JSON, data)
+    files.write_text(out_dir / REPORT, checkpoint_html(data, shown))
+    return out_dir / REPORT
+
+
+# --- the run page ---------------------------------------------------------------------------------------------------
+def run_data(run: RunDir) -> dict[str, Any]:
+    """Every number of a run's page over training, from the step diagnoses on disk."""
+    steps = run.diagnosed_steps()
+    if not steps:
+        raise InputNotFound(f"no diagnostics/step_*/summary.json in {run.path}: diagnose the run's checkpoints first "
+                            f"(python -m vitsinks.diagnose run={run.path})")
+    rows = []
+    for step in sorted(steps):
+        s = json.loads(steps[step].read_text())
+        res = s.get("residual") or {}
+        q = res.get("norm_quantiles_by_block") or {}
+        top = res.get("top_activations") or {}
+        mass = (s.get("strongest_head_by_block") or {}).get("mass") or s.get("max_mass_by_block")
+        page_path = steps[step].parent / REPORT
+        rows.append({"step": step, "checkpoint": steps[step].parent.name,
+                     "sinks_per_image": {c: s["sinks_per_image"][c]["all"] for c in (*CLASSES, "all")},
+                     "strongest_mass_by_block": mass, "max_strongest_mass": max(mass) if mass else None,
+                     "max_norm": max(q["max"]) if q.get("max") else None,
+                     "top_activation_ratio": max(top["ratio_by_block"]) if top.get("ratio_by_block") else None,
+                     "report": f"{page_path.parent.name}/{REPORT}" if page_path.is_file() else None})
+    final = run.diagnostics("final") / REPORT
+    return {"run": run.name, "checkpoints": len(rows), "steps": rows,
+            "final_report": f"final/{REPORT}" if final.is_file() else None}
+
+
+def run_html(data: dict[str, Any]) -> str:
+    """The run page from its data (`run_data`)."""
+    rows = data["steps"]
+    n_blocks = max(len(r["strongest_mass_by_block"] or []) for r in rows)
+    mass = np.array([(r["strongest_mass_by_block"] or []) + [np.nan] * (n_blocks - len(r["strongest_mass_by_block"]
+                                                                                       or [])) for r in rows]).T
+    residual = {k: [r[k] for r in rows] for k in ("max_norm", "top_activation_ratio")
+                if any(r[k] is not None for r in rows)}
+    fig = over_training_figure([r["step"] for r in rows], {c: [r["sinks_per_image"][c] for r in rows]
+                                                           for c in (*CLASSES, "all")},
+                               mass, {k.replace("_", " "): v for k, v in residual.items()})
+    head = ["step", *(f"sinks / image: {c}" for c in (*CLASSES, "all")), "max strongest mass",
+            *(["max token norm"] if "max_norm" in residual else []),
+            *(["top activation ratio"] if "top_activation_ratio" in residual else []), "report page"]
+    cells = []
+    for r in rows:
+        link = f'<a href="{html.escape(r["report"])}">{html.escape(r["checkpoint"])}</a>' if r["report"] else "-"
+        cells.append(f"<tr><td>{num(r['step'])}</td>" + "".join(
+            f"<td>{num(r['sinks_per_image'][c])}</td>" for c in (*CLASSES, "all")) +
+            f"<td>{num(r['max_strongest_mass'])}</td>" +
+            "".join(f"<td>{num(r[k])}</td>" for k in residual) + f"<td>{link}</td></tr>")
+    hd = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    final = (f'<p>The final diagnosis: <a href="{html.escape(data["final_report"])}">its report page</a>.</p>'
+             if data["final_report"] else "")
+    body = panel("training", "Sinks over training", f'<img class="fig full" src="{fig}" alt="sinks over training">'
+                 f'{final}<table id="steps"><thead><tr>{hd}</tr></thead><tbody>{"".join(cells)}</tbody></table>')
+    return page(f"Sinks over training: {data['run']}", f"{num(data['checkpoints'])} diagnosed checkpoints.", body, [])
+
+
+def run_report(run: RunDir) -> Path:
+    """Write `diagnostics/report.html` and `diagnostics/report.json` of a run: sinks per image by class, the strongest
+    head's mass per block and the residual measures vs step, with links to the checkpoints' pages that exist."""
+    data = run_data(run)
+    files.write_json(run.diagnostics_root / REPORT_JSON, data)
+    files.write_text(run.diagnostics_root / REPORT, run_html(data))
+    return run.diagnostics_root / REPORT

@@ -1,0 +1,232 @@
+"""The look of the report pages (`vitsinks.diagnostics.page`): how numbers are written (`num`), the page chrome (CSS,
+sections, tables, colour bars), and the pictures: maps over the patch grid as nearest-neighbour PNGs, the PCA colours
+of the final patch features and the matplotlib figures, all inline data URIs, so that a page keeps working wherever
+its folder is copied."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+from PIL import Image
+
+from vitsinks.utils.errors import NonFinite
+from vitsinks.utils.tables import html_table
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+
+ATTN_CMAP, NORM_CMAP = "inferno", "viridis"
+MIN_SIDE = 128  # pictures smaller than this are enlarged by a whole factor, nearest-neighbour
+
+
+CSS = """body{font-family:system-ui,sans-serif;font-size:14px;margin:0 auto;padding:0 1em 2em;max-width:1340px;
+color:#222}
+h1{font-size:1.45em;margin:.6em 0 .1em} h2{font-size:1.15em;margin:0 0 .4em} h3{font-size:.95em;margin:.8em 0 .3em}
+nav{position:sticky;top:0;background:#fff;padding:.3em 0;border-bottom:1px solid #ddd;z-index:1}
+nav a{margin-right:1.2em} section{margin:1em 0 1.6em} .meta{color:#555;margin:.2em 0 .4em}
+.note{color:#666;font-size:.9em} .row{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}
+table{border-collapse:collapse;margin-bottom:1em;font-size:.88em} th{background:#eee}
+td,th{border:1px solid #bbb;padding:2px 7px;text-align:right} td:first-child,th:first-child{text-align:left}
+.card{border:1px solid #ddd;border-radius:6px;padding:.3em .6em .6em;margin:.8em 0}
+.maps{display:grid;gap:4px 6px;align-items:start}
+.colhead{font-weight:600;font-size:.85em;text-align:center} .rowhead{font-size:.8em;color:#444;align-self:center}
+.tile{font-size:11px;line-height:1.2;text-align:center;width:100%;max-width:150px;overflow-wrap:anywhere;margin:0 auto}
+.cap.hot{color:#c00;font-weight:600} .scale{font-size:.85em;color:#444;margin:0 0 .3em}
+img.map{width:100%;max-width:150px;image-rendering:pixelated;display:block;margin:1px auto}
+.bar{display:flex;height:7px;margin:2px 0;border:1px solid #999} .bar span{display:block;height:100%}
+.cls{background:#d62728} .reg{background:#9467bd;border-left:1px solid #fff} .patch{background:#aaa}
+.sw{display:inline-block;width:.9em;height:.7em;vertical-align:middle}
+.legend{font-size:.85em;margin:.25em 0;display:flex;align-items:center;gap:.5em}
+.cbar{display:inline-flex;align-items:center;gap:.3em;font-size:.9em;white-space:nowrap}
+.cbar i{display:inline-block;width:110px;height:10px;border:1px solid #999}
+img.fig{max-width:min(100%,900px);display:block;margin:.4em 0} img.fig.full{max-width:100%}
+.wide{grid-column:span 4;align-self:center} #register-neurons td:nth-child(2){text-align:left}"""
+
+
+def page(title: str, meta: str, body: str, links: list[tuple[str, str]]) -> str:
+    """A whole report page: `title`, a line of `meta`, a bar of links to its sections, then `body`."""
+    nav = "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in links)
+    return (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{CSS}</style></head>\n<body><h1>{html.escape(title)}</h1><p class=\"meta\">{meta}</p>"
+            f"{f'<nav>{nav}</nav>' if nav else ''}\n{body}\n</body></html>\n")
+
+
+def panel(anchor: str, title: str, body: str) -> str:
+    """One section of a page."""
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>\n{body}</section>\n'
+
+
+def table(header: list[str], rows: list[list[str]], table_id: str) -> str:
+    """A table of already formatted cells (`vitsinks.utils.tables.html_table`, every cell escaped)."""
+    return html_table(header, rows, table_id)
+
+
+def cbar(gradient: str, lo: str, hi: str) -> str:
+    """A small colour bar: `lo`, the gradient, `hi`."""
+    return f'<span class="cbar">{html.escape(lo)}<i style="background:{gradient}"></i>{html.escape(hi)}</span>'
+
+
+def num(x: Any) -> str:
+    """How every number is written on the pages: integers as they are, floats with 3 significant digits
+    (whole numbers from 1000 up), `-` for None / NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, bool | int | np.integer):
+        return str(int(x))
+    x = float(x)
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    return f"{x:.3g}" if x == 0 or abs(x) >= 1e-3 else f"{x:.2e}"
+
+
+def scale_factor(side: int) -> int:
+    """The whole factor that brings an image side up to at least MIN_SIDE pixels (1 when it already is)."""
+    return max(1, -(-MIN_SIDE // max(side, 1)))
+
+
+def upscale(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A (h, w, ...) array resized to `size` (H, W) nearest-neighbour: every cell becomes a flat block."""
+    h, w = rgb.shape[:2]
+    rows, cols = np.arange(size[0]) * h // size[0], np.arange(size[1]) * w // size[1]
+    return rgb[rows][:, cols]
+
+
+def colour(values: np.ndarray, vmin: float, vmax: float, cmap: str) -> np.ndarray:
+    """uint8 RGB of `values` through `cmap` on [vmin, vmax] (a flat map, vmin == vmax, is the colour of 0)."""
+    span = vmax - vmin
+    t = np.clip((values - vmin) / span, 0, 1) if span > 0 else np.zeros_like(values, dtype=float)
+    return (matplotlib.colormaps[cmap](t)[..., :3] * 255).round().astype(np.uint8)
+
+
+def grid_picture(values: np.ndarray, vmin: float, vmax: float, cmap: str, size: tuple[int, int]) -> np.ndarray:
+    """A (gh, gw) map coloured by `cmap` on [vmin, vmax] and upscaled nearest-neighbour to `size`."""
+    return upscale(colour(values, vmin, vmax, cmap), size)
+
+
+def png_uri(rgb: np.ndarray) -> str:
+    """A uint8 RGB array as a `data:image/png;base64,...` URI."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8)).save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def figure_uri(fig: plt.Figure) -> str:
+    """A matplotlib figure (laid out, 110 dpi, then closed) as a PNG data URI."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format="png")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def gradient_css(cmap: str, stops: int = 9) -> str:
+    """A CSS linear-gradient running through `cmap` from its low end (left) to its high end (right)."""
+    cols = colour(np.linspace(0, 1, stops), 0.0, 1.0, cmap)
+    return "linear-gradient(to right, " + ", ".join(f"rgb({r},{g},{b})" for r, g, b in cols) + ")"
+
+
+def pca_colours(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first three principal components of patch features (n, P, D), fitted over all n x P patches together, as
+    colours in [0, 1] (n, P, 3), each component min-max scaled over every patch; and each component's share of the
+    total variance (3,). The sign of each component is fixed so that its largest-magnitude loading is positive
+    (ties: the lowest channel), which makes the colours a function of the features alone."""
+    n, p, dim = feats.shape
+    x = feats.reshape(n * p, dim).astype(np.float64)
+    if not np.isfinite(x).all():
+        raise NonFinite("the final patch features are not finite (NaN or inf): the checkpoint is broken; report a "
+                        "checkpoint of a run that did not diverge")
+    x = x - x.mean(0)
+    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    k = min(3, len(s))
+    vt = vt[:k] * np.sign(vt[:k][np.arange(k), np.abs(vt[:k]).argmax(1)])[:, None]
+    proj = x @ vt.T  # (n * p, k)
+    lo, hi = proj.min(0), proj.max(0)
+    span = np.where(hi - lo > 1e-12 * max(1.0, float(np.abs(proj).max(initial=0))), hi - lo, np.inf)
+    rgb = np.full((n * p, 3), 0.5)  # a component without variance (or missing) shows as mid-grey
+    rgb[:, :k] = np.where(np.isfinite(span), (proj - lo) / span, 0.5)
+    total = float((s ** 2).sum())
+    evr = np.zeros(3)
+    evr[:k] = (s[:k] ** 2) / total if total > 0 else 0.0
+    return rgb.reshape(n, p, 3), evr
+
+
+def log_axis(ax: plt.Axes, values: Sequence[float]) -> None:
+    """A log y axis with plain tick labels (1, 2, 5, 10, ...; every integer multiple within one decade)."""
+    pos = [v for v in values if v is not None and v > 0]
+    if not pos:
+        return
+    ax.set_yscale("log")
+    narrow = max(pos) / min(pos) < 10
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=tuple(range(1, 10)) if narrow else (1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def residual_figure(quantiles: dict[str, list[float]] | None, ratio: list[float] | None) -> str:
+    """Per block: the token-norm quantiles (log scale) and the top activation ratio (max / median |activation|)."""
+    panels = [q for q in (quantiles, ratio) if q]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 3.2), squeeze=False)
+    axes = list(axes[0])
+    if quantiles:
+        ax = axes.pop(0)
+        for name, vals in quantiles.items():
+            ax.plot(range(len(vals)), vals, "o-", ms=3, label=name)
+        log_axis(ax, [v for vals in quantiles.values() for v in vals])
+        ax.set_xlabel("block (output residual stream)")
+        ax.set_ylabel("token L2 norm")
+        ax.set_title("token-norm quantiles over tokens x images", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.set_xticks(range(len(next(iter(quantiles.values())))))
+    if ratio:
+        ax = axes.pop(0)
+        ax.plot(range(len(ratio)), ratio, "s-", color="tab:red", ms=3)
+        ax.set_xlabel("block")
+        ax.set_ylabel("top |activation| / median")
+        ax.set_title("top activation ratio", fontsize=9)
+        ax.set_xticks(range(len(ratio)))
+    return figure_uri(fig)
+
+
+def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass: np.ndarray,
+                         residual: dict[str, Any]) -> str:
+    """Sinks per image by class vs step; the strongest head's mass per block vs step (heatmap); and, when the
+    summaries have them, the residual measures vs step (largest token norm and top activation ratio, max over
+    blocks)."""
+    n = 2 + bool(residual)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4))
+    x = np.arange(len(steps))
+    for name, vals in spi.items():
+        axes[0].plot(x, vals, "o-", ms=3, label=name, color={"all": "k"}.get(name))
+    axes[0].set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+    axes[0].set_xlabel("checkpoint step")
+    axes[0].set_ylabel("sink heads per image (blocks 1..L-1)")
+    axes[0].set_ylim(0, max(1.0, 1.1 * max((v for vals in spi.values() for v in vals), default=0.0)))
+    axes[0].set_title("sinks per image by class", fontsize=9)
+    axes[0].legend(fontsize=7)
+    im = axes[1].imshow(mass, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1,
+                        extent=(-0.5, len(steps) - 0.5, -0.5, mass.shape[0] - 0.5))
+    axes[1].set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+    axes[1].set_yticks(range(mass.shape[0]))
+    axes[1].set_xlabel("checkpoint step")
+    axes[1].set_ylabel("block")
+    axes[1].set_title("strongest head's sink mass per block", fontsize=9)
+    fig.colorbar(im, ax=axes[1], label="mean mass over images")
+    if residual:
+        ax = axes[2]
+        for (label, vals), style in zip(residual.items(), ("o-", "s--", "^:"), strict=False):
+            ax.plot(x, [np.nan if v is None else v for v in vals], style, ms=3, label=label)
+        log_axis(ax, [v for vals in residual.values() for v in vals if v is not None])
+        ax.set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+        ax.set_xlabel("checkpoint step")
+        ax.set_ylabel("max over blocks")
+        ax.set_title("residual side", fontsize=9)
+        ax.legend(fontsize=7)
+    return figure_uri(fig)

@@ -1,0 +1,133 @@
+"""The residual side of sinks (docs/residual.md): token norms, high-norm tokens and massive activations of the
+residual stream at each block's output. Pure functions: `block_stats` on one block's hidden state (torch, inside
+the diagnosis loop), the rest on the per-image arrays it leaves (numpy, in the summary)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vitsinks.utils.errors import BadValue, NonFinite
+
+TOP = 3  # the largest activation magnitudes kept per image and block
+HIST_BINS = 40  # log-spaced bins of the token-norm histograms
+QUANTILES = {"q50": 0.5, "q90": 0.9, "q99": 0.99, "max": 1.0}
+
+
+@torch.no_grad()
+def block_stats(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per image of one block's output hidden state `x` (B, N, dim): `norm` (B, N) the L2 norm of every token;
+    `top` (B, TOP) the largest |h| over tokens x channels, `abs_median` (B,) the median |h| (the lower middle value
+    for an even count), `top_channel` / `top_token` (B,) where the largest one sits."""
+    h = x.float()
+    flat = h.abs().flatten(1)  # (B, N * dim), token-major
+    top, arg = flat.topk(min(TOP, flat.shape[1]), dim=1)
+    dim = h.shape[-1]
+    return {"norm": h.norm(dim=-1), "top": top, "abs_median": lower_median(flat),
+            "top_channel": arg[:, 0] % dim, "top_token": arg[:, 0] // dim}
+
+
+def lower_median(flat: torch.Tensor, selection: bool | None = None) -> torch.Tensor:
+    """Per row of `flat` (B, n), the ((n - 1) // 2)-th smallest value (torch's median). On the CPU (`selection`
+    None) by numpy's selection (`np.partition`), about 15x faster there than torch's median; elsewhere torch's."""
+    if selection is None:
+        selection = flat.device.type == "cpu"
+    if not selection:
+        return flat.median(dim=1).values
+    mid = (flat.shape[1] - 1) // 2
+    return torch.from_numpy(np.partition(flat.numpy(), mid, axis=1)[:, mid].copy())
+
+
+def _finite(norms: np.ndarray) -> np.ndarray:
+    if not np.isfinite(norms).all():
+        raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; diagnose a "
+                        "checkpoint of a run that did not diverge")
+    return norms
+
+
+def norm_quantiles(norms: np.ndarray) -> dict[str, np.ndarray]:
+    """Per block, the quantiles (`QUANTILES`) of the token norms `norms` (images, L, N) over images x tokens."""
+    flat = np.moveaxis(_finite(norms), 1, 0).reshape(norms.shape[1], -1)  # (L, images * N)
+    return {name: np.quantile(flat, q, axis=1) for name, q in QUANTILES.items()}
+
+
+def log_edges(norms: np.ndarray, bins: int = HIST_BINS) -> np.ndarray:
+    """`bins + 1` log-spaced edges from the smallest positive norm to the largest (a decade wide when all equal)."""
+    pos = _finite(norms)[norms > 0]
+    if pos.size == 0:
+        raise BadValue("every residual token norm is 0: the model's residual stream is empty; check its weights")
+    lo, hi = float(pos.min()), float(pos.max())
+    if hi <= lo * (1 + 1e-9):
+        lo, hi = lo / math.sqrt(10), hi * math.sqrt(10)
+    return np.geomspace(lo, hi, bins + 1)
+
+
+def norm_histogram(norms: np.ndarray, bins: int = HIST_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """Log-spaced `log_edges` and, per block, the token counts over images x tokens (L, bins); a norm of 0 counts
+    in the first bin, so each block's counts sum to images x N."""
+    edges = log_edges(norms, bins)
+    clipped = np.clip(norms, edges[0], edges[-1])
+    counts = np.stack([np.histogram(clipped[:, b].ravel(), bins=edges)[0] for b in range(norms.shape[1])])
+    return edges, counts
+
+
+def sink_tokens(sink_idx: np.ndarray, events: np.ndarray, n_tokens: int) -> np.ndarray:
+    """(images, L, N) bool: token t is a sink of block b on image i when it is the dominant key `sink_idx` of a
+    head of block b with a sink event on image i (`events`, (images, L, H))."""
+    out = np.zeros((*sink_idx.shape[:2], n_tokens), dtype=bool)
+    i, b, h = np.nonzero(events)
+    out[i, b, sink_idx[i, b, h]] = True
+    return out
+
+
+def high_norm(norms: np.ndarray, k: float) -> np.ndarray:
+    """(images, L, N) bool: the tokens whose norm exceeds `k` x the median token norm of their image and block."""
+    (k,) = check_ks([k])
+    return _finite(norms) > k * np.median(norms, axis=-1, keepdims=True)
+
+
+def high_norm_stats(norms: np.ndarray, k: float, token_loc: np.ndarray, is_sink: np.ndarray,
+                    n_locations: int = 3) -> dict[str, np.ndarray]:
+    """Per block at threshold `k`: `per_image` (L,) high-norm tokens per image; `by_location` (n_locations, L) the
+    same split by the location code of each token (`token_loc`, (N,)); `sink_share` (L,) the share of the high-norm
+    tokens that are sinks of the same block (`is_sink`, see `sink_tokens`), NaN at a block without any."""
+    hi = high_norm(norms, k)
+    n_img = norms.shape[0]
+    per_loc = np.stack([hi[..., token_loc == c].sum(axis=(0, 2)) / n_img for c in range(n_locations)])
+    total = hi.sum(axis=(0, 2))
+    share = np.where(total > 0, (hi & is_sink).sum(axis=(0, 2)) / np.maximum(total, 1), np.nan)
+    return {"per_image": total / n_img, "by_location": per_loc, "sink_share": share}
+
+
+def top_activation_stats(top: np.ndarray, abs_median: np.ndarray, channel: np.ndarray,
+                         token_loc: np.ndarray) -> dict[str, np.ndarray]:
+    """Per block from the per-image `block_stats` arrays (`top` (images, L, TOP), `abs_median`, `channel` and
+    `token_loc`, the location code of the top token, (images, L)): `top` (L, TOP) and `median` (L,) their means over
+    images, `ratio` (L,) mean top-1 / mean median (inf where the median is 0), and the `channel` and `location` the
+    top-1 activation takes on most images (ties: the smallest)."""
+    mt, mm = top.mean(axis=0), abs_median.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(mm > 0, mt[:, 0] / np.where(mm > 0, mm, 1), np.inf)
+    mode = [np.bincount(col).argmax() for col in channel.T]
+    loc = [np.bincount(col, minlength=3).argmax() for col in token_loc.T]
+    return {"top": mt, "median": mm, "ratio": ratio, "channel": np.array(mode), "location": np.array(loc)}
+
+
+def k_key(k: float) -> str:
+    """How a threshold is named in summary.json's `high_norm` (2 -> '2.0')."""
+    return str(float(k))
+
+
+def check_ks(ks: Sequence[float]) -> list[float]:
+    """The thresholds as floats, each finite and > 0, without repeats."""
+    out = []
+    for k in ks:
+        k = float(k)
+        if not (math.isfinite(k) and k > 0):
+            raise BadValue(f"diagnostics.high_norm_k must hold finite multiples > 0 of the median norm, got {k}")
+        if k not in out:
+            out.append(k)
+    return out

@@ -1,0 +1,122 @@
+"""Outlier statistics of the inputs of every linear layer of the blocks (docs/quantization.md).
+
+Per block and layer, over `images`:
+- `kurtosis`: per image, the Pearson kurtosis of all N x C entries of the layer's input (tokens x channels,
+  flattened), `E[(x - mu)^4] / sigma^4` with population moments (a Gaussian has 3), then the mean over images;
+- `inf_norm`: `max |x|` over tokens, channels and images (the range a static per-tensor quantiser must cover).
+
+The layers are every `nn.Linear` inside a block (`attn.qkv`, `attn.proj`, `mlp.fc1`, `mlp.fc2`, and the gate's or
+the global pathway's when the variant has them), keyed by their path in the block without the `attn.` / `mlp.`
+prefix: `qkv`, `proj`, `fc1`, `fc2`, `gate`, `pathway.inp`, ...
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitsinks.models import SinkViT
+from vitsinks.utils.errors import NonFinite
+
+
+def layer_key(path: str) -> str:
+    """A linear layer's key from its path in the block (`attn.qkv` -> `qkv`, `pathway.inp` stays)."""
+    head, _, rest = path.partition(".")
+    return rest if head in ("attn", "mlp") and rest else path
+
+
+def block_layers(model: SinkViT) -> list[dict[str, str]]:
+    """Per block, the module path in the model (`blocks.3.attn.qkv`) of each of its linear layers by key
+    (`layer_key`), in module order."""
+    return [{layer_key(name): f"blocks.{i}.{name}" for name, mod in block.named_modules()
+             if isinstance(mod, nn.Linear)} for i, block in enumerate(model.blocks)]
+
+
+def layer_paths(model: SinkViT) -> dict[str, nn.Linear]:
+    """Every block linear layer by its module path in the model, in module order."""
+    return {path: model.get_submodule(path) for blk in block_layers(model) for path in blk.values()}
+
+
+def pearson_kurtosis(x: torch.Tensor) -> torch.Tensor:
+    """Per row of `x` (B, ...), the Pearson kurtosis of all its entries in float64 (B,): `m4 / m2^2` with central
+    population moments (`scipy.stats.kurtosis(fisher=False)`); NaN for a constant row."""
+    flat = x.detach().reshape(x.shape[0], -1).double()
+    d = flat - flat.mean(dim=1, keepdim=True)
+    m2 = d.square().mean(dim=1)
+    return d.square().square().mean(dim=1) / m2.square()
+
+
+class _Recorder:
+    """Forward pre-hooks on layers accumulating the sum of per-image kurtoses, the image count and max |x|."""
+
+    def __init__(self, layers: dict[str, nn.Linear], kurtosis: bool) -> None:
+        self.kurt_sum = dict.fromkeys(layers, 0.0)
+        self.count = dict.fromkeys(layers, 0)
+        self.inf = dict.fromkeys(layers, 0.0)
+        self.bad: set[str] = set()
+        self.kurtosis = kurtosis
+        self.handles = [mod.register_forward_pre_hook(self._hook(name)) for name, mod in layers.items()]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            top = float(x.detach().abs().amax())
+            if not math.isfinite(top):  # max() would drop a NaN
+                self.bad.add(name)
+            self.inf[name] = max(self.inf[name], top)
+            if self.kurtosis:
+                self.kurt_sum[name] += float(pearson_kurtosis(x).sum())
+            self.count[name] += x.shape[0]
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
+                 kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """(max |x|, mean per-image kurtosis (empty without `kurtosis`)) of the input of every block linear layer by
+    its module path (`layer_paths`), over `images` run through `model` in batches on the model's device.
+    A layer the forward never reached, or a non-finite number, is a `NonFinite` error."""
+    layers = layer_paths(model)
+    rec = _Recorder(layers, kurtosis)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        for lo in range(0, len(images), batch_size):
+            model.forward_features(images[lo : lo + batch_size].to(device))
+    finally:
+        rec.remove()
+        model.train(was_training)
+    missing = [n for n, c in rec.count.items() if c == 0]
+    if missing:
+        raise NonFinite(f"the forward pass never reached the linear layers {', '.join(missing)}: no statistics")
+    kurt = {n: rec.kurt_sum[n] / rec.count[n] for n in layers} if kurtosis else {}
+    bad = [n for n in layers if n in rec.bad or (kurtosis and not math.isfinite(kurt[n]))]
+    if bad:
+        raise NonFinite(f"non-finite inputs (or a constant input, whose kurtosis is undefined) of the linear layers "
+                        f"{', '.join(bad)}: the model diverged or its weights are broken; nothing was written")
+    return rec.inf, kurt
+
+
+def linear_input_stats(model: SinkViT, images: torch.Tensor,
+                       batch_size: int = 64) -> dict[str, dict[str, list[float | None]]]:
+    """`{"kurtosis": {key: [L]}, "inf_norm": {key: [L]}}`: the statistics (module docstring) of every block
+    linear layer's input over `images`, per layer key and block (None in a block without that layer)."""
+    inf, kurt = input_maxima(model, images, batch_size, kurtosis=True)
+    per_block = block_layers(model)
+    keys = list(dict.fromkeys(k for blk in per_block for k in blk))
+    return {stat: {k: [values[blk[k]] if k in blk else None for blk in per_block] for k in keys}
+            for stat, values in (("kurtosis", kurt), ("inf_norm", inf))}
+
+
+def stat_max(by_block: dict[str, dict[str, list[float | None]]], stat: str) -> float:
+    """The largest value of one statistic over blocks and layers (NaN when there is none)."""
+    values = [v for layer in by_block.get(stat, {}).values() for v in layer if v is not None]
+    return max(values) if values else math.nan

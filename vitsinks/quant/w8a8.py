@@ -1,0 +1,91 @@
+"""Simulated W8A8 quantization of the blocks as a post-hoc edit (`w8a8`; docs/quantization.md).
+
+Symmetric integer fake quantization, one scale per tensor: with `b` bits, `qmax = 2^(b-1) - 1` and a scale `s`,
+
+    q(x) = s * clamp(round(x / s), -qmax, qmax)
+
+- weights (`quant.weight_bits`): every block linear layer's weight, `s_w = max |W| / qmax`, replaced in place
+  (biases stay float: they would be int32 on hardware);
+- activations (`quant.act_bits`): every block linear layer's input, with a static scale `s_x = max |x| / qmax`
+  where `max |x|` is taken over the calibration images of the float model (`fit`); a forward pre-hook quantises
+  the input, values beyond the calibrated range clamped.
+
+The patch embedding, the position embedding and the prefix tokens, the LayerNorms, the attention scores and their
+softmax, the residual additions, the final norm and any head stay in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitsinks.models import SinkViT
+from vitsinks.quant.stats import input_maxima, layer_paths
+from vitsinks.trainfree.base import TrainFreeMethod, register_method
+from vitsinks.utils.errors import BadValue, NonFinite
+
+
+def qmax(bits: int) -> int:
+    """The largest level of a symmetric signed `bits`-bit grid: 2^(bits-1) - 1."""
+    return 2 ** (int(bits) - 1) - 1
+
+
+def scale_of(max_abs: float | torch.Tensor, bits: int) -> float:
+    """The per-tensor scale that maps `max_abs` to the top level of a `bits`-bit grid."""
+    return float(torch.as_tensor(max_abs).detach()) / qmax(bits)
+
+
+def fake_quant(x: torch.Tensor, scale: float, bits: int) -> torch.Tensor:
+    """`scale * clamp(round(x / scale), -qmax, qmax)`; `x` itself for a zero scale (an all-zero tensor)."""
+    if scale <= 0:
+        return x
+    q = qmax(bits)
+    return torch.clamp(torch.round(x / scale), -q, q) * scale
+
+
+def _input_hook(scale: float, bits: int) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (fake_quant(args[0], scale, bits), *args[1:])
+    return hook
+
+
+@register_method
+class W8A8(TrainFreeMethod):
+    """Weights and linear-layer inputs of the blocks fake-quantised per tensor (the module docstring)."""
+
+    name = "w8a8"
+    label = "W8A8"
+    mitigation = False
+    group = "quant"
+    count_key = "calib_images"
+
+    @classmethod
+    def fit(cls, model: SinkViT, images: torch.Tensor, settings: Any) -> dict[str, Any]:
+        """The static input ranges of every block linear layer over `images` (a `QuantConfig` gives the bits)."""
+        ranges, _ = input_maxima(model, images)
+        wb, ab = int(settings.weight_bits), int(settings.act_bits)
+        layers = list(ranges)
+        act_max = torch.tensor([ranges[n] for n in layers], dtype=torch.float64)
+        return {"weight_bits": wb, "act_bits": ab, "calib_images": len(images), "layers": layers,
+                "act_max": act_max, "act_scale": act_max / qmax(ab)}
+
+    @classmethod
+    def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
+        """Quantise the block linear layers' weights in place and hook their inputs with the fitted scales."""
+        layers = layer_paths(model)
+        if list(layers) != list(state["layers"]):
+            raise BadValue(f"the W8A8 state was fitted on the linear layers {state['layers']}, this model has "
+                           f"{list(layers)}: quantise the model again (python -m vitsinks.quantize)")
+        wb, ab = int(state["weight_bits"]), int(state["act_bits"])
+        scales = [float(s) for s in state["act_scale"]]
+        if not all(math.isfinite(s) and s >= 0 for s in scales):
+            raise NonFinite("the W8A8 state holds non-finite activation scales: quantise the model again")
+        for (_, mod), s in zip(layers.items(), scales, strict=True):
+            with torch.no_grad():
+                w = mod.weight
+                w.copy_(fake_quant(w, scale_of(w.abs().amax(), wb), wb))
+            mod.register_forward_pre_hook(_input_hook(s, ab))
+        return model

@@ -1,0 +1,34 @@
+"""Training-free mitigations from the command line (docs/trainfree.md).
+
+    python -m vitsinks.trainfree ckpt=runs/<name>/checkpoints/last.pt method=test_time_register
+    python -m vitsinks.trainfree ckpt=... method=mean_massive probes=false       # diagnostics only
+    python -m vitsinks.trainfree model.pretrained=<timm name or file> method=test_time_register data=imagenet ...
+
+Fits the edit on the first `trainfree.fit_images` TRAIN images of the checkpoint's data, writes the derived run
+`<runs_dir>/<source>+<method>/` (a checkpoint that every command reads with the edit on), then diagnoses it and,
+with `trainfree.probes` (default), runs its linear and dense probes as after training. The leaderboard shows it
+as the row `<variant> + <method label>` beside the trained variants.
+"""
+
+from __future__ import annotations
+
+import json
+
+from omegaconf import DictConfig
+
+from vitsinks.configs.cli import hydra_command
+from vitsinks.trainfree.derive import analyse, derive
+
+
+def main(cfg: DictConfig) -> None:
+    run = derive(cfg)
+    out = analyse(run, cfg.trainfree.probes)
+    print(json.dumps(out, indent=1, default=str))
+    print(f"derived run {run.path} ({cfg.trainfree.method} of {cfg.ckpt or cfg.model.pretrained})")
+
+
+cli = hydra_command(main, aliases={k: f"trainfree.{k}" for k in ("method", "fit_images", "neurons", "outlier_k",
+                                                                  "massive", "probes")})
+
+if __name__ == "__main__":
+    cli()

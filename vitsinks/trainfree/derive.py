@@ -1,0 +1,114 @@
+"""A derived run: a trained backbone (a run's checkpoint or a pretrained model) with a post-hoc edit, laid out as a
+run so that every command reads it.
+
+    <runs_dir>/<source run>+<method>/config.yaml        the source's config, `trainfree` filled in
+                                    checkpoints/last.pt  the source's backbone weights + the fitted state
+                                    diagnostics/final/   (analyse) the edited model's diagnostics
+                                    results/             (analyse) its linear / dense probes
+
+The edit is fitted on the first `trainfree.fit_images` images of the TRAIN split of the source's data in the order
+of `protocol` (never the validation images the diagnostics and probes report on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks.configs.cli import data_overrides, pick_data
+from vitsinks.configs.schema import to_container, upgrade
+from vitsinks.data import build_dataset
+from vitsinks.diagnose import diagnose_checkpoint
+from vitsinks.diagnostics import fixed_images
+from vitsinks.models import SinkViT, model_from_config
+from vitsinks.run.pipeline import probes as run_probes
+from vitsinks.train.checkpoint import load_backbone, save_state
+from vitsinks.trainfree.base import METHODS
+from vitsinks.trainfree.base import method as get_method
+from vitsinks.utils.distributed import resolve_device
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import FINAL, RunDir
+
+
+def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
+    """(backbone, its run config, its name): `cfg.ckpt`'s, else the model of `cfg.model` (e.g. `model.pretrained=`
+    a timm name or a state-dict file) with `cfg` as its config."""
+    if cfg.ckpt:
+        path = Path(cfg.ckpt)
+        model, src = load_backbone(path)
+        if src.trainfree.method:
+            raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
+                           f"{src.trainfree.source} instead (post-hoc edits do not stack)")
+        name = RunDir.of_checkpoint(path).name if path.parent.name == "checkpoints" else path.stem
+        return model, src, name
+    model = model_from_config(cfg.model)
+    src = OmegaConf.merge(cfg, {"model": {"pretrained": None}})  # the weights go into the derived checkpoint
+    pretrained = str(cfg.model.pretrained or "")
+    if pretrained and Path(pretrained).expanduser().is_file():  # a weights file: its name, not its folders
+        return model, src, Path(pretrained).stem
+    return model, src, (pretrained or str(cfg.name)).replace("/", "_")
+
+
+def fit_images(model: SinkViT, data: DictConfig, seed: int, n: int, protocol: Any) -> torch.Tensor:
+    """The first `n` readable TRAIN images of `data` in the order of `protocol`, as model inputs."""
+    images, _, _ = fixed_images(build_dataset(data, "train", seed), n, model.patch_embed.img_size[0],
+                                data.on_bad_image, protocol)
+    return images
+
+
+def on_cpu(obj: Any) -> Any:
+    """A fitted state with every tensor on the CPU (a checkpoint loads on any machine)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
+
+
+def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | None = None) -> RunDir:
+    """Fit `method` (default `cfg.trainfree.method`) with `settings` (default: `cfg`'s group of the method, e.g.
+    `cfg.trainfree`) on the source model of `cfg` (`source_model`) and write the derived run to `out` (default
+    `<runs_dir>/<source>+<method>`)."""
+    name = method or cfg.trainfree.method
+    if not name:
+        raise BadValue(f"name the post-hoc edit: trainfree.method=<name> ({', '.join(sorted(METHODS))})")
+    m = get_method(str(name))
+    settings = settings if settings is not None else cfg[m.group]
+    model, src, src_name = source_model(cfg)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
+    data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
+    model.eval().to(resolve_device(cfg.cluster.device))  # the fit's forward passes on the run's device
+    with torch.no_grad():
+        images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
+        state = on_cpu(m.fit(model, images, settings))
+    run = RunDir(out if out is not None else Path(cfg.runs_dir) / f"{src_name}+{m.name}")
+    source = str(cfg.ckpt) if cfg.ckpt else str(cfg.model.pretrained or "config")
+    run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
+                                    m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,
+                                    "eval": cfg.eval, "cluster": cfg.cluster})
+    run_cfg.trainfree.method, run_cfg.trainfree.source = m.name, source
+    run.lock()
+    try:
+        run.start(run_cfg)
+        save_state({"config": to_container(run_cfg), "model": weights, "trainfree": state}, run.last)
+        run.write_status("finished", derived_from=source, method=m.name)
+    finally:
+        run.unlock()
+    return run
+
+
+def analyse(run: RunDir, probes: bool = True, diagnose: bool = True) -> dict[str, Any]:
+    """The derived run's diagnostics (`diagnostics/final`, with `diagnose`) and, with `probes`, its linear and dense
+    probes, with its own config's settings (as after training: `vitsinks.run.pipeline.after_train`)."""
+    cfg = upgrade(OmegaConf.load(run.config), str(run.config))
+    out: dict[str, Any] = {}
+    if diagnose:
+        out["sinks_per_image"] = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics(FINAL))["sinks_per_image"]
+    if probes:
+        out.update(run_probes(cfg, run.path))
+    return out

@@ -1,0 +1,131 @@
+"""Massive activations fixed post hoc (Sun et al. 2024, "Massive Activations in Large Language Models", its ViT
+section; docs/trainfree.md): at the block where they appear, the largest channels of the residual stream set, at
+each image's massive token, to their mean over the fit images (`mean_massive`) or to 0 (`zero_massive`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vitsinks.configs.schema import TrainFreeConfig
+from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.trainfree.base import TrainFreeMethod, register_method
+from vitsinks.utils.errors import BadValue, NonFinite
+
+ONSET = 0.5  # the massive block: the first whose top / median ratio reaches this share of the largest one
+
+
+@torch.no_grad()
+def block_peaks(model: SinkViT, images: torch.Tensor,
+                batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per image and block output h (tokens x channels): `top` (n, L) the largest |h|, `median` (n, L) the median
+    |h| (the lower middle value, as the summary's `top_activations`), and per channel `peak_abs` (n, L, D) the largest
+    |h| over tokens and `peak` (n, L, D) the signed h at that token (the channel's massive token)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    parts: list[tuple[torch.Tensor, ...]] = []
+    try:
+        for lo in range(0, len(images), batch_size):
+            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
+            per_block = []
+            for blk in model.blocks:
+                x = blk(x)
+                h = x.float()
+                if not bool(torch.isfinite(h).all()):
+                    raise NonFinite("the model's activations are not finite (NaN or inf): its weights or inputs are "
+                                    "broken; fit on a checkpoint of a run that did not diverge")
+                peak_abs, token = h.abs().max(dim=1)  # (B, D)
+                peak = h.gather(1, token[:, None]).squeeze(1)
+                flat = h.abs().flatten(1)
+                per_block.append((flat.amax(1), flat.median(dim=1).values, peak_abs, peak))
+            parts.append(tuple(torch.stack(v, dim=1).cpu() for v in zip(*per_block, strict=True)))
+    finally:
+        model.train(was_training)
+    top, median, peak_abs, peak = (torch.cat(v) for v in zip(*parts, strict=True))
+    return top, median, peak_abs, peak
+
+
+def massive_block(top: torch.Tensor, median: torch.Tensor) -> tuple[int, list[float]]:
+    """(the massive block, the ratio of every block): ratio = mean over images of the top |h| / mean of the median
+    |h| (inf where the median is 0); the block is the first whose ratio reaches `ONSET` x the largest."""
+    mt, mm = top.double().mean(0), median.double().mean(0)
+    ratio = torch.where(mm > 0, mt / mm.clamp_min(torch.finfo(torch.float64).tiny), torch.inf)
+    return int((ratio >= ONSET * ratio.max()).nonzero()[0]), ratio.tolist()
+
+
+ForwardHook = Callable[..., Any]
+
+
+def fix_channels(blk: SinkBlock, channels: list[int], values: list[float]) -> None:
+    """Hooks on `blk` that set, per image, each channel of `channels` of the block's output at its massive token (the
+    token with the largest |h| in that channel) to the matching `values`. The edit is made on the MLP branch's
+    output (`drop_path2`) from the block's mid-point (`norm2`'s input), which both the block's own forward and its
+    explicit recomputation (`forward_explicit`, the diagnostics) run through."""
+    ch = torch.tensor(channels, dtype=torch.long)
+    target = torch.tensor(values, dtype=torch.float64)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_mid(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen["x"] = args[0]
+
+    def edit(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        i = ch.to(out.device)
+        h = (seen.pop("x") + out)[:, :, i]  # (B, N, K) the block's output at the channels
+        token = h.abs().argmax(dim=1)  # (B, K)
+        current = h.gather(1, token[:, None]).squeeze(1)
+        out = out.clone()
+        rows = torch.arange(out.shape[0], device=out.device)[:, None]
+        out[rows, token, i[None, :]] += target.to(out) - current
+        return out
+
+    blk.norm2.register_forward_pre_hook(keep_mid)
+    blk.drop_path2.register_forward_hook(edit)
+
+
+class MassiveFix(TrainFreeMethod):
+    """fit: the massive block (`massive_block`), its `settings.massive` channels with the largest mean (over
+    images) peak |h|, and the mean over images of h at each channel's massive token; apply: `fix_channels` with the
+    fitted means (`mean_massive`) or with 0 (`zero_massive`)."""
+
+    to_zero: ClassVar[bool] = False
+
+    @classmethod
+    def fit(cls, model: SinkViT, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
+        top, median, peak_abs, peak = block_peaks(model, images)
+        block, ratios = massive_block(top, median)
+        n = min(int(settings.massive), peak_abs.shape[-1])
+        channels = peak_abs[:, block].double().mean(0).topk(n).indices
+        means = peak[:, block][:, channels].double().mean(0)
+        return {"block": block, "channels": channels.tolist(), "means": means.tolist(), "ratio_by_block": ratios}
+
+    @classmethod
+    def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
+        block, channels = int(state["block"]), [int(c) for c in state["channels"]]
+        if not 0 <= block < len(model.blocks) or not all(0 <= c < model.embed_dim for c in channels):
+            raise BadValue(f"the fitted massive activations (block {block}, channels {channels}) are not in this "
+                           f"{len(model.blocks)}-block, {model.embed_dim}-wide model: the state belongs to another "
+                           f"architecture")
+        values = [0.0] * len(channels) if cls.to_zero else [float(v) for v in state["means"]]
+        fix_channels(model.blocks[block], channels, values)
+        return model
+
+
+@register_method
+class MeanMassive(MassiveFix):
+    """The massive activations set to their fitted mean (Sun et al.: the model keeps its accuracy)."""
+
+    name = "mean_massive"
+    label = "mean-fixed massive activations"
+
+
+@register_method
+class ZeroMassive(MassiveFix):
+    """The massive activations set to 0 (Sun et al.: the model breaks down)."""
+
+    name = "zero_massive"
+    label = "zeroed massive activations"
+    to_zero = True
