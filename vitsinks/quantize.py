@@ -203,7 +203,8 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
     out = result_run(cfg, name)
     source = source_probes(out, cfg.ckpt) if q.probes else {}
     derive_cfg = OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())})
-    derived = derive(derive_cfg, method=W8A8.name, settings=q, out=out.path / "quant" / W8A8.name)
+    derived = derive(derive_cfg, method=W8A8.name, settings=q, out=out.path / "quant" / W8A8.name,
+                     overwrite=True)  # the quantized copy belongs to this command's result, replaced with it
     quant, _ = load_backbone(derived.last)
     quant = quant.to(device).eval()
     cosine, by_block_cosine = feature_cosines(model, quant, images)

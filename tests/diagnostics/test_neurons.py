@@ -8,61 +8,14 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.layers import GluMlp, Mlp, SwiGLU
+from torch import nn
 
-from tests.conftest import tiny_vit
+from tests.conftest import PATCH, UNIT, images, last_norms, plant_register_neuron, tiny_vit
 from vitsinks.configs.schema import DiagnosticsConfig
-from vitsinks.diagnostics.neurons import find_register_neurons, neuron_k, summarize_neurons
+from vitsinks.diagnostics.neurons import capture, find_register_neurons, neuron_k, outlier_mask, summarize_neurons
 from vitsinks.models import SinkViT
-from vitsinks.utils.errors import BadValue
-
-C0 = 0  # the channel only the planted token carries into the register block
-PATCH = 5  # the planted patch (sequence index 1 + PATCH without registers)
-UNIT = 17  # the planted MLP unit
-THRESHOLD, GAIN, WRITE = 2.5, 8.0, 50.0  # unit fires above THRESHOLD in LayerNorm units; writes WRITE x median norm
-
-
-def images(n: int = 8, seed: int = 0) -> torch.Tensor:
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-
-@torch.no_grad()
-def plant_register_neuron(model: SinkViT, x: torch.Tensor, block: int = 1) -> SinkViT:
-    """Edit `model` in place: channel C0 of the residual stream is 0 at every token but patch PATCH, where it holds
-    6 x the typical per-channel spread (the stream measured on `x`), up to `block`; unit UNIT of `block` reads C0
-    through its LayerNorm (it fires only at PATCH) and writes there a vector of WRITE x the median token norm."""
-    model.eval()
-    model.patch_embed.proj.weight[C0] = 0
-    model.patch_embed.proj.bias[C0] = 0
-    model.cls_token[..., C0] = 0
-    model.pos_embed[..., C0] = 0
-    for b in range(block + 1):
-        blk = model.blocks[b]
-        blk.attn.proj.weight[C0] = 0
-        blk.attn.proj.bias[C0] = 0
-        if b < block:
-            blk.mlp.fc2.weight[C0] = 0
-            blk.mlp.fc2.bias[C0] = 0
-    t = model.embed_tokens(x)
-    for blk in model.blocks[:block]:
-        t = blk(t)
-    spread = t.std().item()
-    model.pos_embed[0, 1 + PATCH, C0] = 6 * spread
-    blk = model.blocks[block]
-    blk.mlp.fc1.weight[UNIT] = 0
-    blk.mlp.fc1.weight[UNIT, C0] = GAIN
-    blk.mlp.fc1.bias[UNIT] = -GAIN * THRESHOLD
-    seen = {}
-    handle = blk.mlp.act.register_forward_hook(lambda _m, _i, out: seen.update(a=out[:, 1 + PATCH, UNIT]))
-    t = model.embed_tokens(x)
-    for b in model.blocks[: block + 1]:
-        t = b(t)
-    handle.remove()
-    median = t.norm(dim=-1).median().item()
-    v = torch.randn(model.embed_dim, generator=torch.Generator().manual_seed(1))
-    v[C0] = 0
-    blk.mlp.fc2.weight[:, UNIT] = v / v.norm() * WRITE * median / seen["a"].mean().item()
-    return model
-
+from vitsinks.utils.errors import BadValue, NonFinite
 
 Planted = tuple[SinkViT, torch.Tensor]
 
@@ -72,14 +25,6 @@ def planted() -> Planted:
     torch.manual_seed(0)
     x = images()
     return plant_register_neuron(tiny_vit(depth=3), x), x
-
-
-def last_norms(model: SinkViT, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        t = model.embed_tokens(x)
-        for blk in model.blocks:
-            t = blk(t)
-    return t.norm(dim=-1)
 
 
 def test_the_planted_token_is_high_norm_and_its_unit_is_ranked_first(planted: Planted) -> None:
@@ -156,3 +101,45 @@ def test_scores_are_the_mean_over_images_of_the_mean_abs_activation_at_outliers(
     got = torch.tensor([ranked[(2, u)] for u in range(want.numel())])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert max(ranked, key=ranked.get) == (1, UNIT)
+
+
+def test_the_ranking_can_stop_at_a_block(planted: Planted) -> None:
+    model, x = planted
+    every = find_register_neurons(model, x, top=1000, k=5.0)
+    for max_block in (0, 1):
+        got = find_register_neurons(model, x, top=1000, k=5.0, max_block=max_block)
+        assert got == [r for r in every if r[0] <= max_block]  # the same scores, later blocks left out
+    assert find_register_neurons(model, x, top=1, k=5.0, max_block=1)[0][:2] == (1, UNIT)
+    assert (1, UNIT) not in [r[:2] for r in find_register_neurons(model, x, top=1000, k=5.0, max_block=0)]
+    with pytest.raises(BadValue, match="max_block=3 is not a block of this 3-block model"):
+        find_register_neurons(model, x, top=1, k=5.0, max_block=3)
+
+
+MLPS = {"GluMlp": lambda: GluMlp(48, 96), "SwiGLU": lambda: SwiGLU(48, 96),
+        "Mlp with a hidden-layer norm \\(LayerNorm\\)": lambda: Mlp(48, 96, norm_layer=nn.LayerNorm)}
+
+
+@pytest.mark.parametrize("name", list(MLPS), ids=["GluMlp", "SwiGLU", "Mlp+norm"])
+def test_another_mlp_has_no_register_neurons_and_the_fit_names_it(name: str) -> None:
+    torch.manual_seed(0)
+    model, x = tiny_vit(depth=2).eval(), images(4)
+    model.blocks[1].mlp = MLPS[name]()
+    out = summarize_neurons(model, x, DiagnosticsConfig(high_norm_k=[1.01], register_neurons=2))["by_block"]
+    assert out[1] == {"units": [], "scores": [], "norm_share": None}
+    assert len(out[0]["units"]) == 2 and isinstance(out[0]["norm_share"], float)  # the plain Mlp block still ranks
+    with pytest.raises(BadValue, match=f"block 1 has {name}"):
+        find_register_neurons(model, x, top=2, k=1.01)
+
+
+def test_outliers_are_the_residual_high_norm_rule_on_patches() -> None:
+    norms = torch.tensor([[9.0, 1.0, 2.0, 4.0, 6.0]])  # median 4 (odd count); k = 1.4: above 5.6
+    assert outlier_mask(norms, 1.4, 1).tolist() == [[False, False, False, False, True]]  # [CLS] never counts
+    even = torch.tensor([[1.0, 2.0, 4.0, 6.0]])  # median (2 + 4) / 2 = 3, not the lower middle 2: above 5.7
+    assert outlier_mask(even, 1.9, 0).tolist() == [[False, False, False, True]]
+    with pytest.raises(NonFinite, match="NaN or inf"):
+        outlier_mask(torch.tensor([[1.0, float("nan"), 2.0]]), 2.0, 0)
+    for k in (1.0, 0.5, float("inf")):  # the schema's range: k > 1
+        with pytest.raises(BadValue, match="multiples > 1"):
+            capture(tiny_vit(), images(1), k)
+        with pytest.raises(BadValue, match="high_norm_k must hold finite multiples > 1"):
+            neuron_k([5.0, k])

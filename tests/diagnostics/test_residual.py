@@ -23,7 +23,8 @@ from vitsinks.diagnostics import (
     summarize,
 )
 from vitsinks.diagnostics.plots import all_plots
-from vitsinks.diagnostics.residual import block_stats, lower_median, sink_tokens
+from vitsinks.diagnostics.residual import block_stats, check_ks, finite_norms, high_norm, lower_median, sink_tokens
+from vitsinks.utils.errors import BadValue, NonFinite
 from vitsinks.utils.rundir import FINAL, RunDir
 
 D, N, C = 48, 17, 200.0  # tiny_vit: width, tokens ([CLS] + 16 patches); the query scale of the planted sink head
@@ -224,3 +225,17 @@ def test_run_diagnostics_follows_the_residual_settings(tmp_path) -> None:
     off = run_diagnostics(model, images, shown, tmp_path / "off", DiagnosticsConfig(residual=False, plots=False,
                                                                                     report=False))
     assert "residual" not in off and off["massive_activations"] == on["massive_activations"]
+
+
+def test_thresholds_are_multiples_above_one_and_non_finite_norms_are_refused() -> None:
+    assert check_ks([5, 2.0, 5.0]) == [5.0, 2.0]
+    for k in (1.0, 0.5, -3.0, float("nan"), float("inf")):  # the schema's range for high_norm_k: gt=1
+        with pytest.raises(BadValue, match="trainfree.outlier_k must hold finite multiples > 1"):
+            check_ks([2.0, k], "trainfree.outlier_k")
+    norms = np.array([[[1.0, 2.0, 4.0, 6.0]]])  # median 3 (the mean of the two middle norms)
+    assert high_norm(norms, 1.9).tolist() == [[[False, False, False, True]]]
+    for bad in (np.array([1.0, np.inf]), torch.tensor([np.nan, 1.0])):
+        with pytest.raises(NonFinite, match="NaN or inf"):
+            finite_norms(bad)
+    ok = torch.ones(2)
+    assert finite_norms(ok) is ok

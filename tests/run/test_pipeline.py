@@ -25,3 +25,52 @@ def test_a_finished_run_is_evaluated_when_asked(runs: Path, monkeypatch: pytest.
     summary = pipeline.train_and_evaluate(trainer)
     assert summary["status"] == ("interrupted" if stop else "finished")
     assert calls == ([runs / "p"] if evaluated else []) and ("after_train" in summary) == evaluated
+
+
+def test_every_rank_evaluates_after_training_and_rank_0_alone_diagnoses_last(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    calls: list[object] = []
+    monkeypatch.setattr(pipeline, "probes", lambda cfg, run_dir: calls.append("probes") or {"linear": 0.5})
+    monkeypatch.setattr(pipeline, "diagnose_checkpoint",
+                        lambda path, cfg, out_dir: calls.append(("diagnose", path, out_dir)) or {"sinks_per_image": 2})
+    cfg = OmegaConf.create({"eval": {"after_train": True}})
+    run = tmp_path / "r"
+    summaries = {}
+    for rank in (1, 0):
+        calls.clear()
+        monkeypatch.setattr(pipeline, "rank_world", lambda rank=rank: (rank, 2))
+        trainer = SimpleNamespace(cfg=cfg, run_dir=run, dist=SimpleNamespace(rank=rank, is_main=rank == 0),
+                                  fit=lambda: {"status": "finished"})
+        summaries[rank] = (pipeline.train_and_evaluate(trainer), list(calls))
+    # rank 1 joins the probes' collectives (a rank left out would hang rank 0 there) and skips the diagnostics
+    assert summaries[1] == ({"status": "finished", "after_train": {"linear": 0.5}}, ["probes"])
+    # rank 0 diagnoses after the probes, when no rank waits for it at a collective
+    final = run / "diagnostics" / "final"
+    assert summaries[0] == ({"status": "finished", "after_train": {"sinks_per_image": 2, "linear": 0.5}},
+                            ["probes", ("diagnose", run / "checkpoints" / "last.pt", final)])
+
+
+AFTER = ("eval.after_train=true", "eval.max_train_images=16", "eval.max_val_images=8", "eval.linear_epochs=1",
+         "eval.dense_epochs=1", "eval.linear_lrs=[0.01]", "eval.dense_examples=0", "diagnostics.plots=false",
+         "diagnostics.n_images=4")
+
+
+def _after_train_worker(rank: int, world: int, report, runs: str) -> None:  # noqa: ANN001 - run_ranks' report
+    out = pipeline.after_train(tiny_cfg(Path(runs), "name=at", *AFTER), Path(runs) / "at")
+    report(f"linear {out['linear']} dense {out['dense']} diagnosed {'sinks_per_image' in out}")
+
+
+@pytest.mark.slow
+def test_after_train_on_two_ranks_finishes_and_both_ranks_agree(runs: Path) -> None:
+    from tests.utils.test_distributed import run_ranks
+
+    Trainer(tiny_cfg(runs, "name=at", "train.max_steps=1", *AFTER)).fit()
+    reports = dict(r for r in run_ranks(_after_train_worker, str(runs)) if r[1].startswith("linear"))
+    assert reports[0].endswith("diagnosed True") and reports[1].endswith("diagnosed False")
+    assert reports[0].rsplit(" diagnosed", 1)[0] == reports[1].rsplit(" diagnosed", 1)[0]  # the same probes
+    assert (runs / "at/results/linear.json").is_file() and (runs / "at/diagnostics/final/summary.json").is_file()
+    assert not list((runs / "at/eval_cache").glob("*rank*"))  # the shards were merged and removed

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.conftest import TINY, run_command, tiny_cfg
+from tests.utils.test_distributed import run_ranks
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import CheckpointMismatch, load_backbone
 from vitsinks.train.trainer import NonFiniteLoss, Trainer
+from vitsinks.utils import files
+from vitsinks.utils.distributed import gather_objects
 from vitsinks.utils.errors import BadValue, NonFinite
 
 
@@ -140,3 +148,58 @@ def test_a_run_name_reused_with_other_data_is_refused_by_name(runs: Path) -> Non
     Trainer(tiny_cfg(runs, "name=reuse", "train.max_steps=1")).fit()
     with pytest.raises(CheckpointMismatch, match="data.num_classes: 4 vs 6"):
         Trainer(tiny_cfg(runs, "name=reuse", "data.num_classes=6")).fit()
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def draws() -> tuple[Any, ...]:
+    """One draw of every global generator (what a drop-path mask or a view's augmentation draws from)."""
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def _rng_worker(rank: int, world: int, report: Callable[[str], None], path: str) -> None:
+    seed_all(100 + rank)  # each rank its own stream, as the trainer seeds them
+    states = ckpt.rng_states_by_rank()
+    assert len(states) == world
+    expected = draws()
+    if rank == 0:
+        files.torch_save({"rng_by_rank": states, "rng": states[0]}, Path(path))
+    dist.barrier()
+    seed_all(0)  # perturbed, the same on every rank: what restoring rank 0's state everywhere amounts to
+    assert ckpt.restore_rng(torch.load(path, weights_only=False), rank, world, fallback_seed=7) is None
+    got = draws()
+    assert got == expected
+    both = gather_objects(got)
+    assert both[0] != both[1]  # the ranks' streams stay apart after the resume
+    report("restored")
+
+
+@pytest.mark.slow
+def test_each_of_two_ranks_restores_its_own_random_state(tmp_path: Path) -> None:
+    reports = run_ranks(_rng_worker, str(tmp_path / "rng.pt"))
+    assert sorted(r for r, what in reports if what == "restored") == [0, 1]
+    assert len(torch.load(tmp_path / "rng.pt", weights_only=False)["rng_by_rank"]) == 2
+
+
+def test_a_checkpoint_of_other_ranks_restores_what_it_can_and_says_so() -> None:
+    seed_all(1)
+    st0, exp0 = ckpt.rng_state(), draws()
+    seed_all(2)
+    st1, exp1 = ckpt.rng_state(), draws()
+    seed_all(77)
+    fresh = draws()  # what a rank without a saved state draws from its fallback seed
+
+    assert ckpt.restore_rng({"rng_by_rank": [st0, st1]}, 1, 2, fallback_seed=77) is None and draws() == exp1
+    old = {"rng": st0}  # an older checkpoint: rank 0's states only
+    note = ckpt.restore_rng(old, 0, 2, fallback_seed=77)
+    assert draws() == exp0
+    assert note is not None and "\n" not in note and "rank 0's random state only" in note
+    assert "rank 0 restored its own random state, rank 1 started new streams" in note
+    assert ckpt.restore_rng(old, 1, 2, fallback_seed=77) == note and draws() == fresh != exp0
+    assert ckpt.restore_rng(old, 0, 1, fallback_seed=77) is None and draws() == exp0  # one process: as before
+    note = ckpt.restore_rng({"rng_by_rank": [st0, st1, st0, st1]}, 1, 2, fallback_seed=77)  # 4 ranks, resumed on 2
+    assert draws() == exp1 and "written by 4 rank(s) on 2 rank(s)" in note and "ranks 2-3 were dropped" in note

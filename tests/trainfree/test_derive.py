@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_module, tiny_cfg
-from tests.diagnostics.test_neurons import plant_register_neuron
+from tests.conftest import plant_register_neuron, run_module, tiny_cfg
 from vitsinks.configs.schema import to_container
 from vitsinks.models import model_from_config
 from vitsinks.report.collect import collect
@@ -79,3 +78,24 @@ def test_a_saved_edit_without_its_state_is_refused(runs: Path) -> None:
     path = source_checkpoint(runs, "trainfree.method=test_time_register", planted=False)
     with pytest.raises(BadValue, match="holds no fitted state"):
         load_backbone(path)
+
+
+def test_an_existing_derived_run_is_kept_unless_overwritten_and_a_periodic_checkpoint_gets_its_own(runs: Path) -> None:
+    path = source_checkpoint(runs)
+    cfg = tiny_cfg(runs, f"ckpt={path}", "trainfree.method=mean_massive", "trainfree.fit_images=4")
+    first = derive(cfg)
+    (first.results / "linear.json").parent.mkdir(parents=True)
+    (first.results / "linear.json").write_text("{}")  # a result of the first edit
+    with pytest.raises(BadValue, match="exists already .*overwrite=true"):
+        derive(cfg)
+    assert (first.results / "linear.json").is_file()  # nothing lost
+    again = derive(cfg, overwrite=True)
+    assert again.path == first.path and not (again.results / "linear.json").exists()  # no stale result kept
+    step = RunDir(runs / "src").step_checkpoint(10)
+    step.write_bytes(path.read_bytes())
+    other = derive(tiny_cfg(runs, f"ckpt={step}", "trainfree.method=mean_massive", "trainfree.fit_images=4"))
+    assert other.name == "src@step_0000010+mean_massive"
+    plain = runs / "src+zero_massive"
+    plain.mkdir()
+    with pytest.raises(BadValue, match="not a derived run"):
+        derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=zero_massive", "trainfree.fit_images=4"))

@@ -7,12 +7,14 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
+from timm.layers import GluMlp
 
-from tests.conftest import tiny_vit
-from tests.diagnostics.test_neurons import PATCH, UNIT, images, last_norms, plant_register_neuron
+from tests.conftest import PATCH, UNIT, images, last_norms, plant_register_neuron, tiny_vit
 from vitsinks.configs.schema import TrainFreeConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.eval.features import global_features, patch_features
+from vitsinks.interventions.subject import from_vit
 from vitsinks.trainfree import method
 from vitsinks.trainfree.test_time_register import TestTimeRegister, add_register, move_to_register
 from vitsinks.utils.errors import BadValue
@@ -76,3 +78,33 @@ def test_a_state_of_another_architecture_is_refused() -> None:
         TestTimeRegister.apply(tiny_vit(), {"neurons": [[5, 0]], "scores": [1.0], "k": 5.0})
     with pytest.raises(BadValue, match="not in this"):
         TestTimeRegister.apply(tiny_vit(mlp=False), {"neurons": [[0, 0]], "scores": [1.0], "k": 5.0})
+
+
+def test_without_its_registers_the_edited_model_refuses_to_run_and_at_another_size_it_follows() -> None:
+    torch.manual_seed(0)
+    x = images(4)
+    model = plant_register_neuron(tiny_vit(depth=3), x)
+    edited = TestTimeRegister.apply(model, TestTimeRegister.fit(model, x, TrainFreeConfig(neurons=1)))
+    subject = from_vit(edited)  # the interventions' view: drop_registers runs the blocks without the registers
+    with torch.no_grad():
+        tokens = subject.embed(x)
+        assert subject.run(tokens).shape == (4, 2 + 16, 48)
+        with pytest.raises(BadValue, match="cannot run without its registers .* choose other edits"):
+            subject.run(subject.without_registers(tokens))
+    seen = {}  # 48 px images (36 patches, dynamic_img_size): the register and the patches are found again
+    act = edited.blocks[1].mlp.act
+    act.register_forward_pre_hook(lambda _m, args: seen.update(z=args[0][..., UNIT].clone()))
+    act.register_forward_hook(lambda _m, _i, out: seen.update(a=out[..., UNIT].clone()))  # after the edit's hook
+    big = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert edited.forward_features(big).shape == (2, 2 + 36, 48)
+    torch.testing.assert_close(seen["a"][:, 1], F.gelu(seen["z"]).amax(dim=1))  # the peak over all tokens
+    assert (seen["a"][:, 2:] == 0).all()  # every patch zeroed
+    torch.testing.assert_close(seen["a"][:, 0], F.gelu(seen["z"][:, 0]))  # [CLS] keeps its own
+
+
+def test_a_gated_mlp_has_no_register_neurons_to_move() -> None:
+    model = tiny_vit(depth=2)
+    model.blocks[1].mlp = GluMlp(48, 96)  # its act is only the gate of fc1's second half
+    with pytest.raises(BadValue, match="block 1 has GluMlp"):
+        TestTimeRegister.fit(model, images(2), TrainFreeConfig())

@@ -87,3 +87,25 @@ def test_latest_summary_is_the_final_checkpoints_newest_diagnosis(tmp_path: Path
     assert run.latest_summary() == last  # a later `diagnose ckpt=.../last.pt` wins over the after-training one
     os.utime(final, ns=(2 * 10**18, 2 * 10**18))
     assert run.latest_summary() == final
+
+
+def test_a_file_system_without_flock_is_one_line_naming_it_and_the_fix(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def refuse(code: int) -> None:
+        def flock(f: object, op: int) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr("fcntl.flock", flock)
+
+    for code in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):  # Lustre without -o flock, NFS without lockd
+        refuse(code)
+        with pytest.raises(BadValue, match=r"^the file system of .* does not support file locks .*Lustre.*: mount it "
+                                           r"with flock, or set runs_dir=\.\.\. on a local or NFS file system$") as e:
+            RunDir(tmp_path / "lustre").lock()
+        assert "\n" not in str(e.value) and os.strerror(code) in str(e.value)
+    refuse(errno.EIO)  # another failure is not reworded
+    with pytest.raises(OSError, match=os.strerror(errno.EIO)) as e:
+        RunDir(tmp_path / "lustre").lock()
+    assert not isinstance(e.value, BadValue)

@@ -9,7 +9,9 @@ import sys
 import torch
 
 from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics import diagnose
+from vitsinks.diagnostics.neurons import summarize_neurons
 from vitsinks.models import SIZES, build_vit
 
 
@@ -45,18 +47,24 @@ def peak_rss_mb(mode: str, size: str, batch: int) -> float:
 def run(size: str = "vit_small", batch: int = 8, repeats: int = 5) -> str:
     """Print and return the time and memory ratios."""
     model, x = _setup(size, batch)
+    settings = DiagnosticsConfig()
     with torch.no_grad():
         times = interleaved({"forward": lambda: model(x),
-                             "diagnose": lambda: diagnose(model, x, batch_size=batch, keep_maps=0)},
+                             "diagnose": lambda: diagnose(model, x, batch_size=batch, keep_maps=0),
+                             "neurons": lambda: summarize_neurons(model, x, settings)},
                             repeats=repeats, warmup=1)
     med, lo, hi = ratio_stats(times["diagnose"], times["forward"])
+    both = [d + n for d, n in zip(times["diagnose"], times["neurons"], strict=True)]  # the same rounds
+    med_all, lo_all, hi_all = ratio_stats(both, times["forward"])
     fwd, diag = peak_rss_mb("forward", size, batch), peak_rss_mb("diagnose", size, batch)
     mem = diag / max(fwd, 1e-6)
     rows = [["time per image, diagnostics / forward", f"{med:.2f}", f"{lo:.2f}-{hi:.2f}", "<= 3"],
+            ["... with the register neurons (the whole residual suite) / forward", f"{med_all:.2f}",
+             f"{lo_all:.2f}-{hi_all:.2f}", "<= 3"],
             ["peak memory above the model, diagnostics / forward", f"{mem:.2f}", "", ""]]
-    out = (f"diagnostics (all per-image fields, spectra, recomputation check) on {size}, batch {batch}, "
-           f"{repeats} interleaved rounds; peak memory above the loaded model: forward {fwd:.0f} MB, diagnostics "
-           f"{diag:.0f} MB"
+    out = (f"diagnostics (all per-image fields, the residual side, spectra, recomputation check) on {size}, "
+           f"batch {batch}, {repeats} interleaved rounds; peak memory above the loaded model: forward {fwd:.0f} MB, "
+           f"diagnostics {diag:.0f} MB"
            f"\n\n" + table(rows, ["measure", "ratio", "IQR", "target"]))
     print(out)
     return out

@@ -201,7 +201,8 @@ class InterveneConfig:
 class QuantConfig:
     """Simulated quantization (`vitsinks.quantize`, docs/quantization.md): symmetric integer, per tensor, of the
     weights of every linear layer of the blocks and of their inputs (static ranges calibrated on the first
-    `calib_images` images of the `protocol` order; the evaluation uses the next `n_images`)."""
+    `calib_images` TRAIN images of the `protocol` order; the measurements use the first `n_images` validation
+    images)."""
 
     weight_bits: int = bounded(8, ge=2, le=16)
     act_bits: int = bounded(8, ge=2, le=16)
@@ -224,6 +225,7 @@ class TrainFreeConfig:
     outlier_k: float = bounded(5.0, gt=1)  # test_time_register: outliers are patches above k x the median norm
     massive: int = bounded(2, ge=1)  # mean_massive / zero_massive: how many of the largest activation channels
     probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
+    overwrite: bool = False  # replace an existing derived run of the same source and method (else: refused)
     source: str | None = None  # set by vitsinks.trainfree: the checkpoint (or pretrained model) the edit was fitted on
 
 

@@ -2,50 +2,61 @@
 few MLP units whose activations put the high-norm artifacts on patch tokens.
 
 The outlier tokens of an image are its PATCH tokens whose residual-stream norm at the output of the model's last
-block exceeds `k` x the median norm of all its tokens at that block (the summary's `high_norm` test at the last
-block). The score of unit u of block b is, averaged over the images with at least one outlier token, the mean of
+block exceeds `k` x the median norm of all its tokens at that block (`residual.high_norm`, the summary's test, at the
+last block). The score of unit u of block b is, averaged over the images with at least one outlier token, the mean of
 |a_u| over that image's outlier tokens, a_u being the unit's activation (the output of `blk.mlp.act`). The units are
-ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`).
+ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`). Only timm's plain
+`Mlp` (fc1 -> act -> fc2, no hidden-layer norm) has register neurons here (`has_mlp`): in a gated MLP (GluMlp,
+SwiGLU) `act` is only the gate, and a hidden-layer norm makes a unit's contribution non-linear.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from timm.layers import Mlp
 from torch import nn
 
 from vitsinks.configs.schema import DiagnosticsConfig
-from vitsinks.models import SinkBlock, SinkViT
-from vitsinks.utils.errors import BadValue, NonFinite
+from vitsinks.diagnostics.residual import check_ks, high_norm
+from vitsinks.models import NoMLP, SinkBlock, SinkViT
+from vitsinks.utils.errors import BadValue
 
 
 def neuron_k(ks: Sequence[float]) -> float:
     """The threshold the register-neuron ranking uses among `diagnostics.high_norm_k`: the lower middle value of
     the sorted list (5.0 of the default [2, 5, 10, 20]: 2 also catches ordinary spread, 20 misses milder artifacts)."""
+    check_ks(ks)
     vals = sorted(float(k) for k in ks)
-    if not vals or not all(math.isfinite(k) and k > 0 for k in vals):
-        raise BadValue(f"diagnostics.high_norm_k must hold finite multiples > 0 of the median norm, got {list(ks)}")
+    if not vals:
+        raise BadValue("diagnostics.high_norm_k is empty: give at least one multiple > 1 of the median token norm")
     return vals[(len(vals) - 1) // 2]
 
 
-
-
 def has_mlp(blk: SinkBlock) -> bool:
-    """Whether a block has an MLP (a block built with `mlp=False` has `NoMLP`, no hidden units)."""
-    return hasattr(blk.mlp, "fc2") and hasattr(blk.mlp, "act")
+    """Whether a block has units register neurons can be among: a plain timm `Mlp` (exactly that class) without a
+    hidden-layer norm. `NoMLP` (`model.mlp=false`) has no units; another MLP (GluMlp, SwiGLU, a hidden norm) is not
+    supported (`unsupported_mlp`)."""
+    return type(blk.mlp) is Mlp and isinstance(blk.mlp.norm, nn.Identity)
+
+
+def unsupported_mlp(blk: SinkBlock) -> str | None:
+    """The name of the block's MLP when it has one that `has_mlp` does not support, else None."""
+    if has_mlp(blk) or isinstance(blk.mlp, NoMLP):
+        return None
+    norm = getattr(blk.mlp, "norm", None)
+    if type(blk.mlp) is Mlp and norm is not None:
+        return f"Mlp with a hidden-layer norm ({type(norm).__name__})"
+    return type(blk.mlp).__name__
 
 
 def mlp_update(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
     """The direct part of `units` (K,) of the block's MLP update at tokens with hidden activations `acts` (n, H):
     gamma * W2[:, units] a_units (n, D), gamma the MLP LayerScale (1 without); in float64. The fc2 bias is no
-    unit's."""
-    if not isinstance(blk.mlp.norm, nn.Identity):
-        raise BadValue("register neurons need an MLP without a hidden-layer norm (timm Mlp norm_layer=None): a "
-                       "norm between act and fc2 makes a unit's contribution non-linear")
+    unit's. Only for a block with `has_mlp` (no hidden-layer norm between act and fc2)."""
     w2 = blk.mlp.fc2.weight.detach().double()[:, units.to(blk.mlp.fc2.weight.device)]  # (D, K)
     out = acts[:, units].double().to(w2.device) @ w2.T
     gamma = getattr(blk.ls2, "gamma", None)
@@ -70,22 +81,18 @@ class OutlierActivations:
 
 
 def outlier_mask(norms: torch.Tensor, k: float, num_prefix: int) -> torch.Tensor:
-    """(B, N) bool: the patch tokens whose norm (`norms` (B, N) at the last block) exceeds k x the image's median
-    token norm (the middle of all its tokens, the mean of the two middle ones for an even count)."""
-    if not bool(torch.isfinite(norms).all()):
-        raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; diagnose a "
-                        "checkpoint of a run that did not diverge")
-    mask = norms > k * norms.quantile(0.5, dim=-1, keepdim=True)
+    """(B, N) bool on the device of `norms`: the patch tokens (from `num_prefix` on) that `residual.high_norm` marks
+    at threshold `k` (norm above k x the image's median token norm), `norms` (B, N) at the last block."""
+    mask = torch.from_numpy(high_norm(norms.detach().float().cpu().numpy(), k, "the high-norm threshold k"))
     mask[:, :num_prefix] = False
-    return mask
+    return mask.to(norms.device)
 
 
 @torch.no_grad()
 def capture(model: SinkViT, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
     """Run `model` on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
     `outlier_mask` with threshold `k`)."""
-    if not (math.isfinite(k) and k > 0):
-        raise BadValue(f"the high-norm threshold k must be a finite multiple > 0 of the median norm, got {k}")
+    (k,) = check_ks([k], "the high-norm threshold k")
     blocks = list(model.blocks)
     got = OutlierActivations([None] * len(blocks), [[] for _ in blocks], [[] for _ in blocks])
     store: dict[int, torch.Tensor] = {}
@@ -121,12 +128,22 @@ def capture(model: SinkViT, images: torch.Tensor, k: float, batch_size: int = 16
     return got
 
 
-def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: float,
-                          batch_size: int = 16) -> list[tuple[int, int, float]]:
-    """The `top` register neurons of `model` on `images` over all blocks, highest score first: (block, unit,
-    score). `BadValue` when no image has an outlier token at threshold `k` (nothing to rank)."""
+def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: float, batch_size: int = 16,
+                          max_block: int | None = None) -> list[tuple[int, int, float]]:
+    """The `top` register neurons of `model` on `images` over all blocks (or blocks 0..`max_block` only), highest
+    score first: (block, unit, score). `BadValue` when no image has an outlier token at threshold `k` (nothing to
+    rank), and for a model without an MLP or with one `has_mlp` does not support."""
     if top < 1:
         raise BadValue(f"ask for at least one register neuron, got top={top}")
+    depth = len(model.blocks)
+    if max_block is not None and not 0 <= max_block < depth:
+        raise BadValue(f"max_block={max_block} is not a block of this {depth}-block model: give 0..{depth - 1} "
+                       f"(or None: every block)")
+    bad = [(b, name) for b, blk in enumerate(model.blocks) if (name := unsupported_mlp(blk)) is not None]
+    if bad:
+        b, name = bad[0]
+        raise BadValue(f"register neurons need timm's plain Mlp (fc1 -> act -> fc2, no hidden-layer norm), but block "
+                       f"{b} has {name}: this model cannot get a test-time register; choose another trainfree.method")
     if not any(has_mlp(blk) for blk in model.blocks):
         raise BadValue("the model has no MLP (model.mlp=false): there are no register neurons to rank")
     got = capture(model, images, k, batch_size)
@@ -134,7 +151,8 @@ def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: flo
         raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
                        f"the last block): the model has no artifact for register neurons to move; use more images "
                        f"(trainfree.fit_images) or another checkpoint")
-    ranked = [(b, u, float(s)) for b in range(len(got.score_sum)) if (sc := got.scores(b)) is not None
+    last = depth - 1 if max_block is None else max_block
+    ranked = [(b, u, float(s)) for b in range(last + 1) if (sc := got.scores(b)) is not None
               for u, s in enumerate(sc.tolist())]
     ranked.sort(key=lambda r: -r[2])  # stable: ties keep (block, unit) order
     return ranked[:top]
@@ -154,7 +172,8 @@ def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: to
 def summarize_neurons(model: SinkViT, images: torch.Tensor, settings: DiagnosticsConfig | Any) -> dict[str, Any]:
     """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
     and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`. A block without
-    an MLP, or a model without any outlier token on `images`, gets empty lists and a null share."""
+    an MLP or with an unsupported one (`has_mlp`), or a model without any outlier token on `images`, gets empty
+    lists and a null share."""
     got = capture(model, images, neuron_k(settings.high_norm_k))
     by_block: list[dict[str, Any]] = []
     for b, blk in enumerate(model.blocks):

@@ -380,11 +380,19 @@ def run_data(run: RunDir) -> dict[str, Any]:
                      "sinks_per_image": {c: s["sinks_per_image"][c]["all"] for c in (*CLASSES, "all")},
                      "strongest_mass_by_block": mass, "max_strongest_mass": max(mass) if mass else None,
                      "max_norm": max(q["max"]) if q.get("max") else None,
-                     "top_activation_ratio": max(top["ratio_by_block"]) if top.get("ratio_by_block") else None,
+                     "top_activation_ratio": largest(top.get("ratio_by_block")),
                      "report": f"{page_path.parent.name}/{REPORT}" if page_path.is_file() else None})
     final = run.diagnostics("final") / REPORT
     return {"run": run.name, "checkpoints": len(rows), "steps": rows,
             "final_report": f"final/{REPORT}" if final.is_file() else None}
+
+
+def largest(ratios: list[float | None] | None) -> float | None:
+    """The largest ratio of a per-block list; a block whose median is 0 (a None ratio) makes it unbounded: None,
+    shown as missing (JSON has no infinity)."""
+    if not ratios or any(r is None for r in ratios):
+        return None
+    return max(ratios)
 
 
 def run_html(data: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -41,22 +42,28 @@ def lower_median(flat: torch.Tensor, selection: bool | None = None) -> torch.Ten
     return torch.from_numpy(np.partition(flat.numpy(), mid, axis=1)[:, mid].copy())
 
 
-def _finite(norms: np.ndarray) -> np.ndarray:
-    if not np.isfinite(norms).all():
-        raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; diagnose a "
+Norms = TypeVar("Norms", np.ndarray, torch.Tensor)
+
+
+def finite_norms(norms: Norms) -> Norms:
+    """`norms` (numpy or torch) unchanged; `NonFinite` if any is NaN or inf (a number computed from them would be
+    meaningless)."""
+    ok = bool(torch.isfinite(norms).all()) if isinstance(norms, torch.Tensor) else bool(np.isfinite(norms).all())
+    if not ok:
+        raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; use a "
                         "checkpoint of a run that did not diverge")
     return norms
 
 
 def norm_quantiles(norms: np.ndarray) -> dict[str, np.ndarray]:
     """Per block, the quantiles (`QUANTILES`) of the token norms `norms` (images, L, N) over images x tokens."""
-    flat = np.moveaxis(_finite(norms), 1, 0).reshape(norms.shape[1], -1)  # (L, images * N)
+    flat = np.moveaxis(finite_norms(norms), 1, 0).reshape(norms.shape[1], -1)  # (L, images * N)
     return {name: np.quantile(flat, q, axis=1) for name, q in QUANTILES.items()}
 
 
 def log_edges(norms: np.ndarray, bins: int = HIST_BINS) -> np.ndarray:
     """`bins + 1` log-spaced edges from the smallest positive norm to the largest (a decade wide when all equal)."""
-    pos = _finite(norms)[norms > 0]
+    pos = finite_norms(norms)[norms > 0]
     if pos.size == 0:
         raise BadValue("every residual token norm is 0: the model's residual stream is empty; check its weights")
     lo, hi = float(pos.min()), float(pos.max())
@@ -83,10 +90,11 @@ def sink_tokens(sink_idx: np.ndarray, events: np.ndarray, n_tokens: int) -> np.n
     return out
 
 
-def high_norm(norms: np.ndarray, k: float) -> np.ndarray:
-    """(images, L, N) bool: the tokens whose norm exceeds `k` x the median token norm of their image and block."""
-    (k,) = check_ks([k])
-    return _finite(norms) > k * np.median(norms, axis=-1, keepdims=True)
+def high_norm(norms: np.ndarray, k: float, name: str = "diagnostics.high_norm_k") -> np.ndarray:
+    """(..., N) bool, e.g. (images, L, N): the tokens whose norm exceeds `k` x the median of the N token norms of
+    their image and block (the mean of the two middle ones for an even N); `name` is the setting `k` came from."""
+    (k,) = check_ks([k], name)
+    return finite_norms(norms) > k * np.median(norms, axis=-1, keepdims=True)
 
 
 def high_norm_stats(norms: np.ndarray, k: float, token_loc: np.ndarray, is_sink: np.ndarray,
@@ -121,13 +129,14 @@ def k_key(k: float) -> str:
     return str(float(k))
 
 
-def check_ks(ks: Sequence[float]) -> list[float]:
-    """The thresholds as floats, each finite and > 0, without repeats."""
+def check_ks(ks: Sequence[float], name: str = "diagnostics.high_norm_k") -> list[float]:
+    """The thresholds as floats, each finite and > 1 (a multiple of the median norm at most 1 would mark about half
+    the tokens), without repeats; `name` is the setting they came from (for the error)."""
     out = []
     for k in ks:
         k = float(k)
-        if not (math.isfinite(k) and k > 0):
-            raise BadValue(f"diagnostics.high_norm_k must hold finite multiples > 0 of the median norm, got {k}")
+        if not (math.isfinite(k) and k > 1):
+            raise BadValue(f"{name} must hold finite multiples > 1 of the median token norm, got {k:g}")
         if k not in out:
             out.append(k)
     return out

@@ -18,8 +18,8 @@ from vitsinks.configs.schema import to_container
 from vitsinks.data import read_item
 from vitsinks.models import SinkViT
 from vitsinks.utils import files
-from vitsinks.utils.distributed import rank_world
-from vitsinks.utils.errors import BadValue, NonFinite
+from vitsinks.utils.distributed import gather_objects, rank_world
+from vitsinks.utils.errors import BadValue, NonFinite, UserError
 
 
 @torch.no_grad()
@@ -82,32 +82,35 @@ def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cac
     left out under `on_bad_image=skip` (`index` says which items are in). Non-finite features are an error, never
     cached. A finished cache is reused as is; a partial one (a killed job) is never read: files are written
     atomically.
+
+    In a process group every rank must call it (its collectives): each extracts its share into its own shard file,
+    then all read every shard and return the whole set; rank 0 writes the cache. A rank's error is raised on every
+    rank (the same type, naming the rank), so that none waits for it; a rank with no item (fewer items than ranks)
+    is fine.
     """
-    if cache.exists():
-        return torch.load(cache, map_location="cpu")
     rank, world = rank_world()
+    if gather_objects(cache.exists())[0]:  # rank 0's view decides: every rank takes the same path
+        return torch.load(cache, map_location="cpu")
     shard = cache.with_name(f"{cache.stem}.rank{rank}of{world}.pt")
-    if not shard.exists():
-        idx = list(range(rank, len(dataset), world))  # type: ignore[arg-type]
-        parts: dict[str, list[torch.Tensor]] = {}
-        kept: list[int] = []
-        for lo in tqdm(range(0, len(idx), batch_size), desc=desc, unit="batch", disable=rank != 0):
-            batch = [(i, item) for i in idx[lo : lo + batch_size]
-                     if (item := read_item(dataset, i, on_bad_image)) is not None]
-            if not batch:
-                continue
-            kept += [i for i, _ in batch]
-            for k, v in fn([item for _, item in batch]).items():
-                if v.is_floating_point() and not bool(torch.isfinite(v).all()):
-                    raise NonFinite(f"the backbone's features are not finite (NaN or inf) on {desc}: the checkpoint's "
-                                    f"weights or the images are broken; nothing was cached or reported")
-                parts.setdefault(k, []).append(v.cpu().half() if v.is_floating_point() else v.cpu())
-        if not kept:
-            raise BadValue(f"no readable item in the {len(idx)} items of {desc}")
-        files.torch_save({k: torch.cat(v) for k, v in parts.items()} | {"index": torch.tensor(kept)}, shard)
-    if world > 1:
-        dist.barrier()
+    failed: Exception | None = None
+    try:
+        if not shard.exists():
+            files.torch_save(_extract_share(dataset, fn, list(range(rank, len(dataset), world)),  # type: ignore
+                                            batch_size, desc, on_bad_image, rank), shard)
+    except Exception as err:  # shared below, then raised on every rank
+        failed = err
+    kind = type(failed) if isinstance(failed, UserError) else RuntimeError  # a class every rank can unpickle
+    reports = gather_objects(None if failed is None else (kind, str(failed)))
+    if failed is not None:
+        raise failed
+    for r, report in enumerate(reports):
+        if report is not None:
+            other, message = report
+            raise other(f"rank {r}: {message}")
     shards = [torch.load(cache.with_name(f"{cache.stem}.rank{r}of{world}.pt")) for r in range(world)]
+    shards = [s for s in shards if len(s["index"])]
+    if not shards:
+        raise BadValue(f"no readable item in the {len(dataset)} items of {desc}")  # type: ignore[arg-type]
     index = torch.cat([s.pop("index") for s in shards])
     order = index.argsort()
     merged = {k: torch.cat([s[k] for s in shards])[order] for k in shards[0]}
@@ -115,8 +118,27 @@ def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cac
     if rank == 0:
         files.torch_save(merged, cache)
     if world > 1:
-        dist.barrier()
-    for r in range(world):
-        if rank == 0:
+        dist.barrier()  # every rank has read every shard
+    if rank == 0:
+        for r in range(world):
             cache.with_name(f"{cache.stem}.rank{r}of{world}.pt").unlink(missing_ok=True)
     return merged
+
+
+def _extract_share(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], idx: list[int], batch_size: int,
+                   desc: str, on_bad_image: str, rank: int) -> dict[str, torch.Tensor]:
+    """`fn`'s features of the items `idx` of `dataset` (fp16), with `index`, the items kept (none: `index` only)."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    kept: list[int] = []
+    for lo in tqdm(range(0, len(idx), batch_size), desc=desc, unit="batch", disable=rank != 0):
+        batch = [(i, item) for i in idx[lo : lo + batch_size]
+                 if (item := read_item(dataset, i, on_bad_image)) is not None]
+        if not batch:
+            continue
+        kept += [i for i, _ in batch]
+        for k, v in fn([item for _, item in batch]).items():
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise NonFinite(f"the backbone's features are not finite (NaN or inf) on {desc}: the checkpoint's "
+                                f"weights or the images are broken; nothing was cached or reported")
+            parts.setdefault(k, []).append(v.cpu().half() if v.is_floating_point() else v.cpu())
+    return {k: torch.cat(v) for k, v in parts.items()} | {"index": torch.tensor(kept, dtype=torch.long)}

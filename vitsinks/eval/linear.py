@@ -27,6 +27,7 @@ from vitsinks.diagnostics import protocol_transform
 from vitsinks.eval.common import limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
 from vitsinks.eval.results import LinearResult
+from vitsinks.utils.distributed import rank_world
 
 POOLS = ("cls", "cls+avgpool")
 
@@ -117,8 +118,9 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     path = run.result(LinearResult.kind)
     write_result(path, result)
     best = cells[0]
-    print(f"linear probe on {data.name}: top-1 {best['top1']:.2f} (lr {best['lr']}, last {best['n_last']} blocks, "
-          f"{best['pool']}); {path}")
+    if rank_world()[0] == 0:
+        print(f"linear probe on {data.name}: top-1 {best['top1']:.2f} (lr {best['lr']}, last {best['n_last']} blocks, "
+              f"{best['pool']}); {path}")
     return result.to_json()
 
 

@@ -1,6 +1,12 @@
 """Train, then evaluate: the one path a run takes, in this process (`launch`) or as a SLURM task (`run.slurm`).
 
 With `eval.after_train=true` a finished run's `last.pt` gets the diagnostics, the linear probe and the dense probe.
+
+With several ranks every rank evaluates: the probes' feature extraction is sharded over the ranks and gathered on
+each (`vitsinks.eval.features.extract`, collectives every rank must join), each rank fits the same heads on the
+same features, the dense evaluation shards its images and syncs its confusion matrix, and only rank 0 writes
+(`eval.common.write_result`, the heads, the figures). The diagnostics run on rank 0 alone, after the probes, so that
+no rank waits at a collective meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from vitsinks.configs.schema import DataConfig, config_dir
 from vitsinks.diagnose import diagnose_checkpoint
 from vitsinks.eval import dense, linear
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.distributed import rank_world
 from vitsinks.utils.rundir import RunDir
 
 SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
@@ -21,9 +28,9 @@ SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_m
 
 def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
     """Fit `trainer` (resuming) and, when it finished and `eval.after_train` is on, evaluate its last checkpoint on
-    the main rank (`summary["after_train"]`). Returns the training summary."""
+    every rank (`summary["after_train"]`; the module docstring says who does what). Returns the training summary."""
     summary = trainer.fit()
-    if summary["status"] == "finished" and trainer.cfg.eval.after_train and trainer.dist.is_main:
+    if summary["status"] == "finished" and trainer.cfg.eval.after_train:
         summary["after_train"] = after_train(trainer.cfg, trainer.run_dir)
     return summary
 
@@ -33,8 +40,9 @@ def dense_data(cfg: DictConfig) -> DictConfig | None:
     from `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
     name = str(cfg.eval.dense_data or cfg.data.name)
     if name not in SEGMENTATION_DATA:
-        print(f"dense probe skipped: data={name} has no segmentation masks; set eval.dense_data=ade20k|voc (and "
-              f"eval.dense_root=...) to run it after training")
+        if rank_world()[0] == 0:
+            print(f"dense probe skipped: data={name} has no segmentation masks; set eval.dense_data=ade20k|voc (and "
+                  f"eval.dense_root=...) to run it after training")
         return None
     if name == cfg.data.name:
         data = cfg.data
@@ -51,11 +59,16 @@ def dense_data(cfg: DictConfig) -> DictConfig | None:
 def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Diagnostics, linear probe and dense probe of a finished run's `last.pt` (`eval.after_train=true`).
 
-    The linear probe uses the training data; the dense probe uses `dense_data(cfg)`.
+    The linear probe uses the training data; the dense probe uses `dense_data(cfg)`. In a process group every rank
+    calls it: the probes on all ranks, then the diagnostics on rank 0, which returns everything (the other ranks
+    return the probes' numbers).
     """
+    out = probes(cfg, run_dir)
+    if rank_world()[0] != 0:
+        return out
     run = RunDir(run_dir)
     diag = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics("final"))
-    return {"sinks_per_image": diag["sinks_per_image"], **probes(cfg, run_dir)}
+    return {"sinks_per_image": diag["sinks_per_image"], **out}
 
 
 def probes(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

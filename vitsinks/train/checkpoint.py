@@ -17,6 +17,7 @@ from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, 
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.trainfree import method as trainfree_method
 from vitsinks.utils import files
+from vitsinks.utils.distributed import gather_objects
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir
 
@@ -36,19 +37,65 @@ def save_state(state: dict[str, Any], path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every global RNG: python, numpy, torch CPU and CUDA."""
+    """This process's global RNGs: python, numpy, torch CPU and, with CUDA, its current GPU's."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state()`'s generators (CUDA's on the current GPU, when both sides have one)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state
+            index = torch.cuda.current_device()
+            if index < len(cuda):
+                torch.cuda.set_rng_state(cuda[index])
+        else:
+            torch.cuda.set_rng_state(cuda)
+
+
+def rng_states_by_rank() -> list[dict[str, Any]]:
+    """Every rank's `rng_state()`, indexed by rank (a collective: every rank calls it; one entry in one process)."""
+    return gather_objects(rng_state())
+
+
+def restore_rng(state: dict[str, Any], rank: int, world: int, fallback_seed: int) -> str | None:
+    """Restore this rank's generators from a training checkpoint: its own entry of `rng_by_rank`. A rank the
+    checkpoint has no entry for (written with fewer ranks, or an older checkpoint that holds rank 0's states only, as
+    `rng`) seeds every generator with `fallback_seed` (the caller makes it differ per rank). Returns the one-line
+    note to print (main rank) when the checkpoint's ranks do not match this run's; None when every rank got its own
+    state back."""
+    saved = state.get("rng_by_rank")
+    if saved is None:
+        saved, origin = ([state["rng"]] if "rng" in state else []), "a checkpoint with rank 0's random state only"
+    else:
+        origin = f"a checkpoint written by {len(saved)} rank(s)"
+    if rank < len(saved):
+        set_rng_state(saved[rank])
+    else:
+        random.seed(fallback_seed)
+        np.random.seed(fallback_seed)
+        torch.manual_seed(fallback_seed)  # CUDA's generators too
+    if len(saved) == world:
+        return None
+    kept = min(len(saved), world)
+    parts = [f"{_ranks(0, kept)} restored {'its' if kept == 1 else 'their'} own random state"] if kept else []
+    if world > kept:
+        parts.append(f"{_ranks(kept, world)} started new streams seeded by step and rank")
+    if len(saved) > world:
+        parts.append(f"the states of the checkpoint's {_ranks(world, len(saved))} were dropped")
+    return (f"note: resumed {origin} on {world} rank(s): {', '.join(parts)} (training goes on, not bitwise as with "
+            f"the same ranks)")
+
+
+def _ranks(lo: int, hi: int) -> str:
+    """`rank 3` or `ranks 3-7` (lo to hi - 1)."""
+    return f"rank {lo}" if hi - lo == 1 else f"ranks {lo}-{hi - 1}"
 
 
 def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, DictConfig]:

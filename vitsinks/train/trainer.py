@@ -99,14 +99,18 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rng_by_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The training state; `rng_by_rank` holds every rank's generator states (`ckpt.rng_states_by_rank()`, a
+        collective), default this process's only. `rng` is rank 0's (what older code reads)."""
         extra = self.objective.extra_state()
+        rngs = rng_by_rank if rng_by_rank is not None else [ckpt.rng_state()]
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": ckpt.rng_state(),
+            "rng": rngs[0],
+            "rng_by_rank": rngs,
             "progress": asdict(self.progress),
             "config": to_container(self.cfg),
             "variant": run_variant(self.cfg),
@@ -116,10 +120,12 @@ class Trainer:
     def save(self, periodic: bool = False) -> Path:
         """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then run the callbacks'
         `on_save` (the diagnostics). Weights that are not finite are never written: `NonFiniteLoss` naming the
-        last good checkpoint."""
+        last good checkpoint. Every rank calls it: each rank's random state goes into the checkpoint."""
+        rngs = ckpt.rng_states_by_rank()
         if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not self.rundir.last.exists()):
             try:
-                ckpt.save(self.rundir, self.state_dict(), self.progress.step, periodic and self.cfg.train.keep_periodic)
+                ckpt.save(self.rundir, self.state_dict(rngs), self.progress.step,
+                          periodic and self.cfg.train.keep_periodic)
             except NonFinite as err:
                 raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
                                     f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
@@ -145,11 +151,10 @@ class Trainer:
         self.objective.load_extra_state(state.get("objective", {}))
         self.progress = Progress(**state["progress"])
         self._saved_step = self.progress.step
-        rng = state["rng"]
-        if self.dist.rank:  # per-rank streams: offset the saved rank-0 state deterministically
-            rng = {**rng, "torch": torch.Generator().manual_seed(
-                sample_seed(self.cfg.seed, self.progress.step, self.dist.rank)).get_state()}
-        ckpt.set_rng_state(rng)
+        note = ckpt.restore_rng(state, self.dist.rank, self.dist.world,
+                                sample_seed(self.cfg.seed, self.progress.step, self.dist.rank))
+        if note and self.dist.is_main:
+            print(note, flush=True)
         return True
 
     # ---- one step ----------------------------------------------------------------------------------------------

@@ -21,14 +21,14 @@ from vitsinks.trainfree.derive import analyse, derive
 
 
 def main(cfg: DictConfig) -> None:
-    run = derive(cfg)
+    run = derive(cfg, overwrite=cfg.trainfree.overwrite)
     out = analyse(run, cfg.trainfree.probes)
     print(json.dumps(out, indent=1, default=str))
     print(f"derived run {run.path} ({cfg.trainfree.method} of {cfg.ckpt or cfg.model.pretrained})")
 
 
 cli = hydra_command(main, aliases={k: f"trainfree.{k}" for k in ("method", "fit_images", "neurons", "outlier_k",
-                                                                  "massive", "probes")})
+                                                                  "massive", "probes", "overwrite")})
 
 if __name__ == "__main__":
     cli()

@@ -12,6 +12,7 @@ of `protocol` (never the validation images the diagnostics and probes report on)
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
             raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
                            f"{src.trainfree.source} instead (post-hoc edits do not stack)")
         name = RunDir.of_checkpoint(path).name if path.parent.name == "checkpoints" else path.stem
+        if path.parent.name == "checkpoints" and path.stem != "last":
+            name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
         return model, src, name
     model = model_from_config(cfg.model)
     src = OmegaConf.merge(cfg, {"model": {"pretrained": None}})  # the weights go into the derived checkpoint
@@ -70,10 +73,11 @@ def on_cpu(obj: Any) -> Any:
     return obj
 
 
-def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | None = None) -> RunDir:
+def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | None = None,
+           overwrite: bool = False) -> RunDir:
     """Fit `method` (default `cfg.trainfree.method`) with `settings` (default: `cfg`'s group of the method, e.g.
     `cfg.trainfree`) on the source model of `cfg` (`source_model`) and write the derived run to `out` (default
-    `<runs_dir>/<source>+<method>`)."""
+    `<runs_dir>/<source>+<method>`; a derived run there already is replaced with `overwrite`, else refused)."""
     name = method or cfg.trainfree.method
     if not name:
         raise BadValue(f"name the post-hoc edit: trainfree.method=<name> ({', '.join(sorted(METHODS))})")
@@ -87,6 +91,13 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
         images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
         state = on_cpu(m.fit(model, images, settings))
     run = RunDir(out if out is not None else Path(cfg.runs_dir) / f"{src_name}+{m.name}")
+    if run.path.exists():
+        derived = run.config.is_file() and OmegaConf.load(run.config).get("trainfree", {}).get("method")
+        if not derived or not overwrite:
+            raise BadValue(f"{run.path} exists already" + (" (its results would mix two edits): delete it, or pass "
+                           "trainfree.overwrite=true to replace it and its results" if derived else
+                           " and is not a derived run: move it, or derive into another runs_dir"))
+        shutil.rmtree(run.path)
     source = str(cfg.ckpt) if cfg.ckpt else str(cfg.model.pretrained or "config")
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
                                     m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from vitsinks.configs.schema import TrainFreeConfig
+from vitsinks.diagnostics.residual import block_stats, finite_norms
 from vitsinks.models import SinkBlock, SinkViT
 from vitsinks.trainfree.base import TrainFreeMethod, register_method
-from vitsinks.utils.errors import BadValue, NonFinite
+from vitsinks.utils.errors import BadValue
 
 ONSET = 0.5  # the massive block: the first whose top / median ratio reaches this share of the largest one
 
@@ -21,9 +22,10 @@ ONSET = 0.5  # the massive block: the first whose top / median ratio reaches thi
 @torch.no_grad()
 def block_peaks(model: SinkViT, images: torch.Tensor,
                 batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per image and block output h (tokens x channels): `top` (n, L) the largest |h|, `median` (n, L) the median
-    |h| (the lower middle value, as the summary's `top_activations`), and per channel `peak_abs` (n, L, D) the largest
-    |h| over tokens and `peak` (n, L, D) the signed h at that token (the channel's massive token)."""
+    """Per image and block output h (tokens x channels): `top` (n, L) the largest |h| and `median` (n, L) the
+    median |h| (the lower middle value), both from `residual.block_stats` as the summary's `top_activations`, and per
+    channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` (n, L, D) the signed h at that token (the
+    channel's massive token)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -35,13 +37,11 @@ def block_peaks(model: SinkViT, images: torch.Tensor,
             for blk in model.blocks:
                 x = blk(x)
                 h = x.float()
-                if not bool(torch.isfinite(h).all()):
-                    raise NonFinite("the model's activations are not finite (NaN or inf): its weights or inputs are "
-                                    "broken; fit on a checkpoint of a run that did not diverge")
+                stats = block_stats(h)
+                finite_norms(stats["norm"])  # NaN or inf anywhere in h makes its token's norm so
                 peak_abs, token = h.abs().max(dim=1)  # (B, D)
                 peak = h.gather(1, token[:, None]).squeeze(1)
-                flat = h.abs().flatten(1)
-                per_block.append((flat.amax(1), flat.median(dim=1).values, peak_abs, peak))
+                per_block.append((stats["top"][:, 0], stats["abs_median"].to(h.device), peak_abs, peak))
             parts.append(tuple(torch.stack(v, dim=1).cpu() for v in zip(*per_block, strict=True)))
     finally:
         model.train(was_training)

@@ -37,12 +37,19 @@ def add_register(model: SinkViT) -> int:
 ActHook = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
 
 
-def move_to_register(units: list[int], register: int, first_patch: int) -> ActHook:
+def move_to_register(units: list[int], register: int, first_patch: int,
+                     tokens: Callable[[], int] | None = None) -> ActHook:
     """A forward hook for `blk.mlp.act`: each of `units` takes at token `register` its maximum over all tokens of
-    the image, and 0 at every patch token (from `first_patch` on); [CLS] and trained registers keep theirs."""
+    the image, and 0 at every patch token (from `first_patch` on); [CLS] and trained registers keep theirs.
+    `tokens()`: how many tokens the model's embedding made in this forward; a sequence of another length (the
+    registers dropped) has its register and patches elsewhere, and is refused."""
     idx = torch.tensor(units, dtype=torch.long)
 
     def hook(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        if tokens is not None and out.shape[1] != (n := tokens()):
+            raise BadValue(f"a model with a test-time register cannot run without its registers (its blocks got "
+                           f"{out.shape[1]} tokens, its embedding made {n}): the register neurons would be moved into "
+                           f"a patch; choose other edits: intervene.edits=[...] without drop_registers")
         i = idx.to(out.device)
         peak = out[:, :, i].amax(dim=1)  # (B, K)
         out = out.clone()
@@ -56,7 +63,8 @@ def move_to_register(units: list[int], register: int, first_patch: int) -> ActHo
 @register_method
 class TestTimeRegister(TrainFreeMethod):
     """fit: the top `settings.neurons` register neurons (over all blocks) on the fit images; apply: one more
-    register and, in every block with register neurons, their activations moved onto it (`move_to_register`)."""
+    register and, in every block with register neurons, their activations moved onto it (`move_to_register`). The
+    edited model refuses to run its blocks on fewer tokens than its embedding made (its registers dropped)."""
 
     name = "test_time_register"
     label = "test-time register"
@@ -80,6 +88,21 @@ class TestTimeRegister(TrainFreeMethod):
                                f"{len(model.blocks)}-block model: the fitted state belongs to another architecture")
             by_block[b].append(u)
         register = add_register(model)
+        tokens = embedded_tokens(model)
         for b, units in sorted(by_block.items()):
-            model.blocks[b].mlp.act.register_forward_hook(move_to_register(units, register, model.num_prefix_tokens))
+            model.blocks[b].mlp.act.register_forward_hook(
+                move_to_register(units, register, model.num_prefix_tokens, tokens))
         return model
+
+
+def embedded_tokens(model: SinkViT) -> Callable[[], int]:
+    """How many tokens `model`'s embedding made last (a hook on `norm_pre`, the last step of `embed_tokens` and of
+    `forward_features` before the blocks): the length its blocks must see. Before any forward, the count at the
+    model's image size."""
+    seen = {"n": model.tokens_per_image()}
+
+    def keep(_module: nn.Module, _args: Any, out: torch.Tensor) -> None:
+        seen["n"] = out.shape[1]
+
+    model.norm_pre.register_forward_hook(keep)
+    return lambda: seen["n"]

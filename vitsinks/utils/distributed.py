@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn as dist_nn
 from torch import nn
 
+# How long a collective waits for the slowest rank before it fails (instead of hanging): one explicit value for gloo
+# and NCCL (NCCL's own default is 10 minutes), long enough for rank 0 to write a checkpoint and its diagnostics while
+# the others wait. ClusterConfig has no field for it.
+PG_TIMEOUT = timedelta(minutes=30)
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -36,9 +42,10 @@ def _export_slurm_env() -> None:
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
-    """The device `cluster.device` names for this process: `auto` picks this rank's GPU (`local_rank`, default
-    from LOCAL_RANK, else 0) when CUDA is available, else the CPU; `cuda` without CUDA is an error. The one place
-    a command turns `cluster.device` into a device."""
+    """The device `cluster.device` names for this process: `auto` picks this rank's GPU when CUDA is available, else
+    the CPU; `cuda` without CUDA is an error. This rank's GPU is `local_rank` (default from LOCAL_RANK, else 0)
+    modulo the visible GPUs: one GPU per task (SLURM's GPU binding shows each task only its own) gives every rank
+    device 0. The one place a command turns `cluster.device` into a device."""
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
@@ -46,20 +53,24 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     if name == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("cluster.device=cuda but CUDA is not available: use cluster.device=auto or cpu")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = local_rank % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device(name)
 
 
 def init_distributed(device: str = "auto") -> DistInfo:
-    """Initialise the process group if WORLD_SIZE (torchrun) or SLURM_NTASKS (srun) says there are several ranks."""
+    """Initialise the process group if WORLD_SIZE (torchrun) or SLURM_NTASKS (srun) says there are several ranks:
+    NCCL bound to this rank's GPU (`device_id`), else gloo; collectives time out after `PG_TIMEOUT`."""
     _export_slurm_env()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world)
+        bound = {"device_id": dev} if dev.type == "cuda" else {}
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world,
+                                timeout=PG_TIMEOUT, **bound)
     return DistInfo(rank, world, local_rank, dev)
 
 
@@ -70,6 +81,16 @@ def is_distributed() -> bool:
 def rank_world() -> tuple[int, int]:
     """(this process's rank, number of ranks): (0, 1) outside a process group."""
     return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` outside a process group. A collective:
+    every rank must call it."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -31,6 +32,7 @@ from vitsinks.utils.errors import BadValue
 STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
 SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
+NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
 
 
 class RunDir:
@@ -155,7 +157,8 @@ class RunDir:
 
     # --- writing ----------------------------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue`."""
+        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue`, and so is a
+        file system without `flock` (Lustre mounted without `-o flock`)."""
         if not self.is_main or self._lock is not None:
             return
         self.path.mkdir(parents=True, exist_ok=True)
@@ -168,6 +171,13 @@ class RunDir:
             f.close()
             raise BadValue(f"run directory {self.path} is being written by {holder}: wait for it to finish, or give "
                            f"this run another name (name=...)") from None
+        except OSError as err:
+            f.close()
+            if err.errno not in NO_FLOCK:
+                raise
+            raise BadValue(f"the file system of {self.path} does not support file locks (flock: {err.strerror}; "
+                           f"Lustre mounted without -o flock?): mount it with flock, or set runs_dir=... on a local "
+                           f"or NFS file system") from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}")

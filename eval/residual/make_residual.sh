@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The residual side, quantization robustness and the training-free mitigations on the checkpoints of the two
+# committed CPU studies: the sink tasks (eval/sinktasks: 40 runs, attention-only, 1 block) and the embedded default
+# (eval/leaderboard: vit_cpu on synthetic data, the four variants x 2 seeds). Nothing is trained.
+#   1. every final checkpoint re-diagnosed (summary.json with the residual side, plots, report.html) and quantized
+#      (W8A8: linear-input kurtosis / inf-norm, feature cosine, the probes' change; results/quant.json);
+#   2. the embedded default's runs edited by every training-free mitigation (derived runs <run>+<method>, diagnosed
+#      and probed with the leaderboard's evaluation settings); a test-time register needs high-norm patch tokens to
+#      move: a run without any is said so and has no such row;
+#   3. both studies' leaderboards regenerated (new columns), the embedded default's with the training-free rows into
+#      eval/residual/leaderboard; each run's report page copied to eval/residual/reports/.
+#   RUNS_SINK=runs/sinktasks RUNS_LB=runs/leaderboard bash eval/residual/make_residual.sh   (~45 min on 2 CPU cores)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS_SINK=${RUNS_SINK:-runs/sinktasks}
+RUNS_LB=${RUNS_LB:-runs/leaderboard}
+OUT=eval/residual
+EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 eval.dense_epochs=5)  # make_leaderboard.sh's
+trained() { for run in "$1"/*-s[0-9]/; do run=${run%/}; [[ $(basename "$run") == *+* ]] || echo "$run"; done; }
+
+for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do
+  echo "$(basename "$run"): diagnose, quantize"
+  python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null
+  python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
+  mkdir -p "$OUT/reports/$(basename "$run")"
+  cp "$run/diagnostics/last/report.html" "$OUT/reports/$(basename "$run")/"
+done
+for run in $(trained "$RUNS_LB"); do
+  for method in test_time_register mean_massive zero_massive; do
+    if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" runs_dir="$RUNS_LB" \
+               "${EVAL[@]}" 2>&1); then
+      grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; exit 1; }
+      echo "$(basename "$run"): no high-norm patch token, no test-time register"
+      continue
+    fi
+    echo "$(basename "$run")+$method: derived, diagnosed, probed"
+  done
+done
+# the two studies' own leaderboards gain the residual and W8A8 columns (same runs, same titles as their scripts) ...
+python -m vitsinks.leaderboard runs="$RUNS_SINK" out=eval/sinktasks/leaderboard \
+  title="vitsinks sink tasks: attention-only ViT, 1 block, 2 heads, 256 steps (CPU)"
+SWEEP=$(ls -dt "$RUNS_LB"/sweeps/sweep-* | head -n 1)
+python -m vitsinks.leaderboard runs="$SWEEP" out=eval/leaderboard \
+  title="vitsinks leaderboard: embedded default (vit_cpu, synthetic, CPU)"
+# ... and the embedded default with the training-free rows beside the trained variants
+python -m vitsinks.leaderboard runs="$RUNS_LB" out="$OUT/leaderboard" \
+  title="vitsinks embedded default with training-free mitigations and W8A8 (vit_cpu, synthetic, CPU)"
