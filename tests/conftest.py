@@ -189,3 +189,4 @@ def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subproces
 def run_module(module: str, *args: str, idle_s: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """`python -m module args...` through `run_command`."""
     return run_command([sys.executable, "-m", module, *args], idle_s=idle_s, **kwargs)
+

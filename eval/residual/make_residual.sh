@@ -16,9 +16,12 @@ RUNS_SINK=${RUNS_SINK:-runs/sinktasks}
 RUNS_LB=${RUNS_LB:-runs/leaderboard}
 OUT=eval/residual
 EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 eval.dense_epochs=5)  # make_leaderboard.sh's
-trained() { for run in "$1"/*-s[0-9]/; do run=${run%/}; [[ $(basename "$run") == *+* ]] || echo "$run"; done; }
+trained() { for run in "$1"/*-s[0-9]/; do echo "${run%/}"; done; }  # derived runs end in +<method>, not -s<seed>
 
 for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do
+  if [ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && [ -f "$run/diagnostics/last/report.html" ]; then
+    echo "$(basename "$run"): done already"; continue  # a rerun skips what is done (delete results/quant.json to redo)
+  fi
   echo "$(basename "$run"): diagnose, quantize"
   python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null
   python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
@@ -27,6 +30,7 @@ for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do
 done
 for run in $(trained "$RUNS_LB"); do
   for method in test_time_register mean_massive zero_massive; do
+    [ -f "$run+$method/diagnostics/final/summary.json" ] && { echo "$(basename "$run")+$method: done already"; continue; }
     if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" runs_dir="$RUNS_LB" \
                "${EVAL[@]}" 2>&1); then
       grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; exit 1; }

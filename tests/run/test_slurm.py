@@ -131,20 +131,26 @@ def _interrupt_and_finish(runs: Path, name: str, interrupt: list[str]) -> tuple[
     return run, log
 
 
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The final loss of the LONG run trained here without interruption (once for both resume tests)."""
+    return _uninterrupted(tmp_path_factory.mktemp("reference"), *LONG)
+
+
 @pytest.mark.slow
-def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path) -> None:
+def test_scontrol_requeue_mid_run_resumes_to_the_same_final_loss(runs: Path, long_reference: float) -> None:
     run, log = _interrupt_and_finish(runs, "requeued", ["scontrol", "requeue"])
     assert resumed_at(log)[0] % 8 == 0  # killed without a signal: back to the last periodic checkpoint
-    assert final_loss(run) == _uninterrupted(runs, *LONG)
+    assert final_loss(run) == long_reference
 
 
 @pytest.mark.slow
-def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path) -> None:
+def test_preemption_signal_saves_requeues_and_resumes_exactly(runs: Path, long_reference: float) -> None:
     run, log = _interrupt_and_finish(runs, "preempted", ["scancel", "--signal=USR2"])
     err = log.with_name(log.name.replace("_log.out", "_log.err")).read_text()
     assert "Caught signal SIGUSR2" in err
     assert resumed_at(log)[0] >= 10  # saved when the signal came (after step 10), not at an older checkpoint
-    assert final_loss(run) == _uninterrupted(runs, *LONG)
+    assert final_loss(run) == long_reference
 
 
 @pytest.mark.slow
@@ -185,7 +191,8 @@ def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) ->
                  "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.dense_epochs=1",
                  f"runs_dir={runs}", "name=after")
     assert out.returncode == 0, out.stderr
-    wait_progress(lambda: (runs / "after/results/dense_synthetic.json").exists(),
+    written = [runs / "after/results/dense_synthetic.json", runs / "after/diagnostics/final/summary.json"]
+    wait_progress(lambda: all(p.exists() for p in written),  # the probes first (every rank), then the diagnosis
                   lambda: sorted(str(f) for f in (runs / "after").rglob("*")), "the after-train evaluations")
     assert json.loads((runs / "after/diagnostics/final/summary.json").read_text())["shape"]["blocks"] == 2
     assert json.loads((runs / "after/results/linear.json").read_text())["val_images"] == 8

@@ -56,8 +56,9 @@ class QuantResult(Result):
     @classmethod
     def columns(cls) -> list[Column]:
         return [
-            Column("w8a8_cosine", "W8A8 feature cosine", "quality", fmt="f", higher_is_better=True,
-                   doc="cosine of the W8A8 model's final tokens to the float model's, mean over tokens and images"),
+            Column("w8a8_cos_err", "W8A8 1 - feature cosine", "quality", fmt="g", higher_is_better=False,
+                   doc="1 - the cosine of the W8A8 model's final tokens to the float model's (mean over tokens and "
+                       "images): 0 is lossless; shown with significant digits, a cosine of 0.9999 reads 1e-04"),
             Column("w8a8_d_linear", "W8A8 change of linear top-1", "quality", higher_is_better=True,
                    doc="linear-probe top-1 of the W8A8 model minus the float model's, in points"),
             Column("w8a8_d_online", "W8A8 change of online top-1", "quality", higher_is_better=True,
@@ -73,7 +74,7 @@ class QuantResult(Result):
     def values(self) -> dict[str, Any]:
         """The leaderboard values of this result (NaN where a change was not measured)."""
         first = self.dense[sorted(self.dense)[0]] if self.dense else None
-        return {"w8a8_cosine": self.feature_cosine, "w8a8_d_linear": _delta(self.linear_top1),
+        return {"w8a8_cos_err": 1.0 - self.feature_cosine, "w8a8_d_linear": _delta(self.linear_top1),
                 "w8a8_d_online": _delta(self.online_top1), "w8a8_d_dense": _delta(first),
                 "kurtosis_max": stat_max(self.by_block, "kurtosis"),
                 "inf_norm_max": stat_max(self.by_block, "inf_norm")}
