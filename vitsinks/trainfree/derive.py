@@ -84,12 +84,6 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
     m = get_method(str(name))
     settings = settings if settings is not None else cfg[m.group]
     model, src, src_name = source_model(cfg)
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
-    data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
-    model.eval().to(resolve_device(cfg.cluster.device))  # the fit's forward passes on the run's device
-    with torch.no_grad():
-        images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
-        state = on_cpu(m.fit(model, images, settings))
     run = RunDir(out if out is not None else Path(cfg.runs_dir) / f"{src_name}+{m.name}")
     if run.path.exists():
         derived = run.config.is_file() and OmegaConf.load(run.config).get("trainfree", {}).get("method")
@@ -97,6 +91,13 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
             raise BadValue(f"{run.path} exists already" + (" (its results would mix two edits): delete it, or pass "
                            "trainfree.overwrite=true to replace it and its results" if derived else
                            " and is not a derived run: move it, or derive into another runs_dir"))
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
+    data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
+    model.eval().to(resolve_device(cfg.cluster.device))  # the fit's forward passes on the run's device
+    with torch.no_grad():
+        images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
+        state = on_cpu(m.fit(model, images, settings))
+    if run.path.exists():  # refused above before any work; replaced only once the new edit is fitted
         shutil.rmtree(run.path)
     source = str(cfg.ckpt) if cfg.ckpt else str(cfg.model.pretrained or "config")
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
