@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -184,6 +185,13 @@ def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subproces
         th.join()
     out, err = (b"".join(chunks[k]).decode(errors="replace") for k in ("out", "err"))
     return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+
+
+def run_commands(commands: Sequence[Sequence[str]], idle_s: float = 300, **kwargs) -> list[subprocess.CompletedProcess]:
+    """`run_command` of every command at once (their start-up, mostly imports, overlaps on the cores), results in
+    the order given."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
+        return list(pool.map(lambda c: run_command(c, idle_s=idle_s, **kwargs), commands))
 
 
 def run_module(module: str, *args: str, idle_s: float = 300, **kwargs) -> subprocess.CompletedProcess:

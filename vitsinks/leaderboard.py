@@ -2,14 +2,16 @@
 
     python -m vitsinks.leaderboard runs=runs/sweeps/sweep-<id>      # a sweep folder or its sweep.json
     python -m vitsinks.leaderboard runs=runs [out=eval/leaderboard]  # every run directory under a folder
+    python -m vitsinks.leaderboard runs=eval/leaderboard/inputs      # again, from its inputs, with today's code
 
 Per run: the configuration, the online probe (val top-1), the linear probe, the dense probes (mIoU) and the
 diagnostics summary (sinks per image: NOP-like, broadcast-like, on [CLS] / register / patch; massive-activation
 ratio). Grouped by variant as mean +- std over seeds. A variant is marked in a quality column only where Welch's
 t-test says it beats every other variant there (`significant_best`); the footnotes say which sink rule the
 summaries counted with, and the reference's sinks per image appear only beside counts made the reference's way.
-Writes leaderboard.{md,csv,html,png} and runs.csv into `out`. The columns are the registered results' and the
-block mitigations' (the library is `vitsinks.report`).
+Writes leaderboard.{md,csv,html,png}, runs.csv and `inputs/` (the files it read from each run, and its title:
+enough to write it again with today's code, `bash eval/regenerate.sh`) into `out`. The columns are the registered
+results' and the block mitigations' (the library is `vitsinks.report`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ import yaml
 
 from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.report import build, to_markdown
+from vitsinks.report.inputs import recorded_title
 from vitsinks.utils.errors import BadValue, ConfigError
 
 
 @dataclass
 class LeaderboardArgs:
     runs: str | None = None  # a folder of run directories, or a sweep folder / sweep.json
-    out: str | None = None  # default: <runs>/leaderboard (next to sweep.json for a manifest)
-    title: str = "vitsinks leaderboard"
+    out: str | None = None  # default: <runs>/leaderboard (next to sweep.json for a manifest; for inputs: their board)
+    title: str | None = None  # default: the title recorded in runs=<leaderboard>/inputs, else "vitsinks leaderboard"
 
 
 USAGE = "python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...]"
@@ -39,8 +42,12 @@ def leaderboard_command(argv: Sequence[str]) -> int:
     args = parse_args(argv, LeaderboardArgs, USAGE)
     if not args.runs:
         raise ConfigError(f"no runs given; usage: {USAGE}")
-    out = args.out or str(Path(args.runs).parent / "leaderboard" if args.runs.endswith(".json")
-                          else Path(args.runs) / "leaderboard")
+    src = Path(args.runs)
+    if recorded_title(src) is not None:  # a leaderboard's inputs: the leaderboard is the folder around them
+        default = src.parent
+    else:
+        default = src.parent / "leaderboard" if args.runs.endswith(".json") else src / "leaderboard"
+    out = args.out or str(default)
     try:
         table = build(args.runs, out, args.title)
     except yaml.YAMLError as err:

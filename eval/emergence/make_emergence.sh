@@ -5,7 +5,7 @@
 #   bash eval/emergence/make_emergence.sh            # train (skips finished runs), then report
 #   bash eval/emergence/make_emergence.sh train      # only train;  PARALLEL=8 runs 8 at once (a GPU machine)
 #   bash eval/emergence/make_emergence.sh report     # over-training figures and the leaderboard into eval/emergence/
-#   RUNS=eval/emergence/runs bash eval/emergence/make_emergence.sh report   # the same from the committed summaries
+#   bash eval/regenerate.sh     # the leaderboard again from the inputs committed beside it (no training)
 # Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

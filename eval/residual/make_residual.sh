@@ -9,16 +9,24 @@
 #      move: a run without any is said so and has no such row;
 #   3. both studies' leaderboards regenerated (new columns), the embedded default's with the training-free rows into
 #      eval/residual/leaderboard; each run's report page copied to eval/residual/reports/.
+#   4. with RUNS_EM (the Fashion-MNIST emergence runs, eval/emergence/make_emergence.sh): steps 1-2 on its finished
+#      runs too, and their leaderboard with the training-free rows into eval/residual/fashion_mnist.
 #   RUNS_SINK=runs/sinktasks RUNS_LB=runs/leaderboard bash eval/residual/make_residual.sh   (~45 min on 2 CPU cores)
+#   RUNS_EM=runs/emergence ... adds ~10 min per Fashion-MNIST run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS_SINK=${RUNS_SINK:-runs/sinktasks}
 RUNS_LB=${RUNS_LB:-runs/leaderboard}
 OUT=eval/residual
 EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 eval.dense_epochs=5)  # make_leaderboard.sh's
-trained() { for run in "$1"/*-s[0-9]/; do echo "${run%/}"; done; }  # derived runs end in +<method>, not -s<seed>
+RUNS_EM=${RUNS_EM:-}
+# the trained runs of a study that finished (derived runs end in +<method>, not -s<seed>)
+trained() {
+  [ -n "$1" ] || return 0
+  for run in "$1"/*-s[0-9]/; do grep -q '"finished"' "$run/status.json" 2>/dev/null && echo "${run%/}"; done; return 0
+}
 
-for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do
+for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
   if [ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && [ -f "$run/diagnostics/last/report.html" ]; then
     echo "$(basename "$run"): done already"; continue  # a rerun skips what is done (delete results/quant.json to redo)
   fi
@@ -28,10 +36,10 @@ for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do
   mkdir -p "$OUT/reports/$(basename "$run")"
   cp "$run/diagnostics/last/report.html" "$OUT/reports/$(basename "$run")/"
 done
-for run in $(trained "$RUNS_LB"); do
+for run in $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
   for method in test_time_register mean_massive zero_massive; do
     [ -f "$run+$method/diagnostics/final/summary.json" ] && { echo "$(basename "$run")+$method: done already"; continue; }
-    if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" runs_dir="$RUNS_LB" \
+    if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" runs_dir="$(dirname "$run")" \
                "${EVAL[@]}" 2>&1); then
       grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; exit 1; }
       echo "$(basename "$run"): no high-norm patch token, no test-time register"
@@ -49,3 +57,7 @@ python -m vitsinks.leaderboard runs="$SWEEP" out=eval/leaderboard \
 # ... and the embedded default with the training-free rows beside the trained variants
 python -m vitsinks.leaderboard runs="$RUNS_LB" out="$OUT/leaderboard" \
   title="vitsinks embedded default with training-free mitigations and W8A8 (vit_cpu, synthetic, CPU)"
+if [ -n "$RUNS_EM" ]; then
+  python -m vitsinks.leaderboard runs="$RUNS_EM" out="$OUT/fashion_mnist" \
+    title="vitsinks Fashion-MNIST emergence runs with training-free mitigations and W8A8 (vit_cpu, 32 px, 1,200 steps)"
+fi

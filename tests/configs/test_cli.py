@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_command
+from tests.conftest import TINY, run_command, run_commands
 from vitsinks.configs import cli
 from vitsinks.utils.errors import BadValue, CheckFailed, ConfigError, InputNotFound
 
@@ -80,17 +80,22 @@ def test_rewrite_aliases() -> None:
         ["intervene.n_images=4", "intervene.heads=[0:1]", "heads_x=1", "data=voc"]
 
 
-@pytest.mark.parametrize("mistake, expected", [
+MISTAKES = [  # (override, what its one-line error names)
     ("model=vit_gigantic", "Could not find 'model/vit_gigantic'"),
     ("train.batchsize=8", "batchsize"),
     ("train.batch_size=many", "batch_size"),
     ("model.gate=sideways", "expected one of [none, elementwise, headwise]"),
-])
+]
+
+
 @pytest.mark.slow
-def test_config_mistakes_get_one_line_with_and_without_a_sweep(mistake: str, expected: str, tmp_path: Path) -> None:
-    single = one_line_error(run("vitsinks.launch", mistake, f"runs_dir={tmp_path}"))
-    sweep = one_line_error(run("vitsinks.launch", "-m", "exp=base,gate", mistake, f"runs_dir={tmp_path}"))
-    assert expected in single and expected in sweep
+def test_config_mistakes_get_one_line_with_and_without_a_sweep(tmp_path: Path) -> None:
+    launch = [sys.executable, "-m", "vitsinks.launch"]
+    commands = [[*launch, *sweep, mistake, f"runs_dir={tmp_path}"]
+                for mistake, _ in MISTAKES for sweep in ([], ["-m", "exp=base,gate"])]
+    lines = [one_line_error(done) for done in run_commands(commands)]
+    for (mistake, expected), single, sweep in zip(MISTAKES, lines[::2], lines[1::2], strict=True):
+        assert expected in single and expected in sweep, mistake
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing trained, submitted or written
 
 

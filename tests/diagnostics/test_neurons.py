@@ -13,7 +13,15 @@ from torch import nn
 
 from tests.conftest import PATCH, UNIT, images, last_norms, plant_register_neuron, tiny_vit
 from vitsinks.configs.schema import DiagnosticsConfig
-from vitsinks.diagnostics.neurons import capture, find_register_neurons, neuron_k, outlier_mask, summarize_neurons
+from vitsinks.diagnostics import diagnose
+from vitsinks.diagnostics.neurons import (
+    NeuronCollector,
+    capture,
+    find_register_neurons,
+    neuron_k,
+    outlier_mask,
+    summarize_neurons,
+)
 from vitsinks.models import SinkViT
 from vitsinks.utils.errors import BadValue, NonFinite
 
@@ -57,10 +65,17 @@ def expected_share(model: SinkViT, x: torch.Tensor, block: int, unit: int) -> fl
     return float((1 - (tok - c[:, 1 + PATCH]).norm(dim=-1) / tok.norm(dim=-1)).mean())
 
 
-def test_summary_reports_the_planted_unit_and_its_norm_share_against_float64(planted: Planted) -> None:
+@pytest.mark.parametrize("during_diagnosis", [False, True], ids=["own pass", "collected by diagnose"])
+def test_summary_reports_the_planted_unit_and_its_norm_share_against_float64(planted: Planted,
+                                                                             during_diagnosis: bool) -> None:
     model, x = planted
     st = DiagnosticsConfig(high_norm_k=[2.0, 5.0, 10.0, 20.0], register_neurons=1)
-    out = summarize_neurons(model, x, st)
+    if during_diagnosis:  # the diagnosis's forward pass (with its explicit recomputation of every block) collects
+        collector = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens)
+        diagnose(model, x, batch_size=3, neurons=collector)  # batches of 3: the sums run over batches
+        out = summarize_neurons(model, None, st, collector.got)
+    else:
+        out = summarize_neurons(model, x, st)
     assert set(out) == {"by_block"} and len(out["by_block"]) == 3
     b1 = out["by_block"][1]
     assert b1["units"] == [UNIT] and len(b1["scores"]) == 1

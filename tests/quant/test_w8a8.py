@@ -97,5 +97,4 @@ def test_the_w8a8_error_grows_with_a_planted_outlier() -> None:
         scales.append(float(state["act_scale"][state["layers"].index(fc1)]))
     assert scales[0] < scales[1] < scales[2] and scales[2] > 20 * scales[0]  # the outlier sets the scale
     assert cosines[0] > cosines[1] > cosines[2]  # and the error grows with it
-    assert cosines[0] > 0.999  # without the outlier, 8 bits are nearly exact on this model
     assert first_block == pytest.approx([first_block[0]] * 3, abs=1e-9)  # the block before the plant: unchanged

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, require_slurm, run_command, tiny_cfg
+from tests.conftest import TINY, require_slurm, run_command, run_commands, tiny_cfg
 from vitsinks.configs.schema import load_config
 from vitsinks.run.sweep import read_manifest, run_state
 from vitsinks.train.tracking import read_metrics
@@ -177,9 +177,8 @@ def test_two_task_job_runs_ddp_over_gloo(runs: Path, exp: str) -> None:
 @pytest.mark.slow
 def test_bad_cluster_settings_fail_before_submitting(runs: Path, override: str, message: str) -> None:
     before = job_ids()
-    args = [*TINY, *CLUSTER, f"runs_dir={runs}", override]
-    for cmd in (args, ["-m", "exp=base,gate", *args]):
-        out = launch(*cmd)
+    args = [sys.executable, "-m", "vitsinks.launch", *TINY, *CLUSTER, f"runs_dir={runs}", override]
+    for out in run_commands([args, [*args, "-m", "exp=base,gate"]]):  # one run and a sweep
         assert out.returncode == 1 and message in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
     assert not job_ids() - before  # nothing new was submitted (old jobs may age out of squeue meanwhile)

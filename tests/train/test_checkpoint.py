@@ -144,10 +144,12 @@ def test_killed_saves_leave_no_temp_files_behind(runs: Path) -> None:
     assert not leftover.exists() and (d / "last.pt").is_file()
 
 
-def test_a_run_name_reused_with_other_data_is_refused_by_name(runs: Path) -> None:
+def test_a_run_name_reused_with_other_data_is_refused_by_name(runs: Path, capsys: pytest.CaptureFixture) -> None:
     Trainer(tiny_cfg(runs, "name=reuse", "train.max_steps=1")).fit()
+    capsys.readouterr()
     with pytest.raises(CheckpointMismatch, match="data.num_classes: 4 vs 6"):
         Trainer(tiny_cfg(runs, "name=reuse", "data.num_classes=6")).fit()
+    assert "resuming from" not in capsys.readouterr().out  # said only of a checkpoint that fits
 
 
 def seed_all(seed: int) -> None:

@@ -36,3 +36,10 @@ def test_nan_mean_std_by_hand() -> None:
     assert single[0] == 5.0 and single[1] != single[1] and single[2] == 1  # one value: NaN std
     empty = nan_mean_std([])
     assert empty[0] != empty[0] and empty[2] == 0
+
+
+def test_a_pipe_in_a_cell_is_escaped_so_the_row_keeps_its_columns() -> None:
+    lines = markdown_table(["max |x|", "b"], [["a|b", 1]])
+    assert lines[0] == "| max \\|x\\| | b |" and lines[2] == "| a\\|b | 1 |"
+    unescaped = [line.replace("\\|", "") for line in lines]
+    assert {line.count("|") for line in unescaped} == {3}  # every line splits into the header's two cells

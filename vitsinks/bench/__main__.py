@@ -10,7 +10,8 @@ from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.utils.errors import ConfigError
 
 # benchmark -> its default model size (None: the benchmark takes none)
-BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu"}
+BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu",
+              "data": None, "gpu": "vit_large,vit_base"}  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
 
 
 @dataclass

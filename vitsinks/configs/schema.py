@@ -44,6 +44,7 @@ SigregForm = StrEnum("SigregForm", "per_view_global pooled_per_rank", module=__n
 BatchNormStats = StrEnum("BatchNormStats", "global_batch per_rank", module=__name__)
 ImageOrder = StrEnum("ImageOrder", "permuted first", module=__name__)
 Interpolation = StrEnum("Interpolation", "bicubic bilinear", module=__name__)
+ViewsBackend = StrEnum("ViewsBackend", "cpu device", module=__name__)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class DataConfig:
     train_size: int = bounded(4096, ge=1)  # synthetic: images per epoch
     val_size: int = bounded(1024, ge=1)  # synthetic: validation images
     num_workers: int | None = bounded(0, ge=0)  # None: min(8, the CPUs this process may use)
+    prefetch_factor: int = bounded(2, ge=1)  # batches each training loader worker prepares ahead
+    file_list_cache: str | None = None  # ImageFolder: folder of the cached file lists (None: scan at every start)
     on_bad_image: OnBadImage = OnBadImage.skip  # skip (warn and count) | error
     voc_aug: bool = False  # voc: train on SegmentationClassAug (ImageSets/Segmentation/train_aug.txt)
     patch_size: int = bounded(4, ge=1)  # sink tasks: the patch grid the task is defined on (set to the model's)
@@ -79,6 +82,9 @@ class ViewsConfig:
     blur: float = bounded(0.5, ge=0, le=1)
     solarize: float = bounded(0.1, ge=0, le=1)
     hflip: float = bounded(0.5, ge=0, le=1)
+    # cpu: lightly's transforms on PIL images in the loader workers; device: the workers crop and flip (uint8), the
+    # photometric ops run batched on the training device (docs/data.md); same distributions, other random draws
+    backend: ViewsBackend = ViewsBackend.cpu
 
 
 @dataclass
@@ -117,10 +123,17 @@ class TrainConfig:
     min_lr_ratio: float = bounded(1e-3, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
     grad_clip: float = bounded(1.0, ge=0)
     precision: Precision = Precision.auto  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
-    compile: bool = False
+    compile: bool = False  # torch.compile every block (before DDP); for CUDA (on CPU it works, slow to compile)
+    grad_checkpointing: bool = False  # recompute the blocks' activations in backward (timm's set_grad_checkpointing)
+    ddp_static_graph: bool = True  # DDP static_graph: each step uses the same parameters (docs/training-step.md)
+    # steps between logged metrics; the NaN / stop flags are also checked then (a host sync): a stop request
+    # (preemption) takes effect within log_every steps, a non-finite loss is reported by its first step
     log_every: int = bounded(10, ge=1)
     ckpt_every: int = bounded(100, ge=1)  # steps between periodic checkpoints (last.pt: also at every epoch end)
     keep_periodic: bool = True
+    # the kept step_*.pt hold the model's weights only (backbone, projector, probe; no optimizer or RNG state):
+    # about a third of a full checkpoint; the diagnostics, probes and derived runs read them, resuming does not
+    periodic_weights_only: bool = False
 
 
 @dataclass

@@ -44,7 +44,8 @@ def build_classification(cfg: DataConfig, split: str, seed: int = 0) -> Dataset:
         return FashionMNIST(root, split, size=cfg.image_size)
     if cfg.name == "imagenet":
         root = check_root(cfg.root, "imagenet", "/datasets/imagenet")
-        return ImageFolderSplit(root, split, classes=None if split == "train" else train_classes(root))
+        return ImageFolderSplit(root, split, classes=None if split == "train" else train_classes(root),
+                                cache=cfg.file_list_cache)
     raise BadValue(f"data.name={cfg.name} is not an image-level dataset; choose one of {CLASSIFICATION}")
 
 

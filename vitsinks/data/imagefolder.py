@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import find_classes, has_file_allowed_extension
 
 from vitsinks.utils.errors import BadValue, InputNotFound, UserError
 
@@ -51,15 +57,119 @@ def train_classes(root: str | Path) -> list[str]:
     return find_classes(str(folder))[0]
 
 
+CACHE_VERSION = 1
+SETTLED_S = 2.0  # a folder modified this recently may change within its mtime's tick: its listing is not cached
+
+
+def scan_folder(directory: str, class_to_idx: dict[str, int], extensions: tuple[str, ...]
+                ) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    """torchvision's `make_dataset` walk (the same samples in the same order), also returning the mtime (ns) of
+    every folder it listed, each taken before the listing: a later change of any listing changes one of them."""
+    samples: list[tuple[str, int]] = []
+    mtimes: dict[str, int] = {directory: os.stat(directory).st_mtime_ns}  # its listing: the class folders
+
+    def walk(top: str, out: list[tuple[str, list[str]]]) -> None:  # os.walk(top, followlinks=True)
+        try:
+            mtimes[top] = os.stat(top).st_mtime_ns
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:
+            mtimes[top] = -1  # os.walk skips a folder it cannot list; such a list is not cached
+            return
+        files, dirs = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e.name)
+        out.append((top, files))
+        for d in dirs:
+            walk(os.path.join(top, d), out)
+
+    for target_class in sorted(class_to_idx):
+        target_dir = os.path.join(directory, target_class)
+        if not os.path.isdir(target_dir):
+            continue
+        listed: list[tuple[str, list[str]]] = []
+        walk(target_dir, listed)
+        for root, fnames in sorted(listed):
+            samples += [(os.path.join(root, f), class_to_idx[target_class]) for f in sorted(fnames)
+                        if has_file_allowed_extension(os.path.join(root, f), extensions)]
+    return samples, mtimes
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+class FileListCache:
+    """The file list of an ImageFolder split, cached under `folder` in a text file per (split folder, classes,
+    extensions): a JSON header with the mtime of every folder listed, then `label<TAB>relative path` lines. It is
+    used only while every one of those folders has its recorded mtime (a file added, removed or renamed anywhere
+    changes its folder's), and written only when no folder changed during the scan or just before it."""
+
+    def __init__(self, folder: str | Path, directory: str, class_to_idx: dict[str, int],
+                 extensions: tuple[str, ...]) -> None:
+        self.directory = directory
+        ident = json.dumps([CACHE_VERSION, os.path.realpath(directory), sorted(class_to_idx.items()), extensions])
+        self.ident = json.loads(ident)  # as the header reads back
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
+        self.path = Path(folder) / f"imagefolder-{digest}.tsv"
+
+    def load(self) -> list[tuple[str, int]] | None:
+        """The cached samples, or None when there is no cache or it is stale or unreadable."""
+        try:
+            with open(self.path, encoding="utf-8", errors="surrogateescape") as f:
+                head = json.loads(f.readline())
+                if head.get("ident") != self.ident or any(
+                        _mtime(os.path.join(self.directory, d)) != m for d, m in head["mtimes"].items()):
+                    return None
+                prefix = os.path.join(self.directory, "")
+                samples = [(prefix + rel, int(label)) for label, rel in (line[:-1].split("\t", 1) for line in f)]
+        except (OSError, ValueError, KeyError, AttributeError):
+            return None
+        return samples if len(samples) == head["count"] else None  # else a truncated file
+
+    def save(self, samples: list[tuple[str, int]], mtimes: dict[str, int], started_ns: int) -> bool:
+        """Write the list atomically; False (nothing written) when a folder changed during or just before the scan
+        or could not be listed, or a path holds a tab or a newline."""
+        if any(m < 0 or m > started_ns - SETTLED_S * 1e9 or _mtime(d) != m for d, m in mtimes.items()) or any(
+                "\t" in p or "\n" in p for p, _ in samples):
+            log.info("the file list of %s is not cached: it changed during or just before the scan", self.directory)
+            return False
+        head = {"ident": self.ident, "count": len(samples),
+                "mtimes": {os.path.relpath(d, self.directory): m for d, m in mtimes.items()}}
+        cut = len(os.path.join(self.directory, ""))  # every path is os.path.join(directory, ...)
+        tmp = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}.tmp")  # ranks may write at once
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(json.dumps(head) + "\n")
+                f.writelines(f"{label}\t{p[cut:]}\n" for p, label in samples)
+            os.replace(tmp, self.path)
+        except OSError as err:
+            log.warning("cannot cache the file list of %s in %s (set data.file_list_cache): %s", self.directory,
+                        self.path.parent, err)
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
+
+
 class ImageFolderSplit(ImageFolder):
     """torchvision's ImageFolder on `<root>/<split>`, with a loader that reports corrupt files clearly.
 
     `classes`: the class list that numbers the labels (pass the train split's for every other split); a split
-    whose class folders differ from it is a `BadValue`, never a silent shift of the labels.
+    whose class folders differ from it is a `BadValue`, never a silent shift of the labels. `cache`: a folder for
+    the file list (`FileListCache`), so that a restart does not list the whole split again; None: no cache.
     """
 
-    def __init__(self, root: str | Path, split: str = "train", classes: list[str] | None = None) -> None:
-        self.expected_classes = classes
+    def __init__(self, root: str | Path, split: str = "train", classes: list[str] | None = None,
+                 cache: str | Path | None = None) -> None:
+        self.expected_classes, self.cache = classes, cache
         folder = Path(root) / split
         if not folder.is_dir():
             raise InputNotFound(
@@ -86,3 +196,23 @@ class ImageFolderSplit(ImageFolder):
                 "folders (an empty folder is fine)")
         classes = list(self.expected_classes) if self.expected_classes is not None else found
         return classes, {c: i for i, c in enumerate(classes)}
+
+    def make_dataset(self, directory: str | Path, class_to_idx: dict[str, int],  # type: ignore[override]
+                     extensions: tuple[str, ...] | None = None, is_valid_file: Callable[[str], bool] | None = None,
+                     allow_empty: bool = False) -> list[tuple[str, int]]:
+        """torchvision's file list, read from / written to the cache when there is one."""
+        if self.cache is None or extensions is None or is_valid_file is not None:
+            return super().make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+        directory = os.path.expanduser(str(directory))
+        cache = FileListCache(self.cache, directory, class_to_idx, extensions)
+        if (samples := cache.load()) is not None:
+            return samples
+        started = time.time_ns()
+        samples, mtimes = scan_folder(directory, class_to_idx, extensions)
+        present = {label for _, label in samples}
+        empty = sorted(c for c, i in class_to_idx.items() if i not in present)
+        if empty and not allow_empty:  # torchvision's check and message
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. Supported extensions "
+                                    f"are: {', '.join(extensions)}")
+        cache.save(samples, mtimes, started)
+        return samples

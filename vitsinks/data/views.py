@@ -58,6 +58,7 @@ def seeded_rngs(seed: int) -> Iterator[None]:
 
 class SeededViews(Dataset):
     """Views of `base[i]` drawn with RNGs seeded by (seed, epoch, i): independent of workers, ranks and resumes.
+    `transform`: lightly's views (`view_transform`), or the device path's crops (`device_views.CropFlipViews`).
 
     A corrupt image yields None (dropped by `collate_views`, which counts it) or, with `on_bad_image="error"`,
     raises `BadImage` naming the file.
@@ -70,7 +71,7 @@ class SeededViews(Dataset):
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int] | None:
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
         item = read_item(self.base, index, self.on_bad_image)
         if item is None:
             return None

@@ -14,7 +14,7 @@ from vitsinks.configs.schema import DiagnosticsConfig, ProtocolConfig
 from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
-from vitsinks.diagnostics.neurons import summarize_neurons
+from vitsinks.diagnostics.neurons import NeuronCollector, neuron_k, summarize_neurons
 from vitsinks.diagnostics.page import checkpoint_report
 from vitsinks.diagnostics.plots import all_plots
 from vitsinks.diagnostics.rules import SinkRules
@@ -80,13 +80,14 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     """
     st = settings or DiagnosticsConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
-    d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0))
+    neurons = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens) if st.residual else None
+    d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
     if image_index is not None:
         d["image_index"] = np.asarray(image_index, dtype=np.int64)
     result = DiagnosticsSummary.from_json(summarize(d, SinkRules.from_config(st), residual=st.residual,
                                                     high_norm_k=list(st.high_norm_k)))
     if st.residual and result.residual is not None:
-        result.residual["register_neurons"] = summarize_neurons(model, images, st)
+        result.residual["register_neurons"] = summarize_neurons(model, None, st, neurons.got)
     result.protocol = str((protocol or ProtocolConfig()).name)
     summary = result.to_json()
     with files.atomic_open(out_dir / "per_image.npz", "wb") as f:

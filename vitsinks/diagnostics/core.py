@@ -14,16 +14,19 @@ sink thresholds are in those raw units.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 
 import numpy as np
 import torch
 from torch import nn
 
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
+from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.diagnostics.residual import block_stats
 from vitsinks.models import AttnInternals, SinkBlock, SinkViT
 from vitsinks.models.common_mode import common_mode_terms_per_image
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
+from vitsinks.models.passes import eval_mode
 from vitsinks.utils.errors import CheckFailed, NonFinite
 
 RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
@@ -41,7 +44,8 @@ def layerscale(block: SinkBlock) -> torch.Tensor | None:
 
 @torch.no_grad()
 def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool = False,
-                    keep_maps: int = 0, num_prefix: int = 1) -> dict[str, np.ndarray]:
+                    keep_maps: int = 0, num_prefix: int = 1,
+                    neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
     """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
 
     Beside the fields of docs/fidelity.md: `prefix_mass`, the mean over queries of the attention on the first
@@ -58,6 +62,9 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     The residual side (docs/residual.md, `residual.block_stats` of each block's output): `res_norm` (B, L, N) every
     token's norm, `res_top` (B, L, TOP) the largest |h| over tokens x channels, `res_abs_median` (B, L) the median
     |h|, `res_top_channel` / `res_top_token` (B, L) where the largest sits.
+
+    With `neurons` (a `NeuronCollector` of the same blocks), the register neurons' activations are collected from
+    the same forward pass.
     """
     blocks = list(blocks)
     per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass")}
@@ -65,8 +72,10 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     res: dict[str, list[torch.Tensor]] = {}
     update: dict[str, list[torch.Tensor]] = {}
     mitigations = diagnosed_mitigations(blocks)
+    outs: list[torch.Tensor] = []
     for blk in blocks:
-        ref = blk(x, is_causal=True) if causal else blk(x)
+        with neurons.recording() if neurons is not None else nullcontext():
+            ref = blk(x, is_causal=True) if causal else blk(x)
         if not bool(torch.isfinite(ref).all()):
             raise NonFinite(f"the model's activations are not finite (NaN or inf) after block {len(errors)}: "
                             f"its weights or inputs are broken; diagnose a checkpoint of a run that did not diverge")
@@ -82,6 +91,8 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
             maps.append(it.attn[:keep_maps].float().mean(-2))
         del it, out
         x = ref
+        if neurons is not None:
+            outs.append(ref)
         stats = block_stats(x)
         for k, v in stats.items():
             res.setdefault(f"res_{k}", []).append(v)
@@ -89,6 +100,8 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
         norms_max.append(norms.amax(-1))
         norms_med.append(norms.median(-1).values)
         norms_arg.append(norms.argmax(-1))
+    if neurons is not None:
+        neurons.add_batch(outs)
     result = {k: torch.stack(v, dim=1).cpu().numpy() for k, v in {**per_block, **update, **res}.items()}
     tmax, tmed = torch.stack(norms_max, 1), torch.stack(norms_med, 1)
     result.update(
@@ -148,11 +161,11 @@ def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 @torch.no_grad()
 def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tensor], torch.Tensor],
                     inputs: torch.Tensor, batch_size: int = 16, causal: bool = False, keep_maps: int = 0,
-                    num_prefix: int = 1) -> dict[str, np.ndarray]:
+                    num_prefix: int = 1, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
     """`diagnose_tokens` over `inputs` in batches (each embedded by `embed_fn`), joined along images."""
     blocks = list(blocks)
     parts = [diagnose_tokens(blocks, embed_fn(inputs[lo : lo + batch_size]), causal=causal,
-                             keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix)
+                             keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix, neurons=neurons)
              for lo in range(0, len(inputs), batch_size)]
     out = concat_fields(parts)
     worst = int(np.argmax(out["recompute_error"]))
@@ -165,18 +178,16 @@ def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tenso
 
 @torch.no_grad()
 def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
-             keep_maps: int = 4) -> dict[str, np.ndarray]:
-    """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads).
+             keep_maps: int = 4, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
+    """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads);
+    with `neurons` (a `NeuronCollector` of `model.blocks`) the register neurons are collected on the way.
 
     Adds `num_prefix` and `num_registers` (scalars) so the sink location ([CLS], register, patch) can be read
     from `sink_idx`, and `grid` (patch rows, columns) for the attention maps.
     """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    result = diagnose_inputs(model.blocks, lambda batch: embed(model, batch.to(device)), images, batch_size,
-                             keep_maps=keep_maps, num_prefix=model.num_prefix_tokens)
-    model.train(was_training)
+    with eval_mode(model) as device:
+        result = diagnose_inputs(model.blocks, lambda batch: embed(model, batch.to(device)), images, batch_size,
+                                 keep_maps=keep_maps, num_prefix=model.num_prefix_tokens, neurons=neurons)
     result.update(spectrum(model.blocks))
     ph, pw = model.patch_embed.patch_size
     result["num_prefix"] = np.array(model.num_prefix_tokens)

@@ -12,7 +12,8 @@ SwiGLU) `act` is only the gate, and a hidden-layer norm makes a unit's contribut
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch import nn
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.residual import check_ks, high_norm
 from vitsinks.models import NoMLP, SinkBlock, SinkViT
+from vitsinks.models.passes import block_outputs_by_batch
 from vitsinks.utils.errors import BadValue
 
 
@@ -88,44 +90,60 @@ def outlier_mask(norms: torch.Tensor, k: float, num_prefix: int) -> torch.Tensor
     return mask.to(norms.device)
 
 
+class NeuronCollector:
+    """Collects `OutlierActivations` of `blocks` at threshold `k` batch by batch, beside a forward pass that is run
+    anyway (the diagnosis's): inside `recording()` the blocks' MLP activations are kept (the first call of each
+    block's MLP only: an explicit recomputation of the block does not overwrite them), and `add_batch(outs)` keeps
+    those at the outlier tokens of the batch, `outs` being every block's output."""
+
+    def __init__(self, blocks: Sequence[SinkBlock], k: float, num_prefix: int) -> None:
+        (self.k,) = check_ks([k], "the high-norm threshold k")
+        self.blocks, self.num_prefix = list(blocks), num_prefix
+        n = len(self.blocks)
+        self.got = OutlierActivations([None] * n, [[] for _ in range(n)], [[] for _ in range(n)])
+        self._store: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Keep each block's MLP activations of the batch that runs inside."""
+        def keep(b: int) -> Any:
+            return lambda _m, _i, out: self._store.setdefault(b, out)
+
+        handles = [blk.mlp.act.register_forward_hook(keep(b)) for b, blk in enumerate(self.blocks) if has_mlp(blk)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.no_grad()
+    def add_batch(self, outs: Sequence[torch.Tensor]) -> None:
+        """Keep the activations recorded for this batch at its outlier tokens (`outlier_mask` of the last output)."""
+        got, store = self.got, self._store
+        mask = outlier_mask(outs[-1].float().norm(dim=-1), self.k, self.num_prefix)
+        hit = mask.any(-1)
+        got.images += int(hit.sum())
+        for b in range(len(self.blocks)):
+            got.outs[b].append(outs[b][mask].float().cpu())
+            if b not in store:
+                continue
+            a = store[b].float()
+            mean_abs = (a.abs() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)  # (B, H)
+            part = mean_abs[hit].sum(0).cpu()
+            got.score_sum[b] = part if got.score_sum[b] is None else got.score_sum[b] + part
+            got.acts[b].append(a[mask].cpu())
+        store.clear()
+
+
 @torch.no_grad()
 def capture(model: SinkViT, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
     """Run `model` on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
     `outlier_mask` with threshold `k`)."""
-    (k,) = check_ks([k], "the high-norm threshold k")
-    blocks = list(model.blocks)
-    got = OutlierActivations([None] * len(blocks), [[] for _ in blocks], [[] for _ in blocks])
-    store: dict[int, torch.Tensor] = {}
-    handles = [blk.mlp.act.register_forward_hook(lambda _m, _i, out, b=b: store.__setitem__(b, out))
-               for b, blk in enumerate(blocks) if has_mlp(blk)]
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        for lo in range(0, len(images), batch_size):
-            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
-            outs = []
-            for blk in blocks:
-                x = blk(x)
-                outs.append(x)
-            mask = outlier_mask(x.float().norm(dim=-1), k, model.num_prefix_tokens)
-            hit = mask.any(-1)
-            got.images += int(hit.sum())
-            for b in range(len(blocks)):
-                got.outs[b].append(outs[b][mask].float().cpu())
-                if b not in store:
-                    continue
-                a = store[b].float()
-                mean_abs = (a.abs() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)  # (B, H)
-                part = mean_abs[hit].sum(0).cpu()
-                got.score_sum[b] = part if got.score_sum[b] is None else got.score_sum[b] + part
-                got.acts[b].append(a[mask].cpu())
-            store.clear()
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    return got
+    collector = NeuronCollector(model.blocks, k, model.num_prefix_tokens)
+    with collector.recording():
+        for outs in block_outputs_by_batch(model, images, batch_size):
+            collector.add_batch(outs)
+    return collector.got
 
 
 def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: float, batch_size: int = 16,
@@ -169,12 +187,17 @@ def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: to
     return float(share.mean())
 
 
-def summarize_neurons(model: SinkViT, images: torch.Tensor, settings: DiagnosticsConfig | Any) -> dict[str, Any]:
+def summarize_neurons(model: SinkViT, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
+                      got: OutlierActivations | None = None) -> dict[str, Any]:
     """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
-    and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`. A block without
-    an MLP or with an unsupported one (`has_mlp`), or a model without any outlier token on `images`, gets empty
-    lists and a null share."""
-    got = capture(model, images, neuron_k(settings.high_norm_k))
+    and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`, from `got` (what a
+    `NeuronCollector` kept during the diagnosis) or else a pass of its own over `images`. A block without an MLP or
+    with an unsupported one (`has_mlp`), or a model without any outlier token on the images, gets empty lists and a
+    null share."""
+    if got is None:
+        if images is None:
+            raise ValueError("summarize_neurons needs the images or what a NeuronCollector kept")
+        got = capture(model, images, neuron_k(settings.high_norm_k))
     by_block: list[dict[str, Any]] = []
     for b, blk in enumerate(model.blocks):
         sc = got.scores(b)

@@ -338,7 +338,7 @@ class DiagnosticsSummary(Result):
         return [*(Column(k, label, "mechanism") for k, label, _, _ in _SPI),
                 *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism") for e in DEF1_EPS),
                 *(Column(k, label, "mechanism") for k, label in _STRONGEST),
-                Column("massive", "massive act. ratio", "mechanism"),
+                Column("massive", "max / median token norm", "mechanism"),
                 Column("common_mode", "attn. common-mode share", "mechanism"),
                 *(Column(k, label, "mechanism", fmt) for k, label, fmt in _RESIDUAL)]
 

@@ -7,7 +7,10 @@ the heads-site mitigations (`vitsinks.models.mitigations`, the G1 gate at `gate`
 the output projection.
 
 `internals(x)` is the single explicit computation: it returns the attention matrix A, the values v and the
-gate. The non-fused forward is built on it, so the diagnostics read exactly the computation the model runs.
+gate. The non-fused forward is built on it, so the diagnostics read exactly the computation the model runs. The
+forward (`heads`) runs a fused kernel where the kind has one (`kernel`, chosen by `fused_mode`, the config's
+`model.fused_attention`): FlexAttention (`flex_heads`, exact, on CUDA), SDPA (`fused_heads`) or the explicit path;
+`internals`, `redirected` and so the diagnostics never use a fused kernel.
 `redirected(x, head, sink)` is one head's attention with a key's share given to the other keys, computed from the
 scores by the kind (the interventions' `redirect_sink_attention`).
 """
@@ -22,11 +25,31 @@ import torch
 from timm.layers import use_fused_attn
 from torch import nn
 
-from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind
 from vitsinks.models.mitigations import at_site
 from vitsinks.utils.errors import BadValue
 
 HEAD_MITIGATIONS = at_site("heads")
+# model.fused_attention: auto = FlexAttention on CUDA, else SDPA, else explicit; flex = FlexAttention on any device
+# (CPU: no backward, so inference only); sdpa = SDPA where the kind has it; off = always the explicit computation
+FUSED_MODES: tuple[str, ...] = ("auto", "flex", "sdpa", "off")
+FLEX_MIN_HEAD_DIM = 16  # conservative: Triton's smallest dot tile; smaller heads take SDPA or the explicit path
+
+
+def select_kernel(kind: type[AttentionKind], mode: str, device: str, *, causal: bool, dropout: bool, sdpa: bool,
+                  head_dim: int) -> str:
+    """The kernel of a forward (flex | sdpa | explicit) for a `kind` under `fused_mode` `mode` on `device` (its type):
+    causal attention and mode `off` are explicit; FlexAttention (no dropout, head_dim >= FLEX_MIN_HEAD_DIM) where
+    the kind has it and the mode is `flex`, or `auto` on CUDA; else SDPA where the kind has it and `sdpa` (timm's
+    `use_fused_attn`); else explicit."""
+    if mode not in FUSED_MODES:
+        raise BadValue(f"unknown fused attention mode {mode!r}; choose one of {FUSED_MODES}")
+    if causal or mode == "off":
+        return "explicit"
+    if (kind.flex and not dropout and head_dim >= FLEX_MIN_HEAD_DIM
+            and (mode == "flex" or (mode == "auto" and device == "cuda"))):
+        return "flex"
+    return "sdpa" if kind.fused and sdpa else "explicit"
 
 
 class AttnInternals(NamedTuple):
@@ -80,6 +103,7 @@ class SinkAttention(nn.Module):
         self.kind = KINDS[attn]
         self.attn_kind = str(attn)
         self.fused_attn = use_fused_attn()
+        self.fused_mode = "auto"  # one of FUSED_MODES (`set_fused_attention`)
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
@@ -112,10 +136,17 @@ class SinkAttention(nn.Module):
                 module.init_weights()
         self.kind.init_parameters(self)
 
+    def kernel(self, device: torch.device | str | None = None, is_causal: bool = False) -> str:
+        """The kernel `heads` runs on `device` (default: the module's): flex | sdpa | explicit (`select_kernel`)."""
+        device = torch.device(self.qkv.weight.device if device is None else device)
+        return select_kernel(self.kind, self.fused_mode, device.type, causal=is_causal,
+                             dropout=self.training and self.attn_drop.p > 0, sdpa=self.fused_attn,
+                             head_dim=self.head_dim)
+
     @property
     def uses_fused(self) -> bool:
-        """Whether the training forward goes through `scaled_dot_product_attention`."""
-        return self.fused_attn and self.kind.fused
+        """Whether the (bidirectional) forward runs a fused kernel, FlexAttention or SDPA, on the module's device."""
+        return self.kernel() != "explicit"
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, C = x.shape
@@ -172,16 +203,29 @@ class SinkAttention(nn.Module):
 
     def heads(self, x: torch.Tensor, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head outputs (B, heads, N, head_dim), fused where possible, and the gate (see `AttnInternals`)."""
-        if self.uses_fused and not is_causal:
-            q, k, v = self._qkv(x)
+        kernel = self.kernel(x.device, is_causal)
+        if kernel == "explicit":
+            attn, v, gate = self.internals(x, causal=is_causal)
+            return self.attn_drop(attn) @ v, gate
+        q, k, v = self._qkv(x)
+        if kernel == "sdpa":
             return self.kind.fused_heads(self, q, k, v, self.attn_drop.p if self.training else 0.0), self._gate(x)
-        attn, v, gate = self.internals(x, causal=is_causal)
-        return self.attn_drop(attn) @ v, gate
+        return self.kind.flex_heads(self, q, k, v), self._gate(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None:
             raise NotImplementedError("SinkAttention takes no attention mask (is_causal is supported)")
         return self.combine(*self.heads(x, is_causal))
+
+
+def set_fused_attention(model: nn.Module, mode: str) -> None:
+    """Set the fused-attention mode (`FUSED_MODES`, `model.fused_attention`) of every `SinkAttention` in
+    `model`."""
+    if mode not in FUSED_MODES:
+        raise BadValue(f"model.fused_attention={mode!r} is not a mode; choose one of {FUSED_MODES}")
+    for m in model.modules():
+        if isinstance(m, SinkAttention):
+            m.fused_mode = str(mode)
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from vitsinks.models.attention import FUSED_MODES
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
 from vitsinks.utils.fields import RANGE, Range
@@ -24,6 +25,7 @@ REGISTERS_RANK = 20  # where "reg" goes among the mitigations' tags in a variant
 Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)
 PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
 PosEmbed = StrEnum("PosEmbed", "learn none", module=__name__)
+FusedAttention = StrEnum("FusedAttention", " ".join(FUSED_MODES), module=__name__)
 
 
 def _field(default: Any, *, arch: bool = True, **bounds: float) -> Any:
@@ -64,7 +66,10 @@ ModelConfig = dataclasses.make_dataclass(
     "ModelConfig",
     [*mitigation_fields(),
      # timm model name (downloads) or a state-dict / checkpoint path
-     ("pretrained", str | None, dataclasses.field(default=None, metadata={ARCH: False}))],
+     ("pretrained", str | None, dataclasses.field(default=None, metadata={ARCH: False})),
+     # the forward's attention kernel: auto (FlexAttention on CUDA where the kind has it, else SDPA, else explicit)
+     # | flex | sdpa | off (always explicit); see models.attention.FUSED_MODES
+     ("fused_attention", FusedAttention, dataclasses.field(default=FusedAttention.auto, metadata={ARCH: False}))],
     bases=(ArchitectureConfig,),
 )
 ModelConfig.__module__ = __name__  # make_dataclass's own `module=` needs Python 3.12

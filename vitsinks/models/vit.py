@@ -18,7 +18,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from vitsinks.models.attention import AttnInternals, attention_layer
+from vitsinks.models.attention import AttnInternals, attention_layer, set_fused_attention
 from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, config_values, variant_name
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.mitigations import MITIGATIONS, at_site
@@ -357,6 +357,7 @@ def model_from_config(m: Any) -> SinkViT:
     given = config_values(m)
     values = {k: given[k] for k in (*BUILD_ARGS, *MITIGATIONS) if k in given}
     model = build_vit(values.pop("size", ArchitectureConfig.size), **values)
+    set_fused_attention(model, str(given.get("fused_attention", "auto")))
     source = given.get("pretrained")
     if source:
         if Path(source).expanduser().is_file():

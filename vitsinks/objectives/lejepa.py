@@ -15,12 +15,13 @@ from torch.utils.data import Dataset
 
 from vitsinks.configs.schema import ObjectiveConfig
 from vitsinks.data import is_sink_task, read_item
+from vitsinks.data.device_views import CropFlipViews, DeviceViews, ViewBatch, collate_crops, view_specs
 from vitsinks.data.selection import permutation
 from vitsinks.data.views import SeededViews, collate_views, view_transform
 from vitsinks.diagnostics import protocol_transform
 from vitsinks.models import SinkViT
 from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
-from vitsinks.utils.distributed import sync_batchnorm
+from vitsinks.utils.distributed import all_reduce_sum, rank_world, sync_batchnorm
 from vitsinks.utils.errors import ConfigError
 
 
@@ -90,25 +91,49 @@ class LeJEPAModel(nn.Module):
         return proj_g, proj_l, self.probe(emb_g.detach())
 
 
+# (images, labels) of one validation batch, decoded, on the CPU
+ProbeBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+def probe_batches(val_set: Dataset, cfg: DictConfig, max_images: int = 2048, shard: tuple[int, int] = (0, 1),
+                  batch_size: int = 256, pin: bool = False) -> list[ProbeBatch]:
+    """The decoded centre views `probe_accuracy` reads: of the first `max_images` of the seeded `cfg.protocol` order
+    (never one class's images), shard `(rank, world)` takes every world-th from the rank-th; unreadable images are
+    skipped under `data.on_bad_image=skip`. `pin`: in pinned memory (fast copies to a GPU)."""
+    tf = protocol_transform(cfg.views.global_size, cfg.protocol)
+    rank, world = shard
+    order = permutation(len(val_set), cfg.protocol.seed)[:max_images][rank::world]
+    batches = []
+    for lo in range(0, len(order), batch_size):
+        read = (read_item(val_set, i, cfg.data.on_bad_image) for i in order[lo : lo + batch_size])
+        items = [it for it in read if it is not None]
+        if items:
+            x, y = torch.stack([tf(img) for img, _ in items]), torch.tensor([label for _, label in items])
+            batches.append((x.pin_memory(), y.pin_memory()) if pin else (x, y))
+    return batches
+
+
 @torch.no_grad()
 def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtime: Runtime,
-                   max_images: int = 2048) -> float:
-    """Top-1 of the online probe on (up to `max_images` of, in the seeded order of `cfg.protocol`) the validation
-    split, centre view; unreadable images are skipped under `data.on_bad_image=skip`."""
+                   max_images: int = 2048, shard: tuple[int, int] = (0, 1),
+                   batches: list[ProbeBatch] | None = None) -> float:
+    """Top-1 of the online probe on the centre views of up to `max_images` validation images (`probe_batches`).
+    With a `shard` of several ranks each rank computes its share and the counts are summed over the ranks (a
+    collective: every rank calls it), so every rank returns the one-process number. `batches`: this shard's
+    `probe_batches`, when the caller keeps them (decoded once for the whole run)."""
     model.eval()
-    tf = protocol_transform(cfg.views.global_size, cfg.protocol)
-    order = permutation(len(val_set), cfg.protocol.seed)[:max_images]  # never one class's images
-    correct = total = 0
-    for lo in range(0, len(order), 256):
-        items = [it for i in order[lo : lo + 256] if (it := read_item(val_set, i, cfg.data.on_bad_image)) is not None]
-        if not items:
-            continue
-        x = torch.stack([tf(img) for img, _ in items]).to(runtime.device)
-        y = torch.tensor([label for _, label in items], device=runtime.device)
+    if batches is None:
+        batches = probe_batches(val_set, cfg, max_images, shard)
+    correct = torch.zeros((), dtype=torch.long, device=runtime.device)  # read once, at the end
+    for x, y in batches:
+        x, y = x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)
         with runtime.autocast():
             logits = model.probe(model.backbone(x))
-        correct += int((logits.argmax(-1) == y).sum())
-        total += len(items)
+        correct += (logits.argmax(-1) == y).sum()
+    counts = torch.stack([correct, torch.tensor(sum(len(y) for _, y in batches), device=runtime.device)])
+    if shard[1] > 1:
+        counts = all_reduce_sum(counts)
+    correct, total = counts.tolist()
     return correct / max(total, 1)
 
 
@@ -128,12 +153,25 @@ class LeJEPA(Objective):
             raise ConfigError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
                               "with objective=supervised")
         self.loss = LeJEPALoss(cfg.objective, gather_distributed=runtime.world > 1).to(runtime.device)
+        # views.backend=device: the workers crop and flip, the photometric part runs here (vitsinks.data.device_views)
+        self.device_views = (DeviceViews(view_specs(cfg.views), runtime.device) if cfg.views.backend == "device"
+                             else None)
+        self._val: tuple[Dataset, list[ProbeBatch]] | None = None  # (split, this rank's decoded share), kept
 
     def train_samples(self, base: Dataset) -> Dataset:
-        return SeededViews(base, view_transform(self.cfg.views), self.cfg.seed, self.cfg.data.on_bad_image)
+        v = self.cfg.views
+        transform = view_transform(v) if self.device_views is None else CropFlipViews(view_specs(v))
+        return SeededViews(base, transform, self.cfg.seed, self.cfg.data.on_bad_image)
 
     def collate(self, items: list[Any]) -> Batch:
-        return collate_views(items)
+        return collate_views(items) if self.device_views is None else collate_crops(items)  # type: ignore[return-value]
+
+    def device_views_of(self, inputs: list[torch.Tensor] | ViewBatch) -> list[torch.Tensor]:
+        """A batch's views on the device, normalised (`views.backend=device`: the photometric part applied there)."""
+        if isinstance(inputs, ViewBatch):
+            assert self.device_views is not None, "a ViewBatch comes from views.backend=device"
+            return self.device_views(inputs)
+        return [v.to(self.runtime.device, non_blocking=True) for v in inputs]
 
     def build_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
         model = LeJEPAModel(backbone, self.cfg.objective, num_classes)
@@ -144,8 +182,8 @@ class LeJEPA(Objective):
     def loss_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
         """The LeJEPA loss plus the online probe's cross-entropy (the probe sees detached embeddings only)."""
         n_global = self.cfg.views.n_global
-        views = [v.to(self.runtime.device, non_blocking=True) for v in inputs]
-        labels = targets.to(self.runtime.device).repeat(n_global)
+        views = self.device_views_of(inputs)
+        labels = targets.to(self.runtime.device, non_blocking=True).repeat(n_global)
         with self.runtime.autocast():
             proj_g, proj_l, logits = net(views, n_global)
         terms = self.loss(proj_g.float(), None if proj_l is None else proj_l.float())
@@ -155,4 +193,9 @@ class LeJEPA(Objective):
                                          "probe_loss": probe_loss, "probe_acc": acc}
 
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
-        return {"val/probe_acc": probe_accuracy(model, val_set, self.cfg, self.runtime)}
+        """`val/probe_acc`, sharded over the ranks; each rank decodes its share of the images once per run."""
+        shard = rank_world() if self.runtime.world > 1 else (0, 1)
+        if self._val is None or self._val[0] is not val_set:
+            self._val = val_set, probe_batches(val_set, self.cfg, shard=shard, pin=self.runtime.device.type == "cuda")
+        return {"val/probe_acc": probe_accuracy(model, val_set, self.cfg, self.runtime, shard=shard,
+                                                batches=self._val[1])}

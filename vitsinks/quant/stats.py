@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vitsinks.models import SinkViT
+from vitsinks.models.passes import eval_mode
 from vitsinks.utils.errors import NonFinite
 
 
@@ -85,15 +86,12 @@ def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
     A layer the forward never reached, or a non-finite number, is a `NonFinite` error."""
     layers = layer_paths(model)
     rec = _Recorder(layers, kurtosis)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     try:
-        for lo in range(0, len(images), batch_size):
-            model.forward_features(images[lo : lo + batch_size].to(device))
+        with eval_mode(model) as device:
+            for lo in range(0, len(images), batch_size):
+                model.forward_features(images[lo : lo + batch_size].to(device))
     finally:
         rec.remove()
-        model.train(was_training)
     missing = [n for n, c in rec.count.items() if c == 0]
     if missing:
         raise NonFinite(f"the forward pass never reached the linear layers {', '.join(missing)}: no statistics")

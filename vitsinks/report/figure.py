@@ -55,9 +55,9 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     if not total.any():
         axes[1].text(0.5, 0.6, "no sink events", ha="center", transform=axes[1].transAxes)
     massive = axes[1].twinx()
-    massive.plot(x, [t["massive"][0] for t in table], "D", color="tab:red", label="massive act. ratio (max/median)")
+    massive.plot(x, [t["massive"][0] for t in table], "D", color="tab:red", label="max / median token norm")
     massive.set_ylim(0, np.nanmax([t["massive"][0] for t in table] + [1.0]) * 1.6)
-    massive.set_ylabel("massive activation ratio", color="tab:red")
+    massive.set_ylabel("max / median token norm", color="tab:red")
     handles = axes[1].get_legend_handles_labels()
     extra = massive.get_legend_handles_labels()
     axes[1].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper right")

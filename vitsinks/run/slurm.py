@@ -96,8 +96,9 @@ def preemption_signal() -> signal.Signals:
 class TrainJob(submitit.helpers.Checkpointable):
     """The callable a SLURM task runs: train (resuming from `last.pt`), stop cleanly on preemption, requeue.
 
-    On the preemption / time-limit signal the trainer finishes its current step on every rank, saves, and only
-    then hands over to submitit's handler, which calls `checkpoint()` and requeues; the requeued task resumes
+    On the preemption / time-limit signal every rank stops after the same step (the request is shared at the next
+    flag check, at most `train.log_every` steps later: keep that well inside `cluster.signal_delay_s`), saves, and
+    only then hands over to submitit's handler, which calls `checkpoint()` and requeues; the requeued task resumes
     from that checkpoint exactly.
     """
 

@@ -9,7 +9,6 @@ a checkpoint was written.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,18 +50,21 @@ class Callback:
 
 class StepMetrics(Callback):
     """Every `train.log_every` steps (and at the last): the step's terms averaged over the ranks, the lr, the
-    throughput and the unreadable images so far, to the tracker, the progress bar and `trainer.last_metrics`."""
+    throughput and the unreadable images so far, to the tracker, the progress bar and `trainer.last_metrics`.
+
+    `img_per_s`: global images per second of loop wall time over the steps since the last log, the wait for the
+    loader included (`trainer.clock`; the callbacks' own time, such as validation and saving, is not);
+    `data_wait`: the share of that time the loop waited for the loader (on a GPU an upper bound of the stall: the
+    device may still have been busy with queued steps)."""
 
     def __init__(self) -> None:
         self.bar: tqdm | None = None
-        self.t0 = 0.0
+        self.since: tuple[int, float, float] = (0, 0.0, 0.0)  # (step, wait_s, step_s) at the last log
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.bar = tqdm(total=trainer.total_steps, initial=trainer.progress.step, disable=not trainer.dist.is_main,
                         desc=trainer.cfg.name, unit="step", dynamic_ncols=True)
-
-    def on_step_start(self, trainer: Trainer) -> None:
-        self.t0 = time.perf_counter()
+        self.since = (trainer.progress.step, 0.0, 0.0)  # the trainer's clock starts at zero after this hook
 
     def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
         assert self.bar is not None
@@ -71,15 +73,19 @@ class StepMetrics(Callback):
         if step % trainer.cfg.train.log_every and step != trainer.total_steps:
             return
         parts = (all_reduce_sum(torch.stack(list(terms.values())).float()) / trainer.dist.world).tolist()
+        clock = trainer.clock
+        steps, wait, busy = step - self.since[0], clock.wait_s - self.since[1], clock.step_s - self.since[2]
+        self.since = (step, clock.wait_s, clock.step_s)
+        wall = max(wait + busy, 1e-9)
         metrics = {"epoch": trainer.progress.epoch, **dict(zip(terms, parts, strict=True)),
                    "lr": trainer.scheduler.get_last_lr()[0],
-                   "img_per_s": trainer.cfg.train.batch_size / (time.perf_counter() - self.t0),
+                   "img_per_s": trainer.cfg.train.batch_size * steps / wall, "data_wait": wait / wall,
                    "bad_images": trainer.bad_images()}
         trainer.log(metrics)
         trainer.last_metrics = metrics
         shown = metrics.get(trainer.objective.bar_metric) if trainer.objective.bar_metric else None
         self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}",
-                             **({} if shown is None else {"acc": f"{shown:.2f}"}))
+                             wait=f"{metrics['data_wait']:.0%}", **({} if shown is None else {"acc": f"{shown:.2f}"}))
 
     def close(self, trainer: Trainer) -> None:
         if self.bar is not None:

@@ -3,7 +3,10 @@ non-finite weights, and the check that a checkpoint fits the run."""
 
 from __future__ import annotations
 
+import os
 import random
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +128,45 @@ def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
     return backbone_from_state(load(path), path)
 
 
-def save(run: RunDir, state: dict[str, Any], step: int, periodic: bool) -> None:
-    """`last.pt` of `run`, and `step_XXXXXXX.pt` when `periodic`; refuses non-finite weights (`NonFinite`)."""
+WEIGHTS_ONLY = "weights_only"  # the key that marks a weights-only snapshot
+
+
+def weights_only(state: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot of a training state that `train.periodic_weights_only` keeps: the model's weights with the
+    config, progress and variant (what `load_backbone` reads), marked `weights_only` (resuming passes it over)."""
+    return {"model": state["model"], "config": state["config"], "progress": state["progress"],
+            "variant": state["variant"], WEIGHTS_ONLY: True}
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` with the bytes of `src`, atomically (the old `dst` or the new one, never a partial file): a hard link
+    where the file system has them (no second write of the bytes), else a copy. Safe for `last.pt` because it is
+    only ever replaced by a rename (`files.torch_save`): the link keeps this moment's file, whatever is written
+    to `last.pt` later."""
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(6)}{files.TMP_SUFFIX}")
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:  # no hard links here (some network or FUSE file systems)
+            with src.open("rb") as fin, tmp.open("wb") as fout:
+                shutil.copyfileobj(fin, fout, 16 << 20)
+                fout.flush()
+                os.fsync(fout.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save(run: RunDir, state: dict[str, Any], step: int, periodic: bool, snapshot_weights_only: bool = False) -> None:
+    """`last.pt` of `run` and, when `periodic`, `step_XXXXXXX.pt`: the same file linked (serialised once), or
+    the `weights_only` snapshot with `snapshot_weights_only`; refuses non-finite weights (`NonFinite`)."""
     save_state(state, run.last)
     if periodic:
-        save_state(state, run.step_checkpoint(step))
+        if snapshot_weights_only:
+            files.torch_save(weights_only(state), run.step_checkpoint(step))  # the weights were checked above
+        else:
+            link_or_copy(run.last, run.step_checkpoint(step))
 
 
 def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
@@ -143,6 +180,8 @@ def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
             state = load(path)
             if not isinstance(state, dict) or not {"model", "progress", "config"} <= set(state):
                 raise BadValue(f"{path} is not a vitsinks training checkpoint")
+            if state.get(WEIGHTS_ONLY):
+                raise BadValue(f"{path}, a weights-only snapshot (train.periodic_weights_only), not a training state")
             check_finite(state["model"], str(path))
         except (BadValue, NonFinite) as err:
             notes.append(str(err).split(":")[0])

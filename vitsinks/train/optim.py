@@ -40,11 +40,37 @@ def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
     return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
 
 
+def fused_adamw(device: torch.device) -> bool:
+    """Whether AdamW runs fused (a few kernels for all parameters, no per-tensor launches) on `device`: on CUDA
+    only; CPU runs keep torch's default implementation."""
+    return device.type == "cuda"
+
+
 def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: int, total_steps: int,
-                    probe_prefixes: tuple[str, ...] = ()) -> tuple[torch.optim.Optimizer,
-                                                                   torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `param_groups` and its per-step `WarmupCosine` schedule (warmup `train.warmup_epochs`)."""
+                    probe_prefixes: tuple[str, ...] = (), device: torch.device | None = None,
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `param_groups` (fused on CUDA: `fused_adamw(device)`, default the parameters' device) and its
+    per-step `WarmupCosine` schedule (warmup `train.warmup_epochs`)."""
     t = cfg.train
-    optimizer = torch.optim.AdamW(param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr, probe_prefixes))
+    if device is None:
+        device = next(model.parameters()).device
+    groups = param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr, probe_prefixes)
+    optimizer = torch.optim.AdamW(groups, fused=True) if fused_adamw(device) else torch.optim.AdamW(groups)
     warmup = round(t.warmup_epochs * steps_per_epoch)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps, t.min_lr_ratio))
+
+
+# How an AdamW group runs on this machine, not what it learned: a checkpoint written with another implementation
+# (a CPU run resumed on a GPU, or the reverse) keeps this optimizer's choice.
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """`optimizer.load_state_dict(state)` keeping `optimizer`'s own implementation flags (`IMPLEMENTATION_KEYS`):
+    torch would take the saved groups' flags, and with them where the step counters live (on the device when
+    fused)."""
+    saved = state["param_groups"]
+    if len(saved) == len(optimizer.param_groups):  # else torch's own error names the mismatch
+        saved = [{**group, **{k: own[k] for k in IMPLEMENTATION_KEYS if k in own}}
+                 for group, own in zip(saved, optimizer.param_groups, strict=True)]
+    optimizer.load_state_dict({**state, "param_groups": saved})

@@ -8,7 +8,8 @@ callbacks (`vitsinks.train.callbacks`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,15 @@ from torch.utils.data import DataLoader
 
 from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset, loader_workers, num_classes
+from vitsinks.data.loading import device_batches, train_loader
 from vitsinks.data.views import EpochSampler, sample_seed
 from vitsinks.models import model_from_config, run_variant
 from vitsinks.objectives import Runtime, build_objective
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.callbacks import Callback, OnStep, default_callbacks
-from vitsinks.train.optim import build_optimizer
+from vitsinks.train.optim import build_optimizer, load_optimizer_state
 from vitsinks.train.tracking import Tracker, read_metrics
-from vitsinks.utils.distributed import DistInfo, all_reduce_sum, init_distributed
+from vitsinks.utils.distributed import DistInfo, all_reduce_max, all_reduce_sum, init_distributed
 from vitsinks.utils.errors import ConfigError, NonFinite
 from vitsinks.utils.rundir import RunDir
 
@@ -44,6 +46,35 @@ class Progress:
     epoch: int = 0
     batch: int = 0
     step: int = 0
+
+
+@dataclass
+class LoopClock:
+    """Wall time of the training loop since the fit started, split into waiting for the loader (`wait_s`: from
+    when the loop was ready for a batch to when the batch came) and stepping (`step_s`: from the batch to the end of
+    its step). The callbacks' own time (logging, validation, saving, diagnostics) is in neither. Without a host sync
+    per step the split is the host's view: at a log step the flag check waits for the device, so over a log
+    interval `wait_s + step_s` is the loop's wall time, and `wait_s` can overlap device work still queued."""
+
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    mark: float = 0.0
+
+    def ready(self) -> None:
+        """The loop asks for the next batch."""
+        self.mark = time.perf_counter()
+
+    def got_batch(self) -> None:
+        now = time.perf_counter()
+        self.wait_s, self.mark = self.wait_s + now - self.mark, now
+
+    def stepped(self) -> None:
+        now = time.perf_counter()
+        self.step_s, self.mark = self.step_s + now - self.mark, now
+
+
+# `Trainer._first_bad` when every loss so far was finite (steps count from 1)
+ALL_FINITE = 0
 
 
 def seed_everything(seed: int) -> None:
@@ -80,19 +111,34 @@ class Trainer:
 
         self.model = self.objective.setup_model(model_from_config(cfg.model), self.num_classes)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.sampler.batches_per_epoch,
-                                                         self.total_steps, self.objective.probe_prefixes)
+                                                         self.total_steps, self.objective.probe_prefixes, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # bf16 needs no loss scaling
+        backbone = self.model.backbone
+        backbone.set_grad_checkpointing(cfg.train.grad_checkpointing)
+        if cfg.train.compile:  # each block in place, before DDP: parameter names, hooks and state dicts stay eager's
+            for block in backbone.blocks:
+                block.compile()
         self.net: torch.nn.Module = self.model
         if self.dist.world > 1:
+            # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets (no copy, less memory).
+            # static_graph (train.ddp_static_graph): every objective here uses the same parameters in every step (a
+            # parameter it never uses, like the final norm of the residual-stream regression, stays unused), so DDP
+            # can skip its per-step search for unused parameters; a graph that changes stops with DDP's error.
             self.net = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        if cfg.train.compile:
-            self.net = torch.compile(self.net)
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True, static_graph=cfg.train.ddp_static_graph)
         self.callbacks: list[Callback] = [*default_callbacks(), *callbacks]
         self.progress = Progress()
         self.stop_requested = False  # the decision, identical on all ranks
         self._stop_signal = False  # this rank's request
         self._saved_step = -1
+        # On the device, written by every step without a host sync, read by `check_flags`: the first step whose
+        # loss was not finite (ALL_FINITE: none) and that step's logged terms
+        self._first_bad = torch.full((), ALL_FINITE, dtype=torch.long, device=self.device)
+        self._bad_terms: torch.Tensor | None = None
+        self._term_names: list[str] = []
+        self.clock = LoopClock()
+        self._train_loader: DataLoader | None = None  # one for the fit (`loader`)
         self.tracker: Tracker | None = None  # while fitting
         self.last_metrics: dict[str, Any] = {}  # the last logged step metrics (and final validation): the summary
         self.bad_local = 0  # unreadable training images met by this rank in this fit
@@ -120,16 +166,20 @@ class Trainer:
     def save(self, periodic: bool = False) -> Path:
         """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then run the callbacks'
         `on_save` (the diagnostics). Weights that are not finite are never written: `NonFiniteLoss` naming the
-        last good checkpoint. Every rank calls it: each rank's random state goes into the checkpoint."""
+        last good checkpoint, also when a step since the last check had a non-finite loss (`check_flags`). Every
+        rank calls it: the flags are checked together and each rank's random state goes into the checkpoint."""
+        self.check_flags()
         rngs = ckpt.rng_states_by_rank()
+        # rank 0's weights are what is saved: their verdict is shared, so that every rank stops together (a rank
+        # that ran on would wait in the next step's all-reduce until the process-group timeout)
+        bad = float(self.dist.is_main and bool(ckpt.non_finite(self.model.state_dict())))
+        if all_reduce_max(torch.tensor(bad, device=self.device)).item() > 0:
+            raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
+                                f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
+                                f"to resume from it.")
         if self.dist.is_main and (periodic or self._saved_step != self.progress.step or not self.rundir.last.exists()):
-            try:
-                ckpt.save(self.rundir, self.state_dict(rngs), self.progress.step,
-                          periodic and self.cfg.train.keep_periodic)
-            except NonFinite as err:
-                raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
-                                    f"finite) and were not saved; {self.rundir.latest()}. Lower train.lr and relaunch "
-                                    f"to resume from it.") from err
+            ckpt.save(self.rundir, self.state_dict(rngs), self.progress.step,
+                      periodic and self.cfg.train.keep_periodic, self.cfg.train.periodic_weights_only)
             self._saved_step = self.progress.step
             self._emit("on_save")
         return self.rundir.last
@@ -145,7 +195,7 @@ class Trainer:
         if self.dist.is_main:  # only once the checkpoint is known to fit
             print(f"resuming from {path} at step {state['progress']['step']}", flush=True)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.objective.load_extra_state(state.get("objective", {}))
@@ -159,34 +209,28 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------------------
 
-    def loader(self, epoch: int) -> DataLoader:
-        """The training batches of `epoch`, from where the progress stands in it."""
+    def loader(self, epoch: int) -> Iterable[Any]:
+        """The training batches of `epoch`, from where the progress stands in it. One DataLoader serves the trainer's
+        life (persistent workers; the sampler's keys carry the epoch to them); on CUDA the next batch is copied to
+        the GPU on a side stream while the current one trains."""
         self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
-        self.train_set.epoch = epoch
-        return DataLoader(
-            self.train_set, batch_size=self.sampler.local, sampler=self.sampler, collate_fn=self.objective.collate,
-            num_workers=loader_workers(self.cfg.data.num_workers), drop_last=True,
-            pin_memory=self.device.type == "cuda",
-            generator=torch.Generator().manual_seed(sample_seed(self.cfg.seed, epoch, 1)),  # keeps global RNG intact
-        )
+        if self._train_loader is None:  # built on first use
+            self._train_loader = train_loader(
+                self.train_set, self.sampler, self.objective.collate, loader_workers(self.cfg.data.num_workers),
+                self.cfg.data.prefetch_factor, self.device, self.cfg.seed)
+        return device_batches(self._train_loader, self.device)
 
     def train_step(self, inputs: list[torch.Tensor], targets: Any) -> dict[str, torch.Tensor]:
-        """One optimizer step; returns the logged terms (the first is `loss`)."""
+        """One optimizer step; returns the logged terms (the first is `loss`). Nothing here waits for the device: a
+        non-finite loss is recorded on the device and acted on at the next `check_flags` (the steps up to it run
+        on, their weights are never saved)."""
         self.net.train()
         total, terms = self.objective.step_terms(self.net, inputs, targets)
-        # one collective for both flags: a NaN anywhere stops every rank, and so does a stop request (a signal
-        # may reach the ranks at slightly different times; they must stop after the same step)
-        flags = all_reduce_sum(torch.stack([(~torch.isfinite(total.detach())).float(),
-                                            torch.tensor(float(self._stop_signal), device=total.device)]))
-        self.stop_requested = bool(flags[1].item() > 0)
-        if flags[0].item() > 0:
-            parts = " ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
-            raise NonFiniteLoss(
-                f"non-finite loss at step {self.progress.step + 1}: {parts}. Training stopped; {self.rundir.latest()}."
-                f" {self.objective.nan_advice} and relaunch to resume from it."
-            )
+        self._record_finite(total.detach(), terms)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
+        if self.objective.penalty is not None:  # what a recomputation (train.grad_checkpointing) recorded again
+            self.objective.penalty.reset()
         if self.cfg.train.grad_clip > 0:  # the backbone and its heads; an online probe is not clipped
             params = [p for n, p in self.model.named_parameters()
                       if p.requires_grad and not n.startswith(self.objective.probe_prefixes)]
@@ -194,6 +238,36 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return {k: v.detach() for k, v in terms.items()}
+
+    def _record_finite(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+        """Keep, on the device, the number and the terms of the first step (this one is `progress.step + 1`) whose
+        loss is not finite."""
+        values = torch.stack([v.detach().float() for v in terms.values()])
+        if self._bad_terms is None or self._term_names != list(terms):
+            self._bad_terms, self._term_names = torch.zeros_like(values), list(terms)
+        first = ~torch.isfinite(loss) & (self._first_bad == ALL_FINITE)
+        self._first_bad.masked_fill_(first, self.progress.step + 1)
+        self._bad_terms = torch.where(first, values, self._bad_terms)
+
+    def check_flags(self) -> None:
+        """Act on what the steps since the last check recorded: a non-finite loss on any rank is `NonFiniteLoss`
+        naming its first step (the weights since are never saved), a stop request on any rank stops every rank
+        after this step. A collective and a host sync: every rank calls it at the same steps (log steps, epoch
+        ends, the loop's end, every save)."""
+        never = torch.iinfo(torch.long).max
+        first = torch.where(self._first_bad == ALL_FINITE, never, self._first_bad)
+        # one maximum over ranks for both: the earliest bad step (negated) and whether any rank was asked to stop
+        bad, stop = all_reduce_max(torch.stack([-first, torch.full_like(first, int(self._stop_signal))])).tolist()
+        self.stop_requested = self.stop_requested or stop > 0
+        if bad == -never:
+            return
+        step = -bad
+        if int(self._first_bad) == step and self._bad_terms is not None:
+            parts = " ".join(f"{k}={v:.4g}" for k, v in zip(self._term_names, self._bad_terms.tolist(), strict=True))
+        else:
+            parts = "on another rank"
+        raise NonFiniteLoss(f"non-finite loss at step {step}: {parts}. Training stopped; {self.rundir.latest()}. "
+                            f"{self.objective.nan_advice} and relaunch to resume from it.")
 
     # ---- what callbacks use ------------------------------------------------------------------------------------
 
@@ -208,7 +282,8 @@ class Trainer:
 
     def request_stop(self) -> None:
         """Stop after the current step with a checkpoint (preemption). Safe from a signal handler: with several
-        ranks the request is shared in the next step's collective, so that all ranks stop after the same step."""
+        ranks the request is shared at the next `check_flags` (at most `train.log_every` steps later), so that all
+        ranks stop after the same step."""
         self._stop_signal = True
         if self.dist.world == 1:
             self.stop_requested = True
@@ -235,6 +310,7 @@ class Trainer:
         finally:
             self.rundir.unlock()
             self.callbacks = own
+            self._train_loader = None  # its persistent workers end with the fit (a later fit builds a new one)
 
     def _fit(self) -> dict[str, Any]:
         self.resume()
@@ -244,10 +320,14 @@ class Trainer:
                                active=self.dist.is_main, resume_step=self.progress.step)
         self.last_metrics, self.bad_local = last_logged(self.run_dir, self.progress.step), 0
         p = self.progress
+        self._first_bad.fill_(ALL_FINITE)
         try:
             self._emit("on_fit_start")
+            self.clock = LoopClock()
+            self.clock.ready()
             while p.step < self.total_steps and not self.stop_requested:
                 for inputs, targets, n_bad in self.loader(p.epoch):
+                    self.clock.got_batch()
                     self.bad_local += n_bad  # this rank's; summed over ranks when logged
                     p.batch += 1
                     if not inputs:
@@ -255,12 +335,19 @@ class Trainer:
                     self._emit("on_step_start")
                     terms = self.train_step(inputs, targets)
                     p.step += 1
+                    if p.step % self.cfg.train.log_every == 0 or p.step == self.total_steps:
+                        self.check_flags()  # before the step's metrics are logged
+                    self.clock.stepped()
                     self._emit("on_step_end", terms)
                     if p.step >= self.total_steps or self.stop_requested:
                         break
+                    self.clock.ready()
                 else:  # the epoch ran out
                     p.epoch, p.batch = p.epoch + 1, 0
+                    self.check_flags()  # before the epoch's validation
                     self._emit("on_epoch_end", p.epoch - 1)
+                    self.clock.ready()
+            self.check_flags()
             status = "interrupted" if self.stop_requested and p.step < self.total_steps else "finished"
             self._emit("on_fit_end", status)
         except BaseException as err:

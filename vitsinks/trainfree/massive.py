@@ -13,6 +13,7 @@ from torch import nn
 from vitsinks.configs.schema import TrainFreeConfig
 from vitsinks.diagnostics.residual import block_stats, finite_norms
 from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.models.passes import block_outputs_by_batch
 from vitsinks.trainfree.base import TrainFreeMethod, register_method
 from vitsinks.utils.errors import BadValue
 
@@ -26,25 +27,17 @@ def block_peaks(model: SinkViT, images: torch.Tensor,
     median |h| (the lower middle value), both from `residual.block_stats` as the summary's `top_activations`, and per
     channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` (n, L, D) the signed h at that token (the
     channel's massive token)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
     parts: list[tuple[torch.Tensor, ...]] = []
-    try:
-        for lo in range(0, len(images), batch_size):
-            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
-            per_block = []
-            for blk in model.blocks:
-                x = blk(x)
-                h = x.float()
-                stats = block_stats(h)
-                finite_norms(stats["norm"])  # NaN or inf anywhere in h makes its token's norm so
-                peak_abs, token = h.abs().max(dim=1)  # (B, D)
-                peak = h.gather(1, token[:, None]).squeeze(1)
-                per_block.append((stats["top"][:, 0], stats["abs_median"].to(h.device), peak_abs, peak))
-            parts.append(tuple(torch.stack(v, dim=1).cpu() for v in zip(*per_block, strict=True)))
-    finally:
-        model.train(was_training)
+    for outs in block_outputs_by_batch(model, images, batch_size):
+        per_block = []
+        for x in outs:
+            h = x.float()
+            stats = block_stats(h)
+            finite_norms(stats["norm"])  # NaN or inf anywhere in h makes its token's norm so
+            peak_abs, token = h.abs().max(dim=1)  # (B, D)
+            peak = h.gather(1, token[:, None]).squeeze(1)
+            per_block.append((stats["top"][:, 0], stats["abs_median"].to(h.device), peak_abs, peak))
+        parts.append(tuple(torch.stack(v, dim=1).cpu() for v in zip(*per_block, strict=True)))
     top, median, peak_abs, peak = (torch.cat(v) for v in zip(*parts, strict=True))
     return top, median, peak_abs, peak
 

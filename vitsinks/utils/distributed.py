@@ -101,6 +101,14 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum over ranks (identity in one process); not differentiable."""
+    if is_distributed():
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def differentiable_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over ranks whose backward sums the gradients over ranks (the gradient of the global objective)."""
     with warnings.catch_warnings():  # deprecated in favour of a private API; lightly's SIGReg uses it too

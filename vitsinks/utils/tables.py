@@ -15,10 +15,14 @@ from vitsinks.utils import files
 HtmlCell = str | tuple[str, str]
 
 
+def _md(cell: Any) -> str:
+    return str(cell).replace("|", "\\|")  # a bare pipe would end the cell (a label such as `max |x|`)
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """A GitHub Markdown table as lines: the header, the `|---|` rule and one line per row (cells as given)."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    """A GitHub Markdown table as lines: the header, the `|---|` rule and one line per row (pipes in cells escaped)."""
+    return ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]
 
 
 def _td(cell: HtmlCell) -> str:

@@ -1,23 +1,44 @@
-"""ReLU attention, relu(s) / N: rows are not normalised, so no forced sink."""
+"""ReLU attention, relu(s) / N: rows are not normalised, so no forced sink.
+
+Fused, exactly: relu(s_ij) = exp(w_ij) with w = log s where s > 0 and -inf elsewhere, so FlexAttention with score
+mod w gives out_i = sum_j relu(s_ij) v_j / sum_j relu(s_ij) and lse_i = log sum_j relu(s_ij); the heads' output is
+out * exp(lse - log N) (`flex_heads`). A row without a positive score is out 0, lse -inf: output 0, as relu's.
+On CUDA nothing N x N is kept for the backward, which recomputes the weights blockwise.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, register_kind
+from vitsinks.models.kinds import TINY, AttentionKind, flex_lse, register_kind
+
+
+def log_relu(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+             kv_idx: torch.Tensor) -> torch.Tensor:
+    """log relu(score), -inf where score <= TINY (the masked log's argument is 1 there: no NaN gradient)."""
+    pos = score > TINY
+    return torch.where(pos, torch.log(torch.where(pos, score, 1.0)), float("-inf"))
 
 
 @register_kind
 class ReLU(AttentionKind):
     name = "relu"
     normalised = False
+    flex = True
 
     @staticmethod
     def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         a = F.relu(s) / s.shape[-1]
         return a.masked_fill(future, 0.0) if future is not None else a
+
+    @staticmethod
+    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, lse = flex_lse(q, k, v, attn.scale, log_relu)
+        return (out * (lse - math.log(k.shape[-2])).exp().unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
     def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,

@@ -1,4 +1,8 @@
-"""Sigmoid attention, sigmoid(s - log N): rows are not normalised, so no forced sink."""
+"""Sigmoid attention, sigmoid(s - log N): rows are not normalised, so no forced sink.
+
+Fused, exactly: a_ij = exp(w_ij) with w = logsigmoid(s - log N), so FlexAttention with score mod w gives out_i =
+sum_j a_ij v_j / sum_j a_ij and lse_i = log sum_j a_ij; the heads' output is out * exp(lse) (`flex_heads`).
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, register_kind
+from vitsinks.models.kinds import AttentionKind, ScoreMod, flex_lse, register_kind
+
+
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)) from elementwise primitives (FlexAttention score mods lower
+    them on every backend), overflow-free; exp's argument is a branch (x or -x), not |x|, so the gradient at x = 0
+    is sigmoid(0) = 1/2 and never NaN."""
+    neg = x < 0
+    return torch.where(neg, x, 0.0) - torch.log1p(torch.exp(torch.where(neg, x, -x)))
+
+
+def _score_mod(n: int, like: torch.Tensor) -> ScoreMod:
+    """The log weights of `n` keys (scores on `like`'s device, float32 or wider). log n is a captured 0-d tensor,
+    not a Python float: under an outer `torch.compile` that sees several lengths (multi-crop) a changing float
+    becomes an unbacked symbol, which FlexAttention's tracing rejects; a tensor is a kernel input."""
+    shift = torch.full((), math.log(n), dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
+    return lambda score, b, h, q_idx, kv_idx: log_sigmoid(score - shift)
 
 
 @register_kind
 class Sigmoid(AttentionKind):
     name = "sigmoid"
     normalised = False
+    flex = True
 
     @staticmethod
     def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         a = torch.sigmoid(s - math.log(s.shape[-1]))
         return a.masked_fill(future, 0.0) if future is not None else a
+
+    @staticmethod
+    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, lse = flex_lse(q, k, v, attn.scale, _score_mod(k.shape[-2], k))
+        return (out * lse.exp().unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
     def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,

@@ -1,5 +1,10 @@
-"""Softmax with one extra, always-present key of zero value and a learnable per-head logit (softmax off by one):
-a head can put its mass on the null key instead of on a token."""
+"""Softmax with one extra, always-present key of zero value and a learnable per-head logit c (softmax off by one):
+a head can put its mass on the null key instead of on a token.
+
+Fused, exactly: with lse_i = log sum_j exp(s_ij) over the tokens, A_ij = exp(s_ij) / (exp(c) + exp(lse_i)) =
+softmax_j(s_ij) * sigmoid(lse_i - c), so the heads' output is FlexAttention's plain softmax output times
+sigmoid(lse - c) (`flex_heads`); the SDPA path instead appends the zero key and a dense bias (`fused_heads`).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, register_kind
+from vitsinks.models.kinds import AttentionKind, flex_lse, register_kind
 
 
 @register_kind
 class SinkLogit(AttentionKind):
     name = "sink_logit"
     fused = True
+    flex = True
     null_key = True
 
     @staticmethod
@@ -42,6 +48,12 @@ class SinkLogit(AttentionKind):
         return F.scaled_dot_product_attention(
             q, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2), attn_mask=bias, dropout_p=dropout_p
         )
+
+    @staticmethod
+    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, lse = flex_lse(q, k, v, attn.scale)
+        keep = torch.sigmoid(lse - attn.sink_logit.to(lse.dtype).view(1, -1, 1))  # 1 - the null key's share
+        return (out * keep.unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
     def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,

@@ -6,6 +6,12 @@ Computed stably as the paper's reference implementation: with m the row maximum,
 exp(-m)) and denominator sum_j |exp(s_j - m) - exp(-m)| + EPS, future keys of a causal query left out of both. m is
 clamped at 0: for m >= 0 this is the reference's computation; a row of very negative scores would otherwise
 overflow exp(-m) (and give NaN gradients), while without a positive score exp(s) <= 1 needs no shift.
+
+Fused (`flex_heads`): A_ij = relu(expm1 s_ij) / (D_i + EPS e^m) with D_i = sum_j |expm1 s_ij|. Two FlexAttention
+passes with the log weights log relu(expm1 s) and log |expm1 s| give (out1, lse1) and lse2 = log D; then sum_j
+A_ij v_j = out1 exp(lse1) / (exp(lse2) + EPS e^m). FlexAttention returns no row maximum on CPU, so e^m = 1 + max_j
+relu(expm1 s_ij) is replaced by 1 + exp(lse1) (the sum for the maximum): both lie in [1, 1 + D], so the denominator
+changes by at most EPS relative: exact to float32 rounding.
 """
 
 from __future__ import annotations
@@ -14,29 +20,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, register_kind
+from vitsinks.models.kinds import TINY, AttentionKind, flex_lse, register_kind
 
 EPS = 1e-8  # the reference implementation's: only matters when every score is exactly 0
 
 
 def _shifted(s: torch.Tensor, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exp(s - m) - exp(-m), with hidden keys at 0, m) for scores `s`; `hidden` marks keys left out."""
+    """(exp(s - m) - exp(-m), with hidden keys at 0, m) for scores `s`; `hidden` marks keys left out.
+
+    Without cancellation at small |s| (in float32 the plain difference loses ~1e-3 of A at init-sized scores):
+    exp(-m) expm1(s) for s <= 0, -exp(s - m) expm1(-s) for s > 0, every factor bounded; each branch gets 0 where
+    the other is taken, so no inf * 0 reaches the gradient."""
     if hidden is not None:
         s = s.masked_fill(hidden, float("-inf"))  # before exp: a hidden score above m must not overflow
     m = s.amax(-1, keepdim=True).clamp_min(0.0)
-    e = torch.exp(s - m) - torch.exp(-m)
+    pos = s > 0
+    sp, sn = torch.where(pos, s, 0.0), torch.where(pos, 0.0, s)
+    e = torch.where(pos, -torch.exp(sp - m) * torch.expm1(-sp), torch.exp(-m) * torch.expm1(sn))
     return (e.masked_fill(hidden, 0.0) if hidden is not None else e), m
+
+
+def _log_abs_expm1(score: torch.Tensor, positive: bool) -> torch.Tensor:
+    """log |exp(s) - 1| = relu(s) + log(-expm1(-|s|)) (no overflow at large s), -inf where |s| <= TINY and, with
+    `positive`, where s <= 0 (log relu(expm1 s)); masked logs take 1, so their gradients are never NaN."""
+    a = score.abs()
+    keep = (score > TINY) if positive else (a > TINY)
+    return torch.where(keep, torch.relu(score) + torch.log(-torch.expm1(-torch.where(keep, a, 1.0))), float("-inf"))
+
+
+def _log_numerator(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                   kv_idx: torch.Tensor) -> torch.Tensor:
+    return _log_abs_expm1(score, positive=True)
+
+
+def _log_denominator(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                     kv_idx: torch.Tensor) -> torch.Tensor:
+    return _log_abs_expm1(score, positive=False)
 
 
 @register_kind
 class Softpick(AttentionKind):
     name = "softpick"
     normalised = False
+    flex = True
 
     @staticmethod
     def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         e, _ = _shifted(s, future)
         return F.relu(e) / (e.abs().sum(-1, keepdim=True) + EPS)
+
+    @staticmethod
+    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, lse1 = flex_lse(q, k, v, attn.scale, _log_numerator)
+        _, lse2 = flex_lse(q, k, v, attn.scale, _log_denominator)
+        # numerator and denominator divided by D = exp(lse2), which overflows float32 for scores above ~88; a row
+        # without a positive score (lse1 = -inf, out 0) gives 0, not exp(-inf - -inf)
+        lse2 = torch.where(lse1 == float("-inf"), 0.0, lse2)
+        ratio = (lse1 - lse2).exp()  # sum of the numerators / D, in [0, 1]
+        scale = ratio / (1 + EPS * ((-lse2).exp() + ratio))
+        return (out * scale.unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
     def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,

@@ -1,0 +1,103 @@
+"""The generated option page (docs/commands-options.md) against the code it is generated from."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import pytest
+
+from vitsinks.__main__ import commands
+from vitsinks.configs import cli, docs
+from vitsinks.configs.schema import Config
+from vitsinks.utils.fields import bounded
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "commands-options.md"
+
+Colour = StrEnum("Colour", "red green", module=__name__)
+
+
+@dataclass
+class Example:
+    """An example group."""
+
+    plain: int = bounded(3, ge=1)
+    # the comment above a field
+    # on two lines
+    above: float = bounded(0.5, gt=0, le=1)
+    inline: str | None = None  # the comment beside it
+    both: Colour = Colour.red  # and beside
+    bare: list[float] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return docs.render()
+
+
+@pytest.mark.slow
+def test_committed_page_is_what_the_code_writes(page: str) -> None:
+    assert PAGE.is_file(), f"run `{docs.GENERATOR}`"
+    assert PAGE.read_text() == page, f"docs/commands-options.md is stale: run `{docs.GENERATOR}`"
+
+
+def test_comments_are_read_from_the_source() -> None:
+    notes = docs.field_comments(Example)
+    assert notes == {"above": "the comment above a field on two lines", "inline": "the comment beside it",
+                     "both": "and beside"}
+
+
+def test_types_and_what_a_field_admits() -> None:
+    hints = typing.get_type_hints(Example)
+    by_name = {f.name: f for f in dataclasses.fields(Example)}
+    assert [docs.type_name(hints[n]) for n in by_name] == ["int", "float", "str | None", "choice", "list[float]"]
+    assert docs.admits(by_name["plain"], hints["plain"]) == ">= 1"
+    assert docs.admits(by_name["above"], hints["above"]) == "> 0 and <= 1"
+    assert docs.admits(by_name["both"], hints["both"]) == "red, green"
+    assert docs.admits(by_name["inline"], hints["inline"]) == ""
+
+
+def test_short_keys_are_read_from_a_hydra_command() -> None:
+    module = types.ModuleType("fake_command")
+    module.hydra_command = cli.hydra_command
+    module.cli = cli.hydra_command(lambda cfg: None, aliases={"n": "intervene.n", "k": "intervene.k"})
+    assert docs.is_hydra(module)
+    assert docs.short_keys(module) == {"n": "intervene.n", "k": "intervene.k"}
+    assert docs.describe_short_keys(docs.short_keys(module)) == "`n=`, `k=` (each for `intervene.<key>=`)"
+    assert docs.describe_short_keys({"n": "a.n", "m": "b.m"}) == "`n=` (`a.n=`), `m=` (`b.m=`)"
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        inner = next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), hint)
+        key = f"{prefix}{f.name}"
+        out += _leaf_keys(inner, key + ".") if dataclasses.is_dataclass(inner) else [key]
+    return out
+
+
+@pytest.mark.slow
+def test_every_field_and_command_has_a_row(page: str) -> None:
+    rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| `")}
+    missing = [k for k in _leaf_keys(Config) if f"`{k}`" not in rows]
+    assert not missing
+    assert not [c for c in commands() if f"`python -m {c}`" not in rows]
+
+
+def test_every_leaderboard_column_is_explained() -> None:
+    """docs/evaluation.md's column table names every registered leaderboard column by its CSV key (the dense and
+    Definition-1 families by their pattern)."""
+    from vitsinks.report.collect import columns
+
+    text = (PAGE.parent / "evaluation.md").read_text()
+    patterns = {"dense_": ("`dense_<data>`", "`dense_<data>_kempner`", "`dense_<data>_kempner_cached`"),
+                "def1_": ("`def1_<eps>`",)}
+    missing = [c.key for c in columns() if f"`{c.key}`" not in text
+               and not any(c.key.startswith(p) and all(f in text for f in forms) for p, forms in patterns.items())]
+    assert not missing, f"leaderboard columns without a line in docs/evaluation.md: {missing}"

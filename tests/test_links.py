@@ -1,0 +1,110 @@
+"""The docs' links: every relative link (Markdown, reference-style or HTML) in README.md, docs/, slurm/ and eval/
+READMEs resolves to a file or folder inside the repository, an anchor to a heading of its page; no doc names a path
+outside the repository (`../shared`, the checkout's parent folder)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted({ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "slurm").rglob("README.md"),
+               *(ROOT / "eval").rglob("README.md")})
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'(][^)]*)?\)")  # [text](target "title")
+REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)  # [label]: target
+HTML = re.compile(r"\b(?:src|href)\s*=\s*[\"']([^\"']+)[\"']")
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:
+HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+HTML_ID = re.compile(r"\b(?:id|name)\s*=\s*[\"']([^\"']+)[\"']")
+PARENT_PATH = re.compile(r"(?<![\w/.~-])((?:\.\./)+[^\s)\]\"'`<>*,;]*)")
+
+
+def prose(text: str) -> str:
+    """`text` without fenced code blocks and inline code (links there are not links)."""
+    return INLINE_CODE.sub("", FENCE.sub("", text))
+
+
+def links(text: str) -> list[str]:
+    """Every link target of a Markdown page."""
+    body = prose(text)
+    return [m.group(1) for rx in (LINK, REFERENCE, HTML) for m in rx.finditer(body)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: its text (code marks, emphasis and link syntax dropped) lower-cased, punctuation
+    other than `-` and `_` removed, spaces as `-`."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").replace("*", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors a page offers: its headings' slugs (a repeated one as `-1`, `-2`, ...) and explicit HTML ids."""
+    text = FENCE.sub("", page.read_text())
+    seen: dict[str, int] = {}
+    out = set(HTML_ID.findall(text))
+    for heading in HEADING.findall(text):
+        s = slug(heading)
+        out.add(f"{s}-{seen[s]}" if s in seen else s)
+        seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def broken(doc: Path, root: Path = ROOT) -> list[str]:
+    """The links of `doc` that do not resolve inside the repository `root`, each with why."""
+    out = []
+    for target in links(doc.read_text()):
+        if SCHEME.match(target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.is_relative_to(root):
+            out.append(f"{target}: outside the repository")
+        elif not dest.exists():
+            out.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            out.append(f"{target}: no heading #{anchor} in {dest.relative_to(root)}")
+    return out
+
+
+def outside_paths(doc: Path, root: Path = ROOT) -> list[str]:
+    """Paths named anywhere in `doc` (code included) that lie outside the repository `root`: `../` paths that leave
+    it, and any absolute path under the checkout's parent folder (a machine's path, even into the checkout)."""
+    text = doc.read_text()
+    out = [p for p in PARENT_PATH.findall(text) if not (doc.parent / p).resolve().is_relative_to(root)]
+    parent = f"{root.parent.as_posix().rstrip('/')}/"
+    return out + ([parent] if root.parent != Path(root.anchor) and parent in text else [])
+
+
+def test_the_checker_finds_each_kind_of_broken_link(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "a.md").write_text("# Top\n\n## The `x` part\n\n## The `x` part\n")
+    doc = repo / "README.md"
+    doc.write_text("[ok](docs/a.md) [ok](docs/a.md#the-x-part) [ok](docs/a.md#the-x-part-1)\n"
+                   "[multi\nline](docs/a.md#top) ![fig](docs) [web](https://example.org/x) [self](#here)\n"
+                   '<a id="here"></a> `[in code](nowhere.md)`\n```\n[in a block](nowhere.md)\n```\n'
+                   "[gone](docs/b.md) [bad anchor](docs/a.md#nope) [up](../shared/SPEC.md)\n\n"
+                   '[ref]: docs/missing.md\n<img src="docs/gone.png">\n')
+    assert broken(doc, repo) == ["docs/b.md: no such file", "docs/a.md#nope: no heading #nope in docs/a.md",
+                                 "../shared/SPEC.md: outside the repository", "docs/missing.md: no such file",
+                                 "docs/gone.png: no such file"]
+    doc.write_text("see ../shared/SPEC.md, or [the guide](../README.md) from docs/; "
+                   f"`{tmp_path}/other/x.md`\n")
+    assert outside_paths(doc, repo) == ["../shared/SPEC.md", "../README.md", f"{tmp_path}/"]
+    (repo / "docs" / "b.md").write_text("[the guide](../README.md) and ../README.md\n")
+    assert broken(repo / "docs" / "b.md", repo) == [] and outside_paths(repo / "docs" / "b.md", repo) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_link_resolves_inside_the_repository(doc: Path) -> None:
+    assert broken(doc) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_no_doc_names_a_path_outside_the_repository(doc: Path) -> None:
+    assert outside_paths(doc) == []

@@ -1,0 +1,338 @@
+"""Write docs/commands-options.md: every command's options, generated from the typed configs and the commands.
+
+    python -m vitsinks.configs.docs > docs/commands-options.md
+
+The page is made from what the code declares, so it cannot drift (tests/configs/test_docs.py compares the committed
+page with this output): the commands (`python -m vitsinks`'s listing) with their short keys, the plain commands'
+argument dataclasses, the config groups and their options (the first comment line of each YAML), and every field
+of the schema (`schema.Config`) with its type, its default as composed with no overrides, what it admits (the
+closed set or the declared range) and the comment beside it in the source.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import io
+import sys
+import textwrap
+import tokenize
+import types
+import typing
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from vitsinks.__main__ import commands
+from vitsinks.configs import cli
+from vitsinks.configs.schema import Config, compose_config, config_dir
+from vitsinks.models.vit import SIZES
+from vitsinks.utils.fields import range_of
+
+GENERATOR = "python -m vitsinks.configs.docs > docs/commands-options.md"
+
+
+def _cell(text: str) -> str:
+    """One Markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+
+
+def _source_comments(source: str) -> dict[str, str]:
+    """Field name -> its comment in a class body's `source`: the comment lines right above the field, then the
+    comment at the end of its last line. Fields are `name: type = ...` lines and `("name", ...)` tuples (the
+    fields of `dataclasses.make_dataclass`)."""
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    fields: dict[str, tuple[int, int]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            fields[node.target.id] = (node.lineno, node.end_lineno or node.lineno)
+        elif (isinstance(node, ast.Tuple) and node.elts and isinstance(node.elts[0], ast.Constant)
+              and isinstance(node.elts[0].value, str) and len(node.elts) == 3):
+            fields.setdefault(node.elts[0].value, (node.lineno, node.end_lineno or node.lineno))
+    out = {}
+    for name, (first, last) in fields.items():
+        above = []
+        row = first - 1
+        while row >= 1 and lines[row - 1].strip().startswith("#") and row in comments:
+            above.insert(0, comments[row])
+            row -= 1
+        text = " ".join([*above, *([comments[last]] if last in comments else [])])
+        if text:
+            out[name] = text
+    return out
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment beside it in the source of `cls` and of its dataclass bases; the fields that
+    `make_dataclass` added are looked up in the module that made the class."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # made by make_dataclass: no class statement, read its module
+            source = inspect.getsource(sys.modules[klass.__module__])
+            found = _source_comments(source)
+            out.update({k: v for k, v in found.items() if k in klass.__annotations__})
+            continue
+        out.update(_source_comments(source))
+    return out
+
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    if union and len(args) == 1 and len(typing.get_args(hint)) == 2:
+        return args[0], True
+    return hint, False
+
+
+def type_name(hint: Any) -> str:
+    """`int`, `float | None`, `list[float]`, `dict`, or the enum's name for a closed set."""
+    inner, optional = _unwrap_optional(hint)
+    if isinstance(inner, type) and issubclass(inner, Enum):
+        name = "choice"
+    elif typing.get_origin(inner) is list:
+        name = f"list[{type_name(typing.get_args(inner)[0])}]" if typing.get_args(inner) else "list"
+    elif typing.get_origin(inner) is dict:
+        name = "dict"
+    elif isinstance(inner, type):
+        name = inner.__name__
+    else:
+        name = str(inner)
+    return f"{name} | None" if optional else name
+
+
+def admits(f: dataclasses.Field, hint: Any) -> str:
+    """What a field accepts beyond its type: the closed set's values or the declared range ('' when anything of
+    its type goes)."""
+    inner, optional = _unwrap_optional(hint)
+    if isinstance(inner, type) and issubclass(inner, Enum):
+        text = ", ".join(m.value for m in inner)
+    elif (rng := range_of(f)) is not None:
+        text = ("each " if typing.get_origin(inner) is list else "") + rng.describe()
+    else:
+        return ""
+    return text + (", or null" if optional else "")
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, list | dict):
+        return str(value).replace("'", "") if value else ("[]" if isinstance(value, list) else "{}")
+    return str(value)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default, its factory's value for a mutable one (None when it has neither)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One config dataclass at a dotted key of the run config ('' for the top level)."""
+
+    key: str
+    cls: type
+
+
+def sections(cls: type = Config, key: str = "") -> Iterator[Section]:
+    """Every config dataclass of the schema, the top level first, nested ones after their parent."""
+    yield Section(key, cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner, _ = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(inner):
+            yield from sections(inner, f"{key}.{f.name}" if key else f.name)
+
+
+def field_rows(section: Section, defaults: Any) -> list[list[str]]:
+    """The table rows (key, type, default, admits, meaning) of one section's own (non-nested) fields."""
+    hints = typing.get_type_hints(section.cls)
+    notes = field_comments(section.cls)
+    rows = []
+    for f in dataclasses.fields(section.cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(_unwrap_optional(hint)[0]):
+            continue
+        key = f"{section.key}.{f.name}" if section.key else f.name
+        value = OmegaConf.select(defaults, key, default=None, throw_on_missing=False)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=False)
+        rows.append([f"`{key}`", type_name(hint), f"`{_default(value)}`", admits(f, hint), notes.get(f.name, "")])
+    return rows
+
+
+def _doc_paragraph(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _yaml_description(text: str) -> str:
+    """The first comment block of a config file (without `@package` and without indented example lines)."""
+    out = []
+    for line in text.splitlines():
+        if "@package" in line:
+            continue
+        if not line.startswith("#") or line.startswith("#  ") or not line.strip("# "):
+            if out:
+                break
+            continue
+        out.append(line.lstrip("#").strip())
+    return " ".join(out)
+
+
+def _flatten(tree: Any, prefix: str) -> list[str]:
+    if isinstance(tree, dict):
+        return [item for k, v in tree.items() for item in _flatten(v, f"{prefix}.{k}" if prefix else str(k))]
+    return [f"{prefix}={_default(tree)}"]
+
+
+SETTINGS_SHOWN = ("exp", "model")  # the groups whose table also lists every value the option sets
+
+
+def group_options() -> list[tuple[str, list[list[str]]]]:
+    """Per config group, rows (option, what it is[, the values it sets]) of every YAML option."""
+    out = []
+    for group in sorted(p for p in config_dir().iterdir() if p.is_dir() and any(p.glob("*.yaml"))):
+        rows = []
+        for yml in sorted(group.glob("*.yaml")):
+            text = yml.read_text()
+            row = [f"`{group.name}={yml.stem}`", _yaml_description(text)]
+            if group.name in SETTINGS_SHOWN:
+                tree = OmegaConf.to_container(OmegaConf.load(yml), resolve=False)
+                tree = {k: v for k, v in tree.items() if k not in ("defaults", "exp")}
+                prefix = "" if "@package _global_" in text else group.name
+                row.append(", ".join(f"`{s}`" for s in _flatten(tree, prefix)))
+            rows.append(row)
+        out.append((group.name, rows))
+    return out
+
+
+def command_modules() -> dict[str, types.ModuleType]:
+    """`python -m` name -> the module that runs (a package's `__main__`), for every command `python -m vitsinks`
+    lists."""
+    out = {}
+    for name in commands():
+        try:
+            out[name] = importlib.import_module(f"{name}.__main__")
+        except ModuleNotFoundError:
+            out[name] = importlib.import_module(name)
+    return out
+
+
+def short_keys(module: types.ModuleType) -> dict[str, str]:
+    """The short keys of a Hydra command (`n_images=` for `diagnostics.n_images=`), read from its entry point."""
+    for obj in vars(module).values():
+        if inspect.isfunction(obj) and obj.__closure__:
+            free = inspect.getclosurevars(obj).nonlocals
+            if "fn" in free and "aliases" in free:
+                return dict(free["aliases"] or {})
+    return {}
+
+
+def describe_short_keys(keys: dict[str, str]) -> str:
+    """`n_images=` for `diagnostics.n_images=`, ...: one prefix said once where every key shares it."""
+    prefixes = {v.rsplit(".", 1)[0] for v in keys.values() if "." in v}
+    if len(prefixes) == 1 and all(v == f"{next(iter(prefixes))}.{k}" for k, v in keys.items()):
+        return ", ".join(f"`{k}=`" for k in keys) + f" (each for `{next(iter(prefixes))}.<key>=`)"
+    return ", ".join(f"`{k}=` (`{v}=`)" for k, v in keys.items())
+
+
+def is_hydra(module: types.ModuleType) -> bool:
+    """Whether the command composes the Hydra run config (its module uses `cli.hydra_command`)."""
+    return getattr(module, "hydra_command", None) is cli.hydra_command
+
+
+def argument_classes(module: types.ModuleType) -> list[type]:
+    """A plain command's argument dataclasses: those its module defines whose name ends in `Args`."""
+    return [obj for name, obj in vars(module).items() if name.endswith("Args") and dataclasses.is_dataclass(obj)
+            and obj.__module__ == module.__name__]
+
+
+def _first_line(module: types.ModuleType, name: str) -> str:
+    doc = module.__doc__ or ""
+    if module.__name__.endswith("__main__"):
+        doc = importlib.import_module(name).__doc__ or doc
+    lines = [ln.strip() for ln in doc.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def render() -> str:
+    """The whole page."""
+    out = ["# Options of every command", "",
+           f"Generated from the code by `{GENERATOR}`; do not edit by hand (`tests/configs/test_docs.py` fails when "
+           "this page and the code differ). [commands.md](commands.md) explains each command, its outputs and exit "
+           "codes; this page lists what they accept.", ""]
+    mods = command_modules()
+    rows = []
+    for name, mod in mods.items():
+        keys = short_keys(mod)
+        kind = ("run config (`key=value`, `group=option`)" if is_hydra(mod)
+                else "own arguments (`key=value`)" if argument_classes(mod) else "nothing")
+        rows.append([f"`python -m {name}`", _first_line(mod, name), kind, describe_short_keys(keys)])
+    out += ["## Commands", "", *_table(["command", "what", "takes", "short keys"], rows), ""]
+    out += ["Every command that takes the run config accepts any field below as `key=value` and any option of a "
+            "config group as `group=option`; `--cfg job` prints the composed config, `--help` the groups.", ""]
+    for name, mod in mods.items():
+        for cls in argument_classes(mod):
+            hints = typing.get_type_hints(cls)
+            notes = field_comments(cls)
+            rows = [[f"`{f.name}`", type_name(hints[f.name]), f"`{_default(field_default(f))}`", notes.get(f.name, "")]
+                    for f in dataclasses.fields(cls)]
+            out += [f"### Arguments of `{name}`", "", *_table(["key", "type", "default", "meaning"], rows), ""]
+    out += ["## Config groups", "", "Pick one option per group on the command line (`exp=gate+reg model=vit_small`); "
+            "`config.yaml` picks the defaults (`model=vit_cpu`, `train=default`, `objective=lejepa`, `data=synthetic`, "
+            "`cluster=local`, `exp=base`).", ""]
+    for group, rows in group_options():
+        header = ["option", "what it is", *(["sets"] if group in SETTINGS_SHOWN else [])]
+        out += [f"### `{group}=` options", "", *_table(header, rows), ""]
+        if group == "model":
+            sizes = [[f"`{name}`", *(str(getattr(spec, k)) for k in ("img_size", "patch_size", "embed_dim", "depth",
+                                                                     "num_heads"))] for name, spec in SIZES.items()]
+            out += ["The sizes (`model.size`; `model.img_size`, `patch_size`, `embed_dim`, `depth`, `num_heads` "
+                    "override them one by one):", "",
+                    *_table(["size", "image", "patch", "width", "depth", "heads"], sizes), ""]
+    defaults = compose_config([])
+    out += ["## Fields", "", "Defaults are those of the composed config with no overrides (the dataclass default, or "
+            "the group's default YAML where it sets the field). A number outside its range, or a value outside its "
+            "closed set, stops the command before anything runs.", ""]
+    for section in sections():
+        rows = field_rows(section, defaults)
+        if not rows:
+            continue
+        title = f"`{section.key}.*` fields" if section.key else "Top-level fields"
+        out += [f"### {title}", "", _doc_paragraph(section.cls), "",
+                *_table(["key", "type", "default", "admits", "meaning"], rows), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> int:
+    """Print the page."""
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Analysis passes over a backbone: evaluation mode for the length of a pass, and every block's output, batch by
+batch (what the diagnostics, the register neurons, the massive-activation fit and the quantization statistics read)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from vitsinks.models.vit import SinkViT
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[torch.device]:
+    """`model` in evaluation mode inside (its training flag restored after, also on an error); yields its device."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield next(model.parameters()).device
+    finally:
+        model.train(was_training)
+
+
+def block_outputs_by_batch(model: SinkViT, images: torch.Tensor, batch_size: int) -> Iterator[list[torch.Tensor]]:
+    """For each batch of `images` (moved to the model's device), every block's output tokens [L x (B, N, D)], in
+    evaluation mode. Gradients follow the caller's mode: call it under `torch.no_grad()` for an analysis."""
+    with eval_mode(model) as device:
+        for lo in range(0, len(images), batch_size):
+            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
+            outs = []
+            for blk in model.blocks:
+                x = blk(x)
+                outs.append(x)
+            yield outs

@@ -1,0 +1,58 @@
+"""A leaderboard's inputs: the files of every run it read, copied beside its tables into `<out>/inputs/<run>/`,
+with its title. `python -m vitsinks.leaderboard runs=<out>/inputs out=<out>` writes the same leaderboard again from
+them alone (no checkpoint, no data): how a committed leaderboard is regenerated with today's code, and how
+`tests/test_committed.py` finds the committed ones that are stale.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import RunDir
+
+INPUTS = "inputs"  # the folder beside the tables
+RECORD = "leaderboard.json"  # in it: how the leaderboard was asked for (its title)
+
+
+def run_inputs(run: RunDir) -> list[Path]:
+    """The files of `run` the leaderboard reads: its config and metrics, `results/*.json`, and the one diagnostics
+    summary and interventions report it picks (only that one: on a fresh checkout the pick by file time would be
+    arbitrary)."""
+    found = [run.config, run.metrics, *sorted(run.results.glob("*.json")), run.latest_summary(),
+             run.latest_interventions()]
+    return [p for p in found if p is not None and p.is_file()]
+
+
+def check_names(runs: list[RunDir], out: Path) -> None:
+    """`BadValue` when two runs share a name: their inputs could not sit side by side in `<out>/inputs/`."""
+    names = [r.name for r in runs]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise BadValue(f"several runs are named {', '.join(twice)}: their inputs cannot sit side by side in "
+                       f"{out / INPUTS}; tabulate them separately")
+
+
+def record(runs: list[RunDir], out: Path, title: str) -> Path:
+    """Copy every run's inputs into `<out>/inputs/<run name>/` and the title into `inputs/leaderboard.json`; the old
+    folder is replaced only once everything is copied (so `runs` may be that folder itself). Returns the folder."""
+    check_names(runs, out)
+    dest, tmp = out / INPUTS, out / f".{INPUTS}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for run in runs:
+        for path in run_inputs(run):
+            target = tmp / run.name / path.relative_to(run.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    files.write_json(tmp / RECORD, {"title": title})
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def recorded_title(source: str | Path) -> str | None:
+    """The title recorded in a leaderboard's inputs folder `source`, or None (not such a folder)."""
+    path = Path(source) / RECORD
+    return json.loads(path.read_text())["title"] if path.is_file() else None
