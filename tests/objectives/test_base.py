@@ -20,6 +20,7 @@ from vitsinks.objectives.base import Batch, StepTerms
 from vitsinks.objectives.supervised import SupervisedSamples
 from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.errors import ConfigError
 
 
 def test_every_objective_config_selects_its_registered_objective() -> None:
@@ -67,3 +68,9 @@ def test_the_trainer_trains_an_objective_it_does_not_know(runs: Path, monkeypatc
     assert lines[-1]["loss"] < 0.8 * lines[0]["loss"]  # it learns through the interface alone
     state = torch.load(runs / "toy/checkpoints/last.pt", weights_only=False)
     assert state["objective"] == {"note": "kept"} and not any(k.startswith("probe.") for k in state["model"])
+
+
+def test_the_device_views_backend_is_refused_where_there_are_no_views(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "objective=supervised", "views.backend=device")
+    with pytest.raises(ConfigError, match="views.backend=device is for the multi-crop views"):
+        build_objective(cfg, Runtime(torch.device("cpu")))

@@ -30,15 +30,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
-from PIL import Image
 
+from vitsinks.bench.data import natural_image
 from vitsinks.bench.flops import meta_views, mfu, peak_tflops, step_flops
 from vitsinks.bench.gpu_report import render, update_docs
 from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.configs.schema import exp_names, load_config
+from vitsinks.data.views import sample_seed
 from vitsinks.models import SIZES
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files
@@ -191,20 +191,16 @@ def measure_row(task: Task, args: GpuArgs, device: str, runs_dir: str, batches: 
 
 
 def write_jpegs(root: Path, n: int, classes: int = 8, seed: int = 0) -> dict[str, Any]:
-    """`n` real-size JPEGs (quality 90, `JPEG_SIZES`) in ImageFolder layout under `root/train` (`root/val`: the same
-    class folders, empty): smooth colour fields with fine noise, which compress like photographs (~100 KB)."""
-    rng = np.random.default_rng(seed)
+    """`n` real-size JPEGs (quality 90, `JPEG_SIZES`, `bench.data.natural_image`: they compress and decode like
+    photographs) in ImageFolder layout under `root/train` (`root/val`: the same class folders, empty)."""
     total = 0
     for c in range(classes):
         (root / "val" / f"c{c}").mkdir(parents=True, exist_ok=True)
         (root / "train" / f"c{c}").mkdir(parents=True, exist_ok=True)
     for i in range(n):
         w, h = JPEG_SIZES[i % len(JPEG_SIZES)]
-        coarse = Image.fromarray(rng.integers(0, 256, (h // 25, w // 25, 3), dtype=np.uint8)).resize((w, h),
-                                                                                                     Image.BICUBIC)
-        pixels = np.asarray(coarse, dtype=np.float32) + rng.normal(0, 18, (h, w, 3))
         path = root / "train" / f"c{i % classes}" / f"{i:05d}.JPEG"
-        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(path, quality=90)
+        natural_image(sample_seed(seed, i), w, h).save(path, quality=90)
         total += path.stat().st_size
     return {"files": n, "sizes": [list(s) for s in JPEG_SIZES], "mean_kb": total / max(n, 1) / 1e3}
 

@@ -24,7 +24,7 @@ from vitsinks.data import SinkTask, read_item
 from vitsinks.data.selection import analysis_transform
 from vitsinks.models import SinkViT
 from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
-from vitsinks.utils.errors import BadValue
+from vitsinks.utils.errors import BadValue, ConfigError
 
 
 def residual_stream(backbone: SinkViT, images: torch.Tensor) -> torch.Tensor:
@@ -150,6 +150,9 @@ class Supervised(Objective):
 
     def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
         super().__init__(cfg, runtime)
+        if cfg.views.backend != "cpu":  # it trains on single images, not on the multi-crop views
+            raise ConfigError(f"views.backend={cfg.views.backend} is for the multi-crop views of objective=lejepa; "
+                              f"objective=supervised has none: leave views.backend=cpu")
         self.model: SupervisedModel | None = None  # set by build_model
         self._val: tuple[Dataset, SupervisedSamples] | None = None  # (split, its items), built once
 
