@@ -1,4 +1,4 @@
-"""Causal interventions on sink heads from the command line (docs/fidelity.md).
+"""Causal interventions on sink heads from the command line (docs/interventions.md).
 
     python -m vitsinks.intervene ckpt=runs/<name>/checkpoints/last.pt [data=...] [n_images=256]
     python -m vitsinks.intervene run=runs/<name> heads=[0:1,3:0] edits=[zero_sink_value,redirect_sink_attention]
