@@ -1,6 +1,6 @@
 """The docs' links: every relative link (Markdown, reference-style or HTML) in README.md, docs/, slurm/ and eval/
 READMEs resolves to a file or folder inside the repository, an anchor to a heading of its page; no doc names a path
-outside the repository (`../shared`, the checkout's parent folder)."""
+outside the repository (a relative path that climbs above the checkout, or an absolute one under its parent folder)."""
 
 from __future__ import annotations
 
@@ -88,14 +88,14 @@ def test_the_checker_finds_each_kind_of_broken_link(tmp_path: Path) -> None:
     doc.write_text("[ok](docs/a.md) [ok](docs/a.md#the-x-part) [ok](docs/a.md#the-x-part-1)\n"
                    "[multi\nline](docs/a.md#top) ![fig](docs) [web](https://example.org/x) [self](#here)\n"
                    '<a id="here"></a> `[in code](nowhere.md)`\n```\n[in a block](nowhere.md)\n```\n'
-                   "[gone](docs/b.md) [bad anchor](docs/a.md#nope) [up](../shared/SPEC.md)\n\n"
+                   "[gone](docs/b.md) [bad anchor](docs/a.md#nope) [up](../elsewhere/NOTES.md)\n\n"
                    '[ref]: docs/missing.md\n<img src="docs/gone.png">\n')
     assert broken(doc, repo) == ["docs/b.md: no such file", "docs/a.md#nope: no heading #nope in docs/a.md",
-                                 "../shared/SPEC.md: outside the repository", "docs/missing.md: no such file",
+                                 "../elsewhere/NOTES.md: outside the repository", "docs/missing.md: no such file",
                                  "docs/gone.png: no such file"]
-    doc.write_text("see ../shared/SPEC.md, or [the guide](../README.md) from docs/; "
+    doc.write_text("see ../elsewhere/NOTES.md, or [the guide](../README.md) from docs/; "
                    f"`{tmp_path}/other/x.md`\n")
-    assert outside_paths(doc, repo) == ["../shared/SPEC.md", "../README.md", f"{tmp_path}/"]
+    assert outside_paths(doc, repo) == ["../elsewhere/NOTES.md", "../README.md", f"{tmp_path}/"]
     (repo / "docs" / "b.md").write_text("[the guide](../README.md) and ../README.md\n")
     assert broken(repo / "docs" / "b.md", repo) == [] and outside_paths(repo / "docs" / "b.md", repo) == []
 
