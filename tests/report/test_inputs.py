@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 import vitsinks.report as report
 from tests.report.test_leaderboard import _summary, make_runs
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.report import build
-from vitsinks.report.inputs import INPUTS, RECORD, record, recorded_title
+from vitsinks.report.inputs import INPUTS, RECORD, RUNS_DIR, record, recorded_title
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir, find_runs
 
@@ -78,3 +79,22 @@ def test_the_leaderboard_written_again_from_its_inputs_in_place_is_the_same(tmp_
     assert {n: (out / n).read_text() for n in tables} == tables
     assert {f: (out / INPUTS / f).read_bytes() for f in _files(out / INPUTS)} == inputs
     assert json.loads((out / INPUTS / RECORD).read_text()) == {"title": "the study"}
+
+
+def test_the_copies_keep_no_machine_path_and_tabulate_the_same(tmp_path: Path) -> None:
+    runs = make_runs(tmp_path / "runs")
+    linear = runs / "base-s0" / "results" / "linear.json"
+    result = json.loads(linear.read_text())
+    linear.write_text(json.dumps({**result, "checkpoint": str(runs / "base-s0" / "checkpoints" / "last.pt")}))
+    config = runs / "base-s0" / "config.yaml"
+    cfg = OmegaConf.load(config)
+    cfg.runs_dir = str(runs)
+    OmegaConf.save(cfg, config)
+    dest = record(find_runs(runs), tmp_path / "lb", "t")
+    copied = [p for p in dest.rglob("*") if p.is_file()]
+    assert not [p for p in copied if str(tmp_path) in p.read_text()]  # no absolute path of this machine is kept
+    assert json.loads((dest / "base-s0/results/linear.json").read_text())["checkpoint"] == \
+        f"{RUNS_DIR}/base-s0/checkpoints/last.pt"
+    for source, out in ((runs, tmp_path / "a"), (dest, tmp_path / "b")):  # the tables do not read those paths
+        assert leaderboard_command([f"runs={source}", f"out={out}", "title=t"]) == 0
+    assert (tmp_path / "a/leaderboard.csv").read_text() == (tmp_path / "b/leaderboard.csv").read_text()

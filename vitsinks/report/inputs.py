@@ -16,6 +16,8 @@ from vitsinks.utils.rundir import RunDir
 
 INPUTS = "inputs"  # the folder beside the tables
 RECORD = "leaderboard.json"  # in it: how the leaderboard was asked for (its title)
+RUNS_DIR = "<runs_dir>"  # what the copies say instead of the machine path of the runs' folder (never tabulated)
+TEXT = (".yaml", ".json", ".jsonl")
 
 
 def run_inputs(run: RunDir) -> list[Path]:
@@ -36,7 +38,8 @@ def check_names(runs: list[RunDir], out: Path) -> None:
 
 
 def record(runs: list[RunDir], out: Path, title: str) -> Path:
-    """Copy every run's inputs into `<out>/inputs/<run name>/` and the title into `inputs/leaderboard.json`; the old
+    """Copy every run's inputs into `<out>/inputs/<run name>/` (the runs' folder, as an absolute path in their text,
+    written `RUNS_DIR`) and the title into `inputs/leaderboard.json`; the old
     folder is replaced only once everything is copied (so `runs` may be that folder itself). Returns the folder."""
     check_names(runs, out)
     dest, tmp = out / INPUTS, out / f".{INPUTS}.tmp"
@@ -45,7 +48,13 @@ def record(runs: list[RunDir], out: Path, title: str) -> Path:
         for path in run_inputs(run):
             target = tmp / run.name / path.relative_to(run.path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+            if path.suffix in TEXT:  # configs and results name checkpoints by absolute path: keep no machine path
+                text = path.read_text()
+                for folder in {str(run.path.parent.absolute()), str(run.path.parent.resolve())}:
+                    text = text.replace(folder, RUNS_DIR)
+                target.write_text(text)
+            else:
+                shutil.copy2(path, target)
     files.write_json(tmp / RECORD, {"title": title})
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
