@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -15,6 +17,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from tests import preloaded
 from vitsinks.configs.schema import load_config
 from vitsinks.models import SinkViT, build_vit
 
@@ -44,6 +47,32 @@ def tiny_cfg(runs: Path, *overrides: str) -> DictConfig:
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+_SINKTASK_RUNS: dict[tuple[str, ...], Path] = {}
+
+
+@pytest.fixture(scope="session")
+def sinktask_run(tmp_path_factory: pytest.TempPathFactory):
+    """`sinktask_run(into, exp, task, *overrides, name=...)`: a copy, at `into/name`, of a run of the ViT sink task
+    `task` (`data=sinktask_<task>`, seed 0, no plots) trained by the real pipeline once per test session (the modules
+    that use the same run share its training; each gets its own copy to write into)."""
+    from vitsinks.train.trainer import Trainer
+
+    cache = tmp_path_factory.mktemp("sinktask_cache")
+
+    def get(into: Path, exp: str, task: str, *overrides: str, name: str | None = None) -> Path:
+        key = (exp, task, *overrides)
+        if key not in _SINKTASK_RUNS:
+            cfg = load_config([f"exp={exp}", f"data=sinktask_{task}", f"runs_dir={cache}",
+                               f"name=run{len(_SINKTASK_RUNS)}", "wandb.mode=disabled", "diagnostics.plots=false",
+                               "seed=0", *overrides])
+            _SINKTASK_RUNS[key] = Path(Trainer(cfg).fit()["run_dir"])
+        dest = Path(into) / (name or exp)
+        shutil.copytree(_SINKTASK_RUNS[key], dest)
+        return dest
+
+    return get
 
 
 # A planted register neuron (used by the register-neuron and test-time register tests).
@@ -162,8 +191,14 @@ def bar_heights(ax) -> list[float]:
 def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """Run a command to its end, capturing text stdout/stderr like `subprocess.run(capture_output=True, text=True)`;
     stop it only when it has written nothing for `idle_s` seconds (a hung command), never for being slow on a
-    loaded machine: a command that keeps printing progress runs as long as it needs."""
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    loaded machine: a command that keeps printing progress runs as long as it needs. `python -m` commands run in a
+    fork of a preloaded interpreter (tests/preloaded.py), anything else in a fresh process."""
+    args = list(args)
+    env = kwargs.get("env") or os.environ
+    if (len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and set(kwargs) <= {"env", "cwd"}
+            and env.get("PYTHONPATH") == os.environ.get("PYTHONPATH") and not os.environ.get("VITSINKS_TEST_FRESH")):
+        return _run_preloaded(args, idle_s, dict(env), str(kwargs.get("cwd") or os.getcwd()))
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
     chunks: dict[str, list[bytes]] = {"out": [], "err": []}
     last = [time.monotonic()]
 
@@ -179,12 +214,32 @@ def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subproces
     while proc.poll() is None:
         if time.monotonic() - last[0] > idle_s:
             proc.kill()
-            raise subprocess.TimeoutExpired(list(args), idle_s, b"".join(chunks["out"]), b"".join(chunks["err"]))
+            raise subprocess.TimeoutExpired(args, idle_s, b"".join(chunks["out"]), b"".join(chunks["err"]))
         time.sleep(0.2)
     for th in threads:
         th.join()
     out, err = (b"".join(chunks[k]).decode(errors="replace") for k in ("out", "err"))
-    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _run_preloaded(args: list[str], idle_s: float, env: dict[str, str], cwd: str) -> subprocess.CompletedProcess:
+    """`run_command` of `python -m module ...` in a fork of the preloaded interpreter (same watch for a hang)."""
+    with tempfile.TemporaryDirectory(prefix="vitsinks-cmd-") as tmp:
+        paths = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = preloaded.start(args[2], args[3:], env, cwd, *paths)
+        last, seen = time.monotonic(), (0, 0)
+        while proc.is_alive():
+            proc.join(0.2)
+            sizes = tuple(p.stat().st_size if p.exists() else 0 for p in paths)
+            if sizes != seen:
+                last, seen = time.monotonic(), sizes
+            elif time.monotonic() - last > idle_s:
+                proc.kill()
+                proc.join()
+                out, err = (p.read_bytes() if p.exists() else b"" for p in paths)
+                raise subprocess.TimeoutExpired(args, idle_s, out, err)
+        out, err = (p.read_bytes().decode(errors="replace") if p.exists() else "" for p in paths)
+    return subprocess.CompletedProcess(args, proc.exitcode, out, err)
 
 
 def run_commands(commands: Sequence[Sequence[str]], idle_s: float = 300, **kwargs) -> list[subprocess.CompletedProcess]:

@@ -28,17 +28,12 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
 
-def _train(runs: Path, name: str, exp: str, task: str, *extra: str) -> Path:
-    cfg = load_config([f"exp={exp}", f"data=sinktask_{task}", f"runs_dir={runs}", f"name={name}",
-                       "wandb.mode=disabled", "diagnostics.plots=false", "seed=0", *extra])
-    return Path(Trainer(cfg).fit()["run_dir"])
-
-
 @pytest.fixture(scope="module")
-def task_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def task_runs(tmp_path_factory: pytest.TempPathFactory, sinktask_run) -> dict[str, Path]:
     runs = tmp_path_factory.mktemp("intervene_runs")
-    return {"nop": _train(runs, "nop", "base", "nop"), "broadcast": _train(runs, "bc", "base", "broadcast"),
-            "broadcast_1h": _train(runs, "bc1", "base", "broadcast", "model.num_heads=1")}
+    return {"nop": sinktask_run(runs, "base", "nop", name="nop"),
+            "broadcast": sinktask_run(runs, "base", "broadcast", name="bc"),
+            "broadcast_1h": sinktask_run(runs, "base", "broadcast", "model.num_heads=1", name="bc1")}
 
 
 def _cfg(run_dir: Path, *overrides: str):

@@ -28,17 +28,10 @@ from vitsinks.train.trainer import Trainer
 NOP_VARIANTS = ("base", "gate", "reg", "gate+reg", "relu")
 
 
-def _train(runs: Path, exp: str, task: str, *extra: str) -> Path:
-    cfg = load_config([f"exp={exp}", f"data=sinktask_{task}", f"runs_dir={runs}", "wandb.mode=disabled",
-                       "diagnostics.plots=false", "seed=0", *extra])
-    summary = Trainer(cfg).fit()
-    return Path(summary["run_dir"])
-
-
 @pytest.fixture(scope="module")
-def nop_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def nop_runs(tmp_path_factory: pytest.TempPathFactory, sinktask_run) -> dict[str, Path]:
     runs = tmp_path_factory.mktemp("sinktask_runs")
-    return {v: _train(runs, v, "nop") for v in NOP_VARIANTS}
+    return {v: sinktask_run(runs, v, "nop") for v in NOP_VARIANTS}
 
 
 def _final(run: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -136,8 +129,8 @@ def test_nop_task_registers_and_gates_do_nothing_another_way(nop_runs: dict[str,
 
 
 @pytest.mark.slow
-def test_broadcast_task_base_sinks_on_the_source(tmp_path: Path) -> None:
-    run = _train(tmp_path, "base", "broadcast")
+def test_broadcast_task_base_sinks_on_the_source(tmp_path: Path, sinktask_run) -> None:
+    run = sinktask_run(tmp_path, "base", "broadcast")
     _, d = _final(run)
     task = SinkTask("broadcast", seed=1)  # the validation stream of seed 0
     source = np.array([int(task.sample(int(i))["marked"].nonzero()) + 1 for i in d["image_index"]])  # split indices

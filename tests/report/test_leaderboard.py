@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import bar_heights, run_command
+from tests.conftest import bar_heights, run_command, run_commands
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import rule_record
@@ -123,10 +123,9 @@ def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_errors(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", f"runs={tmp_path / 'none'}"],
-                         capture_output=True, text=True)
+    out, usage = run_commands([[sys.executable, "-m", "vitsinks.leaderboard", f"runs={tmp_path / 'none'}"],
+                               [sys.executable, "-m", "vitsinks.leaderboard", "rns=x"]])
     assert out.returncode == 1 and "neither a run folder nor a sweep" in out.stderr
-    usage = subprocess.run([sys.executable, "-m", "vitsinks.leaderboard", "rns=x"], capture_output=True, text=True)
     assert usage.returncode == 1 and "rns" in usage.stderr and "usage: python -m vitsinks.leaderboard" in usage.stderr
 
 

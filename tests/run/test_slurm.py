@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.conftest import TINY, require_slurm, run_command, run_commands, tiny_cfg
-from vitsinks.configs.schema import load_config
 from vitsinks.run.sweep import read_manifest, run_state
 from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
@@ -106,9 +105,9 @@ def _uninterrupted(runs: Path, *overrides: str) -> float:
     return final_loss(runs / "reference")
 
 
-# 512 steps: long enough that the interruption lands mid-run, also after `scontrol requeue`, whose SIGTERM submitit
-# ignores, so the job trains on until SIGKILL comes KillWait (5 s) later
-LONG = ["data.train_size=4096", "train.epochs=2", "train.ckpt_every=8"]
+# 512 cheap steps (8 images, the two global views): long enough that the interruption lands mid-run, also after
+# `scontrol requeue`, whose SIGTERM submitit ignores, so the job trains on until SIGKILL comes KillWait (5 s) later
+LONG = ["data.train_size=2048", "train.batch_size=8", "views.n_local=0", "train.epochs=2", "train.ckpt_every=8"]
 TOTAL = 512
 
 
@@ -198,10 +197,8 @@ def test_after_train_diagnoses_and_evaluates_the_final_checkpoint(runs: Path) ->
 
 
 @pytest.mark.slow
-def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path) -> None:
-    cfg = load_config(["exp=base", "data=sinktask_nop", f"runs_dir={runs}", "name=nop", "wandb.mode=disabled",
-                       "diagnostics.enabled=false"])
-    Trainer(cfg).fit()
+def test_intervention_shards_run_as_one_job_array_then_merge(runs: Path, sinktask_run) -> None:
+    sinktask_run(runs, "base", "nop", name="nop")
     args = [f"run={runs / 'nop'}", "n_images=32", "heldout_images=8", "intervene.min_events=10",
             "edits=[zero_sink_value,redirect_sink_attention]", f"runs_dir={runs}"]
     before = job_ids()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import run_command
+from tests.conftest import run_command, run_module
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
 from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.pathway_task import (
@@ -73,7 +72,7 @@ def test_cli_writes_json_and_figure(tmp_path: Path, figures: list) -> None:
     expected = [np.asarray(m)[h] for m in r["attention_example"] for h in range(np.asarray(m).shape[0])]
     assert len(drawn) == len(expected) and all(np.array_equal(d, e) for d, e in zip(drawn, expected, strict=True))
     assert sum("(hub)" in ax.get_title() for ax in figures[-1].axes) == 1
-    bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nope"], capture_output=True, text=True)
+    bad = run_module("vitsinks.synthetic", "task=nope")
     assert bad.returncode == 1 and "unknown task" in bad.stderr
 
 
@@ -245,6 +244,5 @@ def test_broadcast_pathway_cli_writes_json_and_figure(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:
-    bad = subprocess.run([sys.executable, "-m", "vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}"],
-                         capture_output=True, text=True)
+    bad = run_module("vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}")
     assert bad.returncode == 1 and "broadcast_pathway only" in bad.stderr

@@ -1,0 +1,90 @@
+"""`python -m <command>` for the tests without paying the imports each time: a fork of an interpreter that has
+imported torch, timm and every vitsinks command once.
+
+A test's command costs ~7 s of imports (torch, torchvision, timm) on two cores, and the suite runs about a hundred
+of them. Here each command runs in a child process forked from a preloaded server (`multiprocessing`'s
+forkserver: a fresh interpreter that imports the modules of `preload()` and runs nothing, so no thread pool is
+forked), with the caller's environment, working directory and argv, stdout and stderr in files, and `runpy`
+executing the module as `__main__` exactly as `python -m` does; its exit status is the process's. What differs
+from a fresh interpreter is only that the preloaded modules are already imported. `run_command` (tests/conftest.py)
+takes this path for `[sys.executable, "-m", module, ...]` and a fresh interpreter for anything else, for an
+environment that changes `PYTHONPATH` (the import path is fixed at the server's start) and under
+`VITSINKS_TEST_FRESH=1`; the SLURM jobs always start their own interpreters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import runpy
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_lock = threading.Lock()
+_context: multiprocessing.context.ForkServerContext | None = None
+
+
+def preload() -> list[str]:
+    """The modules the server imports: torch, timm and every command of the package (`python -m vitsinks`)."""
+    from vitsinks.__main__ import PACKAGE, commands
+
+    names = ["torch", "torchvision", "timm", "tests.preloaded"]
+    for name in commands():
+        names.append(name)
+        if (PACKAGE.parent / Path(*name.split(".")) / "__main__.py").is_file():
+            names.append(name + ".__main__")  # its main guard keeps it from running
+    return names
+
+
+def _serve(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, out: str, err: str) -> None:
+    """The child: run `module` as `python -m` would, then exit with its status."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = [module, *argv]
+    for name in (module, module + ".__main__"):
+        sys.modules.pop(name, None)  # executed afresh as __main__, as python -m does (runpy warns otherwise)
+    code: int = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - an uncaught exception is a traceback and status 1, as in python -m
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()  # what the interpreter does at exit; multiprocessing's children skip it
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def start(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, out: Path,
+          err: Path) -> multiprocessing.process.BaseProcess:
+    """Start `python -m module argv...` in a fork of the preloaded server (started on first use)."""
+    global _context
+    with _lock:
+        if _context is None:
+            _context = multiprocessing.get_context("forkserver")
+            _context.set_forkserver_preload(preload())
+        proc = _context.Process(target=_serve, args=(module, list(argv), dict(env), cwd, str(out), str(err)))
+        proc.start()
+    return proc
