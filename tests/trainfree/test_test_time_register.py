@@ -28,8 +28,10 @@ def test_the_artifact_moves_from_the_patch_to_the_test_time_register(neurons: in
     base = copy.deepcopy(model)
     state = TestTimeRegister.fit(model, x, TrainFreeConfig(neurons=neurons))
     assert state["neurons"][0] == [1, UNIT] and len(state["neurons"]) == neurons
+    assert model.variant == "base"
     edited = method("test_time_register").apply(model, state)
     assert (edited.num_reg_tokens, edited.num_prefix_tokens, tuple(edited.reg_token.shape)) == (1, 2, (1, 1, 48))
+    assert edited.variant == "base + test-time register"  # named as its leaderboard row, not as a trained reg1
     before, after = last_norms(base, x), last_norms(edited, x)
     assert after.shape[1] == before.shape[1] + 1
     ratio = after / after.median(dim=-1, keepdim=True).values

@@ -163,6 +163,8 @@ class SinkViT(VisionTransformer):
         super().__init__(block_fn=partial(SinkBlock, attn=attn, **settings), **kwargs)
         self.attn_kind, self.mitigations = str(attn), settings
         self.register_pos_embed = bool(register_pos_embed)
+        # post-hoc edits (training-free methods) as (label, registers they added), named by `variant`
+        self.edits: list[tuple[str, int]] = []
         if patch_embed == "orthonormal":
             self._fix_patch_embed()
         if self.num_reg_tokens and self.pos_embed is not None and not self.register_pos_embed:
@@ -202,8 +204,11 @@ class SinkViT(VisionTransformer):
 
     @property
     def variant(self) -> str:
-        """The architecture's `variant_name`."""
-        return variant_name({"attn": self.attn_kind, "registers": self.num_reg_tokens, **self.mitigations})
+        """The architecture's `variant_name` (its trained registers only), then its post-hoc edits: `base + test-time
+        register`."""
+        trained = self.num_reg_tokens - sum(added for _, added in self.edits)
+        name = variant_name({"attn": self.attn_kind, "registers": trained, **self.mitigations})
+        return " + ".join([name, *(label for label, _ in self.edits)])
 
     def tokens_per_image(self, img_size: int | None = None) -> int:
         """Sequence length: 1 [CLS] + registers + patches (at `img_size`, default the model's)."""

@@ -88,6 +88,7 @@ class TestTimeRegister(TrainFreeMethod):
                                f"{len(model.blocks)}-block model: the fitted state belongs to another architecture")
             by_block[b].append(u)
         register = add_register(model)
+        model.edits.append((cls.label, 1))
         tokens = embedded_tokens(model)
         for b, units in sorted(by_block.items()):
             model.blocks[b].mlp.act.register_forward_hook(
