@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes, has_file_allowed_extension
 
 from vitsinks.utils.errors import BadValue, InputNotFound, UserError
+from vitsinks.utils.files import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -144,17 +144,13 @@ class FileListCache:
         head = {"ident": self.ident, "count": len(samples),
                 "mtimes": {os.path.relpath(d, self.directory): m for d, m in mtimes.items()}}
         cut = len(os.path.join(self.directory, ""))  # every path is os.path.join(directory, ...)
-        tmp = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}.tmp")  # ranks may write at once
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        try:  # a temp file of its own per writer: ranks may write at once
+            with atomic_open(self.path, "w", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(json.dumps(head) + "\n")
                 f.writelines(f"{label}\t{p[cut:]}\n" for p, label in samples)
-            os.replace(tmp, self.path)
         except OSError as err:
             log.warning("cannot cache the file list of %s in %s (set data.file_list_cache): %s", self.directory,
                         self.path.parent, err)
-            tmp.unlink(missing_ok=True)
             return False
         return True
 
