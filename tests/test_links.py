@@ -22,6 +22,10 @@ SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:
 HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", re.M)
 HTML_ID = re.compile(r"\b(?:id|name)\s*=\s*[\"']([^\"']+)[\"']")
 PARENT_PATH = re.compile(r"(?<![\w/.~-])((?:\.\./)+[^\s)\]\"'`<>*,;]*)")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])(/[^\s)\]\"'`<>*,;:$]+)")
+# The folders vitsinks' own scripts make outside the checkout (the local cluster's state, read from its script):
+# a doc may name them wherever the checkout lives, /tmp included.
+OWN = re.findall(r"VITSINKS_SLURM_DIR:-([^}]+)\}", (ROOT / "slurm" / "local-cluster.sh").read_text())
 
 
 def prose(text: str) -> str:
@@ -71,13 +75,16 @@ def broken(doc: Path, root: Path = ROOT) -> list[str]:
     return out
 
 
-def outside_paths(doc: Path, root: Path = ROOT) -> list[str]:
+def outside_paths(doc: Path, root: Path = ROOT, own: list[str] = OWN) -> list[str]:
     """Paths named anywhere in `doc` (code included) that lie outside the repository `root`: `../` paths that leave
-    it, and any absolute path under the checkout's parent folder (a machine's path, even into the checkout)."""
+    it, and any absolute path under the checkout's parent folder (a machine's path, even into the checkout) other
+    than the folders of `own` (the parent folder is named once)."""
     text = doc.read_text()
     out = [p for p in PARENT_PATH.findall(text) if not (doc.parent / p).resolve().is_relative_to(root)]
     parent = f"{root.parent.as_posix().rstrip('/')}/"
-    return out + ([parent] if root.parent != Path(root.anchor) and parent in text else [])
+    machine = [p for p in ABSOLUTE_PATH.findall(text) if (p + "/").startswith(parent)
+               and not any((p + "/").startswith(o.rstrip("/") + "/") for o in own)]
+    return out + ([parent] if root.parent != Path(root.anchor) and machine else [])
 
 
 def test_the_checker_finds_each_kind_of_broken_link(tmp_path: Path) -> None:
@@ -96,6 +103,11 @@ def test_the_checker_finds_each_kind_of_broken_link(tmp_path: Path) -> None:
     doc.write_text("see ../elsewhere/NOTES.md, or [the guide](../README.md) from docs/; "
                    f"`{tmp_path}/other/x.md`\n")
     assert outside_paths(doc, repo) == ["../elsewhere/NOTES.md", "../README.md", f"{tmp_path}/"]
+    ours = f"{tmp_path}/made-by-a-script"  # a folder vitsinks' scripts make beside the checkout may be named ...
+    doc.write_text(f"`export PATH={ours}/bin:$PATH`\n")
+    assert outside_paths(doc, repo, own=[ours]) == [] and outside_paths(doc, repo, own=[]) == [f"{tmp_path}/"]
+    doc.write_text(f"PATH={ours}/bin, then {tmp_path}/other/x.md\n")  # ... and does not excuse another
+    assert outside_paths(doc, repo, own=[ours]) == [f"{tmp_path}/"]
     (repo / "docs" / "b.md").write_text("[the guide](../README.md) and ../README.md\n")
     assert broken(repo / "docs" / "b.md", repo) == [] and outside_paths(repo / "docs" / "b.md", repo) == []
 
