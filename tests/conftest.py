@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -53,7 +53,7 @@ _SINKTASK_RUNS: dict[tuple[str, ...], Path] = {}
 
 
 @pytest.fixture(scope="session")
-def sinktask_run(tmp_path_factory: pytest.TempPathFactory):
+def sinktask_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`sinktask_run(into, exp, task, *overrides, name=...)`: a copy, at `into/name`, of a run of the ViT sink task
     `task` (`data=sinktask_<task>`, seed 0, no plots) trained by the real pipeline once per test session (the modules
     that use the same run share its training; each gets its own copy to write into)."""

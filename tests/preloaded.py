@@ -49,6 +49,7 @@ def _serve(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, o
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    sys.path.insert(0, cwd)  # python -m puts the working directory first on the import path
     sys.argv = [module, *argv]
     for name in (module, module + ".__main__"):
         sys.modules.pop(name, None)  # executed afresh as __main__, as python -m does (runpy warns otherwise)
