@@ -5,8 +5,9 @@ A test's command costs ~7 s of imports (torch, torchvision, timm) on two cores, 
 of them. Here each command runs in a child process forked from a preloaded server (`multiprocessing`'s
 forkserver: a fresh interpreter that imports the modules of `preload()` and runs nothing, so no thread pool is
 forked), with the caller's environment, working directory and argv, stdout and stderr in files, and `runpy`
-executing the module as `__main__` exactly as `python -m` does; its exit status is the process's. What differs
-from a fresh interpreter is only that the preloaded modules are already imported. `run_command` (tests/conftest.py)
+executing the module as `__main__` exactly as `python -m` does (the working directory first on the import path);
+its exit status is the process's. What differs from a fresh interpreter: the preloaded modules are already
+imported, and the import path keeps the server's entries after the working directory. `run_command` (tests/conftest.py)
 takes this path for `[sys.executable, "-m", module, ...]` and a fresh interpreter for anything else, for an
 environment that changes `PYTHONPATH` (the import path is fixed at the server's start) and under
 `VITSINKS_TEST_FRESH=1`; the SLURM jobs always start their own interpreters.
