@@ -194,9 +194,9 @@ def run_command(args: Sequence[str], idle_s: float = 300, **kwargs) -> subproces
     loaded machine: a command that keeps printing progress runs as long as it needs. `python -m` commands run in a
     fork of a preloaded interpreter (tests/preloaded.py), anything else in a fresh process."""
     args = list(args)
-    env = kwargs.get("env") or os.environ
+    env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if (len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and set(kwargs) <= {"env", "cwd"}
-            and env.get("PYTHONPATH") == os.environ.get("PYTHONPATH") and not os.environ.get("VITSINKS_TEST_FRESH")):
+            and preloaded.fits(env) and not os.environ.get("VITSINKS_TEST_FRESH")):
         return _run_preloaded(args, idle_s, dict(env), str(kwargs.get("cwd") or os.getcwd()))
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
     chunks: dict[str, list[bytes]] = {"out": [], "err": []}
@@ -228,14 +228,18 @@ def _run_preloaded(args: list[str], idle_s: float, env: dict[str, str], cwd: str
         paths = Path(tmp) / "stdout", Path(tmp) / "stderr"
         proc = preloaded.start(args[2], args[3:], env, cwd, *paths)
         last, seen = time.monotonic(), (0, 0)
-        while proc.is_alive():
-            proc.join(0.2)
+        while True:
+            with preloaded.lock:
+                if not proc.is_alive():
+                    break
+            time.sleep(0.2)
             sizes = tuple(p.stat().st_size if p.exists() else 0 for p in paths)
             if sizes != seen:
                 last, seen = time.monotonic(), sizes
             elif time.monotonic() - last > idle_s:
-                proc.kill()
-                proc.join()
+                with preloaded.lock:
+                    proc.kill()
+                    proc.join()
                 out, err = (p.read_bytes() if p.exists() else b"" for p in paths)
                 raise subprocess.TimeoutExpired(args, idle_s, out, err)
         out, err = (p.read_bytes().decode(errors="replace") if p.exists() else "" for p in paths)

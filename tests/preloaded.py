@@ -6,18 +6,21 @@ of them. Here each command runs in a child process forked from a preloaded serve
 forkserver: a fresh interpreter that imports the modules of `preload()` and runs nothing, so no thread pool is
 forked), with the caller's environment, working directory and argv, stdout and stderr in files, and `runpy`
 executing the module as `__main__` exactly as `python -m` does (the working directory first on the import path);
-its exit status is the process's. What differs from a fresh interpreter: the preloaded modules are already
-imported, and the import path keeps the server's entries after the working directory. `run_command` (tests/conftest.py)
-takes this path for `[sys.executable, "-m", module, ...]` and a fresh interpreter for anything else, for an
-environment that changes `PYTHONPATH` (the import path is fixed at the server's start) and under
-`VITSINKS_TEST_FRESH=1`; the SLURM jobs always start their own interpreters.
+its exit status is the process's, after its threads are joined and its atexit handlers run. What differs from a
+fresh interpreter: the preloaded modules are already imported, the import path keeps the server's entries after the
+working directory, and the hash seed is the server's (Python's and numpy's global generators are reseeded from
+entropy). `run_command` (tests/conftest.py) takes this path for `[sys.executable, "-m", module, ...]`; anything else,
+an environment that changes a variable read at import time (`IMPORT_TIME`) and `VITSINKS_TEST_FRESH=1` get a fresh
+interpreter, and the SLURM jobs always start their own.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import multiprocessing
 import os
+import random
 import runpy
 import sys
 import threading
@@ -25,8 +28,22 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_lock = threading.Lock()
+import numpy as np
+
+lock = threading.Lock()  # starting and polling children: multiprocessing's bookkeeping is not thread-safe
 _context: multiprocessing.context.ForkServerContext | None = None
+_server_env: dict[str, str] | None = None
+# variables read at import time (the interpreter's, OpenMP's, torch's, timm's): fixed when the server starts
+IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "TIMM_")
+
+
+def _import_time(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+
+
+def fits(env: Mapping[str, str]) -> bool:
+    """A command with environment `env` can run in the server: its import-time variables are the server's."""
+    return _import_time(env) == _import_time(os.environ if _server_env is None else _server_env)
 
 
 def preload() -> list[str]:
@@ -52,8 +69,12 @@ def _serve(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, o
     os.chdir(cwd)
     sys.path.insert(0, cwd)  # python -m puts the working directory first on the import path
     sys.argv = [module, *argv]
-    for name in (module, module + ".__main__"):
-        sys.modules.pop(name, None)  # executed afresh as __main__, as python -m does (runpy warns otherwise)
+    multiprocessing.set_start_method(None, force=True)  # the platform's default for its own children, not ours
+    random.seed()
+    np.random.seed()  # a fresh interpreter's global generators start from entropy (torch's from its fixed seed)
+    spec = importlib.util.find_spec(module)
+    package = spec is not None and spec.submodule_search_locations is not None
+    sys.modules.pop(module + ".__main__" if package else module, None)  # run afresh as __main__, as python -m does
     code: int = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -68,8 +89,9 @@ def _serve(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, o
     except BaseException:  # noqa: BLE001 - an uncaught exception is a traceback and status 1, as in python -m
         traceback.print_exc()
         code = 1
-    try:
-        atexit._run_exitfuncs()  # what the interpreter does at exit; multiprocessing's children skip it
+    try:  # what the interpreter does at exit (multiprocessing's children skip it): join threads, then atexit
+        threading._shutdown()
+        atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -82,10 +104,11 @@ def _serve(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, o
 def start(module: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, out: Path,
           err: Path) -> multiprocessing.process.BaseProcess:
     """Start `python -m module argv...` in a fork of the preloaded server (started on first use)."""
-    global _context
-    with _lock:
+    global _context, _server_env
+    with lock:
         if _context is None:
             _context = multiprocessing.get_context("forkserver")
+            _server_env = dict(os.environ)
             _context.set_forkserver_preload(preload())
         proc = _context.Process(target=_serve, args=(module, list(argv), dict(env), cwd, str(out), str(err)))
         proc.start()
