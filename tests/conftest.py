@@ -49,9 +49,6 @@ def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
-_SINKTASK_RUNS: dict[tuple[str, ...], Path] = {}
-
-
 @pytest.fixture(scope="session")
 def sinktask_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`sinktask_run(into, exp, task, *overrides, name=...)`: a copy, at `into/name`, of a run of the ViT sink task
@@ -59,17 +56,17 @@ def sinktask_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
     that use the same run share its training; each gets its own copy to write into)."""
     from vitsinks.train.trainer import Trainer
 
-    cache = tmp_path_factory.mktemp("sinktask_cache")
+    cache, trained = tmp_path_factory.mktemp("sinktask_cache"), {}
 
     def get(into: Path, exp: str, task: str, *overrides: str, name: str | None = None) -> Path:
         key = (exp, task, *overrides)
-        if key not in _SINKTASK_RUNS:
+        if key not in trained:
             cfg = load_config([f"exp={exp}", f"data=sinktask_{task}", f"runs_dir={cache}",
-                               f"name=run{len(_SINKTASK_RUNS)}", "wandb.mode=disabled", "diagnostics.plots=false",
+                               f"name=run{len(trained)}", "wandb.mode=disabled", "diagnostics.plots=false",
                                "seed=0", *overrides])
-            _SINKTASK_RUNS[key] = Path(Trainer(cfg).fit()["run_dir"])
+            trained[key] = Path(Trainer(cfg).fit()["run_dir"])
         dest = Path(into) / (name or exp)
-        shutil.copytree(_SINKTASK_RUNS[key], dest)
+        shutil.copytree(trained[key], dest)
         return dest
 
     return get
