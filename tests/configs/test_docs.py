@@ -92,12 +92,20 @@ def test_every_field_and_command_has_a_row(page: str) -> None:
 
 def test_every_leaderboard_column_is_explained() -> None:
     """docs/evaluation.md's column table names every registered leaderboard column by its CSV key (the dense and
-    Definition-1 families by their pattern)."""
+    Definition-1 families by their pattern), in a line that starts with the table the leaderboard shows it in."""
     from vitsinks.report.collect import columns
+    from vitsinks.utils.results import Column
 
     text = (PAGE.parent / "evaluation.md").read_text()
     patterns = {"dense_": ("`dense_<data>`", "`dense_<data>_kempner`", "`dense_<data>_kempner_cached`"),
                 "def1_": ("`def1_<eps>`",)}
-    missing = [c.key for c in columns() if f"`{c.key}`" not in text
-               and not any(c.key.startswith(p) and all(f in text for f in forms) for p, forms in patterns.items())]
+    rows = [r for r in text.splitlines() if r.startswith("| ")]
+
+    def line(c: Column) -> str | None:
+        forms = next((f for p, f in patterns.items() if c.key.startswith(p)), (f"`{c.key}`",))
+        return next((r for r in rows if forms[0] in r), None) if all(f in text for f in forms) else None
+
+    missing = [c.key for c in columns() if line(c) is None]
     assert not missing, f"leaderboard columns without a line in docs/evaluation.md: {missing}"
+    misplaced = [c.key for c in columns() if line(c).split("|")[1].strip() != c.table]
+    assert not misplaced, f"docs/evaluation.md names another leaderboard table for: {misplaced}"

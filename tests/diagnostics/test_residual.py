@@ -36,9 +36,10 @@ PLANTS = {0: (5, 3.0), 5: (5, 7.0), 6: (5, 15.0), 9: (17, 30.0)}
 EXPECTED = {"2.0": (4, 1), "5.0": (3, 0), "10.0": (2, 0), "20.0": (1, 0)}  # k -> (per image, of them on [CLS])
 
 
-def planted(sink: int, images: int = 2) -> tuple[list[nn.Module], torch.Tensor]:
-    """tiny_vit's two blocks made (almost) the identity on unit-norm tokens, with `PLANTS` added to block 1's MLP
-    output by a hook; block 1's three heads send every query to token `sink` (a sink event per head and image)."""
+def planted(sink: int, images: int = 2, plant_at: int = 1) -> tuple[list[nn.Module], torch.Tensor]:
+    """tiny_vit's two blocks made (almost) the identity on unit-norm tokens, with `PLANTS` added to block
+    `plant_at`'s MLP output by a hook; block 1's three heads send every query to token `sink` (a sink event per head
+    and image) whatever the plants (its queries and keys read channels 0 and 1 only)."""
     torch.manual_seed(0)
     blocks = list(tiny_vit().blocks)
     with torch.no_grad():
@@ -63,7 +64,7 @@ def planted(sink: int, images: int = 2) -> tuple[list[nn.Module], torch.Tensor]:
             out[:, t, c] += v
         return out
 
-    b1.mlp.register_forward_hook(plant)
+    blocks[plant_at].mlp.register_forward_hook(plant)
     g = torch.Generator().manual_seed(1)
     x = (torch.randint(0, 2, (images, N, D), generator=g) * 2 - 1).float()
     x[..., 0] = 1
@@ -74,8 +75,8 @@ def planted(sink: int, images: int = 2) -> tuple[list[nn.Module], torch.Tensor]:
     return blocks, x * A
 
 
-def diagnosed(sink: int, **kw: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    blocks, x = planted(sink)
+def diagnosed(sink: int, plant_at: int = 1, **kw: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    blocks, x = planted(sink, plant_at=plant_at)
     d = diagnose_tokens(blocks, x, keep_maps=1)
     d.update(spectrum(blocks), num_registers=np.array(0), num_prefix=np.array(1), grid=np.array([4, 4]))
     return d, summarize(d, **kw)
@@ -95,7 +96,7 @@ def test_planted_high_norm_tokens_at_block_1_with_counts_locations_and_top_activ
         assert h["location_by_block"]["cls"] == [0, on_cls]
         assert h["location_by_block"]["patch"] == [0, per_image - on_cls]
         assert h["location_by_block"]["register"] == [0, 0]
-        assert h["sink_share_by_block"][0] is None  # no high-norm token at block 0
+        assert h["sink_share_by_block"] == [None, None]  # made by block 1's MLP: no block's attention sees them
     top = r["top_activations"]
     np.testing.assert_allclose(top["top_by_block"][1], [A + 30, A + 15, A + 7], rtol=1e-5)
     np.testing.assert_allclose(top["median_by_block"], [A, A], rtol=1e-4)
@@ -107,12 +108,18 @@ def test_planted_high_norm_tokens_at_block_1_with_counts_locations_and_top_activ
 
 
 def test_sink_share_is_one_when_the_high_norm_token_is_the_sink_and_zero_when_it_is_not() -> None:
-    d, s = diagnosed(sink=9)
+    """Planted by block 0's MLP, the high-norm tokens enter block 1, whose attention sees them: the share is read
+    there; block 0 is entered by unit-norm tokens only (no share)."""
+    d, s = diagnosed(sink=9, plant_at=0)
     assert (d["sink_idx"][:, 1] == 9).all() and (d["routed_frac"][:, 1] >= 0.9).all()  # the planted sink heads
-    share = {k: v["sink_share_by_block"][1] for k, v in s["residual"]["high_norm"].items()}
+    np.testing.assert_allclose(d["res_norm_in"], 1, rtol=1e-5)  # the tokens entering block 0
+    high = s["residual"]["high_norm"]
+    assert all(v["sink_share_by_block"][0] is None for v in high.values())
+    assert {k: v["per_image_by_block"] for k, v in high.items()} == {k: [n, n] for k, (n, _) in EXPECTED.items()}
     # token 9 is the only sink: it is 1 of the 1, 2, 3, 4 high-norm tokens at k = 20, 10, 5, 2
+    share = {k: v["sink_share_by_block"][1] for k, v in high.items()}
     assert share == pytest.approx({"20.0": 1.0, "10.0": 0.5, "5.0": 1 / 3, "2.0": 0.25}, abs=1e-6)
-    d, s = diagnosed(sink=3)  # an ordinary patch is the sink: none of the high-norm tokens is
+    d, s = diagnosed(sink=3, plant_at=0)  # an ordinary patch is the sink: none of the high-norm tokens is
     assert (d["sink_idx"][:, 1] == 3).all() and (d["routed_frac"][:, 1] >= 0.9).all()
     assert all(v["sink_share_by_block"][1] == 0.0 for v in s["residual"]["high_norm"].values())
     assert DiagnosticsSummary.from_json(s).residual == s["residual"]
@@ -175,9 +182,12 @@ def test_leaderboard_columns_and_residual_off(tmp_path) -> None:
     path.write_text(json.dumps(s))
     row = DiagnosticsSummary.collect(run)
     assert {"high_norm", "high_norm_sinks", "top_act"} <= {c.key for c in DiagnosticsSummary.columns()}
-    # k = 10: 2 tokens per image at block 1 (its most frequent block), half of them (token 9) the sink
-    assert row["high_norm"] == 2 and row["high_norm_sinks"] == 0.5
+    # k = 10: 2 tokens per image at block 1's output; no block's attention sees them: no share
+    assert row["high_norm"] == 2 and math.isnan(row["high_norm_sinks"])
     assert row["top_act"] == pytest.approx((A + 30) / A, rel=1e-4)
+    path.write_text(json.dumps(diagnosed(sink=9, plant_at=0)[1]))  # made by block 0: they enter block 1
+    row = DiagnosticsSummary.collect(run)
+    assert row["high_norm"] == 2 and row["high_norm_sinks"] == 0.5  # half of them (token 9) block 1's sink
     _, off = diagnosed(sink=9, residual=False)
     assert "residual" not in off and DiagnosticsSummary.from_json(off).residual is None
     path.write_text(json.dumps(off))
@@ -192,7 +202,7 @@ def test_plots_draw_the_summary(figures, tmp_path, monkeypatch) -> None:
     for name in ("attention_maps", "nop_broadcast_scatter", "sink_heatmap", "location_by_block",
                  "massive_activations"):  # not what this test is about
         monkeypatch.setattr(plots, name, lambda *a, **k: tmp_path / "other.png")
-    d, s = diagnosed(sink=9)
+    d, s = diagnosed(sink=9, plant_at=0)  # high-norm tokens at both blocks' outputs, entering block 1
     paths = all_plots(d, s, np.zeros((1, 32, 32, 3), np.uint8), tmp_path)
     assert [p.name for p in paths] == ["other.png"] * 5 + ["residual_norms.png", "high_norm_tokens.png"]
     r = s["residual"]
@@ -205,8 +215,9 @@ def test_plots_draw_the_summary(figures, tmp_path, monkeypatch) -> None:
     assert [ln.get_ydata().tolist() for ln in quant.lines] == [r["norm_quantiles_by_block"][q]
                                                                for q in ("q50", "q90", "q99", "max")]
     counts_ax, share_ax, top_ax = figures[1].axes
-    assert [ln.get_ydata().tolist() for ln in counts_ax.lines] == [[0, 4], [0, 3], [0, 2], [0, 1]]
-    assert share_ax.lines[0].get_ydata()[1] == pytest.approx(0.25)  # k = 2: token 9 is 1 of the 4
+    assert [ln.get_ydata().tolist() for ln in counts_ax.lines] == [[4, 4], [3, 3], [2, 2], [1, 1]]
+    share = share_ax.lines[0].get_ydata()  # k = 2: none enters block 0; token 9 is 1 of the 4 entering block 1
+    assert math.isnan(share[0]) and share[1] == pytest.approx(0.25)
     assert top_ax.lines[0].get_ydata().tolist() == r["top_activations"]["ratio_by_block"]
     off = {k: v for k, v in s.items() if k != "residual"}
     assert [p.name for p in all_plots(d, off, np.zeros((1, 32, 32, 3), np.uint8), tmp_path)] == ["other.png"] * 5

@@ -73,6 +73,22 @@ def test_layers_are_keyed_by_their_path_in_the_block() -> None:
     assert {k for k in keys if k.startswith("pathway.")} == {"pathway.inp", "pathway.out"}
 
 
+def test_a_constant_input_has_no_kurtosis_and_is_no_error() -> None:
+    """The global pathway with `state_dim=1`: `pathway.out` reads one number per image (constant on each image):
+    no kurtosis there (None), every other statistic as usual; the largest kurtosis is over the defined ones."""
+    torch.manual_seed(0)
+    model = tiny_vit(global_pathway={"enabled": True, "state_dim": 1}).eval()
+    images = torch.randn(3, 3, 32, 32)
+    stats = linear_input_stats(model, images)
+    assert stats["kurtosis"]["pathway.out"] == [None] * len(model.blocks)
+    assert all(v is not None and v > 0 for v in stats["inf_norm"]["pathway.out"])
+    seen = _captured(model, images)
+    want = np.mean([_kurtosis64(x) for x in np.concatenate(seen["0:pathway.inp"])])
+    assert stats["kurtosis"]["pathway.inp"][0] == pytest.approx(want, rel=1e-9)
+    defined = [v for k, layer in stats["kurtosis"].items() for v in layer if k != "pathway.out"]
+    assert stat_max(stats, "kurtosis") == max(defined)
+
+
 def test_a_non_finite_input_is_an_error_not_a_statistic() -> None:
     model = tiny_vit().eval()
     with torch.no_grad():

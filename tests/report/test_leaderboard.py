@@ -19,9 +19,11 @@ from tests.conftest import bar_heights, run_command, run_commands
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import rule_record
+from vitsinks.quant.results import QuantResult
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
 from vitsinks.report.collect import quality as quality_columns
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
 
 # (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
@@ -76,7 +78,8 @@ def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures
     out = tmp_path / "lb"
     table = build(make_runs(tmp_path / "runs"), out)
     md = (out / "leaderboard.md").read_text()
-    assert "| gate+reg | 2 | - | 61.00 ± 1.41 | 71.00 ± 1.41 | 32.00 ± 2.83 |" in md and "**" not in md
+    assert "| gate+reg | 2 | 61.00 ± 1.41 | 71.00 ± 1.41 | 32.00 ± 2.83 |" in md and "**" not in md
+    assert "| gate+reg | 2 | - | 2.00 ± 1.41 | 0.00 ± 0.00 |" in md  # sinks table: where the strongest sits, counts
     assert ("Nothing is marked in online probe top-1, linear top-1, synthetic mIoU (DINOv2-style probe): some "
             "variant has fewer than 3") in md
     assert "| base | 69.37 | 16.59 | 43.81 |" in md  # reference quality numbers, separate block
@@ -112,8 +115,8 @@ def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}"]
     dom = run_command([browser, *flags, "--dump-dom", (out / "leaderboard.html").as_uri()]).stdout
-    assert '<table id="leaderboard">' in dom and "<td>gate+reg</td>" in dom
-    assert "<td>gate+reg</td><td>2</td><td>-</td><td class=\"\">61.00 ± 1.41</td>" in dom  # 2 seeds: no mark
+    assert '<table id="leaderboard-quality">' in dom and '<table id="leaderboard-sinks">' in dom
+    assert "<td>gate+reg</td><td>2</td><td class=\"\">61.00 ± 1.41</td>" in dom  # 2 seeds: no mark
     assert "Nothing is marked in online probe top-1" in dom
     shot = tmp_path / "shot.png"
     subprocess.run([browser, *flags, "--window-size=1200,900", f"--screenshot={shot}",
@@ -203,11 +206,38 @@ def test_three_separated_seeds_are_marked_in_every_output(tmp_path: Path, figure
     out = tmp_path / "lb"
     build(make_runs(tmp_path / "runs", runs), out)
     md = (out / "leaderboard.md").read_text()
-    assert "| gate | 3 | - | 50.00 ± 1.00 | **71.00 ± 1.00** | 20.00 ± 0.00 |" in md  # online: inside the spread
+    assert "| gate | 3 | 50.00 ± 1.00 | **71.00 ± 1.00** | 20.00 ± 0.00 |" in md  # online: inside the spread
     assert "two-sided Welch t-test (unequal variances), p < 0.05 in each comparison, with >= 3 seeds" in md
     assert '<td class="best">71.00 ± 1.00</td>' in (out / "leaderboard.html").read_text()
     stars = [t for t in figures[-1].axes[0].texts if t.get_text() == "*"]
     assert len(stars) == 1 and "Welch" in figures[-1].get_supxlabel()
+
+
+def test_one_table_per_section_every_column_once(tmp_path: Path) -> None:
+    """The Markdown shows each shown column in exactly one table, the one its `Column.table` names, the tables in
+    SECTIONS order and each with every variant; a column naming no table is refused when it is made."""
+    runs = make_runs(tmp_path / "runs")
+    quant = QuantResult(checkpoint="last.pt", weight_bits=8, act_bits=8, calib_images=4, n_images=4,
+                        by_block={"kurtosis": {"fc1": [3.0]}, "inf_norm": {"fc1": [2.0]}}, feature_cosine=0.999,
+                        feature_cosine_by_block=[0.999], online_top1=None, linear_top1=None, dense={})
+    run_dirs(runs)[0].result("quant").write_text(json.dumps(quant.to_json()))
+    table = build(runs, tmp_path / "lb")
+    md = (tmp_path / "lb" / "leaderboard.md").read_text().split("## Reference numbers")[0]
+    found: dict[str, list[str]] = {}  # section title -> its table's header labels
+    for block in md.split("\n## ")[1:]:
+        title, _, body = block.partition("\n")
+        lines = [r for r in body.splitlines() if r.startswith("| ")]
+        found[title] = [h.strip() for h in lines[0].strip("|").split(" | ")]
+        assert [r.split(" | ")[0].lstrip("| ") for r in lines[1:]] == [t["variant"] for t in table]
+    shown = [c for c in columns(set(table[0])) if any(not math.isnan(t[c.key][0]) for t in table)]
+    assert list(found) == [SECTIONS[k] for k in SECTIONS if any(c.table == k for c in shown)]
+    assert {"Quality", "Quantization (W8A8)", "Sinks per image", "Residual stream"} <= set(found)
+    for key, title in SECTIONS.items():
+        want = [c.label.replace("|", "\\|") for c in shown if c.table == key]
+        lead = ["variant", "seeds", *(["strongest sink at"] if key == "sinks" else [])]
+        assert found.get(title, lead) == lead + want
+    with pytest.raises(ValueError, match="no leaderboard table 'tables'"):
+        Column("x", "x", "quality", section="tables")
 
 
 @pytest.mark.slow

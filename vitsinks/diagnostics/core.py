@@ -61,7 +61,8 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
 
     The residual side (docs/residual.md, `residual.block_stats` of each block's output): `res_norm` (B, L, N) every
     token's norm, `res_top` (B, L, TOP) the largest |h| over tokens x channels, `res_abs_median` (B, L) the median
-    |h|, `res_top_channel` / `res_top_token` (B, L) where the largest sits.
+    |h|, `res_top_channel` / `res_top_token` (B, L) where the largest sits; `res_norm_in` (B, N) every token's norm
+    entering block 0 (what block 0's attention sees, as block b - 1's output is what block b's sees).
 
     With `neurons` (a `NeuronCollector` of the same blocks), the register neurons' activations are collected from
     the same forward pass.
@@ -73,6 +74,7 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     update: dict[str, list[torch.Tensor]] = {}
     mitigations = diagnosed_mitigations(blocks)
     outs: list[torch.Tensor] = []
+    norm_in = x.float().norm(dim=-1)
     for blk in blocks:
         with neurons.recording() if neurons is not None else nullcontext():
             ref = blk(x, is_causal=True) if causal else blk(x)
@@ -108,6 +110,7 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
         token_norm_max=tmax.cpu().numpy(), token_norm_median=tmed.cpu().numpy(),
         massive_ratio=(tmax / tmed.clamp_min(1e-12)).cpu().numpy(),
         massive_token=torch.stack(norms_arg, 1).cpu().numpy(), recompute_error=np.array(errors),
+        res_norm_in=norm_in.cpu().numpy(),
     )
     if keep_maps:
         result["attn_col_mean"] = torch.stack(maps, 1).cpu().numpy()

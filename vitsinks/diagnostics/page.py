@@ -286,8 +286,8 @@ def _residual_html(res: dict[str, Any]) -> str:
             num(e["per_image_by_block"][b]), " / ".join(num(e["location_by_block"][loc][b]) for loc in LOCATIONS),
             num(e["sink_share_by_block"][b])))] for b in range(blocks)]
         parts.append("<h3>high-norm tokens per block: norm above k x the median norm of their image and block "
-                     "(&gt; kx); how many per image, where they sit (per image), the share of them that are a sink "
-                     "of the same block</h3>"
+                     "(&gt; kx) at its output: how many per image, where they sit (per image); sink share: of those "
+                     "entering the block (the previous block's output), the share that are its sinks</h3>"
                      f"{table(head, rows, 'high-norm')}")
     if "register_neurons" in res:
         rows = [[num(b), ", ".join(f"{num(u)} ({num(s)})" for u, s in zip(e["units"], e["scores"], strict=True)),

@@ -169,8 +169,8 @@ def residual_norms(summary: dict[str, Any], path: Path) -> Path:
 
 
 def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
-    """Per block: high-norm tokens per image at each threshold k (norm > k x the image's median), the share of
-    them that are attention sinks of the same block, and the largest activation / median |h|."""
+    """Per block: high-norm tokens per image at each threshold k (norm > k x the image's median) at its output, the
+    share of those entering it that are its attention sinks, and the largest activation / median |h|."""
     r = summary["residual"]
     high, top = r["high_norm"], r["top_activations"]
     L = len(top["ratio_by_block"])
@@ -187,7 +187,7 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
     if not most:
         axes[1].text(0.5, 0.5, "no high-norm tokens", ha="center", transform=axes[1].transAxes)
     axes[1].set_ylabel("share that are sinks of the block")
-    axes[1].set_title("high-norm tokens that are attention sinks", fontsize=9)
+    axes[1].set_title("high-norm tokens entering the block that are its sinks", fontsize=9)
     ratio = [np.inf if x is None else x for x in top["ratio_by_block"]]
     axes[2].plot(range(L), ratio, "s-", color="tab:red")
     for b, (x, loc, ch) in enumerate(zip(ratio, top["location_by_block"], top["channel_by_block"], strict=True)):

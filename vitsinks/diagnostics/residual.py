@@ -97,17 +97,28 @@ def high_norm(norms: np.ndarray, k: float, name: str = "diagnostics.high_norm_k"
     return finite_norms(norms) > k * np.median(norms, axis=-1, keepdims=True)
 
 
+def entering_norms(norms: np.ndarray, norm_in: np.ndarray | None) -> np.ndarray:
+    """(images, L, N): the norm of every token entering block b, i.e. block b - 1's output (`norms`), and for block
+    0 the embedded tokens' (`norm_in`, (images, N); NaN there when the diagnosis did not keep them)."""
+    first = np.full_like(norms[:, :1], np.nan) if norm_in is None else norm_in[:, None].astype(norms.dtype)
+    return np.concatenate([first, norms[:, :-1]], axis=1)
+
+
 def high_norm_stats(norms: np.ndarray, k: float, token_loc: np.ndarray, is_sink: np.ndarray,
-                    n_locations: int = 3) -> dict[str, np.ndarray]:
-    """Per block at threshold `k`: `per_image` (L,) high-norm tokens per image; `by_location` (n_locations, L) the
-    same split by the location code of each token (`token_loc`, (N,)); `sink_share` (L,) the share of the high-norm
-    tokens that are sinks of the same block (`is_sink`, see `sink_tokens`), NaN at a block without any."""
+                    entering: np.ndarray, n_locations: int = 3) -> dict[str, np.ndarray]:
+    """Per block at threshold `k`: `per_image` (L,) high-norm tokens of the block's output (`norms`) per image;
+    `by_location` (n_locations, L) the same split by the location code of each token (`token_loc`, (N,));
+    `sink_share` (L,) the share of the tokens that *enter* the block high-norm (`entering`, see `entering_norms`)
+    that are sinks of the block (`is_sink`, see `sink_tokens`): its attention sees them, not its own output. NaN at
+    a block no high-norm token enters (or whose entering norms are NaN)."""
     hi = high_norm(norms, k)
     n_img = norms.shape[0]
     per_loc = np.stack([hi[..., token_loc == c].sum(axis=(0, 2)) / n_img for c in range(n_locations)])
-    total = hi.sum(axis=(0, 2))
-    share = np.where(total > 0, (hi & is_sink).sum(axis=(0, 2)) / np.maximum(total, 1), np.nan)
-    return {"per_image": total / n_img, "by_location": per_loc, "sink_share": share}
+    known = ~np.isnan(entering).any(axis=(0, 2))
+    hi_in = high_norm(np.nan_to_num(entering, nan=0.0), k) & known[None, :, None]
+    total_in = hi_in.sum(axis=(0, 2))
+    share = np.where(total_in > 0, (hi_in & is_sink).sum(axis=(0, 2)) / np.maximum(total_in, 1), np.nan)
+    return {"per_image": hi.sum(axis=(0, 2)) / n_img, "by_location": per_loc, "sink_share": share}
 
 
 def top_activation_stats(top: np.ndarray, abs_median: np.ndarray, channel: np.ndarray,

@@ -15,6 +15,7 @@ import numpy as np
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.residual import (
     check_ks,
+    entering_norms,
     high_norm_stats,
     k_key,
     norm_histogram,
@@ -186,17 +187,18 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
                       high_norm_k: Sequence[float] = tuple(DiagnosticsConfig().high_norm_k)) -> dict[str, Any]:
     """summary.json's `residual` (docs/residual.md) from a diagnosis' `res_*` arrays: per block the token-norm
     quantiles and histogram, the high-norm tokens at each threshold of `high_norm_k` (x the median norm of their
-    image and block: per image, by location, the share that are sinks of the same block under `rules`) and the
-    largest activation magnitudes against the median."""
+    image and block: per image and by location at the block's output; the share of those entering a block that are
+    its sinks under `rules`) and the largest activation magnitudes against the median."""
     rules = rules or SinkRules()
     norms = d["res_norm"].astype(np.float64)  # float32 rounds to noisy decimals in JSON
     n_reg = int(d["num_registers"])
     token_loc = token_location(np.arange(norms.shape[2]), n_reg)
     is_sink = sink_tokens(d["sink_idx"], rules.events(d), norms.shape[2])
+    entering = entering_norms(norms, d["res_norm_in"].astype(np.float64) if "res_norm_in" in d else None)
     edges, counts = norm_histogram(norms)
     high = {}
     for k in check_ks(high_norm_k):
-        hn = high_norm_stats(norms, k, token_loc, is_sink, len(LOCATIONS))
+        hn = high_norm_stats(norms, k, token_loc, is_sink, entering, len(LOCATIONS))
         high[k_key(k)] = {
             "per_image_by_block": [_fmt(x) for x in hn["per_image"]],
             "location_by_block": {name: [_fmt(x) for x in hn["by_location"][i]] for i, name in enumerate(LOCATIONS)},
@@ -335,12 +337,12 @@ class DiagnosticsSummary(Result):
 
     @classmethod
     def columns(cls) -> list[Column]:
-        return [*(Column(k, label, "mechanism") for k, label, _, _ in _SPI),
-                *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism") for e in DEF1_EPS),
+        return [*(Column(k, label, "mechanism", section="sinks") for k, label, _, _ in _SPI),
+                *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism", section="sinks") for e in DEF1_EPS),
                 *(Column(k, label, "mechanism") for k, label in _STRONGEST),
-                Column("massive", "max / median token norm", "mechanism"),
+                Column("massive", "max / median token norm", "mechanism", section="residual"),
                 Column("common_mode", "attn. common-mode share", "mechanism"),
-                *(Column(k, label, "mechanism", fmt) for k, label, fmt in _RESIDUAL)]
+                *(Column(k, label, "mechanism", fmt, section="residual") for k, label, fmt in _RESIDUAL)]
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
@@ -369,17 +371,18 @@ class DiagnosticsSummary(Result):
 
 def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
     """The residual leaderboard columns of summary.json's `residual` (None: NaN): the high-norm tokens per image at
-    `HIGH_NORM_COLUMN_K` in the block where they are most frequent, the share of those that are sinks of that
-    block, and the largest top-1 / median activation ratio over blocks."""
+    `HIGH_NORM_COLUMN_K` at the block output where they are most frequent; the sink share at the block the most
+    high-norm tokens enter (block b + 1 for the output b of most of blocks 0..L-2; a one-block model: block 0,
+    entered by the embedded tokens); the largest top-1 / median activation ratio over blocks."""
     out = {k: math.nan for k, _, _ in _RESIDUAL}
     if not r:
         return out
     high = r.get("high_norm", {}).get(k_key(HIGH_NORM_COLUMN_K))
     if high:
         per_image = high["per_image_by_block"]
-        b = int(np.argmax(per_image))
-        share = high["sink_share_by_block"][b]
-        out.update(high_norm=float(per_image[b]), high_norm_sinks=math.nan if share is None else float(share))
+        entered = 1 + int(np.argmax(per_image[:-1])) if len(per_image) > 1 else 0
+        share = high["sink_share_by_block"][entered]
+        out.update(high_norm=float(max(per_image)), high_norm_sinks=math.nan if share is None else float(share))
     ratios = [math.inf if x is None else x for x in r.get("top_activations", {}).get("ratio_by_block", [])]
     if ratios:
         out["top_act"] = float(max(ratios))

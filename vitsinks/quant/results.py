@@ -55,19 +55,21 @@ class QuantResult(Result):
 
     @classmethod
     def columns(cls) -> list[Column]:
+        q = "quantization"  # the leaderboard table of all six
         return [
-            Column("w8a8_cos_err", "W8A8 1 - feature cosine", "quality", fmt="g", higher_is_better=False,
+            Column("w8a8_cos_err", "W8A8 1 - feature cosine", "quality", fmt="g", higher_is_better=False, section=q,
                    doc="1 - the cosine of the W8A8 model's final tokens to the float model's (mean over tokens and "
                        "images): 0 is lossless; shown with significant digits, a cosine of 0.9999 reads 1e-04"),
-            Column("w8a8_d_linear", "W8A8 change of linear top-1", "quality", higher_is_better=True,
+            Column("w8a8_d_linear", "W8A8 change of linear top-1", "quality", higher_is_better=True, section=q,
                    doc="linear-probe top-1 of the W8A8 model minus the float model's, in points"),
-            Column("w8a8_d_online", "W8A8 change of online top-1", "quality", higher_is_better=True,
+            Column("w8a8_d_online", "W8A8 change of online top-1", "quality", higher_is_better=True, section=q,
                    doc="online-probe top-1 on the W8A8 model's features minus on the float model's, in points"),
-            Column("w8a8_d_dense", "W8A8 change of mIoU", "quality", higher_is_better=True,
+            Column("w8a8_d_dense", "W8A8 change of mIoU", "quality", higher_is_better=True, section=q,
                    doc="the first dense result's mIoU (W8A8 minus float), in points"),
-            Column("kurtosis_max", "max kurtosis (linear inputs)", "mechanism", fmt="g",
-                   doc="the largest per-image kurtosis of a block linear layer's input, over blocks and layers"),
-            Column("inf_norm_max", "max |x| (linear inputs)", "mechanism", fmt="g",
+            Column("kurtosis_max", "max kurtosis (linear inputs)", "mechanism", fmt="g", section=q,
+                   doc="the largest, over blocks and layers, of a block linear layer's input kurtosis (per image, "
+                       "then the mean over images)"),
+            Column("inf_norm_max", "max |x| (linear inputs)", "mechanism", fmt="g", section=q,
                    doc="the largest |x| entering a block linear layer, over blocks and layers"),
         ]
 

@@ -2,7 +2,9 @@
 
 Per block and layer, over `images`:
 - `kurtosis`: per image, the Pearson kurtosis of all N x C entries of the layer's input (tokens x channels,
-  flattened), `E[(x - mu)^4] / sigma^4` with population moments (a Gaussian has 3), then the mean over images;
+  flattened), `E[(x - mu)^4] / sigma^4` with population moments (a Gaussian has 3), then the mean over the images
+  where it is defined (not constant; e.g. the global pathway's `pathway.out` with `state_dim=1` reads one number
+  per image): None for a layer whose input is constant on every image;
 - `inf_norm`: `max |x|` over tokens, channels and images (the range a static per-tensor quantiser must cover).
 
 The layers are every `nn.Linear` inside a block (`attn.qkv`, `attn.proj`, `mlp.fc1`, `mlp.fc2`, and the gate's or
@@ -51,10 +53,12 @@ def pearson_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Recorder:
-    """Forward pre-hooks on layers accumulating the sum of per-image kurtoses, the image count and max |x|."""
+    """Forward pre-hooks on layers accumulating the sum and count of the defined per-image kurtoses, the image count
+    and max |x|."""
 
     def __init__(self, layers: dict[str, nn.Linear], kurtosis: bool) -> None:
         self.kurt_sum = dict.fromkeys(layers, 0.0)
+        self.kurt_count = dict.fromkeys(layers, 0)
         self.count = dict.fromkeys(layers, 0)
         self.inf = dict.fromkeys(layers, 0.0)
         self.bad: set[str] = set()
@@ -68,8 +72,11 @@ class _Recorder:
             if not math.isfinite(top):  # max() would drop a NaN
                 self.bad.add(name)
             self.inf[name] = max(self.inf[name], top)
-            if self.kurtosis:
-                self.kurt_sum[name] += float(pearson_kurtosis(x).sum())
+            if self.kurtosis:  # NaN only for a constant image here: a NaN or inf input is caught by `top`
+                k = pearson_kurtosis(x)
+                k = k[torch.isfinite(k)]
+                self.kurt_sum[name] += float(k.sum())
+                self.kurt_count[name] += k.numel()
             self.count[name] += x.shape[0]
         return hook
 
@@ -80,10 +87,11 @@ class _Recorder:
 
 @torch.no_grad()
 def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
-                 kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-    """(max |x|, mean per-image kurtosis (empty without `kurtosis`)) of the input of every block linear layer by
-    its module path (`layer_paths`), over `images` run through `model` in batches on the model's device.
-    A layer the forward never reached, or a non-finite number, is a `NonFinite` error."""
+                 kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float | None]]:
+    """(max |x|, mean per-image kurtosis (empty without `kurtosis`; None for a layer whose input is constant on
+    every image)) of the input of every block linear layer by its module path (`layer_paths`), over `images` run
+    through `model` in batches on the model's device. A layer the forward never reached, or a non-finite input, is
+    a `NonFinite` error."""
     layers = layer_paths(model)
     rec = _Recorder(layers, kurtosis)
     try:
@@ -95,18 +103,19 @@ def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
     missing = [n for n, c in rec.count.items() if c == 0]
     if missing:
         raise NonFinite(f"the forward pass never reached the linear layers {', '.join(missing)}: no statistics")
-    kurt = {n: rec.kurt_sum[n] / rec.count[n] for n in layers} if kurtosis else {}
-    bad = [n for n in layers if n in rec.bad or (kurtosis and not math.isfinite(kurt[n]))]
+    bad = [n for n in layers if n in rec.bad]
     if bad:
-        raise NonFinite(f"non-finite inputs (or a constant input, whose kurtosis is undefined) of the linear layers "
-                        f"{', '.join(bad)}: the model diverged or its weights are broken; nothing was written")
+        raise NonFinite(f"non-finite inputs of the linear layers {', '.join(bad)}: the model diverged or its weights "
+                        f"are broken; nothing was written")
+    kurt = {n: rec.kurt_sum[n] / rec.kurt_count[n] if rec.kurt_count[n] else None for n in layers} if kurtosis else {}
     return rec.inf, kurt
 
 
 def linear_input_stats(model: SinkViT, images: torch.Tensor,
                        batch_size: int = 64) -> dict[str, dict[str, list[float | None]]]:
     """`{"kurtosis": {key: [L]}, "inf_norm": {key: [L]}}`: the statistics (module docstring) of every block
-    linear layer's input over `images`, per layer key and block (None in a block without that layer)."""
+    linear layer's input over `images`, per layer key and block (None in a block without that layer, and a kurtosis
+    of None where the input is constant on every image)."""
     inf, kurt = input_maxima(model, images, batch_size, kurtosis=True)
     per_block = block_layers(model)
     keys = list(dict.fromkeys(k for blk in per_block for k in blk))

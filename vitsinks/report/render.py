@@ -11,7 +11,7 @@ from typing import Any
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import describe_rule, rule_record
 from vitsinks.report.collect import columns, quality
-from vitsinks.utils.results import Column
+from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
 from vitsinks.utils.tables import html_table, markdown_table, write_csv
 
@@ -142,20 +142,33 @@ def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
     return [c for c in table_columns(table) if any(not math.isnan(t[c.key][0]) for t in table)]
 
 
-HEAD = ["variant", "seeds", "strongest sink at"]
+def sections(table: list[dict[str, Any]]) -> list[tuple[str, str, list[Column]]]:
+    """The leaderboard's tables (SECTIONS order, empty ones left out): key, title and the shown columns of each."""
+    cols = shown_columns(table)
+    return [(key, title, [c for c in cols if c.table == key]) for key, title in SECTIONS.items()
+            if any(c.table == key for c in cols)]
+
+
+def _head(key: str) -> list[str]:
+    return ["variant", "seeds", *(["strongest sink at"] if key == "sinks" else [])]
+
+
+def _lead(t: dict[str, Any], key: str) -> list[str]:
+    return [t["variant"], str(t["seeds"]), *([t["sink_at"]] if key == "sinks" else [])]
 
 
 def to_markdown(table: list[dict[str, Any]]) -> str:
-    """The leaderboard, its footnotes (marking rule, sink rule) and the reference blocks."""
-    cols, (best, few) = shown_columns(table), significant_best(table)
-    rows = [[t["variant"], t["seeds"], t["sink_at"],
-             *(f"**{cell(t[c.key], c)}**" if best.get(c.key) == t["variant"] else cell(t[c.key], c) for c in cols)]
-            for t in table]
-    lines = [*markdown_table([*HEAD, *(c.label for c in cols)], rows),
-             "", f"Mean ± std over seeds. {mark_note(few)}", "", " ".join(rule_notes(table)), "", DEFINITIONS]
+    """The leaderboard, one table per section, its footnotes (marking rule, sink rule) and the reference blocks."""
+    best, few = significant_best(table)
+    lines = []
+    for key, title, cols in sections(table):
+        rows = [[*_lead(t, key), *(f"**{cell(t[c.key], c)}**" if best.get(c.key) == t["variant"]
+                                   else cell(t[c.key], c) for c in cols)] for t in table]
+        lines += [f"## {title}", "", *markdown_table([*_head(key), *(c.label for c in cols)], rows), ""]
+    lines += [f"Mean ± std over seeds. {mark_note(few)}", "", " ".join(rule_notes(table)), "", DEFINITIONS]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
         lines += ["", CAUSAL_NOTE]
-    lines += ["", "Reference numbers (papers, ViT-L, not comparable in scale with CPU runs):", "",
+    lines += ["", "## Reference numbers", "", "Papers, ViT-L, not comparable in scale with CPU runs:", "",
               *markdown_table(REFERENCE["columns"], REFERENCE["rows"]), "", *(f"- {n}" for n in REFERENCE["notes"])]
     if reference_comparable(table):
         lines += ["", f"{SINK_REFERENCE_TITLE}:", "", *markdown_table(SINK_REFERENCE["columns"],
@@ -164,13 +177,13 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
 
 
 def to_html(table: list[dict[str, Any]], title: str) -> str:
-    """The leaderboard as one HTML page with the same footnotes and reference blocks as the Markdown."""
-    cols, (best, few) = shown_columns(table), significant_best(table)
+    """The leaderboard as one HTML page: the same tables, footnotes and reference blocks as the Markdown."""
+    best, few = significant_best(table)
     esc = html.escape
-    main = html_table([*HEAD, *(c.label for c in cols)],
-                      [[t["variant"], str(t["seeds"]), t["sink_at"],
-                        *((cell(t[c.key], c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
-                       for t in table], "leaderboard", sep="\n")
+    main = "\n".join(f'<h2>{esc(name)}</h2><div class="wide">' + html_table(
+        [*_head(key), *(c.label for c in cols)],
+        [[*_lead(t, key), *((cell(t[c.key], c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
+         for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
                                                  " ".join(rule_notes(table)), DEFINITIONS])
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
@@ -180,8 +193,9 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1.5em}}
-td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
-th{{background:#eee}} td.best{{font-weight:bold;background:#e6f4e6}}</style></head>
+td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}} td{{white-space:nowrap}}
+td:first-child,th:first-child{{text-align:left}}
+th{{background:#eee}} div.wide{{overflow-x:auto}} td.best{{font-weight:bold;background:#e6f4e6}}</style></head>
 <body><h1>{esc(title)}</h1>
 {main}
 {foot}

@@ -1,6 +1,7 @@
-"""Massive activations fixed post hoc (Sun et al. 2024, "Massive Activations in Large Language Models", its ViT
-section; docs/trainfree.md): at the block where they appear, the largest channels of the residual stream set, at
-each image's massive token, to their mean over the fit images (`mean_massive`) or to 0 (`zero_massive`)."""
+"""Massive activations fixed post hoc (Sun et al. 2024, "Massive Activations in Large Language Models": their
+set-to-mean / set-to-zero intervention, not their Fix-Reg-Mean of registers; docs/trainfree.md): at the block where
+they appear, the largest channels of the residual stream set, at each image's massive token, to their mean over the
+fit images (`mean_massive`) or to 0 (`zero_massive`). No existence threshold: the largest channels are edited."""
 
 from __future__ import annotations
 

@@ -17,14 +17,19 @@ from typing import Any, ClassVar, Literal, TypeVar
 from vitsinks.utils.rundir import RunDir
 
 ColumnGroup = Literal["quality", "mechanism", "causal"]
-GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the order the leaderboard shows them in
+GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the order of the CSV's columns
+# The leaderboard's tables, in the order it shows them: a column sits in its `section`, or else in its group's.
+SECTIONS: dict[str, str] = {"quality": "Quality", "quantization": "Quantization (W8A8)", "sinks": "Sinks per image",
+                            "mechanism": "Strongest head, gates and pathways", "residual": "Residual stream",
+                            "causal": "Causal edits"}
 
 
 @dataclass(frozen=True)
 class Column:
     """One leaderboard column: `key` (CSV header, unique), `label` (table header), the table it belongs to, its
     number style (`f`: fixed decimals, `g`: significant digits, for values spanning decades; each table picks the
-    precision), and which direction is better (None: neither; the leaderboard marks nothing)."""
+    precision), which direction is better (None: neither; the leaderboard marks nothing), and the leaderboard table
+    it is shown in (`section`, a key of SECTIONS; empty: its group's). Only quality columns are ever marked."""
 
     key: str
     label: str
@@ -32,6 +37,16 @@ class Column:
     fmt: str = "f"
     higher_is_better: bool | None = None
     doc: str = ""
+    section: str = ""
+
+    def __post_init__(self) -> None:
+        if self.table not in SECTIONS:
+            raise ValueError(f"column {self.key!r}: no leaderboard table {self.table!r}; use one of {list(SECTIONS)}")
+
+    @property
+    def table(self) -> str:
+        """The key of the leaderboard table (SECTIONS) this column is shown in."""
+        return self.section or self.group
 
 
 R = TypeVar("R", bound="Result")
