@@ -2,13 +2,13 @@
 # The residual side, quantization robustness and the training-free mitigations on the checkpoints of the two
 # committed CPU studies: the sink tasks (eval/sinktasks: 40 runs, attention-only, 1 block) and the embedded default
 # (eval/leaderboard: vit_cpu on synthetic data, the four variants x 2 seeds). Nothing is trained.
-#   1. every final checkpoint re-diagnosed (summary.json with the residual side, plots, report.html) and quantized
-#      (W8A8: linear-input kurtosis / inf-norm, feature cosine, the probes' change; results/quant.json);
+#   1. every final checkpoint quantized (W8A8: linear-input kurtosis / inf-norm, feature cosine, the probes' change;
+#      results/quant.json) and re-diagnosed (summary.json with the residual side, plots, report.html with both);
 #   2. the embedded default's runs edited by every training-free mitigation (derived runs <run>+<method>, diagnosed
 #      and probed with the leaderboard's evaluation settings); a test-time register needs high-norm patch tokens to
 #      move: a run without any is said so and has no such row;
 #   3. both studies' leaderboards regenerated (new columns), the embedded default's with the training-free rows into
-#      eval/residual/leaderboard; each run's report page copied to eval/residual/reports/.
+#      eval/residual/leaderboard; each seed-0 run's report page copied to eval/residual/reports/.
 #   4. with RUNS_EM (the Fashion-MNIST emergence runs, eval/emergence/make_emergence.sh): steps 1-2 on its finished
 #      runs too, and their leaderboard with the training-free rows into eval/residual/fashion_mnist.
 #   RUNS_SINK=runs/sinktasks RUNS_LB=runs/leaderboard bash eval/residual/make_residual.sh   (~45 min on 2 CPU cores)
@@ -27,14 +27,17 @@ trained() {
 }
 
 for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
-  if [ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && [ -f "$run/diagnostics/last/report.html" ]; then
+  if [ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && \
+     [ "$run/diagnostics/last/report.html" -nt "$run/results/quant.json" ]; then
     echo "$(basename "$run"): done already"; continue  # a rerun skips what is done (delete results/quant.json to redo)
   fi
-  echo "$(basename "$run"): diagnose, quantize"
-  python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null
+  echo "$(basename "$run"): quantize, diagnose"
   python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
-  mkdir -p "$OUT/reports/$(basename "$run")"
-  cp "$run/diagnostics/last/report.html" "$OUT/reports/$(basename "$run")/"
+  python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null  # after: its page shows results/quant.json
+  case "$run" in *-s0)  # one page per seed-0 run is committed
+    page="$OUT/reports/$(basename "$run")"
+    mkdir -p "$page" && cp "$run/diagnostics/last/report.html" "$page/";;
+  esac
 done
 for run in $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
   for method in test_time_register mean_massive zero_massive; do

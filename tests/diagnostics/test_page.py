@@ -22,7 +22,7 @@ from PIL import Image
 
 from tests.conftest import run_command, tiny_vit
 from vitsinks.diagnostics import diagnose, summarize
-from vitsinks.diagnostics.page import REPORT, REPORT_JSON, checkpoint_report, num, run_report
+from vitsinks.diagnostics.page import REPORT, REPORT_JSON, _quant, _quant_html, checkpoint_report, num, run_report
 from vitsinks.diagnostics.page_figures import ATTN_CMAP, NORM_CMAP, colour, pca_colours, scale_factor
 from vitsinks.models import SinkViT
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
@@ -175,6 +175,19 @@ def test_every_number_on_the_page_is_in_the_json_and_back(report: tuple) -> None
     assert known - on_page == set()  # and every number of the JSON is on the page (the maps: as colours)
     assert "register neurons: not in this summary" in text and "> 5x: sink share" in text
     assert "norm_hist" not in json.dumps(data)  # not shown, so not in the page's JSON either
+    assert data["quant"]["feature_cosine_error"] == pytest.approx(1 - QUANT["feature_cosine"])  # 0.0125, not 0.988
+    assert data["quant"]["feature_cosine_error_by_block"] == pytest.approx([1 - c for c in
+                                                                           QUANT["feature_cosine_by_block"]])
+    assert "1 - cosine of the final features to fp32's: 0.0125" in text
+
+
+def test_a_quant_result_without_probes_says_so_and_names_the_checkpoint_by_its_run() -> None:
+    bare = {**QUANT, "online_top1": None, "dense": {}, "checkpoint": "/abs/folders/runs/a-s0/checkpoints/last.pt"}
+    view = _quant(bare)
+    assert view["checkpoint"] == "a-s0/checkpoints/last.pt" and "feature_cosine" not in view
+    text = _quant_html(view)
+    assert "No probe to compare" in text and "quant-top" not in text and "/abs/folders" not in text
+    assert "quant-top" in _quant_html(_quant(QUANT))
 
 
 def test_registers_are_prefix_shares_beside_the_grid(tmp_path: Path) -> None:

@@ -143,9 +143,24 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
         "images": maps,
         "pca": {"explained_variance_ratio": _r(evr), "patches": int(n * gh * gw)},
         "residual": _residual(summary.get("residual")),
-        "quant": quant,
+        "quant": _quant(quant),
         "trainfree": trainfree,
     }
+
+
+def _quant(quant: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The shown part of the quant result: its cosines as 1 - cosine (a cosine of 0.99991 would read 1), and the
+    checkpoint as `<run>/checkpoints/<file>` (no machine's folders)."""
+    if not quant:
+        return quant
+    out = {k: v for k, v in quant.items() if k not in ("feature_cosine", "feature_cosine_by_block")}
+    ck = Path(str(quant.get("checkpoint", "")))
+    out["checkpoint"] = "/".join(ck.parts[-3:]) if ck.parent.name == "checkpoints" else str(ck)
+    if quant.get("feature_cosine") is not None:
+        out["feature_cosine_error"] = 1.0 - float(quant["feature_cosine"])
+    out["feature_cosine_error_by_block"] = [None if c is None else 1.0 - float(c)
+                                            for c in quant.get("feature_cosine_by_block") or []]
+    return out
 
 
 # --- the checkpoint page's HTML ---------------------------------------------------------------------------------
@@ -307,16 +322,18 @@ def _quant_html(quant: dict[str, Any] | None) -> str:
                                for k, v in (quant.get("dense") or {}).items()]
     bb = quant.get("by_block") or {}
     layers = list(next(iter(bb.values()), {}))
-    cos = quant.get("feature_cosine_by_block") or []
+    cos = quant.get("feature_cosine_error_by_block") or []
     n_blocks = max([len(cos), *(len(v) for m in bb.values() for v in m.values())])
-    head = ["block", *(f"{m} {layer}" for m in bb for layer in layers), *(["feature cosine"] if cos else [])]
+    head = ["block", *(f"{m} {layer}" for m in bb for layer in layers), *(["1 - feature cosine"] if cos else [])]
     rows = [[num(b), *(num(bb[m][layer][b]) for m in bb for layer in layers), *([num(cos[b])] if cos else [])]
             for b in range(n_blocks)]
     meta = (f"{html.escape(str(quant.get('checkpoint', '')))}: weights {num(quant.get('weight_bits'))} bits, inputs "
             f"{num(quant.get('act_bits'))} bits, ranges calibrated on {num(quant.get('calib_images'))} images, "
-            f"measured on {num(quant.get('n_images'))}; final-feature cosine to fp32 "
-            f"{num(quant.get('feature_cosine'))}.")
-    tops = table(["result", "fp32", "quantized", "change"], top, "quant-top")
+            f"measured on {num(quant.get('n_images'))}; 1 - cosine of the final features to fp32's: "
+            f"{num(quant.get('feature_cosine_error'))}.")
+    tops = table(["result", "fp32", "quantized", "change"], top, "quant-top") if top else (
+        '<p class="note">No probe to compare: the checkpoint has no online probe, and no linear or dense result of '
+        "it was probed again quantized.</p>")
     return panel("quant", "Quantization", f"<p>{meta}</p>{tops}"
                  f"<h3>per block: kurtosis and inf-norm of each linear layer's input</h3>"
                  f"{table(head, rows, 'quant-blocks')}")
