@@ -32,10 +32,15 @@ if [ "$STAGE" = all ] || [ "$STAGE" = train ]; then
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = report ]; then
   OUTDIR=eval/emergence
-  for run in "$RUNS"/emergence-*/; do
+  trained=()  # the trained runs only: eval/residual/make_residual.sh adds training-free runs (<run>+<method>) beside
+  for run in "$RUNS"/emergence-*-s[0-9]/; do
     python -m vitsinks.diagnose run="$run" > /dev/null
     cp "$run/diagnostics/over_training.png" "$OUTDIR/over_training_$(basename "$run").png"
+    trained+=("$(cd "$run" && pwd)")
   done
-  python -m vitsinks.leaderboard runs="$RUNS" out="$OUTDIR/leaderboard" \
+  mkdir -p "$RUNS/.trained"  # a manifest of them (as a sweep's), so the leaderboard reads those and no others
+  python -c 'import json, sys; print(json.dumps({"runs": [{"run_dir": r} for r in sys.argv[1:]]}))' "${trained[@]}" \
+    > "$RUNS/.trained/sweep.json"
+  python -m vitsinks.leaderboard runs="$RUNS/.trained/sweep.json" out="$OUTDIR/leaderboard" \
     title="vitsinks emergence study: LeJEPA on Fashion-MNIST (vit_cpu, 32 px, 1,200 steps)"
 fi
