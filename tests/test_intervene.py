@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import bar_heights, run_command, tiny_cfg
+from tests.conftest import TINY, bar_heights, run_command, tiny_cfg
 from tests.models.test_attention import final_patch_relrms_with, rescaled
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
@@ -174,6 +175,31 @@ def test_online_probe_effects_and_register_edit_on_a_lejepa_checkpoint(runs: Pat
     with (out / "interventions.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and all(r["probe_ce"] and r["probe_ce_base"] for r in rows)
+
+
+@pytest.mark.slow
+def test_register_controls_on_a_timm_state_dict_file(tmp_path: Path) -> None:
+    """A timm model's weights file (DINOv2-reg layout) from the command line. At block 0's input every image's
+    registers are the same learned tokens, so their mean over images and another image's are exactly them: those
+    two controls change nothing there, while zeroing them does; from block 1 on, they differ per image."""
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
+                            reg_tokens=4, no_embed_class=True, init_values=1.0).eval()
+    with torch.no_grad():  # timm starts its registers at ~1e-6: give them content, so zeroing them is an edit
+        ref.reg_token.normal_()
+    weights = tmp_path / "dinov2_like.pth"
+    torch.save(ref.state_dict(), weights)
+    out = _cli(*TINY, "exp=reg", f"model.pretrained={weights}", "model.layerscale_init=1.0", "n_images=8",
+               "intervene.heldout_images=8", f"runs_dir={tmp_path / 'runs'}",
+               "intervene.edits=[zero_registers,mean_registers,shuffle_registers]")
+    assert out.returncode == 0, out.stderr
+    (folder,) = (tmp_path / "runs" / "interventions").iterdir()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["n_images"] == 8 and summary["n_blocks"] == 2 and summary["subject"].endswith("(reg)")
+    change = {(c["block"], c["edit"]): c["final_patch_relrms"] for c in summary["register_controls"]}
+    assert change[(0, "mean_registers")] == 0.0 and change[(0, "shuffle_registers")] == 0.0
+    noise = 1e-5  # well above float32 rounding of the final patches (~1e-7)
+    assert change[(0, "zero_registers")] > noise and change[(1, "shuffle_registers")] > 0
 
 
 @pytest.mark.parametrize(("override", "message"), [

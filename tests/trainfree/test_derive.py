@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import plant_register_neuron, run_module, tiny_cfg
+from tests.conftest import TINY, plant_register_neuron, run_module, tiny_cfg
 from vitsinks.configs.schema import to_container
 from vitsinks.models import model_from_config
 from vitsinks.report.collect import collect
@@ -52,6 +53,33 @@ def test_a_derived_run_from_the_command_line(runs: Path, capsys: pytest.CaptureF
         cli([f"ckpt={run.last}", "method=mean_massive", "probes=false", f"runs_dir={runs}"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 1 and len(lines) == 1 and "already edited (test_time_register)" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_timm_state_dict_file_is_edited_from_the_command_line(runs: Path) -> None:
+    """The third kind of source: a timm model's weights file (a DINOv2-reg layout, 4 registers), `model.pretrained=`.
+    The derived checkpoint holds those weights (without the edit's hooks it computes what timm's model does)."""
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
+                            reg_tokens=4, no_embed_class=True, init_values=1e-5).eval()
+    weights = runs / "dinov2_like.pth"
+    runs.mkdir(parents=True, exist_ok=True)
+    torch.save(ref.state_dict(), weights)
+    out = run_module("vitsinks.trainfree", *TINY, "exp=reg", f"model.pretrained={weights}",
+                     "model.layerscale_init=1e-5", "method=zero_massive", "probes=false", "fit_images=8",
+                     f"runs_dir={runs}", "diagnostics.n_images=4", "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    run = RunDir(runs / "dinov2_like+zero_massive")
+    state = torch.load(run.last)
+    assert len(state["trainfree"]["channels"]) == 2  # the fitted state: trainfree.massive channels
+    model, cfg = load_backbone(run.last)
+    assert cfg.trainfree.method == "zero_massive" and cfg.trainfree.source == str(weights)
+    assert model.num_reg_tokens == 4
+    plain = model_from_config(cfg.model).eval()  # the same architecture, no edit applied
+    plain.load_state_dict({k: v for k, v in state["model"].items() if k in plain.state_dict()})
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(plain.forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
+    assert json.loads((run.diagnostics("final") / "summary.json").read_text())["shape"]["registers"] == 4
 
 
 def test_an_unknown_method_is_one_line_listing_the_methods(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
