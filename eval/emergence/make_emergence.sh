@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real-data emergence study: LeJEPA on Fashion-MNIST (real images, offline), the four variants x 2 seeds, vit_cpu at
-# 32 px with patch 4 (64 patches), batch 64, 1,200 steps each (what 2 CPU cores train in about 30 minutes), a
+# 32 px with patch 4 (64 patches), batch 64, 1,200 steps each (what 2 CPU cores train in about 40 minutes), a
 # checkpoint and the sink diagnostics (64 fixed test images) every 200 steps, fp32 everywhere.
 #   bash eval/emergence/make_emergence.sh            # train (skips finished runs), then report
 #   bash eval/emergence/make_emergence.sh train      # only train;  PARALLEL=8 runs 8 at once (a GPU machine)
@@ -34,10 +34,12 @@ if [ "$STAGE" = all ] || [ "$STAGE" = report ]; then
   OUTDIR=eval/emergence
   trained=()  # the trained runs only: eval/residual/make_residual.sh adds training-free runs (<run>+<method>) beside
   for run in "$RUNS"/emergence-*-s[0-9]/; do
+    if ! grep -qs '"finished"' "$run/status.json"; then echo "$run: not finished, left out" >&2; continue; fi
     python -m vitsinks.diagnose run="$run" > /dev/null
     cp "$run/diagnostics/over_training.png" "$OUTDIR/over_training_$(basename "$run").png"
     trained+=("$(cd "$run" && pwd)")
   done
+  [ "${#trained[@]}" -gt 0 ] || { echo "no finished run under $RUNS: train first (make_emergence.sh train)" >&2; exit 1; }
   mkdir -p "$RUNS/.trained"  # a manifest of them (as a sweep's), so the leaderboard reads those and no others
   python -c 'import json, sys; print(json.dumps({"runs": [{"run_dir": r} for r in sys.argv[1:]]}))' "${trained[@]}" \
     > "$RUNS/.trained/sweep.json"

@@ -26,13 +26,17 @@ trained() {
   for run in "$1"/*-s[0-9]/; do grep -q '"finished"' "$run/status.json" 2>/dev/null && echo "${run%/}"; done; return 0
 }
 
+# a summary that counts the sink share the current way (residual.sink_share_of; older ones are diagnosed again)
+current() { grep -qs '"sink_share_of": "entering"' "$@"; }
 for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
-  if [ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && \
-     [ "$run/diagnostics/last/report.html" -nt "$run/results/quant.json" ]; then
-    echo "$(basename "$run"): done already"; continue  # a rerun skips what is done (delete results/quant.json to redo)
+  # a rerun skips what is done (delete results/quant.json to redo the quantization)
+  quantized=$([ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && echo 1 || true)
+  if [ -n "$quantized" ] && [ "$run/diagnostics/last/report.html" -nt "$run/results/quant.json" ] && \
+     current "$run/diagnostics/last/summary.json"; then
+    echo "$(basename "$run"): done already"; continue
   fi
-  echo "$(basename "$run"): quantize, diagnose"
-  python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
+  echo "$(basename "$run"): ${quantized:+(quantized already) }quantize, diagnose"
+  [ -n "$quantized" ] || python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
   python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null  # after: its page shows results/quant.json
   case "$run" in *-s0)  # one page per seed-0 run is committed
     page="$OUT/reports/$(basename "$run")"
@@ -41,14 +45,20 @@ for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); 
 done
 for run in $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
   for method in test_time_register mean_massive zero_massive; do
-    [ -f "$run+$method/diagnostics/final/summary.json" ] && { echo "$(basename "$run")+$method: done already"; continue; }
+    derived="$run+$method"
+    if [ -f "$derived/diagnostics/final/summary.json" ]; then
+      if current "$derived"/diagnostics/{final,last}/summary.json; then echo "$(basename "$derived"): done already"
+      else python -m vitsinks.diagnose ckpt="$derived/checkpoints/last.pt" > /dev/null
+           echo "$(basename "$derived"): diagnosed again (sink share)"; fi
+      continue
+    fi
     if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" runs_dir="$(dirname "$run")" \
                "${EVAL[@]}" 2>&1); then
       grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; exit 1; }
       echo "$(basename "$run"): no high-norm patch token, no test-time register"
       continue
     fi
-    echo "$(basename "$run")+$method: derived, diagnosed, probed"
+    echo "$(basename "$derived"): derived, diagnosed, probed"
   done
 done
 # the two studies' own leaderboards gain the residual and W8A8 columns (same runs, same titles as their scripts) ...

@@ -188,6 +188,8 @@ def test_a_quant_result_without_probes_says_so_and_names_the_checkpoint_by_its_r
     text = _quant_html(view)
     assert "No probe to compare" in text and "quant-top" not in text and "/abs/folders" not in text
     assert "quant-top" in _quant_html(_quant(QUANT))
+    assert _quant({**QUANT, "checkpoint": "/abs/folders/weights.pth"})["checkpoint"] == "weights.pth"  # a loose file
+    assert _quant({**QUANT, "checkpoint": None})["checkpoint"] == ""
 
 
 def test_registers_are_prefix_shares_beside_the_grid(tmp_path: Path) -> None:

@@ -23,7 +23,17 @@ from vitsinks.diagnostics import (
     summarize,
 )
 from vitsinks.diagnostics.plots import all_plots
-from vitsinks.diagnostics.residual import block_stats, check_ks, finite_norms, high_norm, lower_median, sink_tokens
+from vitsinks.diagnostics.residual import (
+    block_stats,
+    check_ks,
+    entering_norms,
+    finite_norms,
+    high_norm,
+    high_norm_stats,
+    lower_median,
+    sink_tokens,
+)
+from vitsinks.diagnostics.summary import residual_columns
 from vitsinks.utils.errors import BadValue, NonFinite
 from vitsinks.utils.rundir import FINAL, RunDir
 
@@ -232,10 +242,42 @@ def test_run_diagnostics_follows_the_residual_settings(tmp_path) -> None:
     assert list(on["residual"]["high_norm"]) == ["3.0"]
     assert json.loads((tmp_path / "on" / "summary.json").read_text())["residual"]["norm_hist"] == on["residual"][
         "norm_hist"]
-    assert np.load(tmp_path / "on" / "per_image.npz")["token_norms"].shape == (2, 2, N)
+    arrays = np.load(tmp_path / "on" / "per_image.npz")
+    assert arrays["token_norms"].shape == (2, 2, N)
+    x = model.embed_tokens(images)  # the tokens entering block 0, as the diagnosis saw them
+    np.testing.assert_allclose(arrays["res_norm_in"], x.norm(dim=-1).detach().numpy(), rtol=1e-6)
+    assert on["residual"]["sink_share_of"] == "entering"
     off = run_diagnostics(model, images, shown, tmp_path / "off", DiagnosticsConfig(residual=False, plots=False,
                                                                                     report=False))
     assert "residual" not in off and off["massive_activations"] == on["massive_activations"]
+
+
+def test_the_sink_share_is_read_on_the_tokens_entering_each_block_by_hand() -> None:
+    """1 image, 2 blocks, 5 tokens. Entering block 0 (the embedded tokens): token 2 stands out (8 vs a median of 1)
+    and is block 0's sink. Block 0's output: tokens 1 and 3 stand out; they enter block 1, whose sink is token 3."""
+    norm_in = np.array([[1.0, 1.0, 8.0, 1.0, 1.0]])
+    out = np.array([[[1.0, 9.0, 1.0, 9.0, 1.0], [1.0] * 5]])  # (images, L, N): the blocks' outputs
+    entering = entering_norms(out, norm_in)
+    np.testing.assert_array_equal(entering, [[[1.0, 1.0, 8.0, 1.0, 1.0], [1.0, 9.0, 1.0, 9.0, 1.0]]])
+    sink = np.zeros((1, 2, 5), bool)
+    sink[0, 0, 2] = sink[0, 1, 3] = True
+    loc = np.array([0, 2, 2, 2, 2])
+    stats = high_norm_stats(out, 2.0, loc, sink, entering)
+    np.testing.assert_allclose(stats["per_image"], [2, 0])  # counted at the outputs
+    np.testing.assert_allclose(stats["sink_share"], [1.0, 0.5])  # token 2 of 1; token 3 of tokens 1 and 3
+    unknown = entering_norms(out, None)  # a diagnosis that kept no entering norms: no share at block 0
+    assert np.isnan(unknown[:, 0]).all() and (unknown[:, 1] == out[:, 0]).all()
+    assert np.isnan(high_norm_stats(out, 2.0, loc, sink, unknown)["sink_share"][0])
+
+
+def test_the_share_column_of_a_one_block_model_and_of_an_older_summary() -> None:
+    one = {"sink_share_of": "entering", "high_norm": {"10.0": {"per_image_by_block": [3.0],
+                                                                "sink_share_by_block": [0.5]}}}
+    assert residual_columns(one)["high_norm_sinks"] == 0.5 and residual_columns(one)["high_norm"] == 3.0
+    older = {k: v for k, v in one.items() if k != "sink_share_of"}  # counted each block's own output
+    assert math.isnan(residual_columns(older)["high_norm_sinks"]) and residual_columns(older)["high_norm"] == 3.0
+    two = {**one, "high_norm": {"10.0": {"per_image_by_block": [4.0, 1.0], "sink_share_by_block": [None, 0.25]}}}
+    assert residual_columns(two)["high_norm_sinks"] == 0.25  # block 0's output has the most: they enter block 1
 
 
 def test_thresholds_are_multiples_above_one_and_non_finite_norms_are_refused() -> None:

@@ -61,12 +61,12 @@ def test_a_timm_state_dict_file_is_edited_from_the_command_line(runs: Path) -> N
     The derived checkpoint holds those weights (without the edit's hooks it computes what timm's model does)."""
     torch.manual_seed(0)
     ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
-                            reg_tokens=4, no_embed_class=True, init_values=1e-5).eval()
+                            reg_tokens=4, no_embed_class=True, init_values=1.0).eval()
     weights = runs / "dinov2_like.pth"
     runs.mkdir(parents=True, exist_ok=True)
     torch.save(ref.state_dict(), weights)
     out = run_module("vitsinks.trainfree", *TINY, "exp=reg", f"model.pretrained={weights}",
-                     "model.layerscale_init=1e-5", "method=zero_massive", "probes=false", "fit_images=8",
+                     "model.layerscale_init=1.0", "method=zero_massive", "probes=false", "fit_images=8",
                      f"runs_dir={runs}", "diagnostics.n_images=4", "diagnostics.plots=false")
     assert out.returncode == 0, out.stderr
     run = RunDir(runs / "dinov2_like+zero_massive")
@@ -75,6 +75,12 @@ def test_a_timm_state_dict_file_is_edited_from_the_command_line(runs: Path) -> N
     model, cfg = load_backbone(run.last)
     assert cfg.trainfree.method == "zero_massive" and cfg.trainfree.source == str(weights)
     assert model.num_reg_tokens == 4
+    saved = state["model"]  # timm's names are the backbone's: every tensor as saved, the position embedding with a
+    torch.testing.assert_close(saved["pos_embed"][:, 1:], ref.pos_embed, rtol=0, atol=0)  # zero row for [CLS]
+    assert not saved["pos_embed"][:, 0].any()
+    for key, tensor in ref.state_dict().items():
+        if key != "pos_embed":
+            torch.testing.assert_close(saved[key], tensor, rtol=0, atol=0)
     plain = model_from_config(cfg.model).eval()  # the same architecture, no edit applied
     plain.load_state_dict({k: v for k, v in state["model"].items() if k in plain.state_dict()})
     x = torch.randn(2, 3, 32, 32)

@@ -154,8 +154,8 @@ def _quant(quant: dict[str, Any] | None) -> dict[str, Any] | None:
     if not quant:
         return quant
     out = {k: v for k, v in quant.items() if k not in ("feature_cosine", "feature_cosine_by_block")}
-    ck = Path(str(quant.get("checkpoint", "")))
-    out["checkpoint"] = "/".join(ck.parts[-3:]) if ck.parent.name == "checkpoints" else str(ck)
+    ck = Path(str(quant.get("checkpoint") or ""))
+    out["checkpoint"] = "/".join(ck.parts[-3:]) if ck.parent.name == "checkpoints" else ck.name
     if quant.get("feature_cosine") is not None:
         out["feature_cosine_error"] = 1.0 - float(quant["feature_cosine"])
     out["feature_cosine_error_by_block"] = [None if c is None else 1.0 - float(c)

@@ -180,12 +180,13 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
         share = [np.nan if x is None else x for x in h["sink_share_by_block"]]
         axes[1].plot(range(L), share, "o-", label=f"k = {float(k):g}")
     most = max((max(h["per_image_by_block"]) for h in high.values()), default=0.0)
+    shared = any(x is not None for h in high.values() for x in h["sink_share_by_block"])
     axes[0].set_ylim(bottom=0, top=max(1.0, most * 1.1))
     axes[0].set_ylabel("high-norm tokens per image")
     axes[0].set_title("tokens with norm > k x the median", fontsize=9)
     axes[1].set_ylim(-0.05, 1.05)
-    if not most:
-        axes[1].text(0.5, 0.5, "no high-norm tokens", ha="center", transform=axes[1].transAxes)
+    if not shared:
+        axes[1].text(0.5, 0.5, "no high-norm token enters a block", ha="center", transform=axes[1].transAxes)
     axes[1].set_ylabel("share that are sinks of the block")
     axes[1].set_title("high-norm tokens entering the block that are its sinks", fontsize=9)
     ratio = [np.inf if x is None else x for x in top["ratio_by_block"]]
@@ -195,8 +196,9 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
     axes[2].set_yscale("log")
     axes[2].set_ylabel("top-1 |h| / median |h|")
     axes[2].set_title("largest activation (its token's location, channel)", fontsize=9)
-    for ax in axes:
-        ax.set_xlabel("block (output residual stream)")
+    for ax, x in zip(axes, ("block (its output)", "block (the tokens entering it)", "block (its output)"),
+                     strict=True):
+        ax.set_xlabel(x)
         ax.set_xticks(range(L))
     for ax in axes[:2]:
         if high:

@@ -207,6 +207,7 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
     top = top_activation_stats(d["res_top"].astype(np.float64), d["res_abs_median"].astype(np.float64),
                                d["res_top_channel"], token_location(d["res_top_token"], n_reg))
     return {
+        "sink_share_of": SINK_SHARE_OF,
         "norm_quantiles_by_block": {name: [_fmt(x) for x in q] for name, q in norm_quantiles(norms).items()},
         "norm_hist": {"edges": [float(x) for x in edges], "counts_by_block": counts.astype(int).tolist()},
         "high_norm": high,
@@ -270,8 +271,12 @@ _SPI = (("sinks", "sinks / image", "all", "all"), ("nop", "NOP-like", "nop", "al
         ("broadcast", "broadcast-like", "broadcast", "all"), ("on_cls", "on [CLS]", "all", "cls"),
         ("on_register", "on register", "all", "register"), ("on_patch", "on patch", "all", "patch"))
 HIGH_NORM_COLUMN_K = 10.0  # the threshold of the high-norm leaderboard columns
+# residual.sink_share_of: which tokens a block's sink share counts. Summaries without it (older ones) counted the
+# block's own output, which its attention never sees; the leaderboard shows no share for them.
+SINK_SHARE_OF = "entering"
 _RESIDUAL = (("high_norm", f"high-norm tok. / image ({HIGH_NORM_COLUMN_K:g}x)", "g"),
-             ("high_norm_sinks", "share of them sinks", "f"), ("top_act", "top act. / median", "g"))
+             ("high_norm_sinks", "share entering a block that are its sinks", "f"),
+             ("top_act", "top act. / median", "g"))
 _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on [CLS]+reg"),
               ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
 
@@ -381,7 +386,7 @@ def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
     if high:
         per_image = high["per_image_by_block"]
         entered = 1 + int(np.argmax(per_image[:-1])) if len(per_image) > 1 else 0
-        share = high["sink_share_by_block"][entered]
+        share = high["sink_share_by_block"][entered] if r.get("sink_share_of") == SINK_SHARE_OF else None
         out.update(high_norm=float(max(per_image)), high_norm_sinks=math.nan if share is None else float(share))
     ratios = [math.inf if x is None else x for x in r.get("top_activations", {}).get("ratio_by_block", [])]
     if ratios:

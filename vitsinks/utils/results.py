@@ -26,10 +26,11 @@ SECTIONS: dict[str, str] = {"quality": "Quality", "quantization": "Quantization 
 
 @dataclass(frozen=True)
 class Column:
-    """One leaderboard column: `key` (CSV header, unique), `label` (table header), the table it belongs to, its
-    number style (`f`: fixed decimals, `g`: significant digits, for values spanning decades; each table picks the
-    precision), which direction is better (None: neither; the leaderboard marks nothing), and the leaderboard table
-    it is shown in (`section`, a key of SECTIONS; empty: its group's). Only quality columns are ever marked."""
+    """One leaderboard column: `key` (CSV header, unique), `label` (table header), its group (the CSV's order, the
+    default table, and which columns can be marked: only quality ones), its number style (`f`: fixed decimals, `g`:
+    significant digits, for values spanning decades; each table picks the precision), which direction is better
+    (None: neither; the leaderboard marks nothing), and the leaderboard table it is shown in (`section`, a key of
+    SECTIONS; empty: its group's)."""
 
     key: str
     label: str
