@@ -35,7 +35,7 @@ for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); 
      current "$run/diagnostics/last/summary.json"; then
     echo "$(basename "$run"): done already"; continue
   fi
-  echo "$(basename "$run"): ${quantized:+(quantized already) }quantize, diagnose"
+  echo "$(basename "$run"): $([ -n "$quantized" ] && echo "diagnose (quantized already)" || echo "quantize, diagnose")"
   [ -n "$quantized" ] || python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
   python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null  # after: its page shows results/quant.json
   case "$run" in *-s0)  # one page per seed-0 run is committed
