@@ -9,10 +9,11 @@
 #      move: a run without any is said so and has no such row;
 #   3. both studies' leaderboards regenerated (new columns), the embedded default's with the training-free rows into
 #      eval/residual/leaderboard; each seed-0 run's report page copied to eval/residual/reports/.
-#   4. with RUNS_EM (the Fashion-MNIST emergence runs, eval/emergence/make_emergence.sh): steps 1-2 on its finished
-#      runs too, and their leaderboard with the training-free rows into eval/residual/fashion_mnist.
+#   4. with RUNS_EM (the Fashion-MNIST emergence runs, eval/emergence/make_emergence.sh): their linear and dense probes
+#      (trained without them), steps 1-2 on its finished runs too, and their leaderboard with the training-free rows
+#      into eval/residual/fashion_mnist.
 #   RUNS_SINK=runs/sinktasks RUNS_LB=runs/leaderboard bash eval/residual/make_residual.sh   (~45 min on 2 CPU cores)
-#   RUNS_EM=runs/emergence ... adds ~10 min per Fashion-MNIST run
+#   RUNS_EM=runs/emergence ... adds ~5 min per Fashion-MNIST run (probes, W8A8, diagnosis, 3 edits)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS_SINK=${RUNS_SINK:-runs/sinktasks}
@@ -28,9 +29,19 @@ trained() {
 
 # a summary that counts the sink share the current way (residual.sink_share_of; older ones are diagnosed again)
 current() { grep -qs '"sink_share_of": "entering"' "$@"; }
+# the emergence runs trained without probes: the linear and dense probes first, with the derived runs' settings, so
+# that their rows have the same quality columns and W8A8 measures the probes' change
+for run in $(trained "$RUNS_EM"); do
+  [ -f "$run/results/linear.json" ] || { echo "$(basename "$run"): linear probe"
+    python -m vitsinks.eval.linear ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
+  compgen -G "$run/results/dense_*.json" > /dev/null || { echo "$(basename "$run"): dense probe"
+    python -m vitsinks.eval.dense ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
+done
 for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB") $(trained "$RUNS_EM"); do
-  # a rerun skips what is done (delete results/quant.json to redo the quantization)
-  quantized=$([ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && echo 1 || true)
+  # a rerun skips what is done (delete results/quant.json to redo the quantization); a probe newer than the
+  # quantization (above) is compared again
+  quantized=$([ "$run/results/quant.json" -nt "$run/checkpoints/last.pt" ] && \
+              ! [ "$run/results/linear.json" -nt "$run/results/quant.json" ] && echo 1 || true)
   if [ -n "$quantized" ] && [ "$run/diagnostics/last/report.html" -nt "$run/results/quant.json" ] && \
      current "$run/diagnostics/last/summary.json"; then
     echo "$(basename "$run"): done already"; continue
