@@ -194,6 +194,7 @@ def test_register_controls_on_a_timm_state_dict_file(tmp_path: Path) -> None:
                "intervene.edits=[zero_registers,mean_registers,shuffle_registers]")
     assert out.returncode == 0, out.stderr
     (folder,) = (tmp_path / "runs" / "interventions").iterdir()
+    assert folder.name == "dinov2_like"  # the file's name, as diagnose, quantize and trainfree name it
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["n_images"] == 8 and summary["n_blocks"] == 2 and summary["subject"].endswith("(reg)")
     change = {(c["block"], c["edit"]): c["final_patch_relrms"] for c in summary["register_controls"]}

@@ -31,7 +31,7 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import RunDir, model_folder
 from vitsinks.utils.tables import write_csv
 
 
@@ -94,7 +94,7 @@ def main(cfg: DictConfig) -> None:
         images, shown, index = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,
                                             model.patch_embed.img_size[0], cfg.data.on_bad_image, cfg.protocol)
         # a model that is not a run (pretrained weights): its analyses sit under the runs folder, laid out as a run's
-        out = RunDir(cfg.runs_dir).diagnostics((cfg.model.pretrained or cfg.name).replace("/", "_"))
+        out = model_folder(RunDir(cfg.runs_dir).diagnostics_root, cfg.model.pretrained, cfg.name)
         s = run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
         print(json.dumps(s["sinks_per_image"], indent=1))
         print(f"outputs in {out}")

@@ -43,7 +43,7 @@ from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import RunDir, model_folder, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -53,10 +53,6 @@ def checkpoint_path(cfg: DictConfig) -> Path | None:
     return RunDir(cfg.run).last if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
 
 
-def _model_name(cfg: DictConfig) -> str:
-    return str(cfg.model.pretrained or cfg.name).replace("/", "_")
-
-
 def output_dir(cfg: DictConfig) -> Path:
     """`intervene.out`, else `<run>/interventions/<checkpoint>`, else `<runs_dir>/interventions/<model>`."""
     if cfg.intervene.out:
@@ -64,7 +60,8 @@ def output_dir(cfg: DictConfig) -> Path:
     path = checkpoint_path(cfg)
     if path is not None:
         return RunDir.of_checkpoint(path).interventions(path.stem)
-    return RunDir(cfg.runs_dir).interventions(_model_name(cfg))  # not a run: laid out as one under the runs folder
+    # not a run: laid out as one under the runs folder
+    return model_folder(RunDir(cfg.runs_dir).interventions_root, cfg.model.pretrained, cfg.name)
 
 
 def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
@@ -83,11 +80,18 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
         return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
                 "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{run_dir.name}/{path.stem}",
                 "npz": npz if reusable else None,
-                "id": f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"}
+                "id": _file_id(path)}
     model = model_from_config(cfg.model)
+    weights = Path(str(cfg.model.pretrained)).expanduser() if cfg.model.pretrained else None
+    stamp = _file_id(weights) if weights is not None and weights.is_file() else cfg.model.pretrained
     return {"model": model, "head": None, "data": cfg.data, "size": model.patch_embed.img_size[0], "seed": cfg.seed,
-            "name": _model_name(cfg), "npz": None,
-            "id": f"{cfg.model.pretrained}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
+            "name": model_name(cfg.model.pretrained, cfg.name), "npz": None,
+            "id": f"{stamp}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
+
+
+def _file_id(path: Path) -> str:
+    """A file as a cache key part: where it is, its size and its modification time (a rewritten file is new)."""
+    return f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
 
 
 def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:

@@ -43,17 +43,17 @@ from vitsinks.trainfree.derive import analyse, derive, source_model
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue, NonFinite
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import RunDir, model_folder
 
 BATCH = 64  # images per forward pass
 
 
-def result_run(cfg: DictConfig, name: str) -> RunDir:
-    """Where the result goes: the checkpoint's run (`<run>/checkpoints/<stem>.pt`), else `<runs_dir>/quant/<name>`
+def result_run(cfg: DictConfig) -> RunDir:
+    """Where the result goes: the checkpoint's run (`<run>/checkpoints/<stem>.pt`), else `<runs_dir>/quant/<model>`
     (a pretrained model or a loose checkpoint file, laid out as a run)."""
     if cfg.ckpt and Path(cfg.ckpt).parent.name == "checkpoints":
         return RunDir.of_checkpoint(cfg.ckpt)
-    return RunDir(Path(cfg.runs_dir) / "quant" / name)
+    return RunDir(model_folder(Path(cfg.runs_dir) / "quant", cfg.ckpt or cfg.model.pretrained, cfg.name))
 
 
 @torch.no_grad()
@@ -191,7 +191,8 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
         raise BadValue("name the model to quantize: ckpt=runs/<name>/checkpoints/last.pt or "
                        "model.pretrained=<timm name or file>")
     q = cfg.quant
-    model, src, name = source_model(cfg)
+    model, src, _ = source_model(cfg)
+    out = result_run(cfg)  # before any work: a folder that holds another model's result is refused
     data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
     run_cfg = OmegaConf.merge(src, {"data": data, "protocol": cfg.protocol, "ckpt": cfg.ckpt})
     device = resolve_device(cfg.cluster.device)
@@ -200,7 +201,6 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
                                 data.on_bad_image, cfg.protocol)
     by_block = linear_input_stats(model, images, BATCH)
 
-    out = result_run(cfg, name)
     source = source_probes(out, cfg.ckpt) if q.probes else {}
     derive_cfg = OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())})
     derived = derive(derive_cfg, method=W8A8.name, settings=q, out=out.path / "quant" / W8A8.name,

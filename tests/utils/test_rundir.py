@@ -14,7 +14,7 @@ from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import RunDir, model_folder, model_name
 
 
 def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:
@@ -109,3 +109,30 @@ def test_a_file_system_without_flock_is_one_line_naming_it_and_the_fix(tmp_path:
     with pytest.raises(OSError, match=os.strerror(errno.EIO)) as e:
         RunDir(tmp_path / "lustre").lock()
     assert not isinstance(e.value, BadValue)
+
+
+def test_a_model_that_is_not_a_run_is_named_alike_by_every_command(tmp_path: Path) -> None:
+    weights = tmp_path / "some" / "folder" / "dinov2_reg.pth"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"w")
+    assert model_name(str(weights), "cfgname") == "dinov2_reg"  # a file: its name without folders or suffix
+    assert model_name("hf-hub:timm/vit_small.lvd142m", "x") == "hf-hub:timm_vit_small.lvd142m"
+    assert model_name(str(tmp_path / "missing.pth"), "x") == str(tmp_path / "missing.pth").replace("/", "_")
+    assert model_name(None, "cfgname") == "cfgname"
+
+
+def test_a_model_folder_refuses_another_model_of_the_same_name(tmp_path: Path) -> None:
+    a, b = tmp_path / "a" / "w.pth", tmp_path / "b" / "w.pth"
+    for f in (a, b):
+        f.parent.mkdir()
+        f.write_bytes(f.parent.name.encode())
+    folder = model_folder(tmp_path / "diagnostics", str(a), "cfg")
+    assert folder == tmp_path / "diagnostics" / "w"
+    assert json.loads((folder / "source.json").read_text()) == {"source": str(a.resolve())}
+    (folder / "summary.json").write_text("a's")
+    assert model_folder(tmp_path / "diagnostics", str(a), "cfg") == folder  # the same model again: its folder
+    with pytest.raises(BadValue, match=rf"holds the results of {a.resolve()}, not of {b.resolve()}.*runs_dir="):
+        model_folder(tmp_path / "diagnostics", str(b), "cfg")
+    assert (folder / "summary.json").read_text() == "a's"
+    assert json.loads((folder / "source.json").read_text()) == {"source": str(a.resolve())}
+    assert model_folder(tmp_path / "other_runs", str(b), "cfg").parent == tmp_path / "other_runs"

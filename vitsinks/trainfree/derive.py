@@ -31,7 +31,7 @@ from vitsinks.trainfree.base import METHODS
 from vitsinks.trainfree.base import method as get_method
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import FINAL, RunDir
+from vitsinks.utils.rundir import FINAL, RunDir, model_name
 
 
 def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
@@ -43,16 +43,13 @@ def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
         if src.trainfree.method:
             raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
                            f"{src.trainfree.source} instead (post-hoc edits do not stack)")
-        name = RunDir.of_checkpoint(path).name if path.parent.name == "checkpoints" else path.stem
+        name = RunDir.of_checkpoint(path).name if path.parent.name == "checkpoints" else model_name(str(path), "")
         if path.parent.name == "checkpoints" and path.stem != "last":
             name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
         return model, src, name
     model = model_from_config(cfg.model)
     src = OmegaConf.merge(cfg, {"model": {"pretrained": None}})  # the weights go into the derived checkpoint
-    pretrained = str(cfg.model.pretrained or "")
-    if pretrained and Path(pretrained).expanduser().is_file():  # a weights file: its name, not its folders
-        return model, src, Path(pretrained).stem
-    return model, src, (pretrained or str(cfg.name)).replace("/", "_")
+    return model, src, model_name(cfg.model.pretrained, str(cfg.name))
 
 
 def fit_images(model: SinkViT, data: DictConfig, seed: int, n: int, protocol: Any) -> torch.Tensor:

@@ -12,12 +12,15 @@
 
 A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`
 (`RunDir.of_checkpoint` finds the run of a checkpoint path). The final diagnosis after training is `final`.
+A model that is not a run (`model.pretrained=`, a loose checkpoint file) has its analyses laid out as a run's under
+`<runs_dir>/diagnostics|interventions|quant/<model>` (`model_folder`), each folder recording which model it holds.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import socket
@@ -32,6 +35,7 @@ from vitsinks.utils.errors import BadValue
 STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
 SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
+SOURCE = "source.json"  # in the folder of a model that is not a run: which model its results are of
 NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
 
 
@@ -217,3 +221,26 @@ def find_runs(src: Path | str) -> list[RunDir]:
     if not found and (src / "config.yaml").is_file():
         found = [src]
     return [RunDir(p) for p in found]
+
+
+def model_name(source: str | None, name: str) -> str:
+    """What a model that is not a run is called in the runs folder: a weights or checkpoint file by its file name
+    (no folders, no suffix), a timm name with '/' written '_', else `name` (the config's)."""
+    if source and Path(source).expanduser().is_file():
+        return Path(source).stem
+    return str(source or name).replace("/", "_")
+
+
+def model_folder(base: Path | str, source: str | None, name: str) -> Path:
+    """`<base>/<model_name>`, recorded (`source.json`) as holding the results of `source` (a file by its absolute
+    path); `BadValue` when it holds another model's, e.g. a second weights file of the same name, so that neither
+    overwrites the other's results."""
+    folder = Path(base) / model_name(source, name)
+    path = Path(source).expanduser() if source else None
+    held_by = str(path.resolve()) if path is not None and path.is_file() else str(source or name)
+    record = folder / SOURCE
+    if record.is_file() and (held := json.loads(record.read_text()).get("source")) != held_by:
+        raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")
+    folder.mkdir(parents=True, exist_ok=True)
+    files.write_json(record, {"source": held_by})
+    return folder
