@@ -1,48 +1,109 @@
 #!/usr/bin/env bash
 # Real-data emergence study: LeJEPA on Fashion-MNIST (real images, offline), the four variants x 2 seeds, vit_cpu at
-# 32 px with patch 4 (64 patches), batch 64, 1,200 steps each (what 2 CPU cores train in about 40 minutes), a
-# checkpoint and the sink diagnostics (64 fixed test images) every 200 steps, fp32 everywhere.
-#   bash eval/emergence/make_emergence.sh            # train (skips finished runs), then report
-#   bash eval/emergence/make_emergence.sh train      # only train;  PARALLEL=8 runs 8 at once (a GPU machine)
-#   bash eval/emergence/make_emergence.sh report     # over-training figures and the leaderboard into eval/emergence/
-#   bash eval/regenerate.sh     # the leaderboard again from the inputs committed beside it (no training)
-# Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1).
+# 32 px with patch 4 (64 patches), batch 64, 1,200 steps each (about 40 minutes a run on 2 CPU cores), a checkpoint
+# and the sink diagnostics (64 fixed test images) every 200 steps, fp32 everywhere. Each finished run then gets the
+# residual side, W8A8 and the training-free mitigations (eval/residual/steps.sh: its probes, quantization, diagnosis,
+# three derived runs) and its over-training figure.
+#   bash eval/emergence/make_emergence.sh           # each run in turn: train, its steps, both leaderboards (banked)
+#   bash eval/emergence/make_emergence.sh train     # train every run and take its steps; PARALLEL=8 trains 8 at once
+#   bash eval/emergence/make_emergence.sh report    # the steps of any finished run left, then both leaderboards:
+#     eval/emergence/leaderboard (the trained runs) and eval/residual/fashion_mnist (with the training-free rows)
+# The study spans sessions: the leaderboards' committed inputs are its bank. A run whose inputs are committed in
+# eval/residual/fashion_mnist/inputs (with its derived runs; its over-training figure beside this script) is not
+# trained again; `report` copies the banked runs a runs folder lacks into it and tabulates them beside the new ones.
+# A run interrupted mid-training resumes exactly from its last checkpoint in $RUNS (lost with the folder).
+# Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1); for a
+# trial elsewhere: VARIANTS / SEEDS (default "base gate reg gate+reg" / "0 1"), EXTRA (overrides added to every
+# run's, e.g. 'train.max_steps=4'), OUT (default eval/emergence: the figures and the trained runs' board), BOARD
+# (default eval/residual/fashion_mnist: the board with the derived runs, whose inputs/ is the bank), PAGES (seed-0
+# report pages, default eval/residual/reports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/emergence}
 PARALLEL=${PARALLEL:-1}
 STAGE=${1:-all}
-VARIANTS=(base gate reg gate+reg)
-SEEDS=(0 1)
+case "$STAGE" in all|train|report) ;; *) echo "unknown stage '$STAGE': use all, train or report" >&2; exit 2;; esac
+OUT=${OUT:-eval/emergence}
+BOARD=${BOARD:-eval/residual/fashion_mnist}
+BANK=$BOARD/inputs
+read -ra VARIANTS <<<"${VARIANTS:-base gate reg gate+reg}"
+read -ra SEEDS <<<"${SEEDS:-0 1}"
 COMMON=(data=fashion_mnist data.image_size=32 model.img_size=32 model.patch_size=4 views.global_size=32
   views.local_size=16 train.max_steps=1200 train.epochs=2 train.warmup_epochs=0.05 train.ckpt_every=200
   train.precision=fp32 diagnostics.n_images=64 wandb.mode=disabled runs_dir="$RUNS" data.num_workers=1)
 [ -n "${DATA_ROOT:-}" ] && COMMON+=(data.root="$DATA_ROOT")
+read -ra extra <<<"${EXTRA:-}" && COMMON+=("${extra[@]}")
+. eval/residual/steps.sh
+mkdir -p "$RUNS" "$OUT"
 
-if [ "$STAGE" = all ] || [ "$STAGE" = train ]; then
+banked() { [ -f "$BANK/$1/config.yaml" ]; }
+finished() { grep -qs '"finished"' "$RUNS/$1/status.json"; }
+
+# a finished run's steps: its over-training figure, probes, W8A8 and diagnosis, the training-free derived runs
+steps() {
+  local run=$RUNS/$1
+  [ "$run/diagnostics/over_training.png" -nt "$run/checkpoints/last.pt" ] || \
+    python -m vitsinks.diagnose run="$run" > /dev/null
+  cp "$run/diagnostics/over_training.png" "$OUT/over_training_$1.png"
+  probe_run "$run"
+  quantize_diagnose "$run"
+  derive "$run"
+}
+
+train_one() {
+  finished "$3" || python -m vitsinks.launch exp="$1" seed="$2" name="$3" "${COMMON[@]}" > "$RUNS/$3.log" 2>&1 || {
+    echo "$3: training failed; its log: $RUNS/$3.log" >&2; return 1; }
+  steps "$3"
+}
+
+report() {
+  local name src trained=() done_=0 total=$(( ${#VARIANTS[@]} * ${#SEEDS[@]} )) title note
+  # the banked runs (trained and derived) that this runs folder lacks, copied in to be tabulated beside its own
+  for src in "$BANK"/emergence-*/; do
+    [ -d "$src" ] || continue
+    name=$(basename "$src")
+    [ -e "$RUNS/$name" ] || { cp -r "$src" "$RUNS/$name"; touch "$RUNS/$name/.banked"; }
+  done
   for v in "${VARIANTS[@]}"; do
     for s in "${SEEDS[@]}"; do
-      while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
-      python -m vitsinks.launch exp="$v" seed="$s" name="emergence-$v-s$s" "${COMMON[@]}" \
-        > "$RUNS-$v-s$s.log" 2>&1 &
+      name=emergence-$v-s$s
+      if finished "$name"; then steps "$name" > /dev/null
+      elif [ ! -f "$RUNS/$name/.banked" ]; then echo "$name: not trained yet, left out" >&2; continue; fi
+      trained+=("$(cd "$RUNS/$name" && pwd)")
+      done_=$((done_ + 1))
     done
   done
-  wait
-  mkdir -p "$RUNS" && mv -f "$RUNS"-*.log "$RUNS"/ 2>/dev/null || true
-fi
-if [ "$STAGE" = all ] || [ "$STAGE" = report ]; then
-  OUTDIR=eval/emergence
-  trained=()  # the trained runs only: eval/residual/make_residual.sh adds training-free runs (<run>+<method>) beside
-  for run in "$RUNS"/emergence-*-s[0-9]/; do
-    if ! grep -qs '"finished"' "$run/status.json"; then echo "$run: not finished, left out" >&2; continue; fi
-    python -m vitsinks.diagnose run="$run" > /dev/null
-    cp "$run/diagnostics/over_training.png" "$OUTDIR/over_training_$(basename "$run").png"
-    trained+=("$(cd "$run" && pwd)")
-  done
-  [ "${#trained[@]}" -gt 0 ] || { echo "no finished run under $RUNS: train first (make_emergence.sh train)" >&2; exit 1; }
-  mkdir -p "$RUNS/.trained"  # a manifest of them (as a sweep's), so the leaderboard reads those and no others
+  [ "$done_" -gt 0 ] || { echo "no finished run under $RUNS and none banked: train first" >&2; exit 1; }
+  note=$([ "$done_" -lt "$total" ] && echo " - $done_ of $total runs so far" || true)
+  # a manifest of the trained runs (as a sweep's), so that board reads those and not their derived runs
+  mkdir -p "$RUNS/.trained"
   python -c 'import json, sys; print(json.dumps({"runs": [{"run_dir": r} for r in sys.argv[1:]]}))' "${trained[@]}" \
     > "$RUNS/.trained/sweep.json"
-  python -m vitsinks.leaderboard runs="$RUNS/.trained/sweep.json" out="$OUTDIR/leaderboard" \
-    title="vitsinks emergence study: LeJEPA on Fashion-MNIST (vit_cpu, 32 px, 1,200 steps)"
+  title="vitsinks emergence study: LeJEPA on Fashion-MNIST (vit_cpu, 32 px, 1,200 steps)$note"
+  python -m vitsinks.leaderboard runs="$RUNS/.trained/sweep.json" out="$OUT/leaderboard" title="$title" > /dev/null
+  title="vitsinks Fashion-MNIST emergence runs with training-free mitigations and W8A8 (vit_cpu, 32 px, 1,200 steps)"
+  python -m vitsinks.leaderboard runs="$RUNS" out="$BOARD" title="$title$note" > /dev/null
+  echo "written: $OUT/leaderboard, $BOARD ($done_ of $total runs)"
+}
+
+if [ "$STAGE" != report ]; then
+  fail=0
+  for v in "${VARIANTS[@]}"; do
+    for s in "${SEEDS[@]}"; do
+      name=emergence-$v-s$s
+      if banked "$name"; then echo "$name: banked (its inputs are committed), not trained again"; continue; fi
+      if [ "$PARALLEL" -le 1 ]; then
+        echo "$name: training (log: $RUNS/$name.log)"
+        train_one "$v" "$s" "$name"
+        if [ "$STAGE" = all ]; then report; reported=1; fi
+      else
+        while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || fail=1; done
+        echo "$name: training (log: $RUNS/$name.log)"
+        train_one "$v" "$s" "$name" &
+      fi
+    done
+  done
+  while [ -n "$(jobs -rp)" ]; do wait -n || fail=1; done
+  [ "$fail" = 0 ] || { echo "a run failed (its message above): the leaderboards are not written" >&2; exit 1; }
 fi
+[ "$STAGE" = train ] || [ -n "${reported:-}" ] || report  # (after each run already, when one at a time)
