@@ -17,11 +17,11 @@ import numpy as np
 from PIL import Image
 
 from vitsinks.utils.errors import NonFinite
+from vitsinks.utils.plotting import log_axis
 from vitsinks.utils.tables import html_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 
 ATTN_CMAP, NORM_CMAP = "inferno", "viridis"
 MIN_SIDE = 128  # pictures smaller than this are enlarged by a whole factor, nearest-neighbour
@@ -156,18 +156,6 @@ def pca_colours(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     evr = np.zeros(3)
     evr[:k] = (s[:k] ** 2) / total if total > 0 else 0.0
     return rgb.reshape(n, p, 3), evr
-
-
-def log_axis(ax: plt.Axes, values: Sequence[float]) -> None:
-    """A log y axis with plain tick labels (1, 2, 5, 10, ...; every integer multiple within one decade)."""
-    pos = [v for v in values if v is not None and v > 0]
-    if not pos:
-        return
-    ax.set_yscale("log")
-    narrow = max(pos) / min(pos) < 10
-    ax.yaxis.set_major_locator(ticker.LogLocator(subs=tuple(range(1, 10)) if narrow else (1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def residual_figure(quantiles: dict[str, list[float]] | None, ratio: list[float] | None) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import matplotlib
 
-from vitsinks.utils.plotting import save_figure
+from vitsinks.utils.plotting import log_axis, save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -159,7 +159,7 @@ def residual_norms(summary: dict[str, Any], path: Path) -> Path:
     axes[0].set_ylabel("block (output residual stream)")
     axes[0].set_title("token-norm histogram per block", fontsize=9)
     axes[0].legend(fontsize=7, loc="upper left")
-    axes[1].set_yscale("log")
+    log_axis(axes[1], [v for vals in qs.values() for v in vals])
     axes[1].set_xticks(range(L))
     axes[1].set_xlabel("block")
     axes[1].set_ylabel("token norm (over images x tokens)")
@@ -193,7 +193,7 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
     axes[2].plot(range(L), ratio, "s-", color="tab:red")
     for b, (x, loc, ch) in enumerate(zip(ratio, top["location_by_block"], top["channel_by_block"], strict=True)):
         axes[2].annotate(f"{loc} c{ch}", (b, x), fontsize=6, xytext=(2, 3), textcoords="offset points")
-    axes[2].set_yscale("log")
+    log_axis(axes[2], [x for x in ratio if np.isfinite(x)])
     axes[2].set_ylabel("top-1 |h| / median |h|")
     axes[2].set_title("largest activation (its token's location, channel)", fontsize=9)
     for ax, x in zip(axes, ("block (its output)", "block (the tokens entering it)", "block (its output)"),
