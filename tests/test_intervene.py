@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import permutation
 from vitsinks.diagnose import diagnose_checkpoint
-from vitsinks.intervene import run
+from vitsinks.intervene import _source, run
 from vitsinks.interventions import report
 from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
@@ -201,6 +202,20 @@ def test_register_controls_on_a_timm_state_dict_file(tmp_path: Path) -> None:
     assert change[(0, "mean_registers")] == 0.0 and change[(0, "shuffle_registers")] == 0.0
     noise = 1e-5  # well above float32 rounding of the final patches (~1e-7)
     assert change[(0, "zero_registers")] > noise and change[(1, "shuffle_registers")] > 0
+
+
+def test_the_cache_key_of_a_weights_file_changes_when_the_file_is_rewritten(tmp_path: Path) -> None:
+    """The same path with new weights is another model: its cached stage 1 must not be reused."""
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
+                            reg_tokens=4, no_embed_class=True, init_values=1.0).eval()
+    weights = tmp_path / "dinov2_like.pth"
+    torch.save(ref.state_dict(), weights)
+    cfg = tiny_cfg(tmp_path / "runs", "exp=reg", f"model.pretrained={weights}", "model.layerscale_init=1.0")
+    first = _source(cfg, ())["id"]
+    assert _source(cfg, ())["id"] == first  # nothing changed: the same key
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place, same size
+    assert _source(cfg, ())["id"] != first
 
 
 @pytest.mark.parametrize(("override", "message"), [

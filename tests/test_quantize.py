@@ -112,3 +112,21 @@ def test_the_quantized_probes_take_the_source_settings_and_images(runs: Path) ->
     linear_change, dense_changes = probe_changes(derived, source)
     assert linear_change == {"fp32": 50.0, "quant": 45.0, "delta": -5.0}
     assert dense_changes == {}  # its probe saw other training images: not compared
+
+
+def test_a_second_weights_file_of_the_same_name_is_refused_and_the_first_result_kept(runs: Path,
+                                                                                      tmp_path: Path) -> None:
+    first, second = tmp_path / "a" / "w.pt", tmp_path / "b" / "w.pt"
+    for i, f in enumerate((first, second)):
+        f.parent.mkdir()
+        torch.manual_seed(i)
+        torch.save(tiny_vit().state_dict(), f)
+    small = ("quant.n_images=4", "quant.calib_images=4", "quant.probes=false")
+    _, path = quantize(tiny_cfg(runs, f"model.pretrained={first}", *small))
+    assert path == runs / "quant" / "w" / "results" / "quant.json"  # the file's name, as every command names it
+    before = path.read_bytes()
+    with pytest.raises(BadValue, match=rf"holds the results of {first.resolve()}, not of {second.resolve()}"):
+        quantize(tiny_cfg(runs, f"model.pretrained={second}", *small))
+    assert path.read_bytes() == before
+    _, again = quantize(tiny_cfg(runs, f"model.pretrained={first}", *small))  # the same model again: its folder
+    assert again == path

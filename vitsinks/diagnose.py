@@ -31,7 +31,7 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir, model_folder
+from vitsinks.utils.rundir import RunDir, analyses_dir, holds, in_run, model_folder, model_name
 from vitsinks.utils.tables import write_csv
 
 
@@ -45,9 +45,12 @@ def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | 
     data = pick_data(cfg.data, ckpt_cfg.data, data_keys)
     images, shown, index = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
                                         ckpt_cfg.views.global_size, data.on_bad_image, cfg.protocol)
-    run = RunDir.of_checkpoint(path)
-    out = out_dir or run.diagnostics(path.stem)
-    quant = json.loads(run.result("quant").read_text()) if run.result("quant").is_file() else None
+    out = out_dir or analyses_dir(path, "diagnostics", cfg.runs_dir)
+    # its W8A8 result (the page's panel): in its run, or for a loose file where quantize put it, if of this file
+    quant_run = RunDir.of_checkpoint(path) if in_run(path) else RunDir(
+        Path(cfg.runs_dir) / "quant" / model_name(str(path), ""))
+    found = quant_run.result("quant").is_file() and (in_run(path) or holds(quant_run.path, str(path)))
+    quant = json.loads(quant_run.result("quant").read_text()) if found else None
     trainfree = to_container(ckpt_cfg.trainfree) if ckpt_cfg.trainfree.method else None
     return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol, quant, trainfree)
 
@@ -88,7 +91,7 @@ def main(cfg: DictConfig) -> None:
         path = Path(cfg.ckpt)
         s = diagnose_checkpoint(path, cfg, data_overrides())
         print(json.dumps(s["sinks_per_image"], indent=1))
-        print(f"outputs in {RunDir.of_checkpoint(path).diagnostics(path.stem)}")
+        print(f"outputs in {analyses_dir(path, 'diagnostics', cfg.runs_dir)}")
     else:  # a model from the config, typically model.pretrained=<timm name or file>
         model = model_from_config(cfg.model).to(resolve_device(cfg.cluster.device))
         images, shown, index = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,

@@ -43,7 +43,7 @@ from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir, model_folder, model_name
+from vitsinks.utils.rundir import RunDir, analyses_dir, in_run, model_folder, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -59,7 +59,7 @@ def output_dir(cfg: DictConfig) -> Path:
         return Path(cfg.intervene.out)
     path = checkpoint_path(cfg)
     if path is not None:
-        return RunDir.of_checkpoint(path).interventions(path.stem)
+        return analyses_dir(path, "interventions", cfg.runs_dir)
     # not a run: laid out as one under the runs folder
     return model_folder(RunDir(cfg.runs_dir).interventions_root, cfg.model.pretrained, cfg.name)
 
@@ -74,11 +74,11 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
         state = ckpt.load(path)
         model, ccfg = backbone_from_state(state, path)
         head = classifier_from_state(state["model"])
-        run_dir = RunDir.of_checkpoint(path)
-        npz = run_dir.per_image(path.stem)
-        reusable = not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
+        npz = RunDir.of_checkpoint(path).per_image(path.stem)  # its run's diagnostics of it, when fresh
+        reusable = in_run(path) and not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
+        name = f"{RunDir.of_checkpoint(path).name}/{path.stem}" if in_run(path) else model_name(str(path), "")
         return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
-                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": f"{run_dir.name}/{path.stem}",
+                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": name,
                 "npz": npz if reusable else None,
                 "id": _file_id(path)}
     model = model_from_config(cfg.model)

@@ -43,7 +43,7 @@ from vitsinks.trainfree.derive import analyse, derive, source_model
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue, NonFinite
-from vitsinks.utils.rundir import RunDir, model_folder
+from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder
 
 BATCH = 64  # images per forward pass
 
@@ -51,9 +51,9 @@ BATCH = 64  # images per forward pass
 def result_run(cfg: DictConfig) -> RunDir:
     """Where the result goes: the checkpoint's run (`<run>/checkpoints/<stem>.pt`), else `<runs_dir>/quant/<model>`
     (a pretrained model or a loose checkpoint file, laid out as a run)."""
-    if cfg.ckpt and Path(cfg.ckpt).parent.name == "checkpoints":
-        return RunDir.of_checkpoint(cfg.ckpt)
-    return RunDir(model_folder(Path(cfg.runs_dir) / "quant", cfg.ckpt or cfg.model.pretrained, cfg.name))
+    if cfg.ckpt:
+        return RunDir(analyses_dir(cfg.ckpt, "quant", cfg.runs_dir))
+    return RunDir(model_folder(Path(cfg.runs_dir) / "quant", cfg.model.pretrained, cfg.name))
 
 
 @torch.no_grad()

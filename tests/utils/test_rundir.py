@@ -14,7 +14,7 @@ from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import RunDir, model_folder, model_name
+from vitsinks.utils.rundir import RunDir, analyses_dir, holds, model_folder, model_name
 
 
 def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:
@@ -136,3 +136,28 @@ def test_a_model_folder_refuses_another_model_of_the_same_name(tmp_path: Path) -
     assert (folder / "summary.json").read_text() == "a's"
     assert json.loads((folder / "source.json").read_text()) == {"source": str(a.resolve())}
     assert model_folder(tmp_path / "other_runs", str(b), "cfg").parent == tmp_path / "other_runs"
+
+
+def test_a_folder_with_only_its_record_is_taken_over_by_another_model(tmp_path: Path) -> None:
+    """An attempt that was refused before it wrote a result leaves the record alone: it holds nothing to protect."""
+    a, b = tmp_path / "a" / "w.pth", tmp_path / "b" / "w.pth"
+    for f in (a, b):
+        f.parent.mkdir()
+        f.write_bytes(b"x")
+    folder = model_folder(tmp_path / "quant", str(a), "cfg")
+    assert model_folder(tmp_path / "quant", str(b), "cfg") == folder
+    assert holds(folder, str(b)) and not holds(folder, str(a))
+
+
+def test_a_loose_checkpoint_has_its_analyses_under_the_runs_folder_not_beside_the_file(tmp_path: Path) -> None:
+    run_ckpt = tmp_path / "runs" / "r" / "checkpoints" / "step_0000010.pt"
+    loose = tmp_path / "downloads" / "model.pt"
+    for f in (run_ckpt, loose):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"x")
+    runs = tmp_path / "elsewhere"
+    assert analyses_dir(run_ckpt, "diagnostics", runs) == tmp_path / "runs" / "r" / "diagnostics" / "step_0000010"
+    assert analyses_dir(run_ckpt, "quant", runs) == tmp_path / "runs" / "r"  # its run holds results/quant.json
+    folder = analyses_dir(loose, "interventions", runs)
+    assert folder == runs / "interventions" / "model" and holds(folder, str(loose))
+    assert not (tmp_path / "interventions").exists()  # not <file's folder>/../interventions

@@ -31,7 +31,7 @@ from vitsinks.trainfree.base import METHODS
 from vitsinks.trainfree.base import method as get_method
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import FINAL, RunDir, model_name
+from vitsinks.utils.rundir import FINAL, RunDir, in_run, model_name
 
 
 def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
@@ -43,8 +43,8 @@ def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
         if src.trainfree.method:
             raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
                            f"{src.trainfree.source} instead (post-hoc edits do not stack)")
-        name = RunDir.of_checkpoint(path).name if path.parent.name == "checkpoints" else model_name(str(path), "")
-        if path.parent.name == "checkpoints" and path.stem != "last":
+        name = RunDir.of_checkpoint(path).name if in_run(path) else model_name(str(path), "")
+        if in_run(path) and path.stem != "last":
             name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
         return model, src, name
     model = model_from_config(cfg.model)

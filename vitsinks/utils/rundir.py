@@ -231,16 +231,42 @@ def model_name(source: str | None, name: str) -> str:
     return str(source or name).replace("/", "_")
 
 
+def _source_id(source: str | None, name: str) -> str:
+    path = Path(source).expanduser() if source else None
+    return str(path.resolve()) if path is not None and path.is_file() else str(source or name)
+
+
+def holds(folder: Path, source: str | None, name: str = "") -> bool:
+    """`folder` records (`source.json`) that its results are those of `source`."""
+    record = folder / SOURCE
+    return record.is_file() and json.loads(record.read_text()).get("source") == _source_id(source, name)
+
+
 def model_folder(base: Path | str, source: str | None, name: str) -> Path:
     """`<base>/<model_name>`, recorded (`source.json`) as holding the results of `source` (a file by its absolute
-    path); `BadValue` when it holds another model's, e.g. a second weights file of the same name, so that neither
-    overwrites the other's results."""
+    path); `BadValue` when it holds another model's results, e.g. a second weights file of the same name, so that
+    neither overwrites the other's. A folder with the record alone (an attempt that wrote nothing) is taken over."""
     folder = Path(base) / model_name(source, name)
-    path = Path(source).expanduser() if source else None
-    held_by = str(path.resolve()) if path is not None and path.is_file() else str(source or name)
-    record = folder / SOURCE
-    if record.is_file() and (held := json.loads(record.read_text()).get("source")) != held_by:
+    held_by, record = _source_id(source, name), folder / SOURCE
+    held = json.loads(record.read_text()).get("source") if record.is_file() else None
+    if held not in (None, held_by) and any(p.name != SOURCE for p in folder.iterdir()):
         raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")
     folder.mkdir(parents=True, exist_ok=True)
     files.write_json(record, {"source": held_by})
     return folder
+
+
+def in_run(ckpt: Path | str) -> bool:
+    """`ckpt` is a run's checkpoint (`<run>/checkpoints/<stem>.pt`), not a loose file."""
+    return Path(ckpt).parent.name == "checkpoints"
+
+
+def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str) -> Path:
+    """Where the `kind` analyses (`diagnostics`, `interventions`, `quant`) of checkpoint `ckpt` go: its run's
+    `<kind>/<stem>` (a run's folder itself for `quant`, whose result is `results/quant.json`), or for a loose
+    checkpoint file `<runs_dir>/<kind>/<file name>` (`model_folder`), laid out as a run's."""
+    ckpt = Path(ckpt)
+    if in_run(ckpt):
+        run = RunDir.of_checkpoint(ckpt)
+        return run.path if kind == "quant" else run.path / kind / ckpt.stem
+    return model_folder(Path(runs_dir) / kind, str(ckpt), ckpt.stem)
