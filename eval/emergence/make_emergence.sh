@@ -12,17 +12,22 @@
 # eval/residual/fashion_mnist/inputs (with its derived runs; its over-training figure beside this script) is not
 # trained again; `report` copies the banked runs a runs folder lacks into it and tabulates them beside the new ones.
 # A run interrupted mid-training resumes exactly from its last checkpoint in $RUNS (lost with the folder).
-# Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1); for a
-# trial elsewhere: VARIANTS / SEEDS (default "base gate reg gate+reg" / "0 1"), EXTRA (overrides added to every
-# run's, e.g. 'train.max_steps=4'), OUT (default eval/emergence: the figures and the trained runs' board), BOARD
-# (default eval/residual/fashion_mnist: the board with the derived runs, whose inputs/ is the bank), PAGES (seed-0
-# report pages, default eval/residual/reports).
+# Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1).
+# A trial elsewhere (refused unless OUT, BOARD and PAGES are all given): VARIANTS / SEEDS (default
+# "base gate reg gate+reg" / "0 1"), METHODS (the training-free edits, default "test_time_register mean_massive
+# zero_massive"), EXTRA (overrides added to every run's, e.g. 'train.max_steps=4'); OUT (default eval/emergence: the
+# figures and the trained runs' board), BOARD (default eval/residual/fashion_mnist: the board with the derived runs,
+# whose inputs/ is the bank), PAGES (the seed-0 runs' report pages, default eval/residual/reports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/emergence}
 PARALLEL=${PARALLEL:-1}
 STAGE=${1:-all}
 case "$STAGE" in all|train|report) ;; *) echo "unknown stage '$STAGE': use all, train or report" >&2; exit 2;; esac
+trial=${EXTRA:-}${VARIANTS:-}${SEEDS:-}${METHODS:-}
+if [ -n "$trial" ] && [ -z "${OUT:-}" -o -z "${BOARD:-}" -o -z "${PAGES:-}" ]; then
+  echo "EXTRA, VARIANTS, SEEDS or METHODS make a trial, not the study: give it its own OUT, BOARD and PAGES" >&2; exit 2
+fi
 OUT=${OUT:-eval/emergence}
 BOARD=${BOARD:-eval/residual/fashion_mnist}
 BANK=$BOARD/inputs
@@ -51,13 +56,22 @@ steps() {
 }
 
 train_one() {
+  # a banked copy of this name whose bank entry is gone is trained afresh, not into the copy (nor beside its derived)
+  [ -f "$RUNS/$3/.banked" ] && rm -rf "${RUNS:?}/$3" "${RUNS:?}/$3"+*
   finished "$3" || python -m vitsinks.launch exp="$1" seed="$2" name="$3" "${COMMON[@]}" > "$RUNS/$3.log" 2>&1 || {
     echo "$3: training failed; its log: $RUNS/$3.log" >&2; return 1; }
   steps "$3"
 }
 
+manifest() {
+  local dir=$1; shift
+  mkdir -p "$dir"
+  python -c 'import json, sys; print(json.dumps({"runs": [{"run_dir": r} for r in sys.argv[1:]]}))' "$@" \
+    > "$dir/sweep.json"
+}
+
 report() {
-  local name src trained=() done_=0 total=$(( ${#VARIANTS[@]} * ${#SEEDS[@]} )) title note
+  local name src d trained=() derived=() done_=0 total=$(( ${#VARIANTS[@]} * ${#SEEDS[@]} )) title note
   # the banked runs (trained and derived) that this runs folder lacks, copied in to be tabulated beside its own
   for src in "$BANK"/emergence-*/; do
     [ -d "$src" ] || continue
@@ -71,23 +85,25 @@ report() {
       elif [ ! -f "$RUNS/$name/.banked" ]; then echo "$name: not trained yet, left out" >&2; continue; fi
       trained+=("$(cd "$RUNS/$name" && pwd)")
       done_=$((done_ + 1))
+      for d in "$RUNS/$name"+*/; do  # its derived runs that are whole (banked ones were, when banked)
+        if [ -f "$d/.banked" ] || derived_done "$d"; then derived+=("$(cd "$d" && pwd)"); fi
+      done
     done
   done
   [ "$done_" -gt 0 ] || { echo "no finished run under $RUNS and none banked: train first" >&2; exit 1; }
   note=$([ "$done_" -lt "$total" ] && echo " - $done_ of $total runs so far" || true)
-  # a manifest of the trained runs (as a sweep's), so that board reads those and not their derived runs
-  mkdir -p "$RUNS/.trained"
-  python -c 'import json, sys; print(json.dumps({"runs": [{"run_dir": r} for r in sys.argv[1:]]}))' "${trained[@]}" \
-    > "$RUNS/.trained/sweep.json"
+  # manifests (as a sweep's) of the runs each board reads: never a run that is unfinished or half-made
+  manifest "$RUNS/.trained" "${trained[@]}"
+  manifest "$RUNS/.with_derived" "${trained[@]}" ${derived[@]+"${derived[@]}"}
   title="vitsinks emergence study: LeJEPA on Fashion-MNIST (vit_cpu, 32 px, 1,200 steps)$note"
   python -m vitsinks.leaderboard runs="$RUNS/.trained/sweep.json" out="$OUT/leaderboard" title="$title" > /dev/null
   title="vitsinks Fashion-MNIST emergence runs with training-free mitigations and W8A8 (vit_cpu, 32 px, 1,200 steps)"
-  python -m vitsinks.leaderboard runs="$RUNS" out="$BOARD" title="$title$note" > /dev/null
+  python -m vitsinks.leaderboard runs="$RUNS/.with_derived/sweep.json" out="$BOARD" title="$title$note" > /dev/null
   echo "written: $OUT/leaderboard, $BOARD ($done_ of $total runs)"
 }
 
 if [ "$STAGE" != report ]; then
-  fail=0
+  pids=()
   for v in "${VARIANTS[@]}"; do
     for s in "${SEEDS[@]}"; do
       name=emergence-$v-s$s
@@ -97,13 +113,15 @@ if [ "$STAGE" != report ]; then
         train_one "$v" "$s" "$name"
         if [ "$STAGE" = all ]; then report; reported=1; fi
       else
-        while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || fail=1; done
+        while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done  # (waiting on one would reap its status)
         echo "$name: training (log: $RUNS/$name.log)"
         train_one "$v" "$s" "$name" &
+        pids+=($!)
       fi
     done
   done
-  while [ -n "$(jobs -rp)" ]; do wait -n || fail=1; done
+  fail=0
+  for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || fail=1; done
   [ "$fail" = 0 ] || { echo "a run failed (its message above): the leaderboards are not written" >&2; exit 1; }
 fi
 [ "$STAGE" = train ] || [ -n "${reported:-}" ] || report  # (after each run already, when one at a time)

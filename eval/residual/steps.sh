@@ -8,7 +8,7 @@
 # The probes' settings are make_leaderboard.sh's, so every row of a study's leaderboard is probed alike.
 EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 eval.dense_epochs=5)
 PAGES=${PAGES:-eval/residual/reports}
-METHODS=(test_time_register mean_massive zero_massive)
+read -ra METHODS <<<"${METHODS:-test_time_register mean_massive zero_massive}"  # the training-free edits derived
 
 # the finished trained runs under a folder (derived runs end in +<method>, not -s<seed>)
 trained() {
@@ -18,6 +18,10 @@ trained() {
 
 # a summary that counts the sink share the current way (residual.sink_share_of; older ones are diagnosed again)
 current() { grep -qs '"sink_share_of": "entering"' "$@"; }
+# a derived run whose diagnosis and probes were all written (trainfree writes the run first: one interrupted after
+# that is made again)
+derived_done() { [ -f "$1/diagnostics/final/summary.json" ] && [ -f "$1/results/linear.json" ] && \
+                 compgen -G "$1/results/dense_*.json" > /dev/null; }
 
 probe_run() {
   local run=$1
@@ -53,14 +57,16 @@ derive() {
     if [ "$refused" -nt "$run/checkpoints/last.pt" ]; then
       echo "$(basename "$run"): $(cat "$refused") (delete $refused to fit it again)"; continue
     fi
-    if [ -f "$derived/diagnostics/final/summary.json" ]; then
+    if derived_done "$derived"; then
       if current "$derived"/diagnostics/{final,last}/summary.json; then echo "$(basename "$derived"): done already"
       else python -m vitsinks.diagnose ckpt="$derived/checkpoints/last.pt" > /dev/null
            echo "$(basename "$derived"): diagnosed again (sink share)"; fi
       continue
     fi
+    # a derived run left half-made (interrupted before its diagnosis or probes) is made again
     if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" \
-               runs_dir="$(dirname "$run")" "${EVAL[@]}" 2>&1); then
+               runs_dir="$(dirname "$run")" trainfree.overwrite="$([ -d "$derived" ] && echo true || echo false)" \
+               "${EVAL[@]}" 2>&1); then
       grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; return 1; }
       echo "no high-norm patch token, no test-time register" > "$refused"
       echo "$(basename "$run"): $(cat "$refused")"
