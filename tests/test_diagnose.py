@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,10 @@ from timm.models.vision_transformer import VisionTransformer
 
 from tests.conftest import TINY, run_command, tiny_cfg
 from vitsinks.diagnose import diagnose_checkpoint, over_training
+from vitsinks.eval.common import setup
+from vitsinks.intervene import output_dir
 from vitsinks.models import model_from_config
+from vitsinks.quantize import quantize
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
@@ -80,6 +84,29 @@ def test_checkpoint_backbone_round_trip(runs: Path) -> None:
     trainer.model.eval()
     torch.testing.assert_close(model.eval()(x), trainer.model.backbone(x))
     assert cfg.model.depth == 2
+
+
+def test_a_loose_checkpoint_files_analyses_go_under_the_runs_folder_by_its_name(runs: Path, tmp_path: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=l", "train.max_steps=1", "diagnostics.enabled=false")).fit()
+    loose = tmp_path / "downloads" / "model.pt"  # a copy outside any run's checkpoints/ folder
+    loose.parent.mkdir()
+    shutil.copy(runs / "l/checkpoints/last.pt", loose)
+    elsewhere = tmp_path / "elsewhere"
+    cfg = tiny_cfg(elsewhere, f"ckpt={loose}", "diagnostics.n_images=4", "diagnostics.plots=false",
+                   "quant.n_images=4", "quant.calib_images=4", "quant.probes=false")
+    assert output_dir(cfg) == elsewhere / "interventions" / "model"
+    assert setup(cfg)[2].path == elsewhere / "quant" / "model"  # the probes' results, where quantize reads them
+    _, quant = quantize(cfg)
+    assert quant == elsewhere / "quant" / "model" / "results" / "quant.json"
+    diagnose_checkpoint(loose, cfg)
+    page = json.loads((elsewhere / "diagnostics" / "model" / "report.json").read_text())
+    assert page["quant"]["checkpoint"] == "model.pt"  # this file's W8A8 result, found by its record
+    assert not [p for p in tmp_path.iterdir() if p.name not in ("runs", "downloads", "elsewhere")]  # none beside it
+    other = tmp_path / "other" / "model.pt"  # another file of that name: its page shows no foreign W8A8 result
+    other.parent.mkdir()
+    shutil.copy(loose, other)
+    diagnose_checkpoint(other, tiny_cfg(tmp_path / "third", "diagnostics.n_images=4", "diagnostics.plots=false"))
+    assert json.loads((tmp_path / "third" / "diagnostics" / "model" / "report.json").read_text())["quant"] is None
 
 
 @pytest.mark.slow

@@ -38,10 +38,13 @@ def title(board: Path) -> str:
 
 
 def test_a_trial_must_not_write_into_the_committed_study(tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": PATH, "EXTRA": "train.max_steps=4"}
+    # all but one of its folders given (here in tmp, so that a broken check writes nothing into the repository)
+    env = {**os.environ, "PATH": PATH, "EXTRA": "train.max_steps=4", "RUNS": str(tmp_path / "runs"),
+           "OUT": str(tmp_path / "out"), "BOARD": str(tmp_path / "board")}
     out = subprocess.run(["bash", str(SCRIPT), "report"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        "EXTRA, VARIANTS, SEEDS or METHODS make a trial, not the study: give it its own OUT, BOARD and PAGES"]
+        "EXTRA, VARIANTS, SEEDS or METHODS make a trial, not the study: give it its own RUNS, OUT, BOARD and PAGES"]
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@
 Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
 plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}` and the
 run's page over training `<run>/diagnostics/report.html`. `diagnostics.residual=false` / `diagnostics.report=false`
-leave the residual side / the pages out.
+leave the residual side / the pages out. A model that is not a run (a timm model, a loose checkpoint file) writes to
+`<runs_dir>/diagnostics/<model>/` (`utils.rundir.model_folder`).
 """
 
 from __future__ import annotations

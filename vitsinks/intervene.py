@@ -12,8 +12,9 @@ seeded permutation of the split by default; `protocol=kempner_causal` is the ref
 images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` average over the next
 `intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
 (and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
-`<run>/interventions/<checkpoint>/` (or `intervene.out`): interventions.csv, by_head.csv, by_class.md, summary.json,
-interventions.png and the resolved config.yaml. Interventions run in float32 on the configured device
+`<run>/interventions/<checkpoint>/` (a model that is not a run: `<runs_dir>/interventions/<model>/`; or
+`intervene.out`): interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved
+config.yaml. Interventions run in float32 on the configured device
 (`cluster.device`).
 """
 

@@ -13,21 +13,22 @@
 # trained again; `report` copies the banked runs a runs folder lacks into it and tabulates them beside the new ones.
 # A run interrupted mid-training resumes exactly from its last checkpoint in $RUNS (lost with the folder).
 # Env: RUNS (default runs/emergence), DATA_ROOT (default: the Debian package's folder), PARALLEL (default 1).
-# A trial elsewhere (refused unless OUT, BOARD and PAGES are all given): VARIANTS / SEEDS (default
+# A trial elsewhere (refused unless RUNS, OUT, BOARD and PAGES are all given): VARIANTS / SEEDS (default
 # "base gate reg gate+reg" / "0 1"), METHODS (the training-free edits, default "test_time_register mean_massive
 # zero_massive"), EXTRA (overrides added to every run's, e.g. 'train.max_steps=4'); OUT (default eval/emergence: the
 # figures and the trained runs' board), BOARD (default eval/residual/fashion_mnist: the board with the derived runs,
 # whose inputs/ is the bank), PAGES (the seed-0 runs' report pages, default eval/residual/reports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUNS=${RUNS:-runs/emergence}
 PARALLEL=${PARALLEL:-1}
 STAGE=${1:-all}
 case "$STAGE" in all|train|report) ;; *) echo "unknown stage '$STAGE': use all, train or report" >&2; exit 2;; esac
 trial=${EXTRA:-}${VARIANTS:-}${SEEDS:-}${METHODS:-}
-if [ -n "$trial" ] && [ -z "${OUT:-}" -o -z "${BOARD:-}" -o -z "${PAGES:-}" ]; then
-  echo "EXTRA, VARIANTS, SEEDS or METHODS make a trial, not the study: give it its own OUT, BOARD and PAGES" >&2; exit 2
+if [ -n "$trial" ] && [ -z "${RUNS:-}" -o -z "${OUT:-}" -o -z "${BOARD:-}" -o -z "${PAGES:-}" ]; then
+  echo "EXTRA, VARIANTS, SEEDS or METHODS make a trial, not the study: give it its own RUNS, OUT, BOARD and PAGES" >&2
+  exit 2
 fi
+RUNS=${RUNS:-runs/emergence}
 OUT=${OUT:-eval/emergence}
 BOARD=${BOARD:-eval/residual/fashion_mnist}
 BANK=$BOARD/inputs

@@ -19,6 +19,7 @@ RUNS_LB=${RUNS_LB:-runs/leaderboard}
 for runs in "$RUNS_SINK" "$RUNS_LB"; do
   [ -d "$runs" ] || { echo "no runs at $runs: train them first (eval/sinktasks, make_leaderboard.sh)" >&2; exit 1; }
 done
+unset METHODS  # every training-free edit (steps.sh's default), whatever the caller's environment says
 . eval/residual/steps.sh
 
 for run in $(trained "$RUNS_SINK") $(trained "$RUNS_LB"); do quantize_diagnose "$run"; done

@@ -15,13 +15,13 @@ from vitsinks.utils import files
 from vitsinks.utils.distributed import init_distributed, rank_world
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.results import Result
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import RunDir, analyses_dir
 
 
 def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, RunDir]:
-    """(frozen backbone on this rank's device, data config, the checkpoint's run directory) for `cfg.ckpt`. The
-    data is `data` if given, else as `cli.pick_data` decides (the checkpoint's training data unless the command line
-    chose other data)."""
+    """(frozen backbone on this rank's device, data config, the checkpoint's run directory) for `cfg.ckpt`; a loose
+    checkpoint file's run directory is quantize's, `<runs_dir>/quant/<file name>`. The data is `data` if given, else
+    as `cli.pick_data` decides (the checkpoint's training data unless the command line chose other data)."""
     if not cfg.ckpt:
         raise InputNotFound("pass the checkpoint to evaluate: ckpt=runs/<name>/checkpoints/last.pt")
     path = Path(cfg.ckpt)
@@ -30,7 +30,7 @@ def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, Dic
     model = model.to(dist_info.device).eval().requires_grad_(False)
     if data is None:
         data = pick_data(cfg.data, ckpt_cfg.data, data_overrides())
-    return model, data, RunDir.of_checkpoint(path)
+    return model, data, RunDir(analyses_dir(path, "quant", cfg.runs_dir))
 
 
 def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
