@@ -107,6 +107,14 @@ def test_a_loose_checkpoint_files_analyses_go_under_the_runs_folder_by_its_name(
     shutil.copy(loose, other)
     diagnose_checkpoint(other, tiny_cfg(tmp_path / "third", "diagnostics.n_images=4", "diagnostics.plots=false"))
     assert json.loads((tmp_path / "third" / "diagnostics" / "model" / "report.json").read_text())["quant"] is None
+    # in a run: last.pt's W8A8 result is on last.pt's page, not on another checkpoint's of the run
+    last, step = runs / "l/checkpoints/last.pt", runs / "l/checkpoints/step_0000001.pt"
+    shutil.copy(last, step)
+    quantize(tiny_cfg(runs, f"ckpt={last}", "quant.n_images=4", "quant.calib_images=4", "quant.probes=false"))
+    for ckpt, shown in ((last, "l/checkpoints/last.pt"), (step, None)):
+        diagnose_checkpoint(ckpt, tiny_cfg(runs, "diagnostics.n_images=4", "diagnostics.plots=false"))
+        page = json.loads((runs / "l/diagnostics" / ckpt.stem / "report.json").read_text())
+        assert (page["quant"] or {}).get("checkpoint") == shown
 
 
 @pytest.mark.slow
