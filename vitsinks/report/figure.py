@@ -23,7 +23,8 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     """Quality bars (one group per quality metric, `*` over a variant marked by Welch's test), sinks per image split
     by class, and the per-block profile of each variant's strongest-head sink mass side by side (never empty: it
     moves before any sink event); the footnote says the marking and sink rules."""
-    shown = [(c.key, c.label) for c in quality(table_columns(table)) if any(not math.isnan(t[c.key][0]) for t in table)]
+    shown = [(c.key, c.label) for c in quality(table_columns(table))  # the Quality table's (W8A8's are no %)
+             if c.table == "quality" and any(not math.isnan(t[c.key][0]) for t in table)]
     best, few = significant_best(table)
     variants = [t["variant"] for t in table]
     x = np.arange(len(variants))
@@ -37,10 +38,12 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
             if best.get(k) == t["variant"]:
                 axes[0].text(x[j] + i * width, means[j] + errs[j], "*", ha="center", va="bottom", fontsize=12)
     axes[0].set_xticks(x + width * (len(shown) - 1) / 2, variants, rotation=30, ha="right", fontsize=8)
-    axes[0].margins(y=0.08)  # room for the marks
+    tops = [t[k][0] + (0 if math.isnan(t[k][1]) else t[k][1]) for k, _ in shown for t in table]
+    top = max([v for v in tops if not math.isnan(v)], default=1.0)
+    axes[0].set_ylim(top=max(top, 1.0) * 1.4)  # a band above the bars for the marks and the legend
     axes[0].set_ylabel("%")
     axes[0].set_title("quality", fontsize=10)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper center", ncol=2)
     bottom = np.zeros(len(variants))
     for key, name, color in (("nop", "NOP-like", "tab:gray"), ("broadcast", "broadcast-like", "tab:orange")):
         vals = np.nan_to_num([t[key][0] for t in table])
@@ -53,7 +56,7 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     axes[1].set_ylabel("sink heads per image (rule: footnote)")
     axes[1].set_title("mechanism", fontsize=10)
     if not total.any():
-        axes[1].text(0.5, 0.6, "no sink events", ha="center", transform=axes[1].transAxes)
+        axes[1].text(0.5, 0.3, "no sink events", ha="center", transform=axes[1].transAxes)  # below the diamonds
     massive = axes[1].twinx()
     massive.plot(x, [t["massive"][0] for t in table], "D", color="tab:red", label="max / median token norm")
     massive.set_ylim(0, np.nanmax([t["massive"][0] for t in table] + [1.0]) * 1.6)
