@@ -32,7 +32,7 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir, analyses_dir, holds, in_run, model_folder, model_name
+from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder, quant_result
 from vitsinks.utils.tables import write_csv
 
 
@@ -47,14 +47,7 @@ def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | 
     images, shown, index = fixed_images(build_dataset(data, "val", ckpt_cfg.seed), cfg.diagnostics.n_images,
                                         ckpt_cfg.views.global_size, data.on_bad_image, cfg.protocol)
     out = out_dir or analyses_dir(path, "diagnostics", cfg.runs_dir)
-    # its W8A8 result (the page's panel): in its run if made of this very checkpoint (a run has one), or for a loose
-    # file where quantize put it, if of this file
-    quant_run = RunDir.of_checkpoint(path) if in_run(path) else RunDir(
-        Path(cfg.runs_dir) / "quant" / model_name(str(path), ""))
-    found = quant_run.result("quant").is_file() and (in_run(path) or holds(quant_run.path, str(path)))
-    quant = json.loads(quant_run.result("quant").read_text()) if found else None
-    if quant is not None and in_run(path) and Path(str(quant.get("checkpoint"))).name != path.name:
-        quant = None  # another checkpoint's of the run (e.g. last.pt's, on a step_*.pt page)
+    quant = quant_result(path, cfg.runs_dir)  # the page's W8A8 panel, if quantize made one of this checkpoint
     trainfree = to_container(ckpt_cfg.trainfree) if ckpt_cfg.trainfree.method else None
     return run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol, quant, trainfree)
 

@@ -43,7 +43,7 @@ read -ra extra <<<"${EXTRA:-}" && COMMON+=("${extra[@]}")
 mkdir -p "$RUNS" "$OUT"
 
 banked() { [ -f "$BANK/$1/config.yaml" ]; }
-finished() { grep -qs '"finished"' "$RUNS/$1/status.json"; }
+finished() { finished_run "$RUNS/$1"; }
 
 # a finished run's steps: its over-training figure, probes, W8A8 and diagnosis, the training-free derived runs
 steps() {

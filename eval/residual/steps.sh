@@ -10,10 +10,11 @@ EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 ev
 PAGES=${PAGES:-eval/residual/reports}
 read -ra METHODS <<<"${METHODS:-test_time_register mean_massive zero_massive}"  # the training-free edits derived
 
-# the finished trained runs under a folder (derived runs end in +<method>, not -s<seed>)
+# a run whose training finished; the finished trained runs under a folder (derived runs end in +<method>, not -s<seed>)
+finished_run() { grep -qs '"finished"' "$1/status.json"; }
 trained() {
   [ -n "$1" ] || return 0
-  for run in "$1"/*-s[0-9]/; do grep -q '"finished"' "$run/status.json" 2>/dev/null && echo "${run%/}"; done; return 0
+  for run in "$1"/*-s[0-9]/; do finished_run "$run" && echo "${run%/}"; done; return 0
 }
 
 # a summary that counts the sink share the current way (residual.sink_share_of; older ones are diagnosed again)

@@ -236,10 +236,14 @@ def _source_id(source: str | None, name: str) -> str:
     return str(path.resolve()) if path is not None and path.is_file() else str(source or name)
 
 
+def _held(folder: Path) -> str | None:
+    record = folder / SOURCE
+    return json.loads(record.read_text()).get("source") if record.is_file() else None
+
+
 def holds(folder: Path, source: str | None, name: str = "") -> bool:
     """`folder` records (`source.json`) that its results are those of `source`."""
-    record = folder / SOURCE
-    return record.is_file() and json.loads(record.read_text()).get("source") == _source_id(source, name)
+    return _held(folder) == _source_id(source, name)
 
 
 def model_folder(base: Path | str, source: str | None, name: str) -> Path:
@@ -247,12 +251,11 @@ def model_folder(base: Path | str, source: str | None, name: str) -> Path:
     path); `BadValue` when it holds another model's results, e.g. a second weights file of the same name, so that
     neither overwrites the other's. A folder with the record alone (an attempt that wrote nothing) is taken over."""
     folder = Path(base) / model_name(source, name)
-    held_by, record = _source_id(source, name), folder / SOURCE
-    held = json.loads(record.read_text()).get("source") if record.is_file() else None
+    held, held_by = _held(folder), _source_id(source, name)
     if held not in (None, held_by) and any(p.name != SOURCE for p in folder.iterdir()):
         raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")
     folder.mkdir(parents=True, exist_ok=True)
-    files.write_json(record, {"source": held_by})
+    files.write_json(folder / SOURCE, {"source": held_by})
     return folder
 
 
@@ -270,3 +273,16 @@ def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str) -> Path:
         run = RunDir.of_checkpoint(ckpt)
         return run.path if kind == "quant" else run.path / kind / ckpt.stem
     return model_folder(Path(runs_dir) / kind, str(ckpt), ckpt.stem)
+
+
+def quant_result(ckpt: Path | str, runs_dir: Path | str) -> dict[str, Any] | None:
+    """The W8A8 result made of checkpoint `ckpt` where `quantize` writes it (`analyses_dir(ckpt, "quant", ...)`,
+    `results/quant.json`), or None. A run holds one result, which belongs to the checkpoint it names; a loose file's
+    folder must record that file. Looks only: nothing is claimed or written."""
+    ckpt = Path(ckpt)
+    folder = RunDir.of_checkpoint(ckpt).path if in_run(ckpt) else Path(runs_dir) / "quant" / model_name(str(ckpt), "")
+    path = RunDir(folder).result("quant")
+    if not path.is_file() or not (in_run(ckpt) or holds(folder, str(ckpt))):
+        return None
+    quant = json.loads(path.read_text())
+    return quant if Path(str(quant.get("checkpoint"))).name == ckpt.name else None
