@@ -105,8 +105,8 @@ report() {
 
 if [ "$STAGE" != report ]; then
   pids=()
-  for v in "${VARIANTS[@]}"; do
-    for s in "${SEEDS[@]}"; do
+  for s in "${SEEDS[@]}"; do  # seed-major: a study that spans sessions has every variant's first seed soonest
+    for v in "${VARIANTS[@]}"; do
       name=emergence-$v-s$s
       if banked "$name"; then echo "$name: banked (its inputs are committed), not trained again"; continue; fi
       if [ "$PARALLEL" -le 1 ]; then
