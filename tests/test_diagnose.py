@@ -131,7 +131,8 @@ def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> N
     out = cli(*TINY, "exp=reg", f"model.pretrained={path}", "model.layerscale_init=1e-5", f"runs_dir={tmp_path}",
               "n_images=3", "diagnostics.plots=false")
     assert out.returncode == 0, out.stderr
-    written = tmp_path / "diagnostics" / "dinov2_like" / "summary.json"  # the file's name, as every command names it
+    # imported as a run named by the file (as every command names it); its analyses sit in that run
+    written = tmp_path / "dinov2_like" / "diagnostics" / "last" / "summary.json"
     summary = json.loads(written.read_text())
     assert summary["shape"] == {"images": 3, "blocks": 2, "heads": 3, "registers": 4}
     other = tmp_path / "elsewhere" / "dinov2_like.pth"  # another model under the same name: refused, nothing lost
@@ -141,7 +142,7 @@ def test_pretrained_timm_state_dict_is_loaded_and_diagnosed(tmp_path: Path) -> N
     out = cli(*TINY, "exp=reg", f"model.pretrained={other}", "model.layerscale_init=1e-5", f"runs_dir={tmp_path}",
               "n_images=3", "diagnostics.plots=false")
     assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert f"holds the results of {path.resolve()}" in out.stderr and "runs_dir=" in out.stderr
+    assert f"holds the import of {path.resolve()}" in out.stderr and "runs_dir=" in out.stderr
     assert written.read_bytes() == before
 
 

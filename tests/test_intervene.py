@@ -15,7 +15,7 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY, bar_heights, run_command, tiny_cfg
+from tests.conftest import TINY, bar_heights, run_command, tiny_cfg, tiny_vit
 from tests.models.test_attention import final_patch_relrms_with, rescaled
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
@@ -26,6 +26,7 @@ from vitsinks.interventions import report
 from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
 from vitsinks.report import collect
+from vitsinks.run.imported import imported_run
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
@@ -194,8 +195,7 @@ def test_register_controls_on_a_timm_state_dict_file(tmp_path: Path) -> None:
                "intervene.heldout_images=8", f"runs_dir={tmp_path / 'runs'}",
                "intervene.edits=[zero_registers,mean_registers,shuffle_registers]")
     assert out.returncode == 0, out.stderr
-    (folder,) = (tmp_path / "runs" / "interventions").iterdir()
-    assert folder.name == "dinov2_like"  # the file's name, as diagnose, quantize and trainfree name it
+    folder = tmp_path / "runs" / "dinov2_like" / "interventions" / "last"  # in its import, named by the file
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["n_images"] == 8 and summary["n_blocks"] == 2 and summary["subject"].endswith("(reg)")
     change = {(c["block"], c["edit"]): c["final_patch_relrms"] for c in summary["register_controls"]}
@@ -204,17 +204,16 @@ def test_register_controls_on_a_timm_state_dict_file(tmp_path: Path) -> None:
     assert change[(0, "zero_registers")] > noise and change[(1, "shuffle_registers")] > 0
 
 
-def test_the_cache_key_of_a_weights_file_changes_when_the_file_is_rewritten(tmp_path: Path) -> None:
+def test_the_cache_key_of_a_checkpoint_changes_when_the_file_is_rewritten(tmp_path: Path) -> None:
     """The same path with new weights is another model: its cached stage 1 must not be reused."""
-    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
-                            reg_tokens=4, no_embed_class=True, init_values=1.0).eval()
-    weights = tmp_path / "dinov2_like.pth"
-    torch.save(ref.state_dict(), weights)
-    cfg = tiny_cfg(tmp_path / "runs", "exp=reg", f"model.pretrained={weights}", "model.layerscale_init=1.0")
+    weights = tmp_path / "w.pth"
+    torch.save(tiny_vit().state_dict(), weights)
+    ckpt = imported_run(tiny_cfg(tmp_path / "runs", f"model.pretrained={weights}")).last
+    cfg = tiny_cfg(tmp_path / "runs", f"ckpt={ckpt}")
     first = _source(cfg, ())["id"]
     assert _source(cfg, ())["id"] == first  # nothing changed: the same key
-    stat = weights.stat()
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place, same size
+    stat = ckpt.stat()
+    os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place, same size
     assert _source(cfg, ())["id"] != first
 
 

@@ -2,13 +2,14 @@
 
     python -m vitsinks.diagnose ckpt=runs/<name>/checkpoints/last.pt [data=fashion_mnist] [n_images=32]
     python -m vitsinks.diagnose run=runs/<name>          # every checkpoint of a run + the over-training plot
-    python -m vitsinks.diagnose model=dinov2_small_reg data=imagenet data.root=...   # a pretrained timm model
+    python -m vitsinks.diagnose model=vit_small model.pretrained=<timm name or file> data=imagenet data.root=...
 
 Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
 plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}` and the
 run's page over training `<run>/diagnostics/report.html`. `diagnostics.residual=false` / `diagnostics.report=false`
-leave the residual side / the pages out. A model that is not a run (a timm model, a loose checkpoint file) writes to
-`<runs_dir>/diagnostics/<model>/` (`utils.rundir.model_folder`).
+leave the residual side / the pages out. A pretrained model is imported as a run first (`run.imported`:
+`<runs_dir>/<model>/`), so its outputs sit in that run as a trained run's do; a loose checkpoint file's go to
+`<runs_dir>/diagnostics/<model>/` (`utils.rundir.analyses_dir`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.diagnostics.page import run_report
 from vitsinks.diagnostics.plots import over_training as plot_over_training
-from vitsinks.models import model_from_config
+from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder, quant_result
+from vitsinks.utils.rundir import RunDir, analyses_dir, quant_result
 from vitsinks.utils.tables import write_csv
 
 
@@ -84,20 +85,11 @@ def main(cfg: DictConfig) -> None:
     if cfg.run:
         rows = over_training(Path(cfg.run), cfg)
         print(f"diagnosed {len(rows)} checkpoints; see {RunDir(cfg.run).over_training('png')}")
-    elif cfg.ckpt:
-        path = Path(cfg.ckpt)
-        s = diagnose_checkpoint(path, cfg, data_overrides())
-        print(json.dumps(s["sinks_per_image"], indent=1))
-        print(f"outputs in {analyses_dir(path, 'diagnostics', cfg.runs_dir)}")
-    else:  # a model from the config, typically model.pretrained=<timm name or file>
-        model = model_from_config(cfg.model).to(resolve_device(cfg.cluster.device))
-        images, shown, index = fixed_images(build_dataset(cfg.data, "val", cfg.seed), cfg.diagnostics.n_images,
-                                            model.patch_embed.img_size[0], cfg.data.on_bad_image, cfg.protocol)
-        # a model that is not a run (pretrained weights): its analyses sit under the runs folder, laid out as a run's
-        out = model_folder(RunDir(cfg.runs_dir).diagnostics_root, cfg.model.pretrained, cfg.name)
-        s = run_diagnostics(model, images, shown, out, cfg.diagnostics, index, cfg.protocol)
-        print(json.dumps(s["sinks_per_image"], indent=1))
-        print(f"outputs in {out}")
+        return
+    path = checkpoint_of(cfg)  # a pretrained model (model.pretrained=) is read as its imported run's checkpoint
+    s = diagnose_checkpoint(path, cfg, data_overrides())
+    print(json.dumps(s["sinks_per_image"], indent=1))
+    print(f"outputs in {analyses_dir(path, 'diagnostics', cfg.runs_dir)}")
 
 
 cli = hydra_command(main, aliases={"n_images": "diagnostics.n_images"})

@@ -12,10 +12,10 @@ seeded permutation of the split by default; `protocol=kempner_causal` is the ref
 images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` average over the next
 `intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
 (and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
-`<run>/interventions/<checkpoint>/` (a model that is not a run: `<runs_dir>/interventions/<model>/`; or
-`intervene.out`): interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved
-config.yaml. Interventions run in float32 on the configured device
-(`cluster.device`).
+`<run>/interventions/<checkpoint>/` (a pretrained model's run is its import, `<runs_dir>/<model>/`; a loose
+checkpoint file's folder is `<runs_dir>/interventions/<model>/`; or `intervene.out`): interventions.csv,
+by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml. Interventions run in float32
+on the configured device (`cluster.device`).
 """
 
 from __future__ import annotations
@@ -37,57 +37,45 @@ from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import images_of
 from vitsinks.interventions import SinkRules, classifier_from_state, from_vit, intervene, report
-from vitsinks.models import model_from_config
 from vitsinks.run import slurm
+from vitsinks.run.imported import checkpoint_of
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.rundir import RunDir, analyses_dir, in_run, model_folder, model_name
+from vitsinks.utils.rundir import RunDir, analyses_dir, in_run, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
 
-def checkpoint_path(cfg: DictConfig) -> Path | None:
-    """The checkpoint `ckpt=` names, `run=`'s last.pt, or None (a model from the config)."""
-    return RunDir(cfg.run).last if cfg.run else Path(cfg.ckpt) if cfg.ckpt else None
+def checkpoint_path(cfg: DictConfig) -> Path:
+    """The checkpoint `ckpt=` names, `run=`'s last.pt, or a pretrained model's imported run's (`run.imported`)."""
+    return RunDir(cfg.run).last if cfg.run else checkpoint_of(cfg)
 
 
 def output_dir(cfg: DictConfig) -> Path:
-    """`intervene.out`, else `<run>/interventions/<checkpoint>`, else `<runs_dir>/interventions/<model>`."""
+    """`intervene.out`, else `<run>/interventions/<checkpoint>` (a loose checkpoint file:
+    `<runs_dir>/interventions/<model>`)."""
     if cfg.intervene.out:
         return Path(cfg.intervene.out)
-    path = checkpoint_path(cfg)
-    if path is not None:
-        return analyses_dir(path, "interventions", cfg.runs_dir)
-    # not a run: laid out as one under the runs folder
-    return model_folder(RunDir(cfg.runs_dir).interventions_root, cfg.model.pretrained, cfg.name)
+    return analyses_dir(checkpoint_path(cfg), "interventions", cfg.runs_dir)
 
 
 def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
-    """The model to edit, its classifier, data, image size, seed and (for a checkpoint) reusable diagnostics."""
+    """The model to edit, its classifier, data, image size, seed and reusable diagnostics of its checkpoint."""
     path = checkpoint_path(cfg)
-    if path is not None:
-        if not path.is_file():
-            raise InputNotFound(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run
-                                                                     else ""))
-        state = ckpt.load(path)
-        model, ccfg = backbone_from_state(state, path)
-        head = classifier_from_state(state["model"])
-        npz = RunDir.of_checkpoint(path).per_image(path.stem)  # its run's diagnostics of it, when fresh
-        reusable = in_run(path) and not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
-        name = f"{RunDir.of_checkpoint(path).name}/{path.stem}" if in_run(path) else model_name(str(path), "")
-        return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
-                "size": ccfg.views.global_size, "seed": ccfg.seed, "name": name,
-                "npz": npz if reusable else None,
-                "id": _file_id(path)}
-    model = model_from_config(cfg.model)
-    weights = Path(str(cfg.model.pretrained)).expanduser() if cfg.model.pretrained else None
-    stamp = _file_id(weights) if weights is not None and weights.is_file() else cfg.model.pretrained
-    return {"model": model, "head": None, "data": cfg.data, "size": model.patch_embed.img_size[0], "seed": cfg.seed,
-            "name": model_name(cfg.model.pretrained, cfg.name), "npz": None,
-            "id": f"{stamp}:{json.dumps(to_container(cfg.model), sort_keys=True)}"}
+    if not path.is_file():
+        raise InputNotFound(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run else ""))
+    state = ckpt.load(path)
+    model, ccfg = backbone_from_state(state, path)
+    head = classifier_from_state(state["model"])
+    npz = RunDir.of_checkpoint(path).per_image(path.stem)  # its run's diagnostics of it, when fresh
+    reusable = in_run(path) and not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
+    name = f"{RunDir.of_checkpoint(path).name}/{path.stem}" if in_run(path) else model_name(str(path), "")
+    return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
+            "size": ccfg.views.global_size, "seed": ccfg.seed, "name": name, "npz": npz if reusable else None,
+            "id": _file_id(path)}
 
 
 def _file_id(path: Path) -> str:
@@ -161,9 +149,10 @@ def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> s
 def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
     slurm.check_submittable(cfg)
-    path = checkpoint_path(cfg)
-    if path is not None and not path.is_file():
+    path = checkpoint_path(cfg)  # a pretrained model is imported here, once, before its shards read it
+    if not path.is_file():
         raise InputNotFound(f"checkpoint {path} not found")
+    cfg = cfg if cfg.run else OmegaConf.merge(cfg, {"ckpt": str(path)})
     out = output_dir(cfg)
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))

@@ -9,8 +9,10 @@ linear layer of every block, and the change simulated W8A8 (symmetric, per tenso
 of the blocks; static ranges calibrated on the first `quant.calib_images` TRAIN images) makes: the cosine of the
 final and of every block's tokens to the float model's, the online probe's top-1 (LeJEPA runs) and, with
 `quant.probes`, the linear and dense probes' (re-run on the quantized backbone with the images the run's own probes
-used). The quantized model is the derived run `<run>/quant/w8a8/`; the result is `<run>/results/quant.json`
-(a pretrained model's `<run>` is `<runs_dir>/quant/<model>/`).
+used). The quantized model is the derived run `<run>/quant/w8a8/`; the result is `<run>/results/quant.json`. A
+pretrained model is imported as a run first (`run.imported`: `<run>` is `<runs_dir>/<model>/`, and its probes'
+changes are measured once its own linear / dense results are there); a loose checkpoint file's `<run>` is
+`<runs_dir>/quant/<model>/`.
 """
 
 from __future__ import annotations
@@ -38,22 +40,21 @@ from vitsinks.objectives.lejepa import online_probe, probe_accuracy
 from vitsinks.quant.results import Change, QuantResult, change
 from vitsinks.quant.stats import linear_input_stats
 from vitsinks.quant.w8a8 import W8A8
+from vitsinks.run.imported import with_checkpoint
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.trainfree.derive import analyse, derive, source_model
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue, NonFinite
-from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder
+from vitsinks.utils.rundir import RunDir, analyses_dir
 
 BATCH = 64  # images per forward pass
 
 
 def result_run(cfg: DictConfig) -> RunDir:
-    """Where the result goes: the checkpoint's run (`<run>/checkpoints/<stem>.pt`), else `<runs_dir>/quant/<model>`
-    (a pretrained model or a loose checkpoint file, laid out as a run)."""
-    if cfg.ckpt:
-        return RunDir(analyses_dir(cfg.ckpt, "quant", cfg.runs_dir))
-    return RunDir(model_folder(Path(cfg.runs_dir) / "quant", cfg.model.pretrained, cfg.name))
+    """Where the result of checkpoint `cfg.ckpt` goes: its run (`<run>/checkpoints/<stem>.pt`), else
+    `<runs_dir>/quant/<model>` (a loose checkpoint file, laid out as a run)."""
+    return RunDir(analyses_dir(cfg.ckpt, "quant", cfg.runs_dir))
 
 
 @torch.no_grad()
@@ -190,10 +191,11 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
     if not cfg.ckpt and not cfg.model.pretrained:
         raise BadValue("name the model to quantize: ckpt=runs/<name>/checkpoints/last.pt or "
                        "model.pretrained=<timm name or file>")
+    cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
     q = cfg.quant
     model, src, _ = source_model(cfg)
     out = result_run(cfg)  # before any work: a folder that holds another model's result is refused
-    data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
+    data = pick_data(cfg.data, src.data, data_overrides())
     run_cfg = OmegaConf.merge(src, {"data": data, "protocol": cfg.protocol, "ckpt": cfg.ckpt})
     device = resolve_device(cfg.cluster.device)
     model = model.to(device).eval()
@@ -218,7 +220,7 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
     elif q.probes:
         print("note: the source has no linear or dense results of this checkpoint: the probes were not re-run")
     state = load(derived.last)["trainfree"]
-    result = QuantResult(checkpoint=str(cfg.ckpt or cfg.model.pretrained), weight_bits=int(state["weight_bits"]),
+    result = QuantResult(checkpoint=str(cfg.ckpt), weight_bits=int(state["weight_bits"]),
                          act_bits=int(state["act_bits"]), calib_images=int(state["calib_images"]),
                          n_images=len(images), by_block=by_block, feature_cosine=cosine,
                          feature_cosine_by_block=by_block_cosine, online_top1=online, linear_top1=linear,

@@ -73,7 +73,10 @@ def test_a_timm_state_dict_file_is_edited_from_the_command_line(runs: Path) -> N
     state = torch.load(run.last)
     assert len(state["trainfree"]["channels"]) == 2  # the fitted state: trainfree.massive channels
     model, cfg = load_backbone(run.last)
-    assert cfg.trainfree.method == "zero_massive" and cfg.trainfree.source == str(weights)
+    imported = RunDir(runs / "dinov2_like")  # the weights file, imported as a run first: the edit's source
+    assert cfg.trainfree.method == "zero_massive" and cfg.trainfree.source == str(imported.last)
+    assert cfg.imported == "dinov2_like" and collect(run)["variant"] == "dinov2_like + zeroed massive activations"
+    assert collect(imported)["variant"] == "dinov2_like"  # rows named by the model, not merged into `reg`'s
     assert model.num_reg_tokens == 4
     saved = state["model"]  # timm's names are the backbone's: every tensor as saved, the position embedding with a
     torch.testing.assert_close(saved["pos_embed"][:, 1:], ref.pos_embed, rtol=0, atol=0)  # zero row for [CLS]

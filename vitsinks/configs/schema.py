@@ -207,7 +207,7 @@ class InterveneConfig:
     shard: int = bounded(0, ge=0)  # this process edits heads[shard::nshards]
     nshards: int = bounded(1, ge=1)
     merge: str | None = None  # a folder of shards to join into the final outputs
-    out: str | None = None  # default: <run>/interventions/<checkpoint> (or <runs_dir>/interventions/<model>)
+    out: str | None = None  # default: <run>/interventions/<checkpoint> (loose file: <runs_dir>/interventions/<model>)
 
 
 @dataclass
@@ -311,6 +311,7 @@ class Config:
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
+    imported: str | None = None  # set by the import of `model.pretrained`: the untrained model this run holds
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)

@@ -23,7 +23,8 @@ def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, Dic
     checkpoint file's run directory is quantize's, `<runs_dir>/quant/<file name>`. The data is `data` if given, else
     as `cli.pick_data` decides (the checkpoint's training data unless the command line chose other data)."""
     if not cfg.ckpt:
-        raise InputNotFound("pass the checkpoint to evaluate: ckpt=runs/<name>/checkpoints/last.pt")
+        raise InputNotFound("pass the model to evaluate: ckpt=runs/<name>/checkpoints/last.pt or "
+                            "model.pretrained=<timm name or file>")
     path = Path(cfg.ckpt)
     model, ckpt_cfg = load_backbone(path)
     dist_info = init_distributed(cfg.cluster.device)

@@ -46,6 +46,7 @@ from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E
 from vitsinks.eval.metrics import iou_from_confusion, mean_std  # noqa: E402
 from vitsinks.eval.results import DenseResult, dense_kind  # noqa: E402
 from vitsinks.models import SinkViT  # noqa: E402
+from vitsinks.run.imported import with_checkpoint
 from vitsinks.utils import files  # noqa: E402
 from vitsinks.utils.distributed import rank_world  # noqa: E402
 from vitsinks.utils.errors import ConfigError  # noqa: E402
@@ -261,7 +262,9 @@ def _mean_per_class(per_seed: list[list[float | None]]) -> list[float | None]:
 
 
 def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
-    """Train and evaluate the dense probe(s) of `eval.dense_protocol`; write the JSON, the heads and the PNG."""
+    """Train and evaluate the dense probe(s) of `eval.dense_protocol`; write the JSON, the heads and the PNG (a
+    pretrained model's: in its imported run, `run.imported`)."""
+    cfg = with_checkpoint(cfg)
     model, data, run = setup(cfg, data)
     e = cfg.eval
     proto, overrides = resolve(e, str(data.name))

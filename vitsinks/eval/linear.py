@@ -27,6 +27,7 @@ from vitsinks.diagnostics import protocol_transform
 from vitsinks.eval.common import limit, setup, write_result
 from vitsinks.eval.features import cache_key, extract, global_features
 from vitsinks.eval.results import LinearResult
+from vitsinks.run.imported import with_checkpoint
 from vitsinks.utils.distributed import rank_world
 
 POOLS = ("cls", "cls+avgpool")
@@ -89,7 +90,9 @@ def train_grid(train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], cla
 
 
 def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
-    """Extract (or reuse) features, train the grid, write `results/linear.json`."""
+    """Extract (or reuse) features, train the grid, write `results/linear.json` (a pretrained model's: in its
+    imported run, `run.imported`)."""
+    cfg = with_checkpoint(cfg)
     model, data, run = setup(cfg, data)
     size, device, e = model.patch_embed.img_size[0], next(model.parameters()).device, cfg.eval
     tf = protocol_transform(size, cfg.protocol)

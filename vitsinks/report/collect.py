@@ -81,7 +81,8 @@ def collect(run: RunDir | Path | str) -> dict[str, Any]:
     """One leaderboard row from a run directory; missing evaluations are NaN."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
-    row: dict[str, Any] = {"run": run.name, "variant": edited_variant(run_variant(cfg), cfg.trainfree),
+    trained = cfg.imported or run_variant(cfg)  # a pretrained model's rows are named by it, not by its architecture
+    row: dict[str, Any] = {"run": run.name, "variant": edited_variant(trained, cfg.trainfree),
                            "seed": cfg.seed, "model": cfg.model.size, "data": cfg.data.name}
     for t in result_types():
         row.update(t.collect(run))

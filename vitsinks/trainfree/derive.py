@@ -24,7 +24,8 @@ from vitsinks.configs.schema import to_container, upgrade
 from vitsinks.data import build_dataset
 from vitsinks.diagnose import diagnose_checkpoint
 from vitsinks.diagnostics import fixed_images
-from vitsinks.models import SinkViT, model_from_config
+from vitsinks.models import SinkViT
+from vitsinks.run.imported import with_checkpoint
 from vitsinks.run.pipeline import probes as run_probes
 from vitsinks.train.checkpoint import load_backbone, save_state
 from vitsinks.trainfree.base import METHODS
@@ -35,21 +36,17 @@ from vitsinks.utils.rundir import FINAL, RunDir, in_run, model_name
 
 
 def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
-    """(backbone, its run config, its name): `cfg.ckpt`'s, else the model of `cfg.model` (e.g. `model.pretrained=`
-    a timm name or a state-dict file) with `cfg` as its config."""
-    if cfg.ckpt:
-        path = Path(cfg.ckpt)
-        model, src = load_backbone(path)
-        if src.trainfree.method:
-            raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
-                           f"{src.trainfree.source} instead (post-hoc edits do not stack)")
-        name = RunDir.of_checkpoint(path).name if in_run(path) else model_name(str(path), "")
-        if in_run(path) and path.stem != "last":
-            name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
-        return model, src, name
-    model = model_from_config(cfg.model)
-    src = OmegaConf.merge(cfg, {"model": {"pretrained": None}})  # the weights go into the derived checkpoint
-    return model, src, model_name(cfg.model.pretrained, str(cfg.name))
+    """(backbone, its run config, its name) of checkpoint `cfg.ckpt` (`run.imported.checkpoint_of`: a pretrained
+    model's is its imported run's)."""
+    path = Path(cfg.ckpt)
+    model, src = load_backbone(path)
+    if src.trainfree.method:
+        raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
+                       f"{src.trainfree.source} instead (post-hoc edits do not stack)")
+    name = RunDir.of_checkpoint(path).name if in_run(path) else model_name(str(path), "")
+    if in_run(path) and path.stem != "last":
+        name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
+    return model, src, name
 
 
 def fit_images(model: SinkViT, data: DictConfig, seed: int, n: int, protocol: Any) -> torch.Tensor:
@@ -80,6 +77,7 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
         raise BadValue(f"name the post-hoc edit: trainfree.method=<name> ({', '.join(sorted(METHODS))})")
     m = get_method(str(name))
     settings = settings if settings is not None else cfg[m.group]
+    cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
     model, src, src_name = source_model(cfg)
     run = RunDir(out if out is not None else Path(cfg.runs_dir) / f"{src_name}+{m.name}")
     if run.path.exists():
@@ -89,14 +87,14 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
                            "trainfree.overwrite=true to replace it and its results" if derived else
                            " and is not a derived run: move it, or derive into another runs_dir"))
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
-    data = pick_data(cfg.data, src.data, data_overrides()) if cfg.ckpt else cfg.data
+    data = pick_data(cfg.data, src.data, data_overrides())
     model.eval().to(resolve_device(cfg.cluster.device))  # the fit's forward passes on the run's device
     with torch.no_grad():
         images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
         state = on_cpu(m.fit(model, images, settings))
     if run.path.exists():  # refused above before any work; replaced only once the new edit is fitted
         shutil.rmtree(run.path)
-    source = str(cfg.ckpt) if cfg.ckpt else str(cfg.model.pretrained or "config")
+    source = str(cfg.ckpt)
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
                                     m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,
                                     "eval": cfg.eval, "cluster": cfg.cluster})

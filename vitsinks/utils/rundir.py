@@ -12,8 +12,9 @@
 
 A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`
 (`RunDir.of_checkpoint` finds the run of a checkpoint path). The final diagnosis after training is `final`.
-A model that is not a run (`model.pretrained=`, a loose checkpoint file) has its analyses laid out as a run's under
-`<runs_dir>/diagnostics|interventions|quant/<model>` (`model_folder`), each folder recording which model it holds.
+A pretrained model becomes a run by its import (`run.imported`); a loose checkpoint file has its analyses laid out
+as a run's under `<runs_dir>/diagnostics|interventions|quant/<model>` (`model_folder`), each folder recording which
+file it holds.
 """
 
 from __future__ import annotations

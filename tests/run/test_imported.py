@@ -1,0 +1,110 @@
+"""A pretrained model imported as a run: what it holds, when it is read again and when it is refused, and that every
+command then treats it as a trained run (probes, W8A8 with the probes' change, a leaderboard row of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from tests.conftest import tiny_cfg, tiny_vit
+from vitsinks.eval import linear
+from vitsinks.leaderboard import leaderboard_command
+from vitsinks.quantize import quantize
+from vitsinks.report.collect import collect
+from vitsinks.run.imported import imported_run, with_checkpoint
+from vitsinks.train.checkpoint import load_backbone
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import RunDir, find_runs
+
+REG = ("exp=reg", "model.layerscale_init=1.0")  # the DINOv2-reg layout below: 4 registers, layer scale
+
+
+def dinov2_like(path: Path, seed: int = 0) -> VisionTransformer:
+    """A timm ViT in DINOv2-reg layout, its state dict saved to `path`."""
+    torch.manual_seed(seed)
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0,
+                            reg_tokens=4, no_embed_class=True, init_values=1.0).eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ref.state_dict(), path)
+    return ref
+
+
+def test_an_import_computes_what_the_timm_model_does_and_is_read_again_not_rewritten(tmp_path: Path) -> None:
+    ref = dinov2_like(tmp_path / "dinov2_like.pth")
+    cfg = tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={tmp_path / 'dinov2_like.pth'}")
+    run = imported_run(cfg)
+    assert run.path == tmp_path / "runs" / "dinov2_like"
+    model, saved = load_backbone(run.last)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval().forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
+    assert saved.imported == "dinov2_like" and saved.model.pretrained is None  # the weights are in the checkpoint
+    assert saved.views.global_size == 32 and saved.model.registers == 4
+    assert json.loads(run.status.read_text()) == {"status": "finished",
+                                                  "imported_from": str(tmp_path / "dinov2_like.pth")}
+    stamp = run.last.stat().st_mtime_ns
+    assert imported_run(cfg).last.stat().st_mtime_ns == stamp  # the same source and settings: read, not rewritten
+    assert with_checkpoint(cfg).ckpt == str(run.last)
+
+
+def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -> None:
+    weights, runs = tmp_path / "w.pth", tmp_path / "runs"
+    torch.save(tiny_vit().state_dict(), weights)
+    run = imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
+    before = run.last.read_bytes()
+    with pytest.raises(BadValue, match="holds its import with other model settings"):
+        imported_run(tiny_cfg(runs, f"model.pretrained={weights}", "model.qkv_bias=false"))
+    other = tmp_path / "elsewhere" / "w.pth"  # another file of the same name
+    other.parent.mkdir()
+    torch.save(tiny_vit().state_dict(), other)
+    with pytest.raises(BadValue, match=re.escape(f"{run.path} holds the import of {weights.resolve()}: delete")):
+        imported_run(tiny_cfg(runs, f"model.pretrained={other}"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file rewritten in place, same size
+    with pytest.raises(BadValue, match="holds the import of an earlier version of that file"):
+        imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
+    assert run.last.read_bytes() == before  # nothing was replaced
+    trained = runs / "t"  # a trained run's folder, whose name a weights file t.pth would take
+    trained.mkdir()
+    (trained / "config.yaml").write_text("name: t\n")
+    torch.save(tiny_vit().state_dict(), tmp_path / "t.pth")
+    with pytest.raises(BadValue, match=re.escape(f"{trained} holds a run, not an import of it")):
+        imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / 't.pth'}"))
+    assert sorted(p.name for p in trained.iterdir()) == ["config.yaml"]
+
+
+def test_an_import_under_several_ranks_is_refused_with_the_way_out(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = tmp_path / "w.pth"
+    torch.save(tiny_vit().state_dict(), weights)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(BadValue, match="imported in one process"):
+        with_checkpoint(tiny_cfg(tmp_path / "runs", f"model.pretrained={weights}"))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_pretrained_model_gets_probes_w8a8_with_their_change_and_its_own_leaderboard_row(tmp_path: Path) -> None:
+    weights, runs = tmp_path / "dinov2_like.pth", tmp_path / "runs"
+    dinov2_like(weights)
+    evals = ("eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.linear_lrs=[0.01]")
+    cfg = tiny_cfg(runs, *REG, f"model.pretrained={weights}", *evals, "quant.n_images=4", "quant.calib_images=4")
+    linear.run(cfg)  # imports it, and probes it as a trained run's checkpoint
+    run = RunDir(runs / "dinov2_like")
+    lin = json.loads(run.result("linear").read_text())
+    assert lin["checkpoint"] == str(run.last)
+    result, path = quantize(cfg)
+    assert path == run.result("quant") and result.linear_top1 is not None  # the probe's change, as for a run
+    assert result.linear_top1["fp32"] == lin["best"]["top1"]
+    assert result.online_top1 is None  # no online probe: not a LeJEPA run
+    assert [r.name for r in find_runs(runs)] == ["dinov2_like"]
+    row = collect(run)
+    assert row["variant"] == "dinov2_like" and row["linear_top1"] == lin["best"]["top1"]
+    assert row["w8a8_d_linear"] == pytest.approx(result.linear_top1["delta"])
+    assert leaderboard_command([f"runs={runs}", f"out={tmp_path / 'board'}"]) == 0
+    assert "| dinov2_like | 1 |" in (tmp_path / "board" / "leaderboard.md").read_text()
