@@ -240,9 +240,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
         run_report(RunDir(tmp_path / "empty"))
 
 
-def test_run_page_over_training_links_the_checkpoint_pages(tmp_path: Path, report: tuple) -> None:
+def over_training_page(tmp_path: Path, report: tuple) -> RunDir:
+    """A run with the diagnostics of two steps (step 200's with the residual side and a page of its own) and its
+    page over training."""
     run = RunDir(tmp_path / "run")
-    _, data, (_, _, _, _, summary) = report
+    _, _, (_, _, _, _, summary) = report
     for step, scale in ((100, 0.0), (200, 1.0)):
         spi = {c: {loc: scale * (i + 1) for loc in ("cls", "register", "patch", "all")}
                for i, c in enumerate(("nop", "broadcast", "unclassified", "all"))}
@@ -253,7 +255,13 @@ def test_run_page_over_training_links_the_checkpoint_pages(tmp_path: Path, repor
             (run.step_diagnostics(step) / REPORT).write_text("<html></html>")
         run.step_diagnostics(step).mkdir(parents=True, exist_ok=True)
         (run.step_diagnostics(step) / "summary.json").write_text(json.dumps(s))
-    path = run_report(run)
+    run_report(run)
+    return run
+
+
+def test_run_page_over_training_links_the_checkpoint_pages(tmp_path: Path, report: tuple) -> None:
+    run = over_training_page(tmp_path, report)
+    path = run.diagnostics_root / REPORT
     got = json.loads((run.diagnostics_root / REPORT_JSON).read_text())
     assert [r["step"] for r in got["steps"]] == [100, 200]
     assert got["steps"][1]["sinks_per_image"]["broadcast"] == 2.0 and got["steps"][1]["max_norm"] == 77.5
@@ -280,16 +288,23 @@ def require_chromium() -> str:
 
 
 @pytest.mark.slow
-def test_the_page_renders_in_headless_chromium_from_a_copied_folder(tmp_path: Path, report: tuple) -> None:
+@pytest.mark.parametrize("which", ["checkpoint", "run"])
+def test_the_page_renders_in_headless_chromium_from_a_copied_folder(tmp_path: Path, report: tuple,
+                                                                    which: str) -> None:
+    """The checkpoint's page and the run's page over training, each from a copy of its folder."""
     browser = require_chromium()
-    path = report[0]
+    path = report[0] if which == "checkpoint" else over_training_page(tmp_path, report).diagnostics_root / REPORT
     copied = tmp_path / "elsewhere"
     shutil.copytree(path.parent, copied)  # inline pictures: the copy works on its own
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}"]
     dom = run_command([browser, *flags, "--dump-dom", (copied / REPORT).as_uri()]).stdout
-    assert '<table id="sinks-per-image">' in dom and 'id="maps"' in dom and "data:image/png;base64," in dom
+    assert "data:image/png;base64," in dom
+    if which == "checkpoint":
+        assert '<table id="sinks-per-image">' in dom and 'id="maps"' in dom
+    else:  # the steps' table, its link to step 200's page
+        assert '<a href="step_0000200/report.html">step_0000200</a>' in dom
     shot = tmp_path / "shot.png"
     subprocess.run([browser, *flags, "--window-size=1366,768", "--hide-scrollbars", f"--screenshot={shot}",
                     (copied / REPORT).as_uri()], capture_output=True, timeout=120)
