@@ -280,6 +280,15 @@ def test_the_share_column_of_a_one_block_model_and_of_an_older_summary() -> None
     assert residual_columns(two)["high_norm_sinks"] == 0.25  # block 0's output has the most: they enter block 1
 
 
+def test_the_register_neuron_column_is_the_largest_share_over_blocks() -> None:
+    empty = {"units": [], "scores": [], "norm_share": None}  # a block without outliers (or without an MLP)
+    r = {"register_neurons": {"by_block": [empty, {"units": [3], "scores": [9.0], "norm_share": 0.4},
+                                           {"units": [1], "scores": [2.0], "norm_share": 0.7}]}}
+    assert residual_columns(r)["reg_share"] == 0.7
+    assert math.isnan(residual_columns({"register_neurons": {"by_block": [empty, empty]}})["reg_share"])
+    assert math.isnan(residual_columns({"top_activations": {"ratio_by_block": [2.0]}})["reg_share"])
+
+
 def test_thresholds_are_multiples_above_one_and_non_finite_norms_are_refused() -> None:
     assert check_ks([5, 2.0, 5.0]) == [5.0, 2.0]
     for k in (1.0, 0.5, -3.0, float("nan"), float("inf")):  # the schema's range for high_norm_k: gt=1

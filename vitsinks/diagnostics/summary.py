@@ -276,7 +276,8 @@ HIGH_NORM_COLUMN_K = 10.0  # the threshold of the high-norm leaderboard columns
 SINK_SHARE_OF = "entering"
 _RESIDUAL = (("high_norm", f"high-norm tok. / image ({HIGH_NORM_COLUMN_K:g}x)", "g"),
              ("high_norm_sinks", "share entering a block that are its sinks", "f"),
-             ("top_act", "top act. / median", "g"))
+             ("top_act", "top act. / median", "g"),
+             ("reg_share", "reg. neurons' share of outlier norm", "f"))
 _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on [CLS]+reg"),
               ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
 
@@ -378,7 +379,8 @@ def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
     """The residual leaderboard columns of summary.json's `residual` (None: NaN): the high-norm tokens per image at
     `HIGH_NORM_COLUMN_K` at the block output where they are most frequent; the sink share at the block the most
     high-norm tokens enter (block b + 1 for the output b of most of blocks 0..L-2; a one-block model: block 0,
-    entered by the embedded tokens); the largest top-1 / median activation ratio over blocks."""
+    entered by the embedded tokens); the largest top-1 / median activation ratio over blocks; the largest share of
+    the outlier tokens' norm that a block's register neurons write (`norm_share`; NaN where no block has any)."""
     out = {k: math.nan for k, _, _ in _RESIDUAL}
     if not r:
         return out
@@ -391,4 +393,8 @@ def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
     ratios = [math.inf if x is None else x for x in r.get("top_activations", {}).get("ratio_by_block", [])]
     if ratios:
         out["top_act"] = float(max(ratios))
+    shares = [b["norm_share"] for b in r.get("register_neurons", {}).get("by_block", [])
+              if b.get("norm_share") is not None]
+    if shares:
+        out["reg_share"] = float(max(shares))
     return out
