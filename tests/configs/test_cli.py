@@ -129,6 +129,8 @@ def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
     ("vitsinks.diagnose", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
     ("vitsinks.eval.linear", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
     ("vitsinks.intervene", ["ckpt=/nowhere/last.pt"], "checkpoint /nowhere/last.pt not found"),
+    ("vitsinks.diagnose", [], "name the model: ckpt="),  # no checkpoint, run or pretrained model
+    ("vitsinks.eval.linear", [], "name the model: ckpt="),
 ])
 @pytest.mark.slow
 def test_every_entry_point_reports_bad_input_on_one_line(module: str, args: list[str], expected: str) -> None:

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from vitsinks.configs.schema import ProtocolConfig, load_config
 from vitsinks.data import BadImage
 from vitsinks.data.selection import analysis_transform, read_list, select_items, split_order
+from vitsinks.models import model_from_config
 from vitsinks.utils.errors import BadValue, InputNotFound
 
 
@@ -118,13 +119,15 @@ def _ade20k(root: Path, n: int = 2000) -> Path:
 @pytest.mark.slow
 def test_diagnose_with_the_sink_table_preset_reads_the_reference_images_in_its_order(tmp_path: Path) -> None:
     root = _ade20k(tmp_path / "ade")
-    out = tmp_path / "runs"
+    out, weights = tmp_path / "runs", tmp_path / "tiny.pth"
+    arch = ["model.depth=2", "model.img_size=32"]
+    torch.save(model_from_config(load_config(arch).model).state_dict(), weights)
     cmd = [sys.executable, "-m", "vitsinks.diagnose", "protocol=kempner_sinktable", "data=ade20k",
-           f"data.root={root}", "model.depth=2", "model.img_size=32", "n_images=3", f"runs_dir={out}",
-           "diagnostics.plots=false", "name=tiny"]
+           f"data.root={root}", *arch, f"model.pretrained={weights}", "n_images=3", f"runs_dir={out}",
+           "diagnostics.plots=false"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    (d,) = (out / "diagnostics").iterdir()
+    d = out / "tiny" / "diagnostics" / "last"  # the weights, imported as the run `tiny`
     perm = torch.randperm(2000, generator=torch.Generator().manual_seed(0)).tolist()
     assert np.load(d / "per_image.npz")["image_index"].tolist() == perm[:3]  # sorted names: index = file number - 1
     summary = json.loads((d / "summary.json").read_text())

@@ -13,13 +13,14 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from tests.conftest import tiny_cfg, tiny_vit
+from vitsinks.configs.schema import load_config
 from vitsinks.eval import linear
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.quantize import quantize
 from vitsinks.report.collect import collect
-from vitsinks.run.imported import imported_run, with_checkpoint
+from vitsinks.run.imported import _make, import_key, imported_run, with_checkpoint
 from vitsinks.train.checkpoint import load_backbone
-from vitsinks.utils.errors import BadValue
+from vitsinks.utils.errors import BadValue, ConfigError
 from vitsinks.utils.rundir import RunDir, find_runs
 
 REG = ("exp=reg", "model.layerscale_init=1.0")  # the DINOv2-reg layout below: 4 registers, layer scale
@@ -37,14 +38,16 @@ def dinov2_like(path: Path, seed: int = 0) -> VisionTransformer:
 
 def test_an_import_computes_what_the_timm_model_does_and_is_read_again_not_rewritten(tmp_path: Path) -> None:
     ref = dinov2_like(tmp_path / "dinov2_like.pth")
-    cfg = tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={tmp_path / 'dinov2_like.pth'}")
+    cfg = tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={tmp_path / 'dinov2_like.pth'}",
+                   "views.global_size=64", "trainfree.method=zero_massive", "seed=3")
     run = imported_run(cfg)
     assert run.path == tmp_path / "runs" / "dinov2_like"
     model, saved = load_backbone(run.last)
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(model.eval().forward_features(x), ref.forward_features(x), atol=1e-5, rtol=1e-5)
     assert saved.imported == "dinov2_like" and saved.model.pretrained is None  # the weights are in the checkpoint
-    assert saved.views.global_size == 32 and saved.model.registers == 4
+    assert saved.views.global_size == 32 and saved.model.registers == 4  # the size the model takes, not the views'
+    assert saved.seed == 3 and saved.trainfree.method is None  # the command's seed, not its own settings
     assert json.loads(run.status.read_text()) == {"status": "finished",
                                                   "imported_from": str(tmp_path / "dinov2_like.pth")}
     stamp = run.last.stat().st_mtime_ns
@@ -57,8 +60,10 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
     torch.save(tiny_vit().state_dict(), weights)
     run = imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
     before = run.last.read_bytes()
-    with pytest.raises(BadValue, match="holds its import with other model settings"):
+    with pytest.raises(BadValue, match=re.escape("its import with other architecture settings (qkv_bias: True there "
+                                                 "vs False)")):
         imported_run(tiny_cfg(runs, f"model.pretrained={weights}", "model.qkv_bias=false"))
+    imported_run(tiny_cfg(runs, f"model.pretrained={weights}", "model.drop_path=0.1"))  # not the weights': read
     other = tmp_path / "elsewhere" / "w.pth"  # another file of the same name
     other.parent.mkdir()
     torch.save(tiny_vit().state_dict(), other)
@@ -73,19 +78,35 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
     trained.mkdir()
     (trained / "config.yaml").write_text("name: t\n")
     torch.save(tiny_vit().state_dict(), tmp_path / "t.pth")
-    with pytest.raises(BadValue, match=re.escape(f"{trained} holds a run, not an import of it")):
+    with pytest.raises(BadValue, match=re.escape(f"{trained} is a run, not an import of")):
         imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / 't.pth'}"))
     assert sorted(p.name for p in trained.iterdir()) == ["config.yaml"]
+    for name, what in (("gate+reg", "a variant"), ("quant", "a folder of the runs folder")):
+        torch.save(tiny_vit().state_dict(), tmp_path / f"{name}.pt")  # its rows would merge with the variant's
+        with pytest.raises(BadValue, match=re.escape(f"imported as '{name}', which names {what}: rename the file")):
+            imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / f'{name}.pt'}"))
+    assert sorted(p.name for p in runs.iterdir()) == ["t", "w"]  # and no half-made import left behind
 
 
-def test_an_import_under_several_ranks_is_refused_with_the_way_out(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    weights = tmp_path / "w.pth"
+def test_two_processes_importing_at_once_end_with_one_import(tmp_path: Path) -> None:
+    """The second to finish finds the first's import in place: the same one is kept (its rename loses), another
+    one is refused; neither leaves its hidden folder behind."""
+    weights, runs = tmp_path / "w.pth", tmp_path / "runs"
     torch.save(tiny_vit().state_dict(), weights)
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(BadValue, match="imported in one process"):
-        with_checkpoint(tiny_cfg(tmp_path / "runs", f"model.pretrained={weights}"))
-    assert not (tmp_path / "runs").exists()
+    cfg = tiny_cfg(runs, f"model.pretrained={weights}")
+    run = imported_run(cfg)
+    stamp = run.last.stat().st_mtime_ns
+    _make(cfg, run, import_key(cfg))  # a slower process made the same import: its rename fails, quietly
+    assert run.last.stat().st_mtime_ns == stamp
+    other = tiny_cfg(runs, f"model.pretrained={weights}", "model.attn=relu")  # the same weights load
+    with pytest.raises(BadValue, match="other architecture settings"):
+        _make(other, run, import_key(other))
+    assert sorted(p.name for p in runs.iterdir()) == ["w"]
+
+
+def test_imported_is_not_a_setting() -> None:
+    with pytest.raises(ConfigError, match=re.escape("imported=x (set by vitsinks")):
+        load_config(["imported=x"])
 
 
 @pytest.mark.slow

@@ -239,7 +239,7 @@ class TrainFreeConfig:
     massive: int = bounded(2, ge=1)  # mean_massive / zero_massive: how many of the largest activation channels
     probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
     overwrite: bool = False  # replace an existing derived run of the same source and method (else: refused)
-    source: str | None = None  # set by vitsinks.trainfree: the checkpoint (or pretrained model) the edit was fitted on
+    source: str | None = None  # set by vitsinks.trainfree: the checkpoint the edit was fitted on
 
 
 @dataclass
@@ -311,7 +311,7 @@ class Config:
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
-    imported: str | None = None  # set by the import of `model.pretrained`: the untrained model this run holds
+    imported: str | None = None  # set by vitsinks: the pretrained model this run holds, imported without training
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)
@@ -431,6 +431,9 @@ def check_config(cfg: DictConfig) -> None:
             problems.append(f"model.img_size={img} is not a multiple of model.patch_size={patch}")
         if dim > 0 and heads > 0 and dim % heads:
             problems.append(f"model.embed_dim={dim} is not divisible by model.num_heads={heads}")
+    if cfg.get("imported"):
+        problems.append(f"imported={cfg.imported} (set by vitsinks on the run it imports a pretrained model as: pass "
+                        f"model.pretrained=<timm name or weights file>)")
     st = cfg.intervene
     if st.shard is not None and st.nshards is not None and st.shard >= st.nshards:
         problems.append(f"intervene.shard={st.shard} (must be < intervene.nshards={st.nshards})")

@@ -2,6 +2,7 @@
 
     python -m vitsinks.eval.dense ckpt=runs/<name>/checkpoints/last.pt data=ade20k data.root=/datasets/ade
     python -m vitsinks.eval.dense ckpt=... data=voc data.root=/datasets/voc eval.dense_protocol=kempner
+    python -m vitsinks.eval.dense model=dinov2_small data=ade20k data.root=...   # a pretrained model (its import)
 
 Both protocols train a per-patch linear map on the final-norm patch tokens ([CLS] and registers dropped), logits
 upsampled bilinearly, cross-entropy with 255 ignored, AdamW; mIoU, per-class IoU and pixel accuracy come from one

@@ -1,6 +1,7 @@
 """Linear probing of a frozen backbone (DINOv2 protocol).
 
     python -m vitsinks.eval.linear ckpt=runs/<name>/checkpoints/last.pt data=imagenet data.root=/datasets/imagenet
+    python -m vitsinks.eval.linear model=dinov2_small data=imagenet data.root=...   # a pretrained model (its import)
 
 Features ([CLS] of the last 1 or 4 blocks, optionally with the average-pooled patch tokens) are extracted once and
 cached in fp16; a grid of learning rates x {last 1, last 4 blocks} x {[CLS], [CLS] + avgpool} linear heads is

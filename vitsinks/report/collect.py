@@ -3,7 +3,8 @@
 The columns are those of the registered result types (`vitsinks.utils.results.result_types`, in rank order) and
 the block mitigations' (`vitsinks.models.mitigations.mitigation_columns`, read from the diagnostics summary), shown
 in the order of their groups (quality, mechanism, causal). A run is named by its architecture
-(`vitsinks.models.run_variant`), not by the exp config it was launched with.
+(`vitsinks.models.run_variant`), not by the exp config it was launched with; an imported pretrained model
+(`vitsinks.run.imported`) by its own name; a derived run by its source's name and its edit.
 """
 
 from __future__ import annotations

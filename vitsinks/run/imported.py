@@ -1,90 +1,126 @@
 """A pretrained model (`model.pretrained=` a timm name or a weights file) imported as a run, so that every command
 reads it as it reads a trained run's checkpoint and the leaderboard tabulates it beside the trained variants:
 
-    <runs_dir>/<model>/config.yaml          the command's config: `imported` names the model, `model.pretrained` is
-                                            cleared (the weights are in the checkpoint)
+    <runs_dir>/<model>/config.yaml          the schema's defaults with the importing command's `model` (its
+                                            `pretrained` cleared: the weights are in the checkpoint), `data`, `seed`
+                                            and `exp`, `views.global_size` the model's image size, `imported: <model>`
                        checkpoints/last.pt  the backbone's weights (no training state)
                        source.json          what made the weights: the source (a file with its size and time) and
-                                            the model settings
+                                            the architecture settings
                        status.json          finished, with `imported_from`
 
-`<model>` is `utils.rundir.model_name`'s. The import is made on first use and read after; a folder of that name made
-of anything else (another file of the same name, other model settings, a trained run) is refused, never replaced.
+`<model>` is `utils.rundir.model_name`'s. Like a trained run's, the import's data and seed are what later commands
+read unless their command line names other data. The import is made on first use, in a hidden folder renamed into
+place when whole (concurrent processes, e.g. several ranks, each make one and the first rename wins), and read
+after; a folder of that name made of anything else (another file of the same name, other architecture settings, a
+trained run) is refused, never replaced.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
+import timm
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.schema import to_container
+from vitsinks.configs.schema import exp_names, to_container, upgrade
 from vitsinks.models import model_from_config
-from vitsinks.train.checkpoint import save_state
+from vitsinks.train.checkpoint import arch_of, save_state
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import SOURCE, RunDir, model_name
 
+RESERVED = ("diagnostics", "interventions", "quant", "sweeps")  # the runs folder's own folders
+
 
 def import_key(cfg: DictConfig) -> dict[str, Any]:
     """Everything that determines an import's weights: the source (a file by its absolute path, with its size and
-    modification time, so that a rewritten file is a new model) and the model settings."""
+    modification time, so that a rewritten file is a new model) and the architecture settings."""
     source, version = str(cfg.model.pretrained), None
     path = Path(source).expanduser()
     if path.is_file():
         source, version = str(path.resolve()), f"{path.stat().st_size}:{path.stat().st_mtime_ns}"
-    return {"source": source, "version": version,
-            "model": to_container(OmegaConf.merge(cfg.model, {"pretrained": None}))}
+    return {"source": source, "version": version, "model": arch_of(to_container(cfg.model))}
+
+
+def _refusal(run: RunDir, held: dict[str, Any] | None, key: dict[str, Any]) -> str:
+    """Why the folder `run` cannot be this import, and the way out."""
+    if held is None:
+        return f"{run.path} is a run, not an import of {key['source']}: give this model another runs_dir="
+    if held.get("source") != key["source"]:
+        what = f"the import of {held.get('source')}"
+    elif held.get("version") != key["version"]:
+        what = "the import of an earlier version of that file (it has changed since)"
+    else:
+        diff = ", ".join(f"{k}: {v!r} there vs {key['model'].get(k)!r}" for k, v in held.get("model", {}).items()
+                         if key["model"].get(k) != v)
+        what = f"its import with other architecture settings ({diff})"
+    return f"{run.path} holds {what}: delete that folder, or give this model another runs_dir="
+
+
+def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any]) -> None:
+    """Write the import into a hidden folder beside `run` and rename it into place (refused if another process's
+    import got there first and differs)."""
+    model = model_from_config(cfg.model)
+    tmp = RunDir(run.path.parent / f".{run.name}.import-{secrets.token_hex(4)}")
+    run_cfg = upgrade({"name": run.name, "runs_dir": str(run.path.parent), "exp": cfg.exp, "seed": cfg.seed,
+                       "imported": run.name, "data": to_container(cfg.data),
+                       "model": {**to_container(cfg.model), "pretrained": None},
+                       "views": {"global_size": model.patch_embed.img_size[0]}})
+    try:
+        tmp.start(run_cfg)
+        save_state({"config": to_container(run_cfg), "model": model.state_dict()}, tmp.last)
+        files.write_json(tmp.path / SOURCE, {**key, "timm": timm.__version__})
+        tmp.write_status("finished", imported_from=str(cfg.model.pretrained))
+        try:
+            os.rename(tmp.path, run.path)
+        except OSError:  # another process's import (or a run) is there now
+            if _held(run) != key:
+                raise BadValue(_refusal(run, _held(run), key)) from None
+    finally:
+        shutil.rmtree(tmp.path, ignore_errors=True)
+
+
+def _held(run: RunDir) -> dict[str, Any] | None:
+    """The key an import's folder records (without the timm version, recorded for the reader), or None."""
+    record = run.path / SOURCE
+    if not record.is_file():
+        return None
+    held = json.loads(record.read_text())
+    held.pop("timm", None)
+    return held
 
 
 def imported_run(cfg: DictConfig) -> RunDir:
     """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import of the
-    same source with the same model settings."""
+    same source with the same architecture settings."""
     if not cfg.model.pretrained:
-        raise BadValue("name the model: ckpt=runs/<name>/checkpoints/last.pt or model.pretrained=<timm name or file>")
+        raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
+                       "model.pretrained=<timm name or weights file>")
     name = model_name(str(cfg.model.pretrained), str(cfg.name))
+    if name in exp_names() or name in RESERVED:
+        raise BadValue(f"model.pretrained={cfg.model.pretrained} would be imported as '{name}', which names "
+                       f"{'a variant' if name in exp_names() else 'a folder of the runs folder'}: rename the file")
     run, key = RunDir(Path(cfg.runs_dir) / name), import_key(cfg)
-    record = run.path / SOURCE
-    if run.path.exists():
-        held = json.loads(record.read_text()) if record.is_file() else None
-        if held == key and run.last.is_file():
-            return run
-        what = ("a run, not an import of it" if held is None
-                else f"the import of {held.get('source')}" if held.get("source") != key["source"]
-                else "the import of an earlier version of that file" if held.get("version") != key["version"]
-                else "its import with other model settings" if held.get("model") != key["model"]
-                else "an unfinished import of it")
-        raise BadValue(f"{run.path} holds {what}: delete that folder, or give this model another runs_dir=")
-    model = model_from_config(cfg.model)
-    run_cfg = OmegaConf.merge(cfg, {"name": name, "runs_dir": str(run.path.parent), "imported": name,
-                                    "ckpt": None, "run": None, "model": {"pretrained": None},
-                                    "trainfree": {"method": None, "source": None},  # the command's edit is not its
-                                    "views": {"global_size": model.patch_embed.img_size[0]}})
-    run.lock()
-    try:
-        run.start(run_cfg)
-        save_state({"config": to_container(run_cfg), "model": model.state_dict()}, run.last)
-        files.write_json(record, key)  # last: a folder without it was not finished, and is refused
-        run.write_status("finished", imported_from=str(cfg.model.pretrained))
-    finally:
-        run.unlock()
-    print(f"imported {cfg.model.pretrained} as {run.path}")
+    if not run.path.exists():
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        _make(cfg, run, key)
+        print(f"imported {cfg.model.pretrained} as the run {run.path}")
+    elif _held(run) != key or not run.last.is_file():
+        raise BadValue(_refusal(run, _held(run), key))
+    else:
+        print(f"reading {cfg.model.pretrained} from its import {run.path}")
     return run
 
 
 def checkpoint_of(cfg: DictConfig) -> Path:
-    """The checkpoint a command reads: `ckpt=`, else the import of `model.pretrained=` (`imported_run`), made in
-    one process (several ranks would race to write it)."""
-    if cfg.ckpt:
-        return Path(cfg.ckpt)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.model.pretrained:
-        raise BadValue(f"{cfg.model.pretrained} is imported in one process: run this command once without torchrun "
-                       f"(or any of diagnose / quantize / trainfree on it), then pass ckpt=<runs_dir>/<model>/"
-                       f"checkpoints/last.pt")
-    return imported_run(cfg).last
+    """The checkpoint a command reads: `ckpt=`, else the import of `model.pretrained=` (`imported_run`)."""
+    return Path(cfg.ckpt) if cfg.ckpt else imported_run(cfg).last
 
 
 def with_checkpoint(cfg: DictConfig) -> DictConfig:

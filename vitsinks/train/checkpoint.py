@@ -211,6 +211,12 @@ def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def arch_of(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The architecture fields (`ARCH_KEYS`) of a complete model config, as `check_compatible` compares them."""
+    arch = _arch(model_cfg)
+    return {k: arch.get(k) for k in ARCH_KEYS}
+
+
 # Beside the architecture, the fields that give the run's other modules their shapes (probe and head sizes).
 STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), ("objective", "proj_hidden"),
               ("objective", "proj_out"), ("objective", "proj_layers"))

@@ -1,5 +1,5 @@
-"""A derived run: a trained backbone (a run's checkpoint or a pretrained model) with a post-hoc edit, laid out as a
-run so that every command reads it.
+"""A derived run: a trained backbone (a run's checkpoint, or a pretrained model's import) with a post-hoc edit,
+laid out as a run so that every command reads it.
 
     <runs_dir>/<source run>+<method>/config.yaml        the source's config, `trainfree` filled in
                                     checkpoints/last.pt  the source's backbone weights + the fitted state

@@ -36,7 +36,7 @@ from vitsinks.utils.errors import BadValue
 STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
 SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
-SOURCE = "source.json"  # in the folder of a model that is not a run: which model its results are of
+SOURCE = "source.json"  # in an import or a loose checkpoint file's folder: which model its results are of
 NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
 
 
