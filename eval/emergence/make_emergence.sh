@@ -4,7 +4,8 @@
 # and the sink diagnostics (64 fixed test images) every 200 steps, fp32 everywhere. Each finished run then gets the
 # residual side, W8A8 and the training-free mitigations (eval/residual/steps.sh: its probes, quantization, diagnosis,
 # three derived runs) and its over-training figure.
-#   bash eval/emergence/make_emergence.sh           # each run in turn: train, its steps, both leaderboards (banked)
+#   bash eval/emergence/make_emergence.sh           # each run in turn (every variant's seed 0 first): train, its
+#                                                     steps, both leaderboards (banked)
 #   bash eval/emergence/make_emergence.sh train     # train every run and take its steps; PARALLEL=8 trains 8 at once
 #   bash eval/emergence/make_emergence.sh report    # the steps of any finished run left, then both leaderboards:
 #     eval/emergence/leaderboard (the trained runs) and eval/residual/fashion_mnist (with the training-free rows)
@@ -72,7 +73,8 @@ manifest() {
 }
 
 report() {
-  local name src d trained=() derived=() done_=0 total=$(( ${#VARIANTS[@]} * ${#SEEDS[@]} )) title note
+  # (v and s local too: the training loop that calls this after each run iterates with the same names)
+  local v s name src d trained=() derived=() done_=0 total=$(( ${#VARIANTS[@]} * ${#SEEDS[@]} )) title note
   # the banked runs (trained and derived) that this runs folder lacks, copied in to be tabulated beside its own
   for src in "$BANK"/emergence-*/; do
     [ -d "$src" ] || continue
