@@ -9,6 +9,8 @@
 EVAL=(eval.max_train_images=1024 eval.max_val_images=512 eval.linear_epochs=5 eval.dense_epochs=5)
 PAGES=${PAGES:-eval/residual/reports}
 read -ra METHODS <<<"${METHODS:-test_time_register mean_massive zero_massive}"  # the training-free edits derived
+# the steps' own progress bars stay out of the driver's log (a training's still reach its run's log)
+step() { TQDM_DISABLE=1 python -m "$@"; }
 
 # a run whose training finished; the finished trained runs under a folder (derived runs end in +<method>, not -s<seed>)
 finished_run() { grep -qs '"finished"' "$1/status.json"; }
@@ -27,9 +29,9 @@ derived_done() { [ -f "$1/diagnostics/final/summary.json" ] && [ -f "$1/results/
 probe_run() {
   local run=$1
   [ -f "$run/results/linear.json" ] || { echo "$(basename "$run"): linear probe"
-    python -m vitsinks.eval.linear ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
+    step vitsinks.eval.linear ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
   compgen -G "$run/results/dense_*.json" > /dev/null || { echo "$(basename "$run"): dense probe"
-    python -m vitsinks.eval.dense ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
+    step vitsinks.eval.dense ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null; }
 }
 
 quantize_diagnose() {
@@ -42,8 +44,8 @@ quantize_diagnose() {
     echo "$(basename "$run"): done already"; return 0
   fi
   echo "$(basename "$run"): $([ -n "$quantized" ] && echo "diagnose (quantized already)" || echo "quantize, diagnose")"
-  [ -n "$quantized" ] || python -m vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
-  python -m vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null  # after: its page shows results/quant.json
+  [ -n "$quantized" ] || step vitsinks.quantize ckpt="$run/checkpoints/last.pt" "${EVAL[@]}" > /dev/null
+  step vitsinks.diagnose ckpt="$run/checkpoints/last.pt" > /dev/null  # after: its page shows results/quant.json
   case "$run" in *-s0)  # one page per seed-0 run is committed
     page="$PAGES/$(basename "$run")"
     mkdir -p "$page" && cp "$run/diagnostics/last/report.html" "$page/";;
@@ -60,12 +62,12 @@ derive() {
     fi
     if derived_done "$derived"; then
       if current "$derived"/diagnostics/{final,last}/summary.json; then echo "$(basename "$derived"): done already"
-      else python -m vitsinks.diagnose ckpt="$derived/checkpoints/last.pt" > /dev/null
+      else step vitsinks.diagnose ckpt="$derived/checkpoints/last.pt" > /dev/null
            echo "$(basename "$derived"): diagnosed again (sink share)"; fi
       continue
     fi
     # a derived run left half-made (interrupted before its diagnosis or probes) is made again
-    if ! out=$(python -m vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" \
+    if ! out=$(step vitsinks.trainfree ckpt="$run/checkpoints/last.pt" method="$method" \
                runs_dir="$(dirname "$run")" trainfree.overwrite="$([ -d "$derived" ] && echo true || echo false)" \
                "${EVAL[@]}" 2>&1); then
       grep -q "has no artifact for register neurons" <<<"$out" || { echo "$out" >&2; return 1; }
