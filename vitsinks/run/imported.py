@@ -56,6 +56,8 @@ def _refusal(run: RunDir, held: dict[str, Any] | None, key: dict[str, Any]) -> s
         what = f"the import of {held.get('source')}"
     elif held.get("version") != key["version"]:
         what = "the import of an earlier version of that file (it has changed since)"
+    elif held == key:
+        what = "its import without checkpoints/last.pt"
     else:
         diff = ", ".join(f"{k}: {v!r} there vs {key['model'].get(k)!r}" for k, v in held.get("model", {}).items()
                          if key["model"].get(k) != v)
