@@ -81,11 +81,12 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
     with pytest.raises(BadValue, match=re.escape(f"{trained} is a run, not an import of")):
         imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / 't.pth'}"))
     assert sorted(p.name for p in trained.iterdir()) == ["config.yaml"]
-    for name, what in (("gate+reg", "a variant"), ("quant", "a folder of the runs folder")):
+    for name, what in (("gate+reg", "a variant"), ("softpick+reg", "a variant"),  # (no exp file names the second)
+                       ("quant", "a folder of the runs folder")):
         torch.save(tiny_vit().state_dict(), tmp_path / f"{name}.pt")  # its rows would merge with the variant's
         with pytest.raises(BadValue, match=re.escape(f"imported as '{name}', which names {what}: rename the file")):
             imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / f'{name}.pt'}"))
-    assert sorted(p.name for p in runs.iterdir()) == ["t", "w"]  # and no half-made import left behind
+    assert sorted(p.name for p in runs.iterdir()) == ["t", "w"]
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the file as it was imported
     run.last.unlink()  # an import that lost its weights
     with pytest.raises(BadValue, match="holds its import without checkpoints/last.pt: delete that folder"):

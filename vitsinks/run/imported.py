@@ -29,13 +29,19 @@ import timm
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import exp_names, to_container, upgrade
-from vitsinks.models import model_from_config
+from vitsinks.models import ATTN_KINDS, model_from_config
 from vitsinks.train.checkpoint import arch_of, save_state
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import SOURCE, RunDir, model_name
 
-RESERVED = ("diagnostics", "interventions", "quant", "sweeps")  # the runs folder's own folders
+RESERVED = ("diagnostics", "interventions", "quant", "sweeps", "slurm_logs")  # the runs folder's own folders
+
+
+def names_a_variant(name: str) -> bool:
+    """`name` reads as a variant's (`reg`, `softpick+reg`, `global+pen`): its rows would merge with that variant's."""
+    parts = {p for e in exp_names() for p in e.split("+")} | set(ATTN_KINDS) | {"pen"}
+    return all(p in parts for p in name.split("+"))
 
 
 def import_key(cfg: DictConfig) -> dict[str, Any]:
@@ -51,6 +57,8 @@ def import_key(cfg: DictConfig) -> dict[str, Any]:
 def _refusal(run: RunDir, held: dict[str, Any] | None, key: dict[str, Any]) -> str:
     """Why the folder `run` cannot be this import, and the way out."""
     if held is None:
+        if not run.config.is_file():
+            return f"{run.path} holds no import (no {SOURCE}): delete that folder, or give this model another runs_dir="
         return f"{run.path} is a run, not an import of {key['source']}: give this model another runs_dir="
     if held.get("source") != key["source"]:
         what = f"the import of {held.get('source')}"
@@ -59,8 +67,9 @@ def _refusal(run: RunDir, held: dict[str, Any] | None, key: dict[str, Any]) -> s
     elif held == key:
         what = "its import without checkpoints/last.pt"
     else:
-        diff = ", ".join(f"{k}: {v!r} there vs {key['model'].get(k)!r}" for k, v in held.get("model", {}).items()
-                         if key["model"].get(k) != v)
+        there = held.get("model", {})
+        diff = ", ".join(f"{k}: {there.get(k)!r} there vs {key['model'].get(k)!r}"
+                         for k in sorted(set(there) | set(key["model"])) if key["model"].get(k) != there.get(k))
         what = f"its import with other architecture settings ({diff})"
     return f"{run.path} holds {what}: delete that folder, or give this model another runs_dir="
 
@@ -82,6 +91,8 @@ def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any]) -> None:
         try:
             os.rename(tmp.path, run.path)
         except OSError:  # another process's import (or a run) is there now
+            if not run.path.exists():
+                raise
             if _held(run) != key:
                 raise BadValue(_refusal(run, _held(run), key)) from None
     finally:
@@ -105,9 +116,9 @@ def imported_run(cfg: DictConfig) -> RunDir:
         raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
                        "model.pretrained=<timm name or weights file>")
     name = model_name(str(cfg.model.pretrained), str(cfg.name))
-    if name in exp_names() or name in RESERVED:
+    if names_a_variant(name) or name in RESERVED:
         raise BadValue(f"model.pretrained={cfg.model.pretrained} would be imported as '{name}', which names "
-                       f"{'a variant' if name in exp_names() else 'a folder of the runs folder'}: rename the file")
+                       f"{'a variant' if names_a_variant(name) else 'a folder of the runs folder'}: rename the file")
     run, key = RunDir(Path(cfg.runs_dir) / name), import_key(cfg)
     if not run.path.exists():
         run.path.parent.mkdir(parents=True, exist_ok=True)
