@@ -93,13 +93,13 @@ def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any]) -> None:
         except OSError:  # another process's import (or a run) is there now
             if not run.path.exists():
                 raise
-            if _held(run) != key:
-                raise BadValue(_refusal(run, _held(run), key)) from None
+            if _import_record(run) != key:
+                raise BadValue(_refusal(run, _import_record(run), key)) from None
     finally:
         shutil.rmtree(tmp.path, ignore_errors=True)
 
 
-def _held(run: RunDir) -> dict[str, Any] | None:
+def _import_record(run: RunDir) -> dict[str, Any] | None:
     """The key an import's folder records (without the timm version, recorded for the reader), or None."""
     record = run.path / SOURCE
     if not record.is_file():
@@ -124,8 +124,8 @@ def imported_run(cfg: DictConfig) -> RunDir:
         run.path.parent.mkdir(parents=True, exist_ok=True)
         _make(cfg, run, key)
         print(f"imported {cfg.model.pretrained} as the run {run.path}")
-    elif _held(run) != key or not run.last.is_file():
-        raise BadValue(_refusal(run, _held(run), key))
+    elif _import_record(run) != key or not run.last.is_file():
+        raise BadValue(_refusal(run, _import_record(run), key))
     else:
         print(f"reading {cfg.model.pretrained} from its import {run.path}")
     return run
