@@ -47,6 +47,41 @@ def test_a_trial_must_not_write_into_the_committed_study(tmp_path: Path) -> None
     assert not list(tmp_path.iterdir())
 
 
+# A stand-in for `python` on the script's PATH: it records each `-m vitsinks.<command>` it is asked for (with the run
+# name a training gets) and writes only the files the script checks; `python -c` goes to the real interpreter.
+FAKE_PYTHON = f"""#!/usr/bin/env bash
+if [ "$1" != -m ]; then exec {sys.executable} "$@"; fi
+mod=$2; shift 2; name=; runs=; ckpt=; run=
+for a in "$@"; do case $a in name=*) name=${{a#name=}};; runs_dir=*) runs=${{a#runs_dir=}};;
+                              ckpt=*) ckpt=${{a#ckpt=}};; run=*) run=${{a#run=}};; esac; done
+echo "$mod $name" >> "$CALLS"
+case $mod in
+  vitsinks.launch) mkdir -p "$runs/$name/checkpoints" && touch "$runs/$name/checkpoints/last.pt" &&
+                   echo '{{"status": "finished"}}' > "$runs/$name/status.json";;
+  vitsinks.diagnose) if [ -n "$run" ]; then mkdir -p "$run/diagnostics" && touch "$run/diagnostics/over_training.png"
+                     else d=$(dirname "$(dirname "$ckpt")")/diagnostics/last; mkdir -p "$d" && touch "$d/report.html"; fi;;
+esac
+"""
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_the_driver_trains_every_run_once_seed_by_seed_and_reports_after_each(tmp_path: Path, parallel: int) -> None:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python").write_text(FAKE_PYTHON)
+    (bin_ / "python").chmod(0o755)
+    calls = tmp_path / "calls"
+    out = study(tmp_path, "runs", VARIANTS="base gate", SEEDS="0 1", PARALLEL=str(parallel), CALLS=str(calls),
+                PATH=f"{bin_}{os.pathsep}{PATH}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = calls.read_text().splitlines()
+    trained = [line.split()[1] for line in lines if line.startswith("vitsinks.launch ")]
+    order = ["emergence-base-s0", "emergence-gate-s0", "emergence-base-s1", "emergence-gate-s1"]
+    # one at a time: in seed-major order, and both boards written after each run; in parallel: once, at the end
+    assert (trained if parallel == 1 else sorted(trained)) == (order if parallel == 1 else sorted(order))
+    assert sum(line.startswith("vitsinks.leaderboard") for line in lines) == (8 if parallel == 1 else 2)
+
+
 @pytest.mark.slow
 def test_each_run_is_banked_and_a_later_session_tabulates_it_without_training_it_again(tmp_path: Path) -> None:
     require_fashion_mnist()

@@ -80,7 +80,7 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
 
 def _file_id(path: Path) -> str:
     """A file as a cache key part: where it is, its size and its modification time (a rewritten file is new)."""
-    return f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
+    return f"{path.resolve()}:{files.stamp(path)}"
 
 
 def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:

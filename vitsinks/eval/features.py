@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,8 +42,7 @@ def patch_features(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
 
 
 def _stat(path: str | Path) -> str:
-    st = os.stat(path)
-    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    return f"{path}:{files.stamp(path)}"
 
 
 def dataset_fingerprint(ds: Dataset) -> str:

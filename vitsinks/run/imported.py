@@ -50,7 +50,7 @@ def import_key(cfg: DictConfig) -> dict[str, Any]:
     source, version = str(cfg.model.pretrained), None
     path = Path(source).expanduser()
     if path.is_file():
-        source, version = str(path.resolve()), f"{path.stat().st_size}:{path.stat().st_mtime_ns}"
+        source, version = str(path.resolve()), files.stamp(path)
     return {"source": source, "version": version, "model": arch_of(to_container(cfg.model))}
 
 

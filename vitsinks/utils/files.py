@@ -50,6 +50,12 @@ def torch_save(obj: Any, path: Path) -> None:
         torch.save(obj, f)
 
 
+def stamp(path: str | Path) -> str:
+    """A file's version as a cache key part, `size:mtime_ns`: a rewritten file (or one copied over it) is new."""
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 def remove_leftovers(folder: Path) -> list[Path]:
     """Delete the temp files of writes that were killed (`.<name>.<random>.tmp`) in `folder`; return them."""
     found = sorted(Path(folder).glob(f".*{TMP_SUFFIX}")) if Path(folder).is_dir() else []
