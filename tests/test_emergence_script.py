@@ -58,8 +58,9 @@ echo "$mod $name" >> "$CALLS"
 case $mod in
   vitsinks.launch) mkdir -p "$runs/$name/checkpoints" && touch "$runs/$name/checkpoints/last.pt" &&
                    echo '{{"status": "finished"}}' > "$runs/$name/status.json";;
-  vitsinks.diagnose) if [ -n "$run" ]; then mkdir -p "$run/diagnostics" && touch "$run/diagnostics/over_training.png"
-                     else d=$(dirname "$(dirname "$ckpt")")/diagnostics/last; mkdir -p "$d" && touch "$d/report.html"; fi;;
+  vitsinks.diagnose)
+    if [ -n "$run" ]; then mkdir -p "$run/diagnostics" && touch "$run/diagnostics/over_training.png"
+    else d=$(dirname "$(dirname "$ckpt")")/diagnostics/last; mkdir -p "$d" && touch "$d/report.html"; fi;;
 esac
 """
 
