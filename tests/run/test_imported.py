@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
@@ -18,7 +19,7 @@ from vitsinks.eval import linear
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.quantize import quantize
 from vitsinks.report.collect import collect
-from vitsinks.run.imported import _make, import_key, imported_run, with_checkpoint
+from vitsinks.run.imported import _make, import_key, imported_run, with_checkpoint, with_tag
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.errors import BadValue, ConfigError
 from vitsinks.utils.rundir import RunDir, find_runs
@@ -107,6 +108,23 @@ def test_two_processes_importing_at_once_end_with_one_import(tmp_path: Path) -> 
     with pytest.raises(BadValue, match="other architecture settings"):
         _make(other, run, import_key(other))
     assert sorted(p.name for p in runs.iterdir()) == ["w"]
+
+
+def test_a_timm_name_and_its_default_tag_are_one_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arch = "vit_small_patch14_reg4_dinov2"
+    tag = timm.create_model(arch, pretrained=False).pretrained_cfg["tag"]  # the weights timm loads for the bare name
+    asked: list[str] = []
+
+    def hub(name: str, pretrained: bool = False, **kw: object) -> VisionTransformer:  # the hub, offline
+        asked.append(name)
+        return dinov2_like(tmp_path / "hub.pth")
+
+    monkeypatch.setattr(timm, "create_model", hub)
+    bare = imported_run(tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={arch}"))
+    tagged = imported_run(tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={arch}.{tag}"))
+    assert bare.path == tagged.path == tmp_path / "runs" / f"{arch}.{tag}"
+    assert asked == [f"{arch}.{tag}"]  # imported once, read the second time
+    assert with_tag(str(tmp_path / "hub.pth")) == str(tmp_path / "hub.pth")  # a file is named by its file
 
 
 def test_imported_is_not_a_setting() -> None:

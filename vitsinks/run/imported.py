@@ -44,6 +44,16 @@ def names_a_variant(name: str) -> bool:
     return all(p in parts for p in name.split("+"))
 
 
+def with_tag(source: str) -> str:
+    """A timm name with the tag of the weights timm would load for it (`vit_small_patch16_224` ->
+    `vit_small_patch16_224.augreg_in21k_ft_in1k`), so that both spellings are one import; anything else unchanged."""
+    if Path(source).expanduser().is_file() or "." in source or ":" in source:
+        return source
+    pretrained = timm.models.get_pretrained_cfg(source)
+    tag = getattr(pretrained, "tag", None) if pretrained is not None else None
+    return f"{source}.{tag}" if tag else source
+
+
 def import_key(cfg: DictConfig) -> dict[str, Any]:
     """Everything that determines an import's weights: the source (a file by its absolute path, with its size and
     modification time, so that a rewritten file is a new model) and the architecture settings."""
@@ -115,6 +125,7 @@ def imported_run(cfg: DictConfig) -> RunDir:
     if not cfg.model.pretrained:
         raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
                        "model.pretrained=<timm name or weights file>")
+    cfg = OmegaConf.merge(cfg, {"model": {"pretrained": with_tag(str(cfg.model.pretrained))}})  # type: ignore[assignment]
     name = model_name(str(cfg.model.pretrained), str(cfg.name))
     if names_a_variant(name) or name in RESERVED:
         raise BadValue(f"model.pretrained={cfg.model.pretrained} would be imported as '{name}', which names "
