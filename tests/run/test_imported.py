@@ -70,11 +70,13 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
     torch.save(tiny_vit().state_dict(), other)
     with pytest.raises(BadValue, match=re.escape(f"{run.path} holds the import of {weights.resolve()}: delete")):
         imported_run(tiny_cfg(runs, f"model.pretrained={other}"))
-    stat = weights.stat()
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file rewritten in place, same size
+    stat, imported_bytes = weights.stat(), weights.read_bytes()
+    torch.save(tiny_vit().state_dict(), weights)  # the file rewritten in place: other weights, the same size
+    assert weights.stat().st_size == stat.st_size
     with pytest.raises(BadValue, match="holds the import of an earlier version of that file"):
         imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
     assert run.last.read_bytes() == before  # nothing was replaced
+    weights.write_bytes(imported_bytes)
     trained = runs / "t"  # a trained run's folder, whose name a weights file t.pth would take
     trained.mkdir()
     (trained / "config.yaml").write_text("name: t\n")
@@ -92,6 +94,21 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
     run.last.unlink()  # an import that lost its weights
     with pytest.raises(BadValue, match="holds its import without checkpoints/last.pt: delete that folder"):
         imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
+
+
+def test_a_moved_or_copied_file_reads_its_import(tmp_path: Path) -> None:
+    weights, runs = tmp_path / "w.pth", tmp_path / "runs"
+    torch.save(tiny_vit().state_dict(), weights)
+    run = imported_run(tiny_cfg(runs, f"model.pretrained={weights}"))
+    stamp = run.last.stat().st_mtime_ns
+    copy = tmp_path / "copied" / "w.pth"  # a new path and a new modification time, the same bytes
+    copy.parent.mkdir()
+    copy.write_bytes(weights.read_bytes())
+    weights.unlink()
+    assert imported_run(tiny_cfg(runs, f"model.pretrained={copy}")).path == run.path
+    assert run.last.stat().st_mtime_ns == stamp  # read, not imported again
+    with pytest.raises(BadValue, match="other architecture settings"):  # the bytes alone do not make it the same
+        imported_run(tiny_cfg(runs, f"model.pretrained={copy}", "model.qkv_bias=false"))
 
 
 def test_two_processes_importing_at_once_end_with_one_import(tmp_path: Path) -> None:

@@ -5,15 +5,16 @@ reads it as it reads a trained run's checkpoint and the leaderboard tabulates it
                                             `pretrained` cleared: the weights are in the checkpoint), `data`, `seed`
                                             and `exp`, `views.global_size` the model's image size, `imported: <model>`
                        checkpoints/last.pt  the backbone's weights (no training state)
-                       source.json          what made the weights: the source (a file with its size and time) and
-                                            the architecture settings
+                       source.json          what made the weights: the source (a file with its size, time and
+                                            SHA-256) and the architecture settings
                        status.json          finished, with `imported_from`
 
-`<model>` is `utils.rundir.model_name`'s. Like a trained run's, the import's data and seed are what later commands
-read unless their command line names other data. The import is made on first use, in a hidden folder renamed into
-place when whole (concurrent processes, e.g. several ranks, each make one and the first rename wins), and read
-after; a folder of that name made of anything else (another file of the same name, other architecture settings, a
-trained run) is refused, never replaced.
+`<model>` is `utils.rundir.model_name`'s (a timm name with its weights' tag). Like a trained run's, the import's data
+and seed are what later commands read unless their command line names other data. The import is made on first use, in
+a hidden folder renamed into place when whole (concurrent processes, e.g. several ranks, each make one and the first
+rename wins), and read after, also from a file moved or copied since (its bytes are the same); a folder of that name
+made of anything else (another file of the same name, other architecture settings, a trained run) is refused, never
+replaced.
 """
 
 from __future__ import annotations
@@ -64,23 +65,34 @@ def import_key(cfg: DictConfig) -> dict[str, Any]:
     return {"source": source, "version": version, "model": arch_of(to_container(cfg.model))}
 
 
-def _refusal(run: RunDir, held: dict[str, Any] | None, key: dict[str, Any]) -> str:
-    """Why the folder `run` cannot be this import, and the way out."""
+def _same_file(run: RunDir, held: dict[str, Any], key: dict[str, Any]) -> bool:
+    """`run` was imported from `key`'s source: the same name (a file also of the same size and time), or a file with
+    the same bytes (moved or copied since)."""
+    if (held.get("source"), held.get("version")) == (key["source"], key["version"]):
+        return True
+    digest = json.loads((run.path / SOURCE).read_text()).get("sha256")
+    return key["version"] is not None and digest is not None and files.sha256(key["source"]) == digest
+
+
+def _refusal(run: RunDir, key: dict[str, Any]) -> str | None:
+    """Why the folder `run` cannot be this import, and the way out; None when it is this import."""
+    held = _import_record(run)
     if held is None:
         if not run.config.is_file():
             return f"{run.path} holds no import (no {SOURCE}): delete that folder, or give this model another runs_dir="
         return f"{run.path} is a run, not an import of {key['source']}: give this model another runs_dir="
-    if held.get("source") != key["source"]:
-        what = f"the import of {held.get('source')}"
-    elif held.get("version") != key["version"]:
-        what = "the import of an earlier version of that file (it has changed since)"
-    elif held == key:
-        what = "its import without checkpoints/last.pt"
-    else:
+    if not _same_file(run, held, key):
+        what = (f"the import of {held.get('source')}" if held.get("source") != key["source"] else
+                "the import of an earlier version of that file (it has changed since)")
+    elif held.get("model") != key["model"]:
         there = held.get("model", {})
         diff = ", ".join(f"{k}: {there.get(k)!r} there vs {key['model'].get(k)!r}"
                          for k in sorted(set(there) | set(key["model"])) if key["model"].get(k) != there.get(k))
         what = f"its import with other architecture settings ({diff})"
+    elif not run.last.is_file():
+        what = "its import without checkpoints/last.pt"
+    else:
+        return None
     return f"{run.path} holds {what}: delete that folder, or give this model another runs_dir="
 
 
@@ -96,32 +108,34 @@ def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any]) -> None:
     try:
         tmp.start(run_cfg)
         save_state({"config": to_container(run_cfg), "model": model.state_dict()}, tmp.last)
-        files.write_json(tmp.path / SOURCE, {**key, "timm": timm.__version__})
+        digest = files.sha256(key["source"]) if key["version"] is not None else None  # a file's bytes
+        files.write_json(tmp.path / SOURCE, {**key, "sha256": digest, "timm": timm.__version__})
         tmp.write_status("finished", imported_from=str(cfg.model.pretrained))
         try:
             os.rename(tmp.path, run.path)
         except OSError:  # another process's import (or a run) is there now
             if not run.path.exists():
                 raise
-            if _import_record(run) != key:
-                raise BadValue(_refusal(run, _import_record(run), key)) from None
+            if (refused := _refusal(run, key)) is not None:
+                raise BadValue(refused) from None
     finally:
         shutil.rmtree(tmp.path, ignore_errors=True)
 
 
 def _import_record(run: RunDir) -> dict[str, Any] | None:
-    """The key an import's folder records (without the timm version, recorded for the reader), or None."""
+    """The key an import's folder records (without the file's hash and the timm version), or None."""
     record = run.path / SOURCE
     if not record.is_file():
         return None
     held = json.loads(record.read_text())
     held.pop("timm", None)
+    held.pop("sha256", None)
     return held
 
 
 def imported_run(cfg: DictConfig) -> RunDir:
     """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import of the
-    same source with the same architecture settings."""
+    same source (or of a file with the same bytes) with the same architecture settings."""
     if not cfg.model.pretrained:
         raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
                        "model.pretrained=<timm name or weights file>")
@@ -135,8 +149,8 @@ def imported_run(cfg: DictConfig) -> RunDir:
         run.path.parent.mkdir(parents=True, exist_ok=True)
         _make(cfg, run, key)
         print(f"imported {cfg.model.pretrained} as the run {run.path}")
-    elif _import_record(run) != key or not run.last.is_file():
-        raise BadValue(_refusal(run, _import_record(run), key))
+    elif (refused := _refusal(run, key)) is not None:
+        raise BadValue(refused)
     else:
         print(f"reading {cfg.model.pretrained} from its import {run.path}")
     return run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -54,6 +55,15 @@ def stamp(path: str | Path) -> str:
     """A file's version as a cache key part, `size:mtime_ns`: a rewritten file (or one copied over it) is new."""
     st = os.stat(path)
     return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    """The SHA-256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def remove_leftovers(folder: Path) -> list[Path]:
