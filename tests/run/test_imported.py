@@ -90,6 +90,9 @@ def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -
         with pytest.raises(BadValue, match=re.escape(f"imported as '{name}', which names {what}: rename the file")):
             imported_run(tiny_cfg(runs, f"model.pretrained={tmp_path / f'{name}.pt'}"))
     assert sorted(p.name for p in runs.iterdir()) == ["t", "w"]
+    refusal = f"is a run's checkpoint, not weights to import: read it with ckpt={run.last}"
+    with pytest.raises(BadValue, match=re.escape(refusal)):
+        imported_run(tiny_cfg(runs, f"model.pretrained={run.last}"))  # it would be imported as 'last'
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the file as it was imported
     run.last.unlink()  # an import that lost its weights
     with pytest.raises(BadValue, match="holds its import without checkpoints/last.pt: delete that folder"):

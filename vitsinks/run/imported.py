@@ -34,7 +34,7 @@ from vitsinks.models import ATTN_KINDS, model_from_config
 from vitsinks.train.checkpoint import arch_of, save_state
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import SOURCE, RunDir, model_name
+from vitsinks.utils.rundir import SOURCE, RunDir, in_run, model_name
 
 RESERVED = ("diagnostics", "interventions", "quant", "sweeps", "slurm_logs")  # the runs folder's own folders
 
@@ -139,6 +139,9 @@ def imported_run(cfg: DictConfig) -> RunDir:
     if not cfg.model.pretrained:
         raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
                        "model.pretrained=<timm name or weights file>")
+    if in_run(str(cfg.model.pretrained)) and Path(cfg.model.pretrained).expanduser().is_file():
+        raise BadValue(f"model.pretrained={cfg.model.pretrained} is a run's checkpoint, not weights to import: "
+                       f"read it with ckpt={cfg.model.pretrained}")
     cfg = OmegaConf.merge(cfg, {"model": {"pretrained": with_tag(str(cfg.model.pretrained))}})  # type: ignore[assignment]
     name = model_name(str(cfg.model.pretrained), str(cfg.name))
     if names_a_variant(name) or name in RESERVED:
