@@ -7,13 +7,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 read -ra WHICH <<<"${*:-models train diagnostics eval intervene data}"
+rc=0
 for b in "${WHICH[@]}"; do
   out=eval/cpu/$b.txt
-  {
+  if {
     echo "# python -m vitsinks.bench $b ${ARGS:-}"
     echo "# $(date -u +%F) | $(nproc) cores | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
-         "| running/processes at start $(cut -d' ' -f4 /proc/loadavg) | torch $(python -c 'import torch; print(torch.__version__)')"
+         "| running/processes at start $(cut -d' ' -f4 /proc/loadavg)" \
+         "| torch $(python -c 'import torch; print(torch.__version__)')"
     TQDM_DISABLE=1 python -m vitsinks.bench "$b" ${ARGS:-}
-  } > "$out.tmp" && mv "$out.tmp" "$out"  # a failed benchmark leaves the earlier printout in place
-  echo "written: $out"
+  } > "$out.tmp"; then
+    mv "$out.tmp" "$out" && echo "written: $out"
+  else  # the earlier printout stays
+    rm -f "$out.tmp"; echo "$b: the benchmark failed (its message above); $out left as it was" >&2; rc=1
+  fi
 done
+exit $rc

@@ -110,8 +110,22 @@ def test_a_moved_or_copied_file_reads_its_import(tmp_path: Path) -> None:
     weights.unlink()
     assert imported_run(tiny_cfg(runs, f"model.pretrained={copy}")).path == run.path
     assert run.last.stat().st_mtime_ns == stamp  # read, not imported again
+    assert json.loads((run.path / "source.json").read_text())["source"] == str(copy.resolve())  # no hash next time
     with pytest.raises(BadValue, match="other architecture settings"):  # the bytes alone do not make it the same
         imported_run(tiny_cfg(runs, f"model.pretrained={copy}", "model.qkv_bias=false"))
+    raw = tmp_path / "checkpoints" / "raw.pth"  # weights in a folder named checkpoints, not a run's: imported
+    raw.parent.mkdir()
+    raw.write_bytes(copy.read_bytes())
+    assert imported_run(tiny_cfg(runs, f"model.pretrained={raw}")).path == runs / "raw"
+    record = json.loads((run.path / "source.json").read_text())
+    del record["sha256"]  # an import made before the hash was recorded: read by its path and time alone
+    (run.path / "source.json").write_text(json.dumps(record))
+    imported_run(tiny_cfg(runs, f"model.pretrained={copy}"))
+    again = tmp_path / "again" / "w.pth"
+    again.parent.mkdir()
+    again.write_bytes(copy.read_bytes())
+    with pytest.raises(BadValue, match=re.escape(f"holds the import of {copy.resolve()}")):
+        imported_run(tiny_cfg(runs, f"model.pretrained={again}"))
 
 
 def test_two_processes_importing_at_once_end_with_one_import(tmp_path: Path) -> None:
@@ -140,11 +154,13 @@ def test_a_timm_name_and_its_default_tag_are_one_import(tmp_path: Path, monkeypa
         return dinov2_like(tmp_path / "hub.pth")
 
     monkeypatch.setattr(timm, "create_model", hub)
-    bare = imported_run(tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={arch}"))
-    tagged = imported_run(tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={arch}.{tag}"))
-    assert bare.path == tagged.path == tmp_path / "runs" / f"{arch}.{tag}"
-    assert asked == [f"{arch}.{tag}"]  # imported once, read the second time
-    assert with_tag(str(tmp_path / "hub.pth")) == str(tmp_path / "hub.pth")  # a file is named by its file
+    runs = [imported_run(tiny_cfg(tmp_path / "runs", *REG, f"model.pretrained={name}")).path
+            for name in (arch, f"{arch}.{tag}", f"timm/{arch}")]
+    assert runs == [tmp_path / "runs" / f"{arch}.{tag}"] * 3
+    assert asked == [f"{arch}.{tag}"]  # imported once, read after
+    named_so = tmp_path / arch  # a file is named by its file, even one named as a timm model
+    named_so.write_bytes(b"")
+    assert with_tag(str(named_so)) == str(named_so)
 
 
 def test_imported_is_not_a_setting() -> None:

@@ -46,9 +46,13 @@ def names_a_variant(name: str) -> bool:
 
 
 def with_tag(source: str) -> str:
-    """A timm name with the tag of the weights timm would load for it (`vit_small_patch16_224` ->
-    `vit_small_patch16_224.augreg_in21k_ft_in1k`), so that both spellings are one import; anything else unchanged."""
-    if Path(source).expanduser().is_file() or "." in source or ":" in source:
+    """A timm name (without a `timm/` prefix) with the tag of the weights timm would load for it
+    (`vit_small_patch16_224` -> `vit_small_patch16_224.augreg_in21k_ft_in1k`), so that the spellings of one model are
+    one import; a file, a hub name or a name timm has no weights for unchanged."""
+    if Path(source).expanduser().is_file() or ":" in source:
+        return source
+    source = source.removeprefix("timm/")  # timm reads `timm/<name>` as `<name>`
+    if "." in source:
         return source
     pretrained = timm.models.get_pretrained_cfg(source)
     tag = getattr(pretrained, "tag", None) if pretrained is not None else None
@@ -57,7 +61,7 @@ def with_tag(source: str) -> str:
 
 def import_key(cfg: DictConfig) -> dict[str, Any]:
     """Everything that determines an import's weights: the source (a file by its absolute path, with its size and
-    modification time, so that a rewritten file is a new model) and the architecture settings."""
+    modification time: a file rewritten in place is compared by its bytes) and the architecture settings."""
     source, version = str(cfg.model.pretrained), None
     path = Path(source).expanduser()
     if path.is_file():
@@ -139,10 +143,12 @@ def imported_run(cfg: DictConfig) -> RunDir:
     if not cfg.model.pretrained:
         raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
                        "model.pretrained=<timm name or weights file>")
-    if in_run(str(cfg.model.pretrained)) and Path(cfg.model.pretrained).expanduser().is_file():
+    source = Path(cfg.model.pretrained).expanduser()
+    if in_run(source) and source.is_file() and RunDir.of_checkpoint(source).config.is_file():
         raise BadValue(f"model.pretrained={cfg.model.pretrained} is a run's checkpoint, not weights to import: "
                        f"read it with ckpt={cfg.model.pretrained}")
-    cfg = OmegaConf.merge(cfg, {"model": {"pretrained": with_tag(str(cfg.model.pretrained))}})  # type: ignore[assignment]
+    tagged = with_tag(str(cfg.model.pretrained))
+    cfg = OmegaConf.merge(cfg, {"model": {"pretrained": tagged}})  # type: ignore[assignment]
     name = model_name(str(cfg.model.pretrained), str(cfg.name))
     if names_a_variant(name) or name in RESERVED:
         raise BadValue(f"model.pretrained={cfg.model.pretrained} would be imported as '{name}', which names "
@@ -155,6 +161,9 @@ def imported_run(cfg: DictConfig) -> RunDir:
     elif (refused := _refusal(run, key)) is not None:
         raise BadValue(refused)
     else:
+        held = json.loads((run.path / SOURCE).read_text())
+        if (held.get("source"), held.get("version")) != (key["source"], key["version"]):
+            files.write_json(run.path / SOURCE, {**held, **key})  # the file moved: where it is now, hashed no more
         print(f"reading {cfg.model.pretrained} from its import {run.path}")
     return run
 
