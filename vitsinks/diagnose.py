@@ -33,6 +33,7 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.progress import hidden
 from vitsinks.utils.rundir import RunDir, analyses_dir, quant_result
 from vitsinks.utils.tables import write_csv
 
@@ -62,7 +63,7 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     if not summaries and not ckpts:
         raise InputNotFound(f"no diagnostics and no checkpoints/step_*.pt in {run_dir}: is it a run directory?")
     stale = [s for s, p in ckpts.items() if s not in summaries or summaries[s].stat().st_mtime < p.stat().st_mtime]
-    for step in tqdm(sorted(stale), desc="diagnosing checkpoints", unit="ckpt", disable=not stale):
+    for step in tqdm(sorted(stale), desc="diagnosing checkpoints", unit="ckpt", disable=hidden(not stale)):
         diagnose_checkpoint(ckpts[step], cfg)
         summaries[step] = run.summary(ckpts[step].stem)
     rows = [(s, json.loads(summaries[s].read_text())) for s in sorted(summaries)]

@@ -51,6 +51,7 @@ from vitsinks.run.imported import with_checkpoint
 from vitsinks.utils import files  # noqa: E402
 from vitsinks.utils.distributed import rank_world  # noqa: E402
 from vitsinks.utils.errors import ConfigError  # noqa: E402
+from vitsinks.utils.progress import hidden  # noqa: E402
 
 Batch = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]
 Shown = list[tuple[Image.Image, np.ndarray, np.ndarray]]
@@ -124,7 +125,8 @@ def evaluate(model: SinkViT, head: DenseHead, val_ds: Dataset, classes: int, siz
     head.to(device).eval()
     conf = MulticlassConfusionMatrix(classes, ignore_index=IGNORE).to(device)
     rank, world = rank_world()
-    for i in tqdm(range(rank, len(val_ds), world), desc="dense eval", unit="img", disable=rank != 0):  # type: ignore
+    shown = range(rank, len(val_ds), world)  # type: ignore[arg-type]
+    for i in tqdm(shown, desc="dense eval", unit="img", disable=hidden(rank != 0)):
         item = read_item(val_ds, i, on_bad_image)
         if item is None:
             continue
@@ -171,7 +173,8 @@ def fit(head: DenseHead, batch: Batch, n: int, proto: DenseProtocol, seed: int,
     if proto.best_over_epochs:
         record(0)
     losses = []
-    for epoch in tqdm(range(1, proto.epochs + 1), desc=f"dense probe ({proto.name})", unit="epoch"):
+    for epoch in tqdm(range(1, proto.epochs + 1), desc=f"dense probe ({proto.name})", unit="epoch",
+                      disable=hidden()):
         head.train()
         total, count = 0.0, 0
         for idx in torch.randperm(n, generator=gen).split(proto.batch_size)[:per_epoch]:

@@ -19,6 +19,7 @@ from vitsinks.models import SinkViT
 from vitsinks.utils import files
 from vitsinks.utils.distributed import gather_objects, rank_world
 from vitsinks.utils.errors import BadValue, NonFinite, UserError
+from vitsinks.utils.progress import hidden
 
 
 @torch.no_grad()
@@ -128,7 +129,7 @@ def _extract_share(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor
     """`fn`'s features of the items `idx` of `dataset` (fp16), with `index`, the items kept (none: `index` only)."""
     parts: dict[str, list[torch.Tensor]] = {}
     kept: list[int] = []
-    for lo in tqdm(range(0, len(idx), batch_size), desc=desc, unit="batch", disable=rank != 0):
+    for lo in tqdm(range(0, len(idx), batch_size), desc=desc, unit="batch", disable=hidden(rank != 0)):
         batch = [(i, item) for i in idx[lo : lo + batch_size]
                  if (item := read_item(dataset, i, on_bad_image)) is not None]
         if not batch:

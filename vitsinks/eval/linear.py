@@ -30,6 +30,7 @@ from vitsinks.eval.features import cache_key, extract, global_features
 from vitsinks.eval.results import LinearResult
 from vitsinks.run.imported import with_checkpoint
 from vitsinks.utils.distributed import rank_world
+from vitsinks.utils.progress import hidden
 
 POOLS = ("cls", "cls+avgpool")
 
@@ -70,7 +71,7 @@ def train_grid(train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], cla
     steps = epochs * math.ceil(n / batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     gen = torch.Generator().manual_seed(seed)
-    for _ in tqdm(range(epochs), desc="linear probe grid", unit="epoch"):
+    for _ in tqdm(range(epochs), desc="linear probe grid", unit="epoch", disable=hidden()):
         for idx in torch.randperm(n, generator=gen).split(batch_size):
             cls, pm, y = train["cls"][idx].float(), train["patch_mean"][idx].float(), train["label"][idx]
             loss = sum(F.cross_entropy(logits, y) for logits in grid(cls, pm))

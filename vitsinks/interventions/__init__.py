@@ -39,6 +39,7 @@ from vitsinks.interventions.engine import (
 )
 from vitsinks.interventions.subject import Subject, classifier_from_state, from_sequence_model, from_vit
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.progress import hidden
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
     controls = torch.Generator().manual_seed(seed + CONTROLS_SEED_OFFSET)  # gen's draws do not depend on these
     checks, rows = Checks(), []
     bar = tqdm(total=len(ranges) * (len(heads) + model_edits), desc="interventions (heads x batches)",
-               unit="head", disable=not progress)
+               unit="head", disable=hidden(not progress))
     for i, (lo, hi) in enumerate(ranges):
         rows += run_batch(subject, images[lo:hi], None if labels is None else labels[lo:hi], lo, index[lo:hi], plan,
                           rules, gen, checks, check_blocks=i == 0, model_edits=model_edits, controls=controls)

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from vitsinks.models import GlobalPathway, SinkBlock, common_mode_penalty
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.progress import hidden
 
 ARMS = ("attention", "global", "global+pen")
 DIM, LENGTH, STATE_DIM, DEPTH = 64, 32, 64, 2
@@ -218,7 +219,7 @@ def run_broadcast_pathway(steps: int = 1000, seed: int = 0, n_seeds: int = 3, ba
     start = time.perf_counter()
     per_seed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     jobs = [(s, arm) for s in range(seed, seed + n_seeds) for arm in ARMS]
-    for s, arm in tqdm(jobs, desc="broadcast_pathway (seed x arm)", disable=not progress):
+    for s, arm in tqdm(jobs, desc="broadcast_pathway (seed x arm)", disable=hidden(not progress)):
         model, curve = train_arm(arm, s, steps, batch, lr=lr, cm_penalty=cm_penalty, device=device)
         per_seed[arm].append({"seed": s, "final_train_mse": curve[-1], **evaluate_arm(model, s)})
     return {"task": "broadcast_pathway", "seed": seed, "n_seeds": n_seeds, "steps": steps, "batch": batch, "lr": lr,

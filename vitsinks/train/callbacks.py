@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.utils.distributed import all_reduce_sum
+from vitsinks.utils.progress import hidden
 
 if TYPE_CHECKING:  # annotations only: the trainer imports this module
     from vitsinks.train.trainer import Trainer
@@ -62,8 +63,8 @@ class StepMetrics(Callback):
         self.since: tuple[int, float, float] = (0, 0.0, 0.0)  # (step, wait_s, step_s) at the last log
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        self.bar = tqdm(total=trainer.total_steps, initial=trainer.progress.step, disable=not trainer.dist.is_main,
-                        desc=trainer.cfg.name, unit="step", dynamic_ncols=True)
+        self.bar = tqdm(total=trainer.total_steps, initial=trainer.progress.step, desc=trainer.cfg.name, unit="step",
+                        disable=hidden(not trainer.dist.is_main), dynamic_ncols=True)
         self.since = (trainer.progress.step, 0.0, 0.0)  # the trainer's clock starts at zero after this hook
 
     def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
