@@ -12,7 +12,6 @@ import torch
 
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit (the checkpoint loader reads derived runs with it)
 from tests.conftest import TINY, run_module, tiny_cfg, tiny_vit
-from vitsinks.eval import dense, linear
 from vitsinks.quant.results import QuantResult
 from vitsinks.quant.w8a8 import scale_of
 from vitsinks.quantize import cli, probe_changes, probe_eval, quantize
@@ -31,11 +30,11 @@ FAST = ["diagnostics.n_images=4", "diagnostics.plots=false", "diagnostics.report
 
 @pytest.mark.slow
 def test_quantize_end_to_end_on_a_tiny_checkpoint(runs: Path) -> None:
-    Trainer(tiny_cfg(runs, "name=q", "train.max_steps=1", *EVAL)).fit()
+    Trainer(tiny_cfg(runs, "name=q", "seed=1", "train.max_steps=1", *EVAL)).fit()
     ckpt = runs / "q" / "checkpoints" / "last.pt"
-    source = tiny_cfg(runs, f"ckpt={ckpt}", *EVAL)
-    linear.run(source)
-    dense.run(source)
+    for probe in ("vitsinks.eval.linear", "vitsinks.eval.dense"):  # as a user runs them: no seed= given
+        done = run_module(probe, f"ckpt={ckpt}", f"runs_dir={runs}", *TINY, *EVAL)
+        assert done.returncode == 0, done.stderr
     out = run_module("vitsinks.quantize", f"ckpt={ckpt}", f"runs_dir={runs}", "calib_images=8", "n_images=8",
                      *FAST)
     assert out.returncode == 0, out.stderr
@@ -55,10 +54,12 @@ def test_quantize_end_to_end_on_a_tiny_checkpoint(runs: Path) -> None:
     # the probes: the source's own results against the quantized run's, on the same images
     derived = RunDir(run.path / "quant" / "w8a8")
     src_lin, q_lin = (json.loads(r.result("linear").read_text()) for r in (run, derived))
+    src_dense, q_dense = (json.loads(r.result("dense_synthetic").read_text()) for r in (run, derived))
+    # probed with the run's training seed, the source by the command and the quantized copy inside quantize
+    assert src_lin["seed"] == q_lin["seed"] == src_dense["seed"] == q_dense["seed"] == 1
     assert (q_lin["train_images"], q_lin["val_images"]) == (src_lin["train_images"], src_lin["val_images"]) == (32, 8)
     assert obj["linear_top1"] == {"fp32": src_lin["best"]["top1"], "quant": q_lin["best"]["top1"],
                                   "delta": pytest.approx(q_lin["best"]["top1"] - src_lin["best"]["top1"])}
-    src_dense = json.loads(run.result("dense_synthetic").read_text())
     assert obj["dense"]["dense_synthetic"]["fp32"] == pytest.approx(100 * src_dense["mIoU"])
     for c in (obj["online_top1"], obj["linear_top1"], *obj["dense"].values()):
         assert c["delta"] == pytest.approx(c["quant"] - c["fp32"])
@@ -113,6 +114,11 @@ def test_the_quantized_probes_take_the_source_settings_and_images(runs: Path) ->
     linear_change, dense_changes = probe_changes(derived, source)
     assert linear_change == {"fp32": 50.0, "quant": 45.0, "delta": -5.0}
     assert dense_changes == {}  # its probe saw other training images: not compared
+    # probes of two seeds are not compared (a result that records none is, as before seeds were recorded)
+    derived.result("linear").write_text(json.dumps({"train_images": 64, "val_images": 32, "seed": 1,
+                                                    "best": {"top1": 45.0}}))
+    assert probe_changes(derived, {"linear": {**source["linear"], "seed": 0}})[0] is None
+    assert probe_changes(derived, {"linear": {**source["linear"], "seed": 1}})[0] is not None
 
 
 def test_a_second_weights_file_of_the_same_name_is_refused_and_the_first_result_kept(runs: Path,

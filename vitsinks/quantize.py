@@ -24,12 +24,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit, so the derived checkpoint loads
-from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
+from vitsinks.configs.cli import cli_keys, data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images
 from vitsinks.eval.results import DenseResult, LinearResult
@@ -148,10 +147,8 @@ def source_probes(run: RunDir, ckpt: str | None) -> dict[str, dict[str, Any]]:
 def eval_overrides() -> list[str] | None:
     """The `eval.*` keys the running command's command line set (without the `eval.` prefix); None outside a
     command (called from Python)."""
-    if not HydraConfig.initialized():
-        return None
-    keys = [o.split("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
-    return [k.removeprefix("eval.") for k in keys if k.startswith("eval.")]
+    keys = cli_keys()
+    return None if keys is None else [k.removeprefix("eval.") for k in keys if k.startswith("eval.")]
 
 
 def probe_eval(cfg: DictConfig, src: DictConfig, source: dict[str, dict[str, Any]],
@@ -178,6 +175,10 @@ def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Chang
         res = json.loads(path.read_text())
         if any(res.get(f"{s}_images") != src_res.get(f"{s}_images") for s in ("train", "val")):
             print(f"note: {kind} of the quantized run used other images than the source's: not compared")
+            continue
+        if None not in (res.get("seed"), src_res.get("seed")) and res["seed"] != src_res["seed"]:
+            print(f"note: {kind} of the quantized run has probe seed {res['seed']}, the source's {src_res['seed']} "
+                  f"(its `seed=`): not compared")
             continue
         if kind == LinearResult.kind:
             linear = change(LinearResult.from_json(src_res).best["top1"], LinearResult.from_json(res).best["top1"])

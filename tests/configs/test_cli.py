@@ -156,6 +156,12 @@ def test_a_command_reading_a_checkpoint_keeps_its_data_unless_the_command_line_c
     assert (only_policy.name, only_policy.root, only_policy.on_bad_image) == ("imagenet", "/i", "error")
 
 
+def test_a_command_reading_a_checkpoint_probes_with_its_training_seed_unless_the_command_line_gives_one() -> None:
+    assert cli.pick_seed(0, 1, ["ckpt", "data.root"]) == 1  # no seed= on the command line: the checkpoint's
+    assert cli.pick_seed(3, 1, ["ckpt", "seed"]) == 3
+    assert cli.pick_seed(0, 1, None) == 0  # from Python: the config given
+
+
 def test_a_string_argument_is_taken_as_written() -> None:
     from vitsinks.configs.cli import parse_args
     from vitsinks.leaderboard import LeaderboardArgs

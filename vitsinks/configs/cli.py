@@ -64,13 +64,28 @@ def composition_message(err: BaseException) -> str:
     return ": ".join(parts) + " (--help lists the config groups and their options)"
 
 
+def cli_keys() -> list[str] | None:
+    """The keys the running command's command line set; None outside a command (called from Python)."""
+    if not HydraConfig.initialized():
+        return None
+    return [o.split("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
+
+
 def data_overrides() -> list[str] | None:
     """The `data` / `data.*` keys the running command's command line set; None outside a command (called from
     Python)."""
-    if not HydraConfig.initialized():
-        return None
-    keys = [o.split("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
-    return [k for k in keys if k.split(".")[0] == "data"]
+    keys = cli_keys()
+    return None if keys is None else [k for k in keys if k.split(".")[0] == "data"]
+
+
+def pick_seed(cfg_seed: int, ckpt_seed: int, overridden: Sequence[str] | None) -> int:
+    """The seed of a command reading a checkpoint (its probes' data, head init and shuffling): the command line's
+    `seed=` when it gave one, or `cfg_seed` when called from Python (`overridden` None); else the checkpoint's own
+    training seed. So a checkpoint is probed alike after training, by a later command, and as the source of a
+    post-hoc edit (whose run keeps its source's seed): an edit's change of a probe is the edit's, not a seed's."""
+    if overridden is None or "seed" in overridden:
+        return int(cfg_seed)
+    return int(ckpt_seed)
 
 
 def pick_data(cfg_data: DictConfig, ckpt_data: DictConfig, overridden: Sequence[str] | None) -> DictConfig:

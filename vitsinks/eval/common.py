@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset
 
-from vitsinks.configs.cli import data_overrides, pick_data
+from vitsinks.configs.cli import cli_keys, data_overrides, pick_data, pick_seed
 from vitsinks.data.selection import permutation
 from vitsinks.models import SinkViT
 from vitsinks.train.checkpoint import load_backbone
@@ -18,10 +18,11 @@ from vitsinks.utils.results import Result
 from vitsinks.utils.rundir import RunDir, analyses_dir
 
 
-def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, RunDir]:
-    """(frozen backbone on this rank's device, data config, the checkpoint's run directory) for `cfg.ckpt`; a loose
-    checkpoint file's run directory is quantize's, `<runs_dir>/quant/<file name>`. The data is `data` if given, else
-    as `cli.pick_data` decides (the checkpoint's training data unless the command line chose other data)."""
+def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, RunDir, int]:
+    """(frozen backbone on this rank's device, data config, the checkpoint's run directory, the probes' seed) for
+    `cfg.ckpt`; a loose checkpoint file's run directory is quantize's, `<runs_dir>/quant/<file name>`. The data is
+    `data` if given, else as `cli.pick_data` decides (the checkpoint's training data unless the command line chose
+    other data); the seed as `cli.pick_seed` does (the checkpoint's training seed unless the command line gave one)."""
     if not cfg.ckpt:
         raise InputNotFound("pass the model to evaluate: ckpt=runs/<name>/checkpoints/last.pt or "
                             "model.pretrained=<timm name or file>")
@@ -31,7 +32,8 @@ def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, Dic
     model = model.to(dist_info.device).eval().requires_grad_(False)
     if data is None:
         data = pick_data(cfg.data, ckpt_cfg.data, data_overrides())
-    return model, data, RunDir(analyses_dir(path, "quant", cfg.runs_dir))
+    seed = pick_seed(cfg.seed, ckpt_cfg.get("seed", cfg.seed), cli_keys())
+    return model, data, RunDir(analyses_dir(path, "quant", cfg.runs_dir)), seed
 
 
 def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:

@@ -269,14 +269,14 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Train and evaluate the dense probe(s) of `eval.dense_protocol`; write the JSON, the heads and the PNG (a
     pretrained model's: in its imported run, `run.imported`)."""
     cfg = with_checkpoint(cfg)
-    model, data, run = setup(cfg, data)
+    model, data, run, seed = setup(cfg, data)
     e = cfg.eval
     proto, overrides = resolve(e, str(data.name))
     size: int = proto.size or model.patch_embed.img_size[0]
     proto = replace(proto, size=size)
     check_size(model, size)
     device = next(model.parameters()).device
-    train_ds, val_ds = (limit(build_seg_dataset(data, split, cfg.seed, proto.voc_background), n, cfg.protocol.seed)
+    train_ds, val_ds = (limit(build_seg_dataset(data, split, seed, proto.voc_background), n, cfg.protocol.seed)
                         for split, n in (("train", e.max_train_images), ("val", e.max_val_images)))
     classes = num_seg_classes(train_ds)
 
@@ -285,7 +285,7 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
         return {"feats": patch_features(model, x), "label": torch.stack([resize_label(lb, size) for _, lb in items])}
 
     def cached(split: str, ds: Dataset) -> dict[str, torch.Tensor]:
-        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size)
+        key = cache_key(Path(cfg.ckpt), data, ds, seed, split=split, size=size)
         return extract(ds, featurize, run.eval_cache / f"dense-{key}.pt", e.batch_size,
                        f"dense features ({split})", data.on_bad_image)
 
@@ -312,11 +312,11 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
 
     probes, heads = [], []
     for k in range(proto.probe_seeds):
-        torch.manual_seed(cfg.seed + k)  # the head's init and the augmentations: the same command, the same mIoU
+        torch.manual_seed(seed + k)  # the head's init and the augmentations: the same command, the same mIoU
         heads.append(DenseHead(model.embed_dim, classes, proto.batchnorm).to(device))
-        probes.append(fit(heads[-1], batch, n, proto, cfg.seed + k, evaluate_head))
+        probes.append(fit(heads[-1], batch, n, proto, seed + k, evaluate_head))
     miou, std = mean_std([p["mIoU"] for p in probes])
-    details = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes,
+    details = {"checkpoint": str(cfg.ckpt), "data": data.name, "classes": classes, "seed": seed,
                "protocol_settings": proto.settings(), "overrides": overrides, "mIoU_std": std,
                "pixel_acc": mean_std([p["pixel_acc"] for p in probes])[0],
                "per_class_iou": _mean_per_class([p["per_class_iou"] for p in probes]), "probes": probes,

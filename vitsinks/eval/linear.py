@@ -95,7 +95,7 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """Extract (or reuse) features, train the grid, write `results/linear.json` (a pretrained model's: in its
     imported run, `run.imported`)."""
     cfg = with_checkpoint(cfg)
-    model, data, run = setup(cfg, data)
+    model, data, run, seed = setup(cfg, data)
     size, device, e = model.patch_embed.img_size[0], next(model.parameters()).device, cfg.eval
     tf = protocol_transform(size, cfg.protocol)
     blocks = sorted({min(b, len(model.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
@@ -106,20 +106,20 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
         cls, pm = global_features(model, x, n_max)
         return {"cls": cls, "patch_mean": pm, "label": torch.tensor([y for _, y in items])}
 
-    datasets = {split: limit(build_dataset(data, split, cfg.seed), n, cfg.protocol.seed)  # both checked before any work
+    datasets = {split: limit(build_dataset(data, split, seed), n, cfg.protocol.seed)  # both checked before any work
                 for split, n in (("train", e.max_train_images), ("val", e.max_val_images))}
     classes = num_classes(datasets["train"])
     splits = {}
     for split, ds in datasets.items():
-        key = cache_key(Path(cfg.ckpt), data, ds, cfg.seed, split=split, size=size, n_max=n_max,
+        key = cache_key(Path(cfg.ckpt), data, ds, seed, split=split, size=size, n_max=n_max,
                         preprocess=f"{cfg.protocol.crop_pct}:{cfg.protocol.interpolation}")
         splits[split] = extract(ds, features, run.eval_cache / f"lin-{key}.pt", e.batch_size,
                                 f"features ({split})", data.on_bad_image)
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,
-                       e.linear_epochs, e.linear_batch_size, cfg.seed)
+                       e.linear_epochs, e.linear_batch_size, seed)
     result = LinearResult(checkpoint=str(cfg.ckpt), data=data.name, classes=classes,
                           train_images=len(splits["train"]["label"]), val_images=len(splits["val"]["label"]),
-                          best=cells[0], grid=cells)
+                          seed=seed, best=cells[0], grid=cells)
     path = run.result(LinearResult.kind)
     write_result(path, result)
     best = cells[0]

@@ -32,9 +32,10 @@ class LinearResult(Result):
     classes: int | None = None
     train_images: int | None = None
     val_images: int | None = None
+    seed: int | None = None  # the probe's (None: a result written before it was recorded)
     grid: list[dict[str, Any]] | None = None
 
-    _ORDER = ("checkpoint", "data", "classes", "train_images", "val_images", "best", "grid")
+    _ORDER = ("checkpoint", "data", "classes", "train_images", "val_images", "seed", "best", "grid")
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._ORDER if getattr(self, k) is not None}
