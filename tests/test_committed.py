@@ -17,6 +17,7 @@ from vitsinks.report.inputs import INPUTS, RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (".md", ".csv", ".html", ".json")  # the tables, compared as text
+FINDINGS = "findings.md"  # a board's per-run page (eval/residual/findings.py), held by tests/test_findings_script.py
 
 
 def boards() -> list[Path]:
@@ -33,7 +34,7 @@ def stale(board: Path, out: Path) -> list[str]:
         f"command keeps its inputs)")
     assert leaderboard_command([f"runs={board / INPUTS}", f"out={out}"]) == 0
     written = {p.name for p in out.iterdir() if p.suffix in TEXT}
-    committed = {p.name for p in board.iterdir() if p.suffix in TEXT}
+    committed = {p.name for p in board.iterdir() if p.suffix in TEXT and p.name != FINDINGS}
     return sorted(n for n in written | committed
                   if n not in written or n not in committed or (board / n).read_text() != (out / n).read_text())
 

@@ -48,9 +48,10 @@ def test_a_trial_must_not_write_into_the_committed_study(tmp_path: Path) -> None
 
 
 # A stand-in for `python` on the script's PATH: it records each `-m vitsinks.<command>` it is asked for (with the run
-# name a training gets) and writes only the files the script checks; `python -c` goes to the real interpreter.
+# name a training gets) and each findings page (with its board), and writes only the files the script checks;
+# `python -c` goes to the real interpreter.
 FAKE_PYTHON = f"""#!/usr/bin/env bash
-if [ "$1" != -m ]; then exec {sys.executable} "$@"; fi
+case $1 in -m) ;; */findings.py) echo "findings $2" >> "$CALLS"; exit 0;; *) exec {sys.executable} "$@";; esac
 mod=$2; shift 2; name=; runs=; ckpt=; run=
 for a in "$@"; do case $a in name=*) name=${{a#name=}};; runs_dir=*) runs=${{a#runs_dir=}};;
                               ckpt=*) ckpt=${{a#ckpt=}};; run=*) run=${{a#run=}};; esac; done
@@ -81,6 +82,7 @@ def test_the_driver_trains_every_run_once_seed_by_seed_and_reports_after_each(tm
     # one at a time: in seed-major order, and both boards written after each run; in parallel: once, at the end
     assert (trained if parallel == 1 else sorted(trained)) == (order if parallel == 1 else sorted(order))
     assert sum(line.startswith("vitsinks.leaderboard") for line in lines) == (8 if parallel == 1 else 2)
+    assert sum(line.startswith("findings ") for line in lines) == (4 if parallel == 1 else 1)  # with the board
 
 
 @pytest.mark.slow
@@ -97,6 +99,7 @@ def test_each_run_is_banked_and_a_later_session_tabulates_it_without_training_it
     assert (tmp_path / "pages" / "emergence-base-s0" / "report.html").is_file()
     assert rows(tmp_path / "out" / "leaderboard") == ["emergence-base-s0"]  # the trained runs only
     assert rows(tmp_path / "board") == ["emergence-base-s0", "emergence-base-s0+zero_massive"]
+    assert "| emergence-base-s0 |" in (tmp_path / "board" / "findings.md").read_text()
     assert not title(tmp_path / "board").endswith("so far")
     board_before = (tmp_path / "board" / "leaderboard.md").read_text()
 

@@ -34,21 +34,30 @@ def summary(k5: list[float], ratio: list[float], top: list[float]) -> dict:
 def write_board(board: Path) -> None:
     runs = [("toy-base-s0", "base", 0, 60.0, 61.0, 15.0, 1e-4, 0.5, -0.25, -0.1),
             ("toy-base-s1", "base", 1, 62.0, 63.5, 15.5, 3e-4, 0.0, 0.0, 0.0),
-            ("toy-base-s0+zero_massive", "base + zeroed", 0, "nan", 62.5, 14.75, "nan", "nan", "nan", "nan")]
+            ("toy-base-s2", "base", 2, "nan", 62.0, 16.0, 2e-4, 0.0, 0.0, 0.0),  # no online probe
+            ("toy-base-s0+zero_massive", "base + zeroed", 0, "nan", 62.5, 14.75, "nan", "nan", "nan", "nan"),
+            ("toy-base-s1+zero_massive", "base + zeroed", 1, "nan", 63.0, 15.5, "nan", "nan", "nan", "nan")]
     with (board / "runs.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         w.writerows(runs)
-    (board / "leaderboard.csv").write_text("variant,seeds\nbase,2\nbase + zeroed,1\n")
+    (board / "leaderboard.csv").write_text("variant,seeds\nbase,3\nbase + zeroed,2\n")
     plants = {"toy-base-s0": summary([0.0, 0.0, 0.5], [2.5, 2.0, 1.5], [12.0, 9.0, 8.0]),
               "toy-base-s1": summary([0.25, 0.0, 0.0], [2.0, 1.8, 1.25], [11.0, 9.0, 7.0]),
-              "toy-base-s0+zero_massive": summary([0.0, 0.0, 0.0], [2.0, 1.5, 1.5], [5.0, 5.0, 5.0])}
+              "toy-base-s2": summary([0.0, 0.0, 0.0], [2.0, 1.8, 1.25], [11.0, 9.0, 7.0]),
+              "toy-base-s0+zero_massive": summary([0.0, 0.0, 0.0], [2.0, 1.5, 1.5], [5.0, 5.0, 5.0]),
+              "toy-base-s1+zero_massive": summary([0.0, 0.0, 0.0], [2.0, 1.5, 1.5], [5.0, 5.0, 5.0])}
+    # probe seeds: s1's edit was probed with seed 0 (its linear result) although s1 trained with seed 1
+    seeds = {"toy-base-s0": 0, "toy-base-s0+zero_massive": 0, "toy-base-s1": 1, "toy-base-s1+zero_massive": 0}
     for run, s in plants.items():
         (board / "inputs" / run / "diagnostics" / "last").mkdir(parents=True)
         (board / "inputs" / run / "diagnostics" / "last" / "summary.json").write_text(json.dumps(s))
-        config = {"trainfree": {"method": "zero_massive", "source": "runs/toy-base-s0/checkpoints/last.pt"}} \
-            if "+" in run else {"trainfree": {"method": "zero_massive", "source": None}}
-        (board / "inputs" / run / "config.yaml").write_text(yaml.safe_dump(config))
+        source = f"runs/{run.split('+')[0]}/checkpoints/last.pt" if "+" in run else None
+        (board / "inputs" / run / "config.yaml").write_text(
+            yaml.safe_dump({"trainfree": {"method": "zero_massive", "source": source}}))
+        if run in seeds:
+            (board / "inputs" / run / "results").mkdir()
+            (board / "inputs" / run / "results" / "linear.json").write_text(json.dumps({"seed": seeds[run]}))
 
 
 def table(page: str, heading: str) -> list[list[str]]:
@@ -62,21 +71,40 @@ def test_findings_of_a_planted_board(tmp_path: Path) -> None:
     write_board(tmp_path)
     page = findings.findings(tmp_path)
     residual = table(page, "Residual side")
-    assert [r[0] for r in residual] == ["toy-base-s0", "toy-base-s1"]  # trained runs only, seed-major
+    assert [r[0] for r in residual] == ["toy-base-s0", "toy-base-s1", "toy-base-s2"]  # trained runs, seed-major
     # s0: most > 5x at block 2 (0.5), patches > 5x at the last block 0.5; s1: at block 0 (0.25), none at the last
     assert residual[0][1:] == ["7.00", "0.25", "0.50 (2)", "0.00", "0.50", "2.50 -> 1.50", "12.0 -> 8.0"]
     assert residual[1][3:6] == ["0.25 (0)", "0.00", "0.00"]
+    assert residual[2][3] == "0.00"  # no token > 5x anywhere: no block named
     probes = table(page, "Probes under the training-free edits and W8A8")
-    # the derived run's change against its source run (62.5 - 61.0, 14.75 - 15.0); s1 has no derived run
+    # the derived run's change against its source run (62.5 - 61.0, 14.75 - 15.0)
     assert probes[0] == ["toy-base-s0", "61.00", "15.00", "+1.50 / -0.25", "1.0e-04", "+0.50 / -0.25 / -0.10"]
-    assert probes[1][3] == "-"
+    assert probes[1][3] == findings.MIXED  # its edit was probed with seed 0, the run with seed 1
+    assert probes[2][3] == "-"  # no derived run
+    # linear 61 / 63.5 / 62, online 60 / 62 / none (two seeds have it), mIoU 15 / 15.5 / 16, W8A8 1e-4 .. 3e-4
     assert table(page, "Seed range per variant (max - min over its seeds)") == [
-        ["base", "2", "2.50", "2.00", "0.50", "2.0e-04"]]
+        ["base", "3", "2.50", "2.00 (2)", "1.00", "2.0e-04"]]
+
+
+def test_the_script_writes_beside_the_tables_it_reads(tmp_path: Path) -> None:
+    (tmp_path / "board").mkdir()
+    write_board(tmp_path / "board")
+    out = tmp_path / "again"
+    out.mkdir()
+    for name in ("runs.csv", "leaderboard.csv"):
+        (out / name).write_text((tmp_path / "board" / name).read_text().replace("63.5", "64.5"))
+    assert findings.main([str(tmp_path / "board"), str(out)]) == 0
+    assert not (tmp_path / "board" / "findings.md").exists()
+    assert table((out / "findings.md").read_text(), "Probes under the training-free edits and W8A8")[1][1] == "64.50"
 
 
 def test_the_script_refuses_a_folder_that_is_not_a_board(tmp_path: Path, capsys) -> None:
     assert findings.main([str(tmp_path)]) == 2
-    assert "a leaderboard folder with runs.csv" in capsys.readouterr().err
+    assert "usage: python eval/residual/findings.py BOARD [OUT]" in capsys.readouterr().err
+    for name in ("runs.csv", "leaderboard.csv"):  # the tables without the inputs they were written from
+        (tmp_path / name).write_text("run\n")
+    assert findings.main([str(tmp_path)]) == 2
+    assert "has no inputs/" in capsys.readouterr().err
     assert not (tmp_path / "findings.md").exists()
 
 

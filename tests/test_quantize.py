@@ -119,6 +119,12 @@ def test_the_quantized_probes_take_the_source_settings_and_images(runs: Path) ->
                                                     "best": {"top1": 45.0}}))
     assert probe_changes(derived, {"linear": {**source["linear"], "seed": 0}})[0] is None
     assert probe_changes(derived, {"linear": {**source["linear"], "seed": 1}})[0] is not None
+    # a dense result written before the seed was recorded on top: its head's seed
+    derived.result("dense_synthetic").write_text(json.dumps({"train_images": 40, "val_images": 32, "mIoU": 0.2,
+                                                             "probes": [{"seed": 1}]}))
+    dense = {"dense_synthetic": {**source["dense_synthetic"], "probes": [{"seed": 0}]}}
+    assert probe_changes(derived, dense)[1] == {}
+    assert probe_changes(derived, {"dense_synthetic": {**dense["dense_synthetic"], "seed": 1}})[1] != {}
 
 
 def test_a_second_weights_file_of_the_same_name_is_refused_and_the_first_result_kept(runs: Path,

@@ -31,7 +31,7 @@ import vitsinks.quant  # noqa: F401 - registers the w8a8 edit, so the derived ch
 from vitsinks.configs.cli import cli_keys, data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images
-from vitsinks.eval.results import DenseResult, LinearResult
+from vitsinks.eval.results import DenseResult, LinearResult, probe_seed
 from vitsinks.models import SinkViT
 from vitsinks.models.weights import load
 from vitsinks.objectives.base import Runtime
@@ -176,9 +176,10 @@ def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Chang
         if any(res.get(f"{s}_images") != src_res.get(f"{s}_images") for s in ("train", "val")):
             print(f"note: {kind} of the quantized run used other images than the source's: not compared")
             continue
-        if None not in (res.get("seed"), src_res.get("seed")) and res["seed"] != src_res["seed"]:
-            print(f"note: {kind} of the quantized run has probe seed {res['seed']}, the source's {src_res['seed']} "
-                  f"(its `seed=`): not compared")
+        seeds = probe_seed(res), probe_seed(src_res)
+        if None not in seeds and seeds[0] != seeds[1]:
+            print(f"note: {kind} of the quantized run has probe seed {seeds[0]}, the source's {seeds[1]}: not compared "
+                  f"(probe the source again without seed=)")
             continue
         if kind == LinearResult.kind:
             linear = change(LinearResult.from_json(src_res).best["top1"], LinearResult.from_json(res).best["top1"])

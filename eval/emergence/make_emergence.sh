@@ -8,7 +8,8 @@
 #                                                     steps, both leaderboards (banked)
 #   bash eval/emergence/make_emergence.sh train     # train every run and take its steps; PARALLEL=8 trains 8 at once
 #   bash eval/emergence/make_emergence.sh report    # the steps of any finished run left, then both leaderboards:
-#     eval/emergence/leaderboard (the trained runs) and eval/residual/fashion_mnist (with the training-free rows)
+#     eval/emergence/leaderboard (the trained runs) and eval/residual/fashion_mnist (with the training-free rows,
+#     and findings.md: the per-run numbers, eval/residual/findings.py)
 # The study spans sessions: the leaderboards' committed inputs are its bank. A run whose inputs are committed in
 # eval/residual/fashion_mnist/inputs (with its derived runs; its over-training figure beside this script) is not
 # trained again; `report` copies the banked runs a runs folder lacks into it and tabulates them beside the new ones.
@@ -102,6 +103,7 @@ report() {
   python -m vitsinks.leaderboard runs="$RUNS/.trained/sweep.json" out="$OUT/leaderboard" title="$title" > /dev/null
   title="vitsinks Fashion-MNIST emergence runs with training-free mitigations and W8A8 (vit_cpu, 32 px, 1,200 steps)"
   python -m vitsinks.leaderboard runs="$RUNS/.with_derived/sweep.json" out="$BOARD" title="$title$note" > /dev/null
+  python eval/residual/findings.py "$BOARD" > /dev/null  # its per-run numbers (findings.md)
   echo "written: $OUT/leaderboard, $BOARD ($done_ of $total runs)"
 }
 

@@ -3,8 +3,10 @@
 training-free edits' and W8A8's change of its probes, and per variant the seed range those changes are judged against.
 
     python eval/residual/findings.py eval/residual/fashion_mnist      # writes eval/residual/fashion_mnist/findings.md
+    python eval/residual/findings.py BOARD OUT                        # reads OUT's tables (BOARD written again there)
 
 The leaderboard gives each variant's mean and spread; this gives the runs one by one, for claims about single seeds.
+`bash eval/regenerate.sh` writes it again beside the leaderboard; tests/test_findings_script.py fails while it is stale.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from pathlib import Path
 
 import yaml
 
+from vitsinks.eval.results import probe_seed
+from vitsinks.report.inputs import INPUTS
+from vitsinks.trainfree import mitigations
+
 REPO = Path(__file__).resolve().parents[2]
-INPUTS = "inputs"  # vitsinks.report.inputs.INPUTS (not imported, so that the script runs without the package)
+PAGE = "findings.md"
+MIXED = "probe seeds differ"  # a change between probes of two seeds is a seed's, not the edit's: not shown
 
 
 def _num(text: str) -> float:
@@ -51,6 +58,20 @@ def _sources(board: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _probe_seeds(board: Path, run: str, kinds: list[str]) -> set[int]:
+    """The seeds `run`'s probe results of these kinds (linear, dense_*) record (none for results that do not)."""
+    found = (board / INPUTS / run / "results" / f"{k}.json" for k in kinds)
+    return {s for p in found if p.is_file() and (s := probe_seed(json.loads(p.read_text()))) is not None}
+
+
+def _span(values: list[float], spec: str) -> str:
+    """max - min of the values that exist; `(n)` after it when only n of the seeds have one; - under two."""
+    have = [v for v in values if not math.isnan(v)]
+    if len(have) < 2:
+        return "-"
+    return f"{max(have) - min(have):{spec}}" + ("" if len(have) == len(values) else f" ({len(have)})")
+
+
 def _shown(board: Path) -> str:
     """`board` as the page names it: relative to the repository when in it (the same page from anywhere)."""
     try:
@@ -59,26 +80,34 @@ def _shown(board: Path) -> str:
         return board.as_posix()
 
 
-def findings(board: Path) -> str:
-    """The findings page (markdown) of the leaderboard folder `board`."""
-    rows = {r["run"]: r for r in csv.DictReader((board / "runs.csv").open())}
+def findings(board: Path, tables: Path | None = None) -> str:
+    """The findings page (markdown) of the leaderboard folder `board`: its tables (runs.csv, leaderboard.csv) read
+    from `tables` (default `board`), the diagnostics summaries, configs and probe results from `board`'s inputs."""
+    tables = tables or board
+    rows = {r["run"]: r for r in csv.DictReader((tables / "runs.csv").open())}
     sources = _sources(board)
-    # the leaderboard's order of variants, seed-major
-    order = [r["variant"] for r in csv.DictReader((board / "leaderboard.csv").open())]
+    order = [r["variant"] for r in csv.DictReader((tables / "leaderboard.csv").open())]
+    # seed-major, the leaderboard's order of variants within a seed
     trained = sorted((r for r in rows if r not in sources), key=lambda r: (int(rows[r]["seed"]),
                                                                              order.index(rows[r]["variant"])))
-    dense = next((c for c in next(iter(rows.values())) if c.startswith("dense_")
+    dense = next((c for c in sorted(next(iter(rows.values()))) if c.startswith("dense_")
                   and any(not math.isnan(_num(r[c])) for r in rows.values())), None)
-    edits: dict[str, dict[str, dict]] = defaultdict(dict)
+    kinds = ["linear"] + ([dense] if dense else [])
+    edits: dict[str, dict[str, str]] = defaultdict(dict)
     for derived, (parent, method) in sources.items():
-        edits[parent][method] = rows[derived]
-    methods = sorted({m for _, m in sources.values()})
+        edits[parent][method] = derived
+    present = {m for _, m in sources.values()}
+    methods = [m for m in mitigations() if m in present] + sorted(present - set(mitigations()))
+
+    def miou(r: dict) -> float:
+        return _num(r[dense]) if dense else math.nan
 
     lines = [f"# Per-run findings: {_shown(board)}", "",
              f"Written by `python eval/residual/findings.py {_shown(board)}` from the leaderboard's inputs. "
              "Blocks are counted from 0; a token's norm is compared with the median norm of its image at that block. "
-             "A missing training-free row (-) is an edit the run refused or was not given.", "",
-             "## Residual side", "",
+             "A missing training-free row (-) is an edit the run refused or was not given; "
+             f"\"{MIXED}\": the edited run was probed with another seed than its source, so the change is not shown.",
+             "", "## Residual side", "",
              "| run | tokens > 2x / image, first block | > 2x, last block | most > 5x / image (block) | "
              "most > 10x / image | patches > 5x, last block | max / median norm, first -> last | "
              "top act. / median, first -> last |", "|---" * 8 + "|"]
@@ -87,48 +116,60 @@ def findings(board: Path) -> str:
         hn = s["residual"]["high_norm"]
         k2, k5, k10 = (hn[k]["per_image_by_block"] for k in ("2.0", "5.0", "10.0"))
         b5 = max(range(len(k5)), key=k5.__getitem__)
+        most5 = f"{k5[b5]:.2f}" + (f" ({b5})" if k5[b5] > 0 else "")  # no block is named when there is none
         ratio = s["massive_activations"]["ratio_by_block"]
         top = s["residual"]["top_activations"]["ratio_by_block"]
-        lines.append(f"| {run} | {k2[0]:.2f} | {k2[-1]:.2f} | {k5[b5]:.2f} ({b5}) | {max(k10):.2f} | "
+        lines.append(f"| {run} | {k2[0]:.2f} | {k2[-1]:.2f} | {most5} | {max(k10):.2f} | "
                      f"{hn['5.0']['location_by_block']['patch'][-1]:.2f} | {ratio[0]:.2f} -> {ratio[-1]:.2f} | "
                      f"{top[0]:.1f} -> {top[-1]:.1f} |")
 
     head = ["run", "linear top-1", "mIoU"] + [f"{m}: linear / mIoU change" for m in methods] + \
         ["W8A8 1 - cos", "W8A8 linear / online / mIoU change"]
-    lines += ["", "## Probes under the training-free edits and W8A8", "", f"mIoU: `{dense}`.", "",
+    lines += ["", "## Probes under the training-free edits and W8A8", "", f"mIoU: `{dense or 'none'}`.", "",
               "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for run in trained:
         r = rows[run]
-        cells = [run, _fmt(_num(r["linear_top1"])), _fmt(_num(r[dense]))]
+        cells = [run, _fmt(_num(r["linear_top1"])), _fmt(miou(r))]
         for m in methods:
-            e = edits[run].get(m)
-            cells.append("-" if e is None else f"{_delta(_num(e['linear_top1']) - _num(r['linear_top1']))} / "
-                         f"{_delta(_num(e[dense]) - _num(r[dense]))}")
-        cells += [f"{_num(r['w8a8_cos_err']):.1e}", " / ".join(_delta(_num(r[c])) for c in
-                                                                ("w8a8_d_linear", "w8a8_d_online", "w8a8_d_dense"))]
+            derived = edits[run].get(m)
+            if derived is None:
+                cells.append("-")
+            elif len(_probe_seeds(board, run, kinds) | _probe_seeds(board, derived, kinds)) > 1:
+                cells.append(MIXED)
+            else:
+                e = rows[derived]
+                cells.append(f"{_delta(_num(e['linear_top1']) - _num(r['linear_top1']))} / {_delta(miou(e) - miou(r))}")
+        err = _num(r.get("w8a8_cos_err", ""))
+        cells += ["-" if math.isnan(err) else f"{err:.1e}",
+                  " / ".join(_delta(_num(r.get(c, ""))) for c in ("w8a8_d_linear", "w8a8_d_online", "w8a8_d_dense"))]
         lines.append("| " + " | ".join(cells) + " |")
 
     lines += ["", "## Seed range per variant (max - min over its seeds)", "",
+              "(n): over the n seeds that have the value; -: fewer than two.", "",
               "| variant | seeds | linear top-1 | online top-1 | mIoU | W8A8 1 - cos |", "|---" * 6 + "|"]
     by_variant: dict[str, list[dict]] = defaultdict(list)
     for run in trained:
         by_variant[rows[run]["variant"]].append(rows[run])
     for variant, rs in sorted(by_variant.items(), key=lambda item: order.index(item[0])):
-        spans = [max(v) - min(v) for v in ([_num(r[c]) for r in rs] for c in
-                                          ("linear_top1", "online_top1", dense, "w8a8_cos_err"))]
-        lines.append(f"| {variant} | {len(rs)} | " + " | ".join(
-            ("-" if len(rs) < 2 else f"{x:.2f}" if i < 3 else f"{x:.1e}") for i, x in enumerate(spans)) + " |")
+        spans = [_span([_num(r.get(c, "")) for r in rs], ".2f") for c in ("linear_top1", "online_top1")] + \
+            [_span([miou(r) for r in rs], ".2f"), _span([_num(r.get("w8a8_cos_err", "")) for r in rs], ".1e")]
+        lines.append(f"| {variant} | {len(rs)} | " + " | ".join(spans) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not all((Path(argv[0]) / f).is_file() for f in ("runs.csv", "leaderboard.csv")):
-        print("usage: python eval/residual/findings.py BOARD (a leaderboard folder with runs.csv, leaderboard.csv and "
-              "inputs/)", file=sys.stderr)
+    tables = Path(argv[-1]) if argv else Path()
+    if len(argv) not in (1, 2) or not all((tables / f).is_file() for f in ("runs.csv", "leaderboard.csv")):
+        print("usage: python eval/residual/findings.py BOARD [OUT] (BOARD: a leaderboard folder with inputs/; its "
+              "runs.csv and leaderboard.csv read from OUT when given, where findings.md is written)", file=sys.stderr)
         return 2
     board = Path(argv[0])
-    (board / "findings.md").write_text(findings(board))
-    print(f"written: {board / 'findings.md'}")
+    if not (board / INPUTS).is_dir():
+        print(f"{board} has no {INPUTS}/ (the leaderboard command keeps them): rerun its make script",
+              file=sys.stderr)
+        return 2
+    (tables / PAGE).write_text(findings(board, tables))
+    print(f"written: {tables / PAGE}")
     return 0
 
 

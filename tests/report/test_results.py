@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import tiny_vit
 from vitsinks.diagnostics import diagnose, summarize
+from vitsinks.eval.results import probe_seed
 from vitsinks.interventions.report import InterventionsReport, scope_of
 from vitsinks.report import collect  # noqa: F401 - registers every result type the leaderboard shows
 from vitsinks.utils.results import result_types
@@ -21,7 +22,7 @@ def _diagnostics() -> dict[str, Any]:
 
 
 _DENSE = {"checkpoint": "c.pt", "data": "fashion_mnist", "classes": 11, "protocol": "kempner",
-          "protocol_settings": {"size": 32}, "overrides": {}, "mIoU": 0.4, "mIoU_std": 0.0, "pixel_acc": 0.9,
+          "protocol_settings": {"size": 32}, "overrides": {}, "mIoU": 0.4, "seed": 0, "mIoU_std": 0.0, "pixel_acc": 0.9,
           "per_class_iou": [0.5, None], "probes": [{"seed": 0}], "train_images": 8, "val_images": 4, "epochs": 1,
           "augment": True}
 _INTERVENTIONS = {"subject": "run/last (vit)", "n_images": 4, "n_blocks": 2, "checks": {"recompute_tol": 1e-4},
@@ -33,7 +34,8 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "diagnostics": [_diagnostics(), {"sinks_per_image": {}, "massive_activations": {"ratio_by_block": [1.0]}}],
     "interventions": [_INTERVENTIONS, {"by_class": {}}],
     "linear": [{"checkpoint": "c.pt", "data": "synthetic", "classes": 4, "train_images": 8, "val_images": 4,
-                "best": {"lr": 0.1, "top1": 50.0}, "grid": [{"lr": 0.1, "top1": 50.0}]}, {"best": {"top1": 60.0}}],
+                "seed": 0, "best": {"lr": 0.1, "top1": 50.0}, "grid": [{"lr": 0.1, "top1": 50.0}]},
+               {"best": {"top1": 60.0}}],
     "dense": [_DENSE, {"mIoU": 0.2}],
     "online_probe": [{"val/probe_acc": 0.5}],
     "task_fit": [{"val/rel_error": 0.1}],
@@ -67,3 +69,9 @@ def test_interventions_scopes_are_structured() -> None:
     assert report.classes("model")["model"]["drop_registers"]["final_patch_relrms"] == 0.5
     one_block = InterventionsReport.from_json({"by_class": {scope_of(0, 1): {"nop": {}}}})
     assert [s.kind for s in one_block.scopes] == ["main"]  # a one-block model's only block is its main scope
+
+
+def test_the_probe_seed_is_the_recorded_one_else_the_first_dense_heads() -> None:
+    assert probe_seed({"seed": 3, "probes": [{"seed": 5}]}) == 3
+    assert probe_seed({"mIoU": 0.2, "probes": [{"seed": 5}, {"seed": 6}]}) == 5  # written before `seed` was on top
+    assert probe_seed({"best": {"top1": 60.0}}) is None  # an older linear result: unknown, not 0

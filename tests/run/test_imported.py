@@ -163,6 +163,13 @@ def test_a_timm_name_and_its_default_tag_are_one_import(tmp_path: Path, monkeypa
     assert with_tag(str(named_so)) == str(named_so)
 
 
+def test_a_deprecated_timm_alias_is_the_import_of_the_name_timm_maps_it_to() -> None:
+    alias = next(a for a, name in timm.models.get_deprecated_models().items() if a.startswith("vit_") and "." in name)
+    with pytest.warns(UserWarning, match="deprecated"):
+        cfg = timm.create_model(alias, pretrained=False).pretrained_cfg  # timm's own reading of the alias
+    assert with_tag(alias) == with_tag(f"timm/{alias}") == f"{cfg['architecture']}.{cfg['tag']}"
+
+
 def test_imported_is_not_a_setting() -> None:
     with pytest.raises(ConfigError, match=re.escape("imported=x (set by vitsinks")):
         load_config(["imported=x"])

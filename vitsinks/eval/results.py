@@ -55,6 +55,15 @@ class LinearResult(Result):
                 else math.nan}
 
 
+def probe_seed(result: dict[str, Any]) -> int | None:
+    """The seed a probe result (linear or dense JSON) was made with: its `seed`, else its first dense head's (a dense
+    result written before the seed was recorded on top); None when it records none."""
+    if result.get("seed") is not None:
+        return int(result["seed"])
+    heads = result.get("probes") or []
+    return int(heads[0]["seed"]) if heads and heads[0].get("seed") is not None else None
+
+
 def dense_kind(data: str, protocol: str) -> str:
     """The result kind (file stem) of a dense probe: `dense_<data>` under the default protocol, else
     `dense_<data>_<protocol>`."""

@@ -48,10 +48,12 @@ def names_a_variant(name: str) -> bool:
 def with_tag(source: str) -> str:
     """A timm name (without a `timm/` prefix) with the tag of the weights timm would load for it
     (`vit_small_patch16_224` -> `vit_small_patch16_224.augreg_in21k_ft_in1k`), so that the spellings of one model are
-    one import; a file, a hub name or a name timm has no weights for unchanged."""
+    one import, as is a deprecated alias (`vit_small_patch16_224_dino` -> `vit_small_patch16_224.dino`); a file, a hub
+    name or a name timm has no weights for unchanged."""
     if Path(source).expanduser().is_file() or ":" in source:
         return source
     source = source.removeprefix("timm/")  # timm reads `timm/<name>` as `<name>`
+    source = timm.models.get_deprecated_models().get(source) or source  # as timm maps a deprecated alias
     if "." in source:
         return source
     pretrained = timm.models.get_pretrained_cfg(source)
