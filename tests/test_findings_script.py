@@ -47,8 +47,10 @@ def write_board(board: Path) -> None:
               "toy-base-s2": summary([0.0, 0.0, 0.0], [2.0, 1.8, 1.25], [11.0, 9.0, 7.0]),
               "toy-base-s0+zero_massive": summary([0.0, 0.0, 0.0], [2.0, 1.5, 1.5], [5.0, 5.0, 5.0]),
               "toy-base-s1+zero_massive": summary([0.0, 0.0, 0.0], [2.0, 1.5, 1.5], [5.0, 5.0, 5.0])}
-    # probe seeds: s1's edit was probed with seed 0 (its linear result) although s1 trained with seed 1
-    seeds = {"toy-base-s0": 0, "toy-base-s0+zero_massive": 0, "toy-base-s1": 1, "toy-base-s1+zero_massive": 0}
+    # probe seeds, (linear, dense); None: the result records none (an older linear one), absent: no result
+    # s0's edit: its linear seed unrecorded, its dense one 0 (the run's); s1's edit: linear probed with seed 0
+    seeds = {"toy-base-s0": (0, None), "toy-base-s0+zero_massive": (None, 0), "toy-base-s1": (1, 1),
+             "toy-base-s1+zero_massive": (0, 1)}
     for run, s in plants.items():
         (board / "inputs" / run / "diagnostics" / "last").mkdir(parents=True)
         (board / "inputs" / run / "diagnostics" / "last" / "summary.json").write_text(json.dumps(s))
@@ -57,7 +59,13 @@ def write_board(board: Path) -> None:
             yaml.safe_dump({"trainfree": {"method": "zero_massive", "source": source}}))
         if run in seeds:
             (board / "inputs" / run / "results").mkdir()
-            (board / "inputs" / run / "results" / "linear.json").write_text(json.dumps({"seed": seeds[run]}))
+            linear, dense = seeds[run]
+            (board / "inputs" / run / "results" / "linear.json").write_text(
+                json.dumps({} if linear is None else {"seed": linear}))
+            if dense is not None:
+                (board / "inputs" / run / "results" / "dense_toy.json").write_text(
+                    json.dumps({"probes": [{"seed": dense}]}))
+    (board / "inputs" / "leaderboard.json").write_text(json.dumps({"title": "toy"}))
 
 
 def table(page: str, heading: str) -> list[list[str]]:
@@ -79,11 +87,18 @@ def test_findings_of_a_planted_board(tmp_path: Path) -> None:
     probes = table(page, "Probes under the training-free edits and W8A8")
     # the derived run's change against its source run (62.5 - 61.0, 14.75 - 15.0)
     assert probes[0] == ["toy-base-s0", "61.00", "15.00", "+1.50 / -0.25", "1.0e-04", "+0.50 / -0.25 / -0.10"]
-    assert probes[1][3] == findings.MIXED  # its edit was probed with seed 0, the run with seed 1
+    # its edit's linear probe was made with seed 0, the run's with 1: not shown; the dense probes share seed 1
+    assert probes[1][3] == f"{findings.MIXED} / +0.00"
     assert probes[2][3] == "-"  # no derived run
     # linear 61 / 63.5 / 62, online 60 / 62 / none (two seeds have it), mIoU 15 / 15.5 / 16, W8A8 1e-4 .. 3e-4
     assert table(page, "Seed range per variant (max - min over its seeds)") == [
         ["base", "3", "2.50", "2.00 (2)", "1.00", "2.0e-04"]]
+
+
+def test_a_change_between_a_recorded_and_an_unrecorded_probe_seed_is_not_shown() -> None:
+    assert findings._change(62.0, 61.0, (1, None)) == findings.UNKNOWN
+    assert findings._change(62.0, 61.0, (None, None)) == "+1.00"  # both older results: as they were compared
+    assert findings._change(62.0, 61.0, (1, 2)) == findings.MIXED
 
 
 def test_the_script_writes_beside_the_tables_it_reads(tmp_path: Path) -> None:
@@ -99,12 +114,15 @@ def test_the_script_writes_beside_the_tables_it_reads(tmp_path: Path) -> None:
 
 
 def test_the_script_refuses_a_folder_that_is_not_a_board(tmp_path: Path, capsys) -> None:
-    assert findings.main([str(tmp_path)]) == 2
+    assert findings.main([]) == 2
     assert "usage: python eval/residual/findings.py BOARD [OUT]" in capsys.readouterr().err
-    for name in ("runs.csv", "leaderboard.csv"):  # the tables without the inputs they were written from
-        (tmp_path / name).write_text("run\n")
     assert findings.main([str(tmp_path)]) == 2
-    assert "has no inputs/" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"{tmp_path} is not a leaderboard folder with inputs")
+    write_board(tmp_path)
+    (tmp_path / "runs.csv").write_text((tmp_path / "runs.csv").read_text().splitlines()[0] + "\n")  # no runs
+    assert findings.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "tables lack its runs" in err and "python -m vitsinks.leaderboard" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "findings.md").exists()
 
 

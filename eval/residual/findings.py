@@ -21,12 +21,13 @@ from pathlib import Path
 import yaml
 
 from vitsinks.eval.results import probe_seed
-from vitsinks.report.inputs import INPUTS
+from vitsinks.report.inputs import INPUTS, RECORD
 from vitsinks.trainfree import mitigations
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = "findings.md"
 MIXED = "probe seeds differ"  # a change between probes of two seeds is a seed's, not the edit's: not shown
+UNKNOWN = "probe seed unknown"  # one of the two probes records its seed, the other does not
 
 
 def _num(text: str) -> float:
@@ -58,10 +59,23 @@ def _sources(board: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _probe_seeds(board: Path, run: str, kinds: list[str]) -> set[int]:
-    """The seeds `run`'s probe results of these kinds (linear, dense_*) record (none for results that do not)."""
-    found = (board / INPUTS / run / "results" / f"{k}.json" for k in kinds)
-    return {s for p in found if p.is_file() and (s := probe_seed(json.loads(p.read_text()))) is not None}
+def _probe_seeds(board: Path, run: str, kinds: list[str]) -> dict[str, int | None]:
+    """The seed of each of `run`'s probe results of these kinds (linear, dense_*). A result that records none takes
+    the seed another of its run's results records: vitsinks writes a run's linear and dense probes with one seed, and
+    a linear result written before the seed was recorded sits beside a dense one whose heads record it."""
+    found = {k: board / INPUTS / run / "results" / f"{k}.json" for k in kinds}
+    seeds = {k: probe_seed(json.loads(p.read_text())) if p.is_file() else None for k, p in found.items()}
+    known = [s for s in seeds.values() if s is not None]
+    return {k: s if s is not None else (known[0] if known else None) for k, s in seeds.items()}
+
+
+def _change(new: float, old: float, seeds: tuple[int | None, int | None]) -> str:
+    """`new - old`, or why it is not shown: the two probes' seeds differ, or one records its seed and one does not."""
+    if None not in seeds and seeds[0] != seeds[1]:
+        return MIXED
+    if seeds.count(None) == 1:
+        return UNKNOWN
+    return _delta(new - old)
 
 
 def _span(values: list[float], spec: str) -> str:
@@ -106,7 +120,9 @@ def findings(board: Path, tables: Path | None = None) -> str:
              f"Written by `python eval/residual/findings.py {_shown(board)}` from the leaderboard's inputs. "
              "Blocks are counted from 0; a token's norm is compared with the median norm of its image at that block. "
              "A missing training-free row (-) is an edit the run refused or was not given; "
-             f"\"{MIXED}\": the edited run was probed with another seed than its source, so the change is not shown.",
+             f"\"{MIXED}\" (\"{UNKNOWN}\"): the edited run's probe and its source's were made with two seeds (one "
+             "records its seed, the other does not), so the change is not shown; a result that records no seed takes "
+             "the one its run's other probe records (vitsinks probes a run with one seed).",
              "", "## Residual side", "",
              "| run | tokens > 2x / image, first block | > 2x, last block | most > 5x / image (block) | "
              "most > 10x / image | patches > 5x, last block | max / median norm, first -> last | "
@@ -134,11 +150,11 @@ def findings(board: Path, tables: Path | None = None) -> str:
             derived = edits[run].get(m)
             if derived is None:
                 cells.append("-")
-            elif len(_probe_seeds(board, run, kinds) | _probe_seeds(board, derived, kinds)) > 1:
-                cells.append(MIXED)
             else:
-                e = rows[derived]
-                cells.append(f"{_delta(_num(e['linear_top1']) - _num(r['linear_top1']))} / {_delta(miou(e) - miou(r))}")
+                e, ours, theirs = rows[derived], _probe_seeds(board, run, kinds), _probe_seeds(board, derived, kinds)
+                cells.append(" / ".join([
+                    _change(_num(e["linear_top1"]), _num(r["linear_top1"]), (ours["linear"], theirs["linear"])),
+                    _change(miou(e), miou(r), (ours[dense], theirs[dense])) if dense else "-"]))
         err = _num(r.get("w8a8_cos_err", ""))
         cells += ["-" if math.isnan(err) else f"{err:.1e}",
                   " / ".join(_delta(_num(r.get(c, ""))) for c in ("w8a8_d_linear", "w8a8_d_online", "w8a8_d_dense"))]
@@ -158,15 +174,21 @@ def findings(board: Path, tables: Path | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    tables = Path(argv[-1]) if argv else Path()
-    if len(argv) not in (1, 2) or not all((tables / f).is_file() for f in ("runs.csv", "leaderboard.csv")):
+    if len(argv) not in (1, 2):
         print("usage: python eval/residual/findings.py BOARD [OUT] (BOARD: a leaderboard folder with inputs/; its "
               "runs.csv and leaderboard.csv read from OUT when given, where findings.md is written)", file=sys.stderr)
         return 2
-    board = Path(argv[0])
-    if not (board / INPUTS).is_dir():
-        print(f"{board} has no {INPUTS}/ (the leaderboard command keeps them): rerun its make script",
-              file=sys.stderr)
+    board, tables = Path(argv[0]), Path(argv[-1])
+    if not (board / INPUTS / RECORD).is_file():
+        print(f"{board} is not a leaderboard folder with inputs (no {INPUTS}/{RECORD}): give the folder of a "
+              f"leaderboard.md that python -m vitsinks.leaderboard wrote", file=sys.stderr)
+        return 2
+    rows = {r["run"] for r in csv.DictReader((tables / "runs.csv").open())} \
+        if all((tables / f).is_file() for f in ("runs.csv", "leaderboard.csv")) else set()
+    missing = sorted(set(_sources(board)) - rows)
+    if not rows or missing:
+        print(f"{tables}'s tables lack {'its runs' if not rows else missing[0]}: write them from {board / INPUTS} "
+              f"first (python -m vitsinks.leaderboard runs={board / INPUTS} out={tables})", file=sys.stderr)
         return 2
     (tables / PAGE).write_text(findings(board, tables))
     print(f"written: {tables / PAGE}")
