@@ -7,20 +7,16 @@ checkpoints or by training, not from summaries alone, and are not regenerated he
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.test_findings_script import findings  # eval/residual/findings.py, loaded from its file
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.report.inputs import INPUTS, RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("findings", ROOT / "eval" / "residual" / "findings.py")
-_findings = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_findings)
-findings_main = _findings.main
 TEXT = (".md", ".csv", ".html", ".json")  # the tables, compared as text
 FINDINGS = "findings.md"  # a board's per-run page (eval/residual/findings.py), held by tests/test_findings_script.py
 
@@ -58,7 +54,7 @@ def test_a_committed_leaderboard_is_what_todays_code_writes_from_its_inputs(boar
     assert stale(board, tmp_path / "again") == [], (
         f"{board.relative_to(ROOT)} is stale: `bash eval/regenerate.sh` writes it again, then commit it")
     if (board / FINDINGS).is_file():  # and its findings page, as eval/regenerate.sh writes it beside the tables
-        assert findings_main([str(board), str(tmp_path / "again")]) == 0
+        assert findings.main([str(board), str(tmp_path / "again")]) == 0
         assert (tmp_path / "again" / FINDINGS).read_text() == (board / FINDINGS).read_text(), (
             f"{board.relative_to(ROOT) / FINDINGS} is stale: `bash eval/regenerate.sh` writes it again")
 
