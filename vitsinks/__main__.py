@@ -44,10 +44,10 @@ def commands(root: Path = PACKAGE) -> dict[str, str]:
 
 
 def main() -> int:
-    """Print the commands, one per line."""
+    """Print the commands, one per line (`-h` / `--help` too)."""
     listed = commands()
     width = max(map(len, listed), default=0)
-    print("vitsinks commands (python -m <command>; its module docstring lists its options):")
+    print("vitsinks commands (python -m <command>; `python -m <command> --help` lists its options):")
     for name, line in listed.items():
         print(f"  {name:<{width}}  {line}")
     return 0

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.cli import compose, guarded, hydra_command, parse_args
 from vitsinks.configs.schema import exp_names, to_container
+from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.models import run_variant
 from vitsinks.run import slurm
 from vitsinks.run import sweep as sw
@@ -139,6 +140,10 @@ def status(sweep: str) -> int:
 
 
 def status_command(args: Sequence[str]) -> int:
+    """Where a sweep stands: every run's SLURM state, step / total steps and last loss, and the log tail of each
+    failure; exit 1 when a run failed.
+
+    python -m vitsinks.launch status sweep=runs/sweeps/sweep-<id>   # the sweep's folder (or its sweep.json)"""
     usage = "python -m vitsinks.launch status sweep=<sweep folder>"
     parsed = parse_args(args, {"sweep": None}, usage)
     if not parsed.sweep:
@@ -149,6 +154,9 @@ def status_command(args: Sequence[str]) -> int:
 def cli(argv: Sequence[str]) -> None:
     """Dispatch: `status`, `-m` sweeps (expanded here, so that SLURM gets one array), or one Hydra run."""
     argv = list(argv)
+    if wants_help(argv):  # `python -m` answers it before this module is imported (vitsinks/__init__.py)
+        print(command_help("vitsinks.launch", argv))
+        return
     if argv and argv[0] == "status":
         sys.exit(guarded(status_command, argv[1:]))
     if "-m" in argv or "--multirun" in argv:

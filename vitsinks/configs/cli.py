@@ -8,6 +8,8 @@
   Of Hydra's own flags, `--cfg job|hydra|all` (with `--resolve`) and `--help` are kept.
 - Plain commands (`leaderboard`, `synthetic`, `bench`) parse `key=value` arguments against a typed schema with
   `parse_args` (misspelt keys and wrong types name themselves) and run under `run_command`.
+- `-h` / `--help` of every command is its text from `usage.command_help`, read from the command's source: under
+  `python -m` it is printed before the command imports torch (`vitsinks/__init__.py`), here when called in-process.
 - `compose` turns a configuration that does not compose into a `ConfigError`; `guarded` turns a `UserError` into
   `error: <message>` on one line with its exit code (1; a failed built-in check `CheckFailed`: 3); any other
   exception is a bug and keeps its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
@@ -30,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
-from vitsinks.configs.schema import check_config, compose_config, config_dir
+from vitsinks.configs.schema import check_config, compose_config
+from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
 
 
@@ -127,7 +130,6 @@ def rewrite_aliases(argv: Sequence[str], aliases: dict[str, str], lists: Sequenc
 
 
 CFG_PARTS = ("job", "hydra", "all")
-FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
 
 
 def split_flags(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
@@ -137,7 +139,7 @@ def split_flags(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     rest = list(args)
     while rest:
         a = rest.pop(0)
-        if a in ("-h", "--help"):
+        if wants_help([a]):
             flags["help"] = True
         elif a == "--resolve":
             flags["resolve"] = True
@@ -151,17 +153,6 @@ def split_flags(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         else:
             overrides.append(a)
     return flags, overrides
-
-
-def help_text(doc: str | None, aliases: dict[str, str]) -> str:
-    """A command's `--help`: its module docstring, the config groups with their options, and its aliases."""
-    groups = sorted(p for p in config_dir().iterdir() if p.is_dir() and any(p.glob("*.yaml")))
-    lines = [(doc or "").strip(), "", "config groups (group=option):"]
-    lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
-    if aliases:
-        lines += ["", "short keys: " + ", ".join(f"{k}= ({v}=)" for k, v in aliases.items())]
-    lines += ["", f"any field: key=value (e.g. train.lr=1e-3); options: {FLAGS_USAGE}"]
-    return "\n".join(lines)
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
@@ -230,10 +221,26 @@ def parse_args(argv: Sequence[str], schema: Any, usage: str, positional: str | N
         raise ConfigError(f"{' '.join(str(err).split())}; usage: {usage}") from None
 
 
+def module_help(fn: Callable[..., Any], argv: Sequence[str]) -> str:
+    """The `--help` of the command whose module defines `fn` (`usage.command_help`; its docstring when that module
+    is no vitsinks command)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    spec = getattr(module, "__spec__", None)  # `python -m` runs a module as __main__ with its real name in its spec
+    try:
+        return command_help(spec.name if spec else getattr(fn, "__module__", ""), argv)
+    except LookupError:
+        return ((module.__doc__ if module else None) or "").strip()
+
+
 def run_command(fn: Callable[[Sequence[str]], int | None]) -> Callable[[Sequence[str] | None], NoReturn]:
-    """The `main(argv)` of a plain command: `fn(argv)` returns its exit code (None: 0); errors handled."""
+    """The `main(argv)` of a plain command: `fn(argv)` returns its exit code (None: 0); errors handled; `-h` /
+    `--help` print the command's help (`usage.command_help`) and exit 0."""
 
     def main(argv: Sequence[str] | None = None) -> NoReturn:
-        sys.exit(guarded(fn, sys.argv[1:] if argv is None else list(argv)) or 0)
+        args = sys.argv[1:] if argv is None else list(argv)
+        if wants_help(args):
+            print(module_help(fn, args))
+            sys.exit(0)
+        sys.exit(guarded(fn, args) or 0)
 
     return main

@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from vitsinks.__main__ import commands
 from vitsinks.configs import cli
 from vitsinks.configs.schema import Config, compose_config, config_dir
+from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.models.vit import SIZES
 from vitsinks.utils.fields import range_of
 
@@ -329,7 +330,13 @@ def render() -> str:
 
 
 def main() -> int:
-    """Print the page."""
+    """Print the page (`-h` / `--help`: what this command does)."""
+    if wants_help(sys.argv[1:]):
+        print(command_help("vitsinks.configs.docs"))
+        return 0
+    if sys.argv[1:]:
+        print(f"error: unexpected argument(s) {' '.join(sys.argv[1:])}; usage: {GENERATOR}", file=sys.stderr)
+        return 1
     sys.stdout.write(render())
     return 0
 

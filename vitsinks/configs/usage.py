@@ -1,0 +1,212 @@
+"""`--help` / `-h` of every command and sub-command, read from the command's source without importing it.
+
+`python -m vitsinks.<command> --help` is answered here before the command module is imported (`vitsinks/__init__.py`
+calls `answer_help` when it is imported by `python -m` with a help flag), so help costs about 0.1 s of CPU instead of
+the ~4 s of importing torch, timm and the command. The text is the running module's docstring and:
+
+- a Hydra command (its module calls `cli.hydra_command`): the config groups with their options and its short keys
+  (the `aliases=` of that call, evaluated on the module's literal constants), as `cli.hydra_command` prints them;
+- a plain command: the fields of its `*Args` dataclasses, with their types, defaults and comments;
+- a sub-command (`launch status --help`): the docstring of the module's `<word>_command` function.
+
+This module imports only the standard library. The commands' in-process entry points (`cli.hydra_command`,
+`cli.run_command`, `launch.cli`) print the same text (tests/configs/test_usage.py checks that they agree).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+HELP_FLAGS = ("-h", "--help")
+FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
+CONFIG_DIR = Path(__file__).resolve().parent
+PACKAGE = CONFIG_DIR.parent
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """The command line asks for help (`-h` or `--help` anywhere)."""
+    return any(a in HELP_FLAGS for a in argv)
+
+
+def help_text(doc: str | None, aliases: dict[str, str]) -> str:
+    """A Hydra command's `--help`: its module docstring, the config groups with their options, and its aliases."""
+    groups = sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+    lines = [(doc or "").strip(), "", "config groups (group=option):"]
+    lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
+    if aliases:
+        lines += ["", "short keys: " + ", ".join(f"{k}= ({v}=)" for k, v in aliases.items())]
+    lines += ["", f"any field: key=value (e.g. train.lr=1e-3); options: {FLAGS_USAGE}"]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A command's source: `command` (its `python -m` name) and `path` (the file that runs: a package's
+    `__main__.py`)."""
+
+    command: str
+    path: Path
+
+    @classmethod
+    def of(cls, command: str) -> Source:
+        """The source of `python -m <command>`; a `LookupError` when no such vitsinks module exists."""
+        from vitsinks.__main__ import _runs_as_main
+
+        parts = command.removesuffix(".__main__").split(".")
+        if parts[0] == PACKAGE.name and len(parts) > 1:
+            base = PACKAGE.parent.joinpath(*parts)
+            if (base / "__main__.py").is_file():
+                return cls(".".join(parts), base / "__main__.py")
+            if base.with_suffix(".py").is_file() and _runs_as_main(ast.parse(base.with_suffix(".py").read_text())):
+                return cls(".".join(parts), base.with_suffix(".py"))
+        raise LookupError(f"{command} is not a vitsinks command (python -m vitsinks lists them)")
+
+    @cached_property
+    def text(self) -> str:
+        return self.path.read_text()
+
+    @cached_property
+    def tree(self) -> ast.Module:
+        return ast.parse(self.text)
+
+    @property
+    def doc(self) -> str:
+        """The running module's docstring (a package's `__main__.py`, else its `__init__.py`)."""
+        doc = ast.get_docstring(self.tree, clean=False)
+        if not doc and self.path.name == "__main__.py":
+            doc = ast.get_docstring(ast.parse((self.path.parent / "__init__.py").read_text()), clean=False)
+        return (doc or "").strip()
+
+    @cached_property
+    def constants(self) -> dict[str, Any]:
+        """The module's top-level `NAME = <literal>` assignments."""
+        out: dict[str, Any] = {}
+        for node in self.tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    out[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+        return out
+
+    def calls(self, name: str) -> list[ast.Call]:
+        """Every call of the function `name` in the module."""
+        return [n for n in ast.walk(self.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id == name]
+
+    def keyword(self, call: ast.Call, name: str) -> Any:
+        """The value of keyword argument `name` of `call` (None when absent), evaluated on `constants` alone."""
+        for kw in call.keywords:
+            if kw.arg == name:
+                code = compile(ast.Expression(kw.value), str(self.path), "eval")
+                return eval(code, {"__builtins__": {}, **self.constants})  # noqa: S307 - the package's own source
+        return None
+
+    @property
+    def is_hydra(self) -> bool:
+        """The command composes the run config (its module calls `hydra_command`)."""
+        return bool(self.calls("hydra_command"))
+
+    def aliases(self) -> dict[str, str]:
+        """A Hydra command's short keys: the `aliases=` of its `hydra_command` call."""
+        found = [self.keyword(c, "aliases") for c in self.calls("hydra_command")]
+        return dict(next((a for a in found if a), {}))
+
+    def functions(self) -> dict[str, ast.FunctionDef]:
+        return {n.name: n for n in self.tree.body if isinstance(n, ast.FunctionDef)}
+
+    def subcommands(self) -> dict[str, str]:
+        """Sub-command word -> its docstring: the module's `<word>_command` functions, but the command's own
+        (`leaderboard_command` of `vitsinks.leaderboard`)."""
+        own = self.command.split(".")[-1]
+        return {name.removesuffix("_command"): (ast.get_docstring(fn) or "").strip()
+                for name, fn in self.functions().items()
+                if name.endswith("_command") and name.removesuffix("_command") != own}
+
+    def default(self, node: ast.expr) -> str:
+        """A field's default as written, with the module's constants and `field(default_factory=lambda: ...)`
+        evaluated where they can be."""
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "field":
+            factory = next((k.value for k in node.keywords if k.arg == "default_factory"), None)
+            node = factory.body if isinstance(factory, ast.Lambda) else node
+            if isinstance(factory, ast.Name) and factory.id in ("list", "dict"):
+                return "[]" if factory.id == "list" else "{}"
+        try:
+            code = compile(ast.Expression(node), str(self.path), "eval")
+            return repr(eval(code, {"__builtins__": {"list": list, "tuple": tuple}, **self.constants}))  # noqa: S307
+        except Exception:  # noqa: BLE001 - anything else is shown as written
+            return ast.unparse(node)
+
+    def argument_lines(self) -> list[str]:
+        """A plain command's arguments: the fields of its `*Args` dataclasses, `key=<type> (default ...): comment`."""
+        positional = {self.keyword(c, "positional") for c in self.calls("parse_args")} - {None}
+        lines = self.text.splitlines()
+        out = []
+        for cls in (n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Args")):
+            for st in cls.body:
+                if not (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)):
+                    continue
+                key = st.target.id
+                line = f"  {key}=<{ast.unparse(st.annotation)}>"
+                if st.value is not None:
+                    line += f" (default {self.default(st.value)})"
+                if key in positional:
+                    line += " (or as the first bare word)"
+                comment = lines[(st.end_lineno or st.lineno) - 1][st.end_col_offset or 0:].strip()
+                if comment.startswith("#"):
+                    line += ": " + comment.lstrip("#").strip()
+                out.append(line)
+        return out
+
+
+def command_help(command: str, argv: Sequence[str] = ()) -> str:
+    """The `--help` of `python -m <command> <argv>`: the sub-command's when the first bare word of `argv` names
+    one, else the command's (module docstring)."""
+    src = Source.of(command)
+    words = [a for a in argv if "=" not in a and not a.startswith("-")]
+    subs = src.subcommands()
+    if words and words[0] in subs:
+        return f"python -m {src.command} {words[0]}: {subs[words[0]]}\n\noptions: -h, --help (this text)"
+    part = src.path.parent / f"{words[0]}.py" if words and src.path.name == "__main__.py" else None
+    if src.is_hydra:
+        text = help_text(src.doc, src.aliases())
+    else:
+        args = src.argument_lines()
+        text = src.doc + ("\n\narguments (key=value):\n" + "\n".join(args) if args else "")
+        text += "\n\noptions: -h, --help (this text)"
+    if part is not None and part.is_file():  # `bench models --help`: the part's own docstring too
+        doc = (ast.get_docstring(ast.parse(part.read_text())) or "").strip()
+        text += f"\n\npython -m {src.command} {words[0]}: {doc}" if doc else ""
+    if subs:
+        text += f"\n\nsub-commands (python -m {src.command} <word> --help): {', '.join(subs)}"
+    return text
+
+
+def invoked() -> tuple[str | None, list[str]]:
+    """(the module `python -m` runs, its arguments) while `python -m` imports its packages; (None, []) otherwise."""
+    if sys.argv[:1] != ["-m"]:
+        return None, []
+    orig = list(getattr(sys, "orig_argv", []))
+    at = orig.index("-m", 1) if "-m" in orig[1:] else -1
+    return (orig[at + 1], orig[at + 2:]) if 0 < at < len(orig) - 1 else (None, [])
+
+
+def answer_help() -> None:
+    """Print the help and exit 0 when `python -m vitsinks.<command>` was run with `-h` / `--help`; else return (the
+    command runs as usual)."""
+    module, argv = invoked()
+    if module is None or not wants_help(argv):
+        return
+    try:
+        text = command_help(module, argv)
+    except LookupError:
+        return  # not a command of this package (or `python -m vitsinks`, the listing): it prints its own
+    print(text)
+    sys.stdout.flush()
+    sys.exit(0)
