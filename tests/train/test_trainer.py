@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -15,11 +16,12 @@ from PIL import Image
 from tests.conftest import tiny_cfg
 from vitsinks.data import BadImage
 from vitsinks.train import checkpoint as ckpt
-from vitsinks.train.callbacks import Callback
+from vitsinks.train.callbacks import Callback, StatusFile
 from vitsinks.train.checkpoint import CheckpointMismatch
 from vitsinks.train.optim import WarmupCosine
 from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import NonFiniteLoss, Trainer
+from vitsinks.utils import files
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -283,3 +285,23 @@ def test_failure_while_writing_a_checkpoint_keeps_the_previous_one(runs: Path, m
     assert last.read_bytes() == good
     assert ckpt.load(last)["progress"]["step"] == 2
     assert [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("every_s", [0.0, 3600.0])
+def test_status_file_shows_the_step_while_training_throttled(runs: Path, monkeypatch, every_s: float) -> None:
+    monkeypatch.setattr(StatusFile, "every_s", every_s)
+    writes, seen = [], []
+    real = files.write_json
+    monkeypatch.setattr(files, "write_json", lambda path, obj: (writes.append(Path(path).name), real(path, obj)))
+
+    def read(tr: Trainer) -> None:  # after the trainer's own callbacks
+        seen.append(json.loads((tr.run_dir / "status.json").read_text()))
+        assert not list(tr.run_dir.glob(".status.json.*")), "a temp file left: the write is not atomic"
+
+    summary = Trainer(tiny_cfg(runs, "name=st", "data.train_size=32")).fit(on_step=read)  # 4 steps
+    assert summary["status"] == "finished"
+    assert {s["status"] for s in seen} == {"running"} and all(s["total_steps"] == 4 for s in seen)
+    # every step shows itself, but the last (the trainer then writes `finished`); throttled: the start's step 0
+    assert [s["step"] for s in seen] == ([1, 2, 3, 3] if every_s == 0 else [0, 0, 0, 0])
+    assert writes.count("status.json") == (2 + 3 if every_s == 0 else 2)
+    assert json.loads((runs / "st" / "status.json").read_text())["status"] == "finished"

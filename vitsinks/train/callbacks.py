@@ -1,5 +1,5 @@
 """What `Trainer.fit` does beside the loop, as callbacks: metrics logging and the progress bar, validation,
-checkpointing, and the sink diagnostics of every saved checkpoint.
+checkpointing, the sink diagnostics of every saved checkpoint, and the step in `status.json`.
 
 The hooks run in the order of the trainer's callback list; that order is part of the behaviour (a step's metrics
 are logged before its checkpoint is written, validation before the epoch's checkpoint), and exact resume relies
@@ -9,6 +9,7 @@ a checkpoint was written.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +143,26 @@ class Diagnostics(Callback):
         run_diagnostics(trainer.model.backbone, images, shown, out, d, index, cfg.protocol)
 
 
+class StatusFile(Callback):
+    """`status.json` (`running`, with the step) rewritten during training, atomically and at most every `every_s`
+    seconds of wall time, so that a reader (`launch status`, a person, a sweep) sees how far a run got; the trainer
+    itself writes it at the start and at the end (`finished`, `interrupted`, `failed`)."""
+
+    every_s: float = 10.0  # a rewrite costs one small fsync'd file
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self.last = time.monotonic()  # the trainer has just written `running` at the resumed step
+
+    def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s and trainer.progress.step < trainer.total_steps:
+            trainer._write_status("running")
+            self.last = now
+
+
 class OnStep(Callback):
     """Calls `fn(trainer)` after every step (after the step's metrics and checkpoint)."""
 
@@ -154,4 +175,4 @@ class OnStep(Callback):
 
 def default_callbacks() -> list[Callback]:
     """The trainer's own callbacks, in the order they run."""
-    return [StepMetrics(), Validation(), Checkpointing(), Diagnostics()]
+    return [StepMetrics(), Validation(), Checkpointing(), Diagnostics(), StatusFile()]
