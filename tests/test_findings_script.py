@@ -17,7 +17,7 @@ findings = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(findings)
 
 COLUMNS = ["run", "variant", "seed", "online_top1", "linear_top1", "dense_toy", "w8a8_cos_err", "w8a8_d_linear",
-           "w8a8_d_online", "w8a8_d_dense"]
+           "w8a8_d_online", "w8a8_d_dense_toy"]
 
 
 def summary(k5: list[float], ratio: list[float], top: list[float]) -> dict:

@@ -5,11 +5,11 @@
     python -m vitsinks.diagnose model=vit_small model.pretrained=<timm name or file> data=imagenet data.root=...
 
 Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
-plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}` and the
-run's page over training `<run>/diagnostics/report.html`. `diagnostics.residual=false` / `diagnostics.report=false`
-leave the residual side / the pages out. A pretrained model is imported as a run first (`run.imported`:
-`<runs_dir>/<model>/`), so its outputs sit in that run as a trained run's do; a loose checkpoint file's go to
-`<runs_dir>/diagnostics/<model>/` (`utils.rundir.analyses_dir`).
+plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}`, the
+training curves `<run>/diagnostics/training_curves.png` and the run's page `<run>/diagnostics/report.html`.
+`diagnostics.residual=false` / `diagnostics.report=false` leave the residual side / the pages out. A pretrained
+model is imported as a run first (`run.imported`: `<runs_dir>/<model>/`), so its outputs sit in that run as a trained
+run's do; a loose checkpoint file's go to `<runs_dir>/diagnostics/<model>/` (`utils.rundir.analyses_dir`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
-from vitsinks.diagnostics.page import run_report
+from vitsinks.diagnostics.page import run_report, training_curves
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
@@ -67,8 +67,7 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
         diagnose_checkpoint(ckpts[step], cfg)
         summaries[step] = run.summary(ckpts[step].stem)
     rows = [(s, json.loads(summaries[s].read_text())) for s in sorted(summaries)]
-    if cfg.diagnostics.report:
-        run_report(run)
+    (run_report if cfg.diagnostics.report else training_curves)(run)  # the page writes training_curves.png too
     plot_over_training([s for s, _ in rows], [r for _, r in rows], run.over_training("png"))
     files.write_json(run.over_training("json"), [{"step": s, **r} for s, r in rows])
     write_csv(run.over_training("csv"),

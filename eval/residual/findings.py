@@ -20,9 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from vitsinks.eval.results import probe_seed
+from vitsinks.eval.results import run_probe_seeds
 from vitsinks.report.inputs import INPUTS, RECORD
 from vitsinks.trainfree import mitigations
+from vitsinks.utils.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = "findings.md"
@@ -60,13 +61,12 @@ def _sources(board: Path) -> dict[str, tuple[str, str]]:
 
 
 def _probe_seeds(board: Path, run: str, kinds: list[str]) -> dict[str, int | None]:
-    """The seed of each of `run`'s probe results of these kinds (linear, dense_*). A result that records none takes
-    the seed another of its run's results records: vitsinks writes a run's linear and dense probes with one seed, and
-    a linear result written before the seed was recorded sits beside a dense one whose heads record it."""
-    found = {k: board / INPUTS / run / "results" / f"{k}.json" for k in kinds}
-    seeds = {k: probe_seed(json.loads(p.read_text())) if p.is_file() else None for k, p in found.items()}
-    known = [s for s in seeds.values() if s is not None]
-    return {k: s if s is not None else (known[0] if known else None) for k, s in seeds.items()}
+    """The seed of each of `run`'s probe results of these kinds (linear, dense_*), as the leaderboard reads them
+    (`run_probe_seeds`: a result that records none takes the one its run's other probes record); a kind without a
+    result file takes that one seed too."""
+    seeds = run_probe_seeds(RunDir(board / INPUTS / run))
+    known = {s for s in seeds.values() if s is not None}
+    return {k: seeds.get(k, next(iter(known)) if len(known) == 1 else None) for k in kinds}
 
 
 def _change(new: float, old: float, seeds: tuple[int | None, int | None]) -> str:
@@ -157,7 +157,7 @@ def findings(board: Path, tables: Path | None = None) -> str:
                     _change(miou(e), miou(r), (ours[dense], theirs[dense])) if dense else "-"]))
         err = _num(r.get("w8a8_cos_err", ""))
         cells += ["-" if math.isnan(err) else f"{err:.1e}",
-                  " / ".join(_delta(_num(r.get(c, ""))) for c in ("w8a8_d_linear", "w8a8_d_online", "w8a8_d_dense"))]
+                  " / ".join(_delta(_num(r.get(c, ""))) for c in ("w8a8_d_linear", "w8a8_d_online", f"w8a8_d_{dense}"))]
         lines.append("| " + " | ".join(cells) + " |")
 
     lines += ["", "## Seed range per variant (max - min over its seeds)", "",

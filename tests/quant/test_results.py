@@ -41,5 +41,5 @@ def test_the_leaderboard_reads_the_columns_from_the_file(tmp_path: Path) -> None
     got = QuantResult.collect(run)
     assert got["w8a8_cos_err"] == pytest.approx(0.02) and got["w8a8_d_online"] == -2.5
     assert math.isnan(got["w8a8_d_linear"])
-    assert got["w8a8_d_dense"] == pytest.approx(-2.0)  # the first dense kind by name (ade20k before voc)
+    assert got["w8a8_d_dense_ade20k"] == pytest.approx(-2.0) and got["w8a8_d_dense_voc"] == pytest.approx(-1.0)
     assert got["kurtosis_max"] == 40.0 and got["inf_norm_max"] == 120.0  # over blocks and layers, None skipped

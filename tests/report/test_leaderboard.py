@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,16 +14,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 from omegaconf import OmegaConf
 
-from tests.conftest import bar_heights, run_command, run_commands
+from tests.conftest import run_command, run_commands
+from tests.figure_checks import overlapping_labels
 from vitsinks.configs.schema import load_config
-from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import rule_record
 from vitsinks.quant.results import QuantResult
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
 from vitsinks.report.collect import quality as quality_columns
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS
 from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
 
@@ -89,13 +93,22 @@ def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
     assert [r["variant"] for r in rows] == ["base", "gate+reg"] and float(rows[0]["linear_top1_mean"]) == 62.0
     assert (out / "leaderboard.png").stat().st_size > 10_000
-    quality, mechanism = figures[-1].axes[:2]  # the bars are the table's numbers
     shown = [c.key for c in quality_columns(columns()) if any(not math.isnan(t[c.key][0]) for t in table)]
-    assert bar_heights(quality) == [t[k][0] for k in shown for t in table] and "linear_top1" in shown
-    stacked = np.array(bar_heights(mechanism)).reshape(3, len(table))  # NOP, broadcast, unclassified per variant
+    fig = figures[-1]
+    quality, mechanism = fig.axes[:len(shown)], fig.axes[len(shown)]  # a panel per quality column, then sinks
+    assert [ln.get_xdata().tolist() for ax in quality for ln in ax.lines[:1]] == [[t[k][0] for t in table]
+                                                                                   for k in shown]
+    assert "linear_top1" in shown
+    stacked = np.array([p.get_width() for p in mechanism.patches]).reshape(3, len(table))  # NOP, broadcast, other
     assert stacked[0].tolist() == [t["nop"][0] for t in table] and stacked[1].tolist() == \
         [t["broadcast"][0] for t in table]
     np.testing.assert_allclose(stacked.sum(0), [t["sinks"][0] for t in table])
+    assert [tx.get_text() for tx in mechanism.get_legend().get_texts()] == [CLASS_LABELS[c] for c in CLASSES]
+    colours = {c: to_hex(mechanism.patches[i * len(table)].get_facecolor()) for i, c in enumerate(CLASSES)}
+    page = (out / "leaderboard.html").read_text()  # the HTML legend: the figure's colours
+    assert {c: re.search(f'data-class="{c}"><i style="[^"]*background:(#[0-9a-f]{{6}})', page)[1]
+            for c in CLASSES} == colours == {c: CLASS_COLORS[c] for c in CLASSES}
+    assert not overlapping_labels(fig)
 
 
 def _chromium() -> str | None:
@@ -209,7 +222,8 @@ def test_three_separated_seeds_are_marked_in_every_output(tmp_path: Path, figure
     assert "| gate | 3 | 50.00 ± 1.00 | **71.00 ± 1.00** | 20.00 ± 0.00 |" in md  # online: inside the spread
     assert "two-sided Welch t-test (unequal variances), p < 0.05 in each comparison, with >= 3 seeds" in md
     assert '<td class="best">71.00 ± 1.00</td>' in (out / "leaderboard.html").read_text()
-    stars = [t for t in figures[-1].axes[0].texts if t.get_text() == "*"]
+    stars = [t for ax in figures[-1].axes for t in ax.texts if t.get_text() == "*"]
+    assert [t.axes.get_title().replace("\n", " ") for t in stars] == ["linear top-1 (%)"]
     assert len(stars) == 1 and "Welch" in figures[-1].get_supxlabel()
 
 

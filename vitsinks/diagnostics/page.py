@@ -16,10 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.diagnostics.neurons import neuron_k, unsupported_mlp
 from vitsinks.diagnostics.page_figures import (
     ATTN_CMAP,
     NORM_CMAP,
     cbar,
+    figure_uri,
     gradient_css,
     grid_picture,
     num,
@@ -31,16 +34,19 @@ from vitsinks.diagnostics.page_figures import (
     residual_figure,
     scale_factor,
     table,
+    training_figure,
     upscale,
 )
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
 from vitsinks.diagnostics.summary import LOCATIONS, describe_rule
-from vitsinks.models import SinkViT
+from vitsinks.models import NoMLP, SinkViT
+from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
+from vitsinks.utils.plotting import save_figure, swatches_html
 from vitsinks.utils.rundir import RunDir
 
-REPORT, REPORT_JSON = "report.html", "report.json"
+REPORT, REPORT_JSON, TRAINING_PNG = "report.html", "report.json", "training_curves.png"
 
 def _r(x: Any) -> Any:
     """Floats rounded to 6 significant digits (nested lists and arrays too) for the JSON."""
@@ -92,8 +98,9 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
     return out
 
 
-def _residual(res: dict[str, Any] | None) -> dict[str, Any]:
-    """The shown part of summary["residual"] (schema: docs/report.md), keys absent from it left out."""
+def _residual(res: dict[str, Any] | None, model: SinkViT) -> dict[str, Any]:
+    """The shown part of summary["residual"] (schema: docs/report.md), keys absent from it left out; a block without
+    register neurons gets the reason (`why`)."""
     if not res:
         return {}
     out: dict[str, Any] = {}
@@ -102,10 +109,23 @@ def _residual(res: dict[str, Any] | None) -> dict[str, Any]:
     if "high_norm" in res:
         out["high_norm"] = [{"k": float(k), **v} for k, v in sorted(res["high_norm"].items(), key=lambda kv:
                                                                        float(kv[0]))]
-    for key in ("top_activations", "register_neurons"):
-        if key in res:
-            out[key] = res[key]
+    if "top_activations" in res:
+        out["top_activations"] = res["top_activations"]
+    if "register_neurons" in res:
+        k = neuron_k([float(x) for x in res.get("high_norm") or {}] or DiagnosticsConfig().high_norm_k)
+        out["register_neurons"] = {**res["register_neurons"], "by_block": [
+            e if e["units"] else {**e, "why": _no_neurons(blk, k)}
+            for e, blk in zip(res["register_neurons"]["by_block"], model.blocks, strict=True)]}
     return out
+
+
+def _no_neurons(blk: Any, k: float) -> str:
+    """Why a block has no register neurons in the summary."""
+    if isinstance(blk.mlp, NoMLP):
+        return "none: the block has no MLP"
+    if (name := unsupported_mlp(blk)) is not None:
+        return f"none: its MLP ({name}) is not a plain fc1 -> act -> fc2"
+    return f"none: no patch token above {k:g} x its image's median norm at the last block, so no artifact to rank by"
 
 
 def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarray], summary: dict[str, Any],
@@ -142,7 +162,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
         "strongest_head_by_block": strongest,
         "images": maps,
         "pca": {"explained_variance_ratio": _r(evr), "patches": int(n * gh * gw)},
-        "residual": _residual(summary.get("residual")),
+        "residual": _residual(summary.get("residual"), model),
         "quant": _quant(quant),
         "trainfree": trainfree,
     }
@@ -193,6 +213,7 @@ def _headline(data: dict[str, Any]) -> str:
         spi += f"<div><h3>block 0</h3>{_spi_table(block0, 'sinks-per-image-block0')}</div>"
     return panel("headline", "Sinks per image by class and location", f"""
 <p class="note">Counted with: {html.escape(data['rule']['text'])}. Settings: {_settings(data['rule'])}.</p>
+<p class="legend">classes in the figures: {swatches_html(CLASSES)}</p>
 <div class="row">{spi}<div><h3>strongest head per block (mean over all diagnosed images)</h3>
 {table(head, rows, 'strongest-heads')}</div></div>""")
 
@@ -305,7 +326,8 @@ def _residual_html(res: dict[str, Any]) -> str:
                      "entering the block (the previous block's output), the share that are its sinks</h3>"
                      f"{table(head, rows, 'high-norm')}")
     if "register_neurons" in res:
-        rows = [[num(b), ", ".join(f"{num(u)} ({num(s)})" for u, s in zip(e["units"], e["scores"], strict=True)),
+        rows = [[num(b), e.get("why") or ", ".join(f"{num(u)} ({num(s)})" for u, s in zip(e["units"], e["scores"],
+                                                                                          strict=True)),
                  num(e.get("norm_share"))] for b, e in enumerate(res["register_neurons"]["by_block"])]
         parts.append(f"<h3>register neurons per block: MLP units (score), highest first</h3>"
                      f"{table(['block', 'units (score)', 'norm share'], rows, 'register-neurons')}")
@@ -393,15 +415,34 @@ def run_data(run: RunDir) -> dict[str, Any]:
         top = res.get("top_activations") or {}
         mass = (s.get("strongest_head_by_block") or {}).get("mass") or s.get("max_mass_by_block")
         page_path = steps[step].parent / REPORT
+        prefix = (s.get("strongest_head_by_block") or {}).get("prefix_mass")
         rows.append({"step": step, "checkpoint": steps[step].parent.name,
                      "sinks_per_image": {c: s["sinks_per_image"][c]["all"] for c in (*CLASSES, "all")},
                      "strongest_mass_by_block": mass, "max_strongest_mass": max(mass) if mass else None,
+                     "max_prefix_mass": max(prefix) if prefix else None, "mass_share": s.get("mass_share"),
                      "max_norm": max(q["max"]) if q.get("max") else None,
                      "top_activation_ratio": largest(top.get("ratio_by_block")),
                      "report": f"{page_path.parent.name}/{REPORT}" if page_path.is_file() else None})
     final = run.diagnostics("final") / REPORT
-    return {"run": run.name, "checkpoints": len(rows), "steps": rows,
+    return {"run": run.name, "checkpoints": len(rows), "steps": rows, "training": training_data(run),
             "final_report": f"final/{REPORT}" if final.is_file() else None}
+
+
+TRAIN_SERIES = ("loss", "probe_acc")  # logged every train.log_every steps; and every validation metric (val/...)
+
+
+def training_data(run: RunDir) -> dict[str, Any]:
+    """The training curves of `training_figure` from the run's metrics.jsonl: {series: {metric: [[step, value],
+    ...]}}, and `missing` (why there is none) when the run has no metrics."""
+    metrics = read_metrics(run.path)
+    series: dict[str, list[list[float]]] = {}
+    for m in metrics:
+        for k, v in m.items():
+            if (k in TRAIN_SERIES or k.startswith("val/")) and isinstance(v, int | float) and math.isfinite(v):
+                series.setdefault(k, []).append([int(m["step"]), _r(float(v))])
+    missing = None if series else (f"no metrics.jsonl in {run.name}: the run was not trained here (an import?)"
+                                   if not metrics else "metrics.jsonl logs no loss or probe")
+    return {"series": series, "missing": missing}
 
 
 def largest(ratios: list[float | None] | None) -> float | None:
@@ -436,15 +477,29 @@ def run_html(data: dict[str, Any]) -> str:
     hd = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     final = (f'<p>The final diagnosis: <a href="{html.escape(data["final_report"])}">its report page</a>.</p>'
              if data["final_report"] else "")
-    body = panel("training", "Sinks over training", f'<img class="fig full" src="{fig}" alt="sinks over training">'
-                 f'{final}<table id="steps"><thead><tr>{hd}</tr></thead><tbody>{"".join(cells)}</tbody></table>')
-    return page(f"Sinks over training: {data['run']}", f"{num(data['checkpoints'])} diagnosed checkpoints.", body, [])
+    curves = figure_uri(training_figure(data.get("training") or {}, rows))
+    body = panel("curves", "Training curves", f'<img class="fig full" src="{curves}" alt="training curves">'
+                 '<p class="note">Loss, online probe (or the sink task\'s error) and the continuous sink measures of '
+                 "the diagnosed checkpoints, against the step; training_curves.png beside this page.</p>") + \
+        panel("training", "Sinks over training", f'<img class="fig full" src="{fig}" alt="sinks over training">'
+              f'<p class="legend">{swatches_html((*CLASSES, "all"))}</p>'
+              f'{final}<table id="steps"><thead><tr>{hd}</tr></thead><tbody>{"".join(cells)}</tbody></table>')
+    return page(f"Sinks over training: {data['run']}", f"{num(data['checkpoints'])} diagnosed checkpoints.", body,
+                [("curves", "training curves"), ("training", "sinks over training")])
+
+
+def training_curves(run: RunDir, data: dict[str, Any] | None = None) -> Path:
+    """Write `diagnostics/training_curves.png`: the run page's training curves (`training_figure`)."""
+    data = data or run_data(run)
+    return save_figure(training_figure(data["training"], data["steps"]), run.diagnostics_root / TRAINING_PNG)
 
 
 def run_report(run: RunDir) -> Path:
-    """Write `diagnostics/report.html` and `diagnostics/report.json` of a run: sinks per image by class, the strongest
-    head's mass per block and the residual measures vs step, with links to the checkpoints' pages that exist."""
+    """Write `diagnostics/report.html` and `diagnostics/report.json` of a run: the training curves (also as
+    `training_curves.png`), sinks per image by class, the strongest head's mass per block and the residual measures
+    vs step, with links to the checkpoints' pages that exist."""
     data = run_data(run)
     files.write_json(run.diagnostics_root / REPORT_JSON, data)
     files.write_text(run.diagnostics_root / REPORT, run_html(data))
+    training_curves(run, data)
     return run.diagnostics_root / REPORT

@@ -17,7 +17,15 @@ import numpy as np
 from PIL import Image
 
 from vitsinks.utils.errors import NonFinite
-from vitsinks.utils.plotting import log_axis
+from vitsinks.utils.plotting import (
+    CLASS_COLORS,
+    CLASS_LABELS,
+    LOCATION_COLORS,
+    annotate_cells,
+    empty_note,
+    index_ticks,
+    log_axis,
+)
 from vitsinks.utils.tables import html_table
 
 matplotlib.use("Agg")
@@ -42,13 +50,15 @@ td,th{border:1px solid #bbb;padding:2px 7px;text-align:right} td:first-child,th:
 .cap.hot{color:#c00;font-weight:600} .scale{font-size:.85em;color:#444;margin:0 0 .3em}
 img.map{width:100%;max-width:150px;image-rendering:pixelated;display:block;margin:1px auto}
 .bar{display:flex;height:7px;margin:2px 0;border:1px solid #999} .bar span{display:block;height:100%}
-.cls{background:#d62728} .reg{background:#9467bd;border-left:1px solid #fff} .patch{background:#aaa}
 .sw{display:inline-block;width:.9em;height:.7em;vertical-align:middle}
 .legend{font-size:.85em;margin:.25em 0;display:flex;align-items:center;gap:.5em}
 .cbar{display:inline-flex;align-items:center;gap:.3em;font-size:.9em;white-space:nowrap}
 .cbar i{display:inline-block;width:110px;height:10px;border:1px solid #999}
 img.fig{max-width:min(100%,900px);display:block;margin:.4em 0} img.fig.full{max-width:100%}
-.wide{grid-column:span 4;align-self:center} #register-neurons td:nth-child(2){text-align:left}"""
+.wide{grid-column:span 4;align-self:center} #register-neurons td:nth-child(2){text-align:left}
+.swatches{font-size:.85em} .swatch{margin-right:1em}
+""" + (f".cls{{background:{LOCATION_COLORS['cls']}}} .reg{{background:{LOCATION_COLORS['register']};border-left:1px "
+       f"solid #fff}} .patch{{background:{LOCATION_COLORS['patch']}}}")  # one colour per location: the PNGs' too
 
 
 def page(title: str, meta: str, body: str, links: list[tuple[str, str]]) -> str:
@@ -185,23 +195,29 @@ def residual_figure(quantiles: dict[str, list[float]] | None, ratio: list[float]
 
 def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass: np.ndarray,
                          residual: dict[str, Any]) -> str:
-    """Sinks per image by class vs step; the strongest head's mass per block vs step (heatmap); and, when the
-    summaries have them, the residual measures vs step (largest token norm and top activation ratio, max over
-    blocks)."""
+    """Sinks per image by class vs step (in words when there is none); the strongest head's mass per block vs step
+    (heatmap); and, when the summaries have them, the residual measures vs step (largest token norm and top
+    activation ratio, max over blocks)."""
     n = 2 + bool(residual)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4))
     x = np.arange(len(steps))
+    labels = [str(s) for s in steps]
     for name, vals in spi.items():
-        axes[0].plot(x, vals, "o-", ms=3, label=name, color={"all": "k"}.get(name))
-    axes[0].set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+        axes[0].plot(x, vals, "o-", ms=3, label=CLASS_LABELS[name], color=CLASS_COLORS[name])
+    index_ticks(axes[0], labels)
     axes[0].set_xlabel("checkpoint step")
     axes[0].set_ylabel("sink heads per image (blocks 1..L-1)")
-    axes[0].set_ylim(0, max(1.0, 1.1 * max((v for vals in spi.values() for v in vals), default=0.0)))
+    most = max((v for vals in spi.values() for v in vals), default=0.0)
+    axes[0].set_ylim(0, max(1.0, 1.1 * most))
     axes[0].set_title("sinks per image by class", fontsize=9)
-    axes[0].legend(fontsize=7)
+    if most:
+        axes[0].legend(fontsize=7)
+    else:
+        empty_note(axes[0], f"no sink event at any of the {len(steps)} checkpoints", clear=False)
     im = axes[1].imshow(mass, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1,
                         extent=(-0.5, len(steps) - 0.5, -0.5, mass.shape[0] - 0.5))
-    axes[1].set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+    annotate_cells(axes[1], mass)
+    index_ticks(axes[1], labels)
     axes[1].set_yticks(range(mass.shape[0]))
     axes[1].set_xlabel("checkpoint step")
     axes[1].set_ylabel("block")
@@ -212,9 +228,66 @@ def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass
         for (label, vals), style in zip(residual.items(), ("o-", "s--", "^:"), strict=False):
             ax.plot(x, [np.nan if v is None else v for v in vals], style, ms=3, label=label)
         log_axis(ax, [v for vals in residual.values() for v in vals if v is not None])
-        ax.set_xticks(x, [str(s) for s in steps], rotation=45, fontsize=8)
+        index_ticks(ax, labels)
         ax.set_xlabel("checkpoint step")
         ax.set_ylabel("max over blocks")
         ax.set_title("residual side", fontsize=9)
         ax.legend(fontsize=7)
     return figure_uri(fig)
+
+
+SINK_MEASURES = {"max_strongest_mass": "strongest head's mass (max over blocks)",
+                 "max_prefix_mass": "strongest heads' mass on [CLS] + registers (max)",
+                 "mass_share": "share of heads with mass >= 0.3"}
+
+
+def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) -> plt.Figure:
+    """A run's training curves: the training loss (log), the online probe (every logged training batch, and the
+    validation top-1) or the sink task's validation error, and the continuous sink measures of the diagnosed
+    checkpoints (`SINK_MEASURES`), all against the step; a panel without data says why in words."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    series = training.get("series", {})
+    loss = series.get("loss")
+    if loss:
+        axes[0].plot(*zip(*loss, strict=True), "-", lw=1, color="tab:blue", label="training loss")
+        if series.get("val/loss"):
+            axes[0].plot(*zip(*series["val/loss"], strict=True), "o", ms=4, color="tab:red", label="validation")
+        log_axis(axes[0], [v for key in ("loss", "val/loss") for _, v in series.get(key, [])])
+        axes[0].legend(fontsize=7)
+    else:
+        empty_note(axes[0], training.get("missing") or "no training loss in metrics.jsonl")
+    axes[0].set_title("loss", fontsize=9)
+    probe, val = series.get("probe_acc"), series.get("val/probe_acc")
+    if probe or val:
+        if probe:
+            axes[1].plot(*zip(*[(s, 100 * v) for s, v in probe], strict=True), "-", lw=0.8, alpha=0.6,
+                         color="tab:blue", label="training batch")
+        if val:
+            axes[1].plot(*zip(*[(s, 100 * v) for s, v in val], strict=True), "o-", ms=4, color="tab:red",
+                         label="validation")
+        axes[1].set_ylabel("top-1 (%)")
+        axes[1].legend(fontsize=7)
+        axes[1].set_title("online probe", fontsize=9)
+    elif series.get("val/rel_error"):
+        axes[1].plot(*zip(*series["val/rel_error"], strict=True), "o-", ms=4, color="tab:red")
+        log_axis(axes[1], [v for _, v in series["val/rel_error"]])
+        axes[1].set_ylabel("relative error")
+        axes[1].set_title("task error (validation)", fontsize=9)
+    else:
+        axes[1].set_title("online probe", fontsize=9)
+        empty_note(axes[1], training.get("missing") or "no online probe in metrics.jsonl (this objective has none)")
+    steps = [r["step"] for r in rows]
+    for (key, label), style in zip(SINK_MEASURES.items(), ("o-", "s--", "^:"), strict=True):
+        vals = [np.nan if r.get(key) is None else r[key] for r in rows]
+        if not all(np.isnan(vals)):
+            axes[2].plot(steps, vals, style, ms=4, label=label)
+    axes[2].set_ylim(0, 1.05)
+    axes[2].set_title("continuous sink measures (diagnosed checkpoints)", fontsize=9)
+    if axes[2].lines:
+        axes[2].legend(fontsize=7)
+    else:
+        empty_note(axes[2], "no diagnosed checkpoint has these measures")
+    for ax in axes:
+        if ax.lines:
+            ax.set_xlabel("step")
+    return fig

@@ -7,7 +7,17 @@ from typing import Any
 
 import matplotlib
 
-from vitsinks.utils.plotting import log_axis, save_figure
+from vitsinks.utils.plotting import (
+    CLASS_COLORS,
+    CLASS_LABELS,
+    LOCATION_COLORS,
+    LOCATION_LABELS,
+    annotate_cells,
+    empty_note,
+    index_ticks,
+    log_axis,
+    save_figure,
+)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -15,78 +25,124 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, events, location  # noqa: E402
-
-LOC_COLORS = {"cls": "tab:red", "register": "tab:purple", "patch": "tab:blue"}
-CLASS_COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "unclassified": "tab:green"}
+from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, NOP_MAX, SinkRules  # noqa: E402
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, location  # noqa: E402
 
 
-def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, top: int = 6) -> Path:
-    """The strongest sink heads (highest mass) of the first images: the image, and the mean attention each patch
-    receives over it; the title gives the sink token and the mass on the prefix tokens."""
+def rules_of(summary: dict[str, Any] | None, ratio: str = "ratio_out") -> SinkRules:
+    """The rules a summary counted its sinks with (its `rule` record), else the defaults with `ratio`."""
+    rule = (summary or {}).get("rule")
+    return SinkRules.from_record(rule) if rule else SinkRules(ratio=ratio)
+
+
+def rule_name(rules: SinkRules) -> str:
+    """The event rule in a few words, for titles."""
+    return "relaxed rule" if rules.rule == "relaxed" else f"Definition 1, eps {rules.eps:g}"
+
+
+def _where(d: dict[str, np.ndarray], i: int, blk: int, h: int) -> str:
+    """Where the dominant key of (image, block, head) sits: [CLS], register j or patch p."""
+    s, n_prefix = int(d["sink_idx"][i, blk, h]), int(d["num_prefix"])
+    loc = int(location(d)[i, blk, h])
+    return ("[CLS]", f"register {s - 1}", f"patch {s - n_prefix}")[loc]
+
+
+def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rules: SinkRules | None = None,
+                   top: int = 5, n_images: int = 3) -> Path:
+    """The `top` heads that are sinks most often under `rules` (then those with the most attention on one key) on
+    the first `n_images` images, each image once: the image, then per head the mean attention each patch receives,
+    on one colour scale (its colour bar). A head is called a sink only where the rule counts an event."""
+    rules = rules or SinkRules()
     maps = d["attn_col_mean"]  # (m, L, H, N)
-    m = maps.shape[0]
+    m = min(maps.shape[0], n_images, len(images))
+    ev, cls = rules.events(d)[:m], rules.classify(d)[:m]
     mass = d["mass"][:m]
-    order = np.argsort(mass.reshape(-1))[::-1][:top]
+    score = ev.mean(0) * 10 + mass.mean(0)  # events first, then the mean mass
+    heads = [np.unravel_index(f, score.shape) for f in np.argsort(score.reshape(-1), kind="stable")[::-1][:top]]
     n_prefix, (gh, gw) = int(d["num_prefix"]), d["grid"]
-    loc_names = {0: "[CLS]", 1: "register"}
-    fig, axes = plt.subplots(2, top, figsize=(2.2 * top, 4.6))
-    axes = np.asarray(axes).reshape(2, top)
-    for col, flat in enumerate(order):
-        i, blk, h = np.unravel_index(flat, mass.shape)
-        s = int(d["sink_idx"][i, blk, h])
-        where = loc_names.get(int(location(d)[i, blk, h]), f"patch {s - n_prefix}")
-        axes[0, col].imshow(images[i])
-        axes[0, col].set_title(f"img {i}", fontsize=8)
-        heat = maps[i, blk, h, n_prefix:].reshape(gh, gw)
-        axes[1, col].imshow(images[i])
-        axes[1, col].imshow(heat, cmap="inferno", alpha=0.75, extent=(0, images.shape[2], images.shape[1], 0))
-        axes[1, col].set_title(f"b{blk} h{h}: sink {where}\nmass {mass[i, blk, h]:.2f}, prefix "
-                               f"{maps[i, blk, h, :n_prefix].sum():.2f}", fontsize=7)
-        for ax in axes[:, col]:
+    heat = [[maps[i, b, h, n_prefix:].reshape(gh, gw) for b, h in heads] for i in range(m)]
+    vmax = max(float(x.max()) for row in heat for x in row) or 1.0
+    fig, axes = plt.subplots(m, len(heads) + 1, figsize=(1.9 * (len(heads) + 1) + 0.9, 2.15 * m + 0.7),
+                             squeeze=False, layout="constrained")
+    for i in range(m):
+        axes[i, 0].imshow(images[i])
+        axes[i, 0].set_ylabel(f"image {i}", fontsize=8)
+        for col, (b, h) in enumerate(heads, start=1):
+            ax = axes[i, col]
+            im = ax.imshow(heat[i][col - 1], cmap="inferno", vmin=0, vmax=vmax)
+            where, prefix = _where(d, i, b, h), float(maps[i, b, h, :n_prefix].sum())
+            if ev[i, b, h]:
+                name = CLASSES[int(cls[i, b, h])]
+                ax.set_xlabel(f"sink on {where}: {CLASS_LABELS[name]}\nmass {mass[i, b, h]:.2f}, prefix {prefix:.2f}",
+                              fontsize=7, color=CLASS_COLORS[name], fontweight="bold")
+            else:
+                ax.set_xlabel(f"no sink; top key {where}\nmass {mass[i, b, h]:.2f}, prefix {prefix:.2f}", fontsize=7)
+            if i == 0:
+                ax.set_title(f"block {b} head {h}", fontsize=8)
+        for ax in axes[i]:
             ax.set_xticks([])
             ax.set_yticks([])
-    n_events = int(events(d)[:m].sum())
-    fig.suptitle(f"heads with the most attention on one token (mass), mean attention received per patch; "
-                 f"{n_events} sink events (relaxed rule) in these images", fontsize=9)
+    axes[0, 0].set_title("input", fontsize=8)
+    fig.colorbar(im, ax=axes[:, 1:].ravel().tolist(), shrink=0.8, label="attention received per patch\n(mean over "
+                 "queries)")
+    n_events = int(ev.sum())
+    what = (f"{n_events} sink events ({rule_name(rules)}) in these heads and images" if n_events else
+            f"no sink event ({rule_name(rules)}) in these images: the heads with the most attention on one key, "
+            f"none of them a sink")
+    fig.suptitle(f"{what}\nmass: the share of attention on the top key; prefix: on [CLS] + registers", fontsize=9)
     return save_figure(fig, path)
 
 
-def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, ratio: str = "ratio_out") -> Path:
-    """Value-norm ratio vs stable rank of every (image, block, head): sink events coloured by block, the other
-    heads in grey, with the class boundaries."""
-    ev = events(d)
+def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, rules: SinkRules | None = None) -> Path:
+    """Value-norm ratio vs stable rank of every (image, block, head): sink events (under `rules`) coloured by block
+    (its colour bar), the other heads in grey, with the class boundaries in the classes' colours."""
+    rules = rules or SinkRules()
+    ev, ratio = rules.events(d), rules.ratio
     L = ev.shape[1]
     blocks = np.broadcast_to(np.arange(L)[None, :, None], ev.shape)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(6.4, 4.5))
     ax.scatter(d[ratio][~ev], d["stable_rank"][~ev], c="lightgray", s=6, label="no sink event")
     if ev.any():
         sc = ax.scatter(d[ratio][ev], d["stable_rank"][ev], c=blocks[ev], cmap="viridis", s=16, alpha=0.8,
                         vmin=0, vmax=L - 1, label="sink event")
-        fig.colorbar(sc, ax=ax, label="block")
-    ax.axvline(0.2, color="gray", ls="--", lw=1)
-    ax.axvline(0.5, color="tab:orange", ls="--", lw=1)
-    ax.axhline(1.5, color="tab:orange", ls=":", lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"{ratio} (dominant key's value norm / mean of the others)")
+        fig.colorbar(sc, ax=ax, label="block of the sink event")
+    ax.axvline(NOP_MAX, color=CLASS_COLORS["nop"], ls="--", lw=1, label=f"NOP-like: <= {NOP_MAX:g}")
+    ax.axvline(BROADCAST_MIN, color=CLASS_COLORS["broadcast"], ls="--", lw=1,
+               label=f"broadcast-like: >= {BROADCAST_MIN:g}" + (f", rank <= {BROADCAST_MAX_RANK:g}"
+                                                                if rules.use_stable_rank else ""))
+    if rules.use_stable_rank:
+        ax.axhline(BROADCAST_MAX_RANK, color=CLASS_COLORS["broadcast"], ls=":", lw=1)
+    log_axis(ax, [*d[ratio].reshape(-1).tolist(), NOP_MAX, BROADCAST_MIN], which="x")
+    ax.set_xlabel(f"{ratio} (dominant key's value norm / mean of the others, log)")
     ax.set_ylabel("stable rank of the head update")
-    ax.set_title(f"{int(ev.sum())} sink events: NOP-like left of 0.2, broadcast-like right of 0.5 with rank <= 1.5",
-                 fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    n = int(ev.sum())
+    ax.set_title(f"{n} sink events ({rule_name(rules)})" if n else
+                 f"no sink event ({rule_name(rules)}): every (image, block, head) is grey", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 
 
-def sink_heatmap(d: dict[str, np.ndarray], path: Path) -> Path:
-    """Fraction of images on which each (block, head) is a sink."""
-    freq = events(d).mean(axis=0)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.35 * freq.shape[1]), max(3.0, 1 + 0.3 * freq.shape[0])))
-    im = ax.imshow(freq, vmin=0, vmax=1, cmap="magma", aspect="auto")
-    fig.colorbar(im, ax=ax, label="sink frequency over images")
-    ax.set_xticks(range(freq.shape[1]))
-    ax.set_yticks(range(freq.shape[0]))
-    ax.set_xlabel("head")
-    ax.set_ylabel("block")
-    ax.set_title("sink frequency (relaxed rule)", fontsize=9)
+def sink_heatmap(d: dict[str, np.ndarray], path: Path, rules: SinkRules | None = None) -> Path:
+    """Per (block, head): the fraction of images on which it is a sink under `rules` (in words when none is), and
+    its mean mass (the share of attention on its top key), which moves before any event."""
+    rules = rules or SinkRules()
+    freq, mass = rules.events(d).mean(axis=0), d["mass"].mean(axis=0)
+    L, H = freq.shape
+    fig, axes = plt.subplots(1, 2, figsize=(2 * max(4.0, 1.8 + 0.35 * H), max(3.0, 1.2 + 0.3 * L)))
+    for ax, vals, label, title in ((axes[0], freq, "share of images", f"sink frequency ({rule_name(rules)})"),
+                                   (axes[1], mass, "mean mass over images", "mass: attention on the top key")):
+        ax.set_title(title, fontsize=9)
+        if ax is axes[0] and not freq.any():
+            empty_note(ax, f"no sink event ({rule_name(rules)}) in any block or head on these {len(d['mass'])} "
+                           f"images")
+            continue
+        im = ax.imshow(vals, vmin=0, vmax=1, cmap="magma", aspect="auto")
+        annotate_cells(ax, vals)
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L))
+        ax.set_xlabel("head")
+        ax.set_ylabel("block")
     return save_figure(fig, path)
 
 
@@ -97,18 +153,22 @@ def location_by_block(summary: dict[str, Any], path: Path) -> Path:
     L = len(loc["cls"])
     x = np.arange(L)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for ax, groups, colors, title in ((axes[0], loc, LOC_COLORS, "where the sink sits"),
-                                      (axes[1], cls, CLASS_COLORS, "what the sink does")):
+    rules = rules_of(summary)
+    for ax, groups, colors, labels, names, title in (
+            (axes[0], loc, LOCATION_COLORS, LOCATION_LABELS, LOCATIONS, "where the sink sits"),
+            (axes[1], cls, CLASS_COLORS, CLASS_LABELS, CLASSES, "what the sink does")):
         bottom = np.zeros(L)
-        for name in (LOCATIONS if groups is loc else CLASSES):
-            ax.bar(x, groups[name], bottom=bottom, color=colors[name], label=name)
+        for name in names:
+            ax.bar(x, groups[name], bottom=bottom, color=colors[name], label=labels[name])
             bottom += np.array(groups[name])
         ax.set_xlabel("block")
+        ax.set_xticks(x)
         ax.set_title(title, fontsize=9)
         ax.set_ylim(bottom=0, top=max(1.0, float(bottom.max()) * 1.1))
-        ax.legend(fontsize=7)
-        if not bottom.any():
-            ax.text(0.5, 0.5, "no sink events (relaxed rule)", ha="center", transform=ax.transAxes)
+        if bottom.any():
+            ax.legend(fontsize=7)
+        else:
+            empty_note(ax, f"no sink event ({rule_name(rules)}) in any block", clear=False)
     axes[0].set_ylabel("sink heads per image")
     return save_figure(fig, path)
 
@@ -208,38 +268,53 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
 
 def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
     """Sinks per image by class vs step, the blocks where sinks sit vs step (emergence stages), and the mass of
-    each block's strongest head vs step (how concentrated attention gets, also before any event)."""
+    each block's strongest head vs step (how concentrated attention gets, also before any event); a panel without
+    any sink event says so in words."""
+    rules = rules_of(summaries[-1] if summaries else None)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    none = f"no sink event ({rule_name(rules)}) at any of the {len(steps)} checkpoints"
     for name in CLASSES:
         axes[0].plot(steps, [s["sinks_per_image"][name]["all"] for s in summaries], "o-",
-                     color=CLASS_COLORS[name], label=name)
-    axes[0].plot(steps, [s["sinks_per_image_block0"]["all"]["all"] for s in summaries], "k:", label="block 0 (all)")
-    axes[0].set_ylim(bottom=0, top=max(1.0, max(s["sinks_per_image"]["all"]["all"] for s in summaries) * 1.1))
+                     color=CLASS_COLORS[name], label=CLASS_LABELS[name])
+    axes[0].plot(steps, [s["sinks_per_image_block0"]["all"]["all"] for s in summaries], ":",
+                 color=CLASS_COLORS["all"], label="block 0 (all)")
+    most = max([s["sinks_per_image"]["all"]["all"] for s in summaries]
+               + [s["sinks_per_image_block0"]["all"]["all"] for s in summaries])
+    axes[0].set_ylim(bottom=0, top=max(1.0, most * 1.1))
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("sinks per image (blocks 1..L-1)")
-    axes[0].legend(fontsize=7)
+    if most:
+        axes[0].legend(fontsize=7)
+    else:
+        empty_note(axes[0], none, clear=False)
     axes[0].set_title("sinks per image by class", fontsize=9)
     for ax, key, label, title in ((axes[1], "block_frequency", "fraction of heads x images", "sink frequency"),
                                   (axes[2], "max_mass_by_block", "mean over images", "strongest head's mass")):
+        ax.set_title(f"{title} per block over training", fontsize=9)
         grid = np.array([s.get(key, [np.nan] * len(s["block_frequency"])) for s in summaries]).T  # (L, ckpts)
+        if key == "block_frequency" and not np.nan_to_num(grid).any():
+            empty_note(ax, none)
+            continue
         im = ax.imshow(grid, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1,  # both are fractions
                        extent=(-0.5, len(steps) - 0.5, -0.5, grid.shape[0] - 0.5))
-        ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=45, fontsize=7)
+        annotate_cells(ax, grid)
+        index_ticks(ax, [str(s) for s in steps])
         ax.set_yticks(range(grid.shape[0]))
         ax.set_xlabel("checkpoint step")
         ax.set_ylabel("block")
-        ax.set_title(f"{title} per block over training", fontsize=9)
         fig.colorbar(im, ax=ax, label=label)
     return save_figure(fig, path)
 
 
 def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndarray, out: Path,
               ratio: str = "ratio_out") -> list[Path]:
-    """Every per-checkpoint plot into `out`."""
+    """Every per-checkpoint plot into `out`, events and classes counted with the summary's rule (`ratio` for a
+    summary that does not record it)."""
+    rules = rules_of(summary, ratio)
     return [
-        attention_maps(d, images, out / "attention_maps.png"),
-        nop_broadcast_scatter(d, out / "nop_broadcast_scatter.png", ratio),
-        sink_heatmap(d, out / "sink_heatmap.png"),
+        attention_maps(d, images, out / "attention_maps.png", rules),
+        nop_broadcast_scatter(d, out / "nop_broadcast_scatter.png", rules),
+        sink_heatmap(d, out / "sink_heatmap.png", rules),
         location_by_block(summary, out / "sink_location_by_block.png"),
         massive_activations(d, out / "massive_activations.png"),
         *((residual_norms(summary, out / "residual_norms.png"), high_norm_tokens(summary, out / "high_norm_tokens.png"))

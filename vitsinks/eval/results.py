@@ -6,16 +6,24 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vitsinks.eval.dense_protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.results import Column, Probed, Result, register_result
 from vitsinks.utils.rundir import RunDir
 
 # The data the dense probe takes (`data.segmentation.build_seg_dataset`) and their names in tables; a dense result
 # of other data still reaches the leaderboard, named as its data.
 DENSE_DATA = {"synthetic": "synthetic", "fashion_mnist": "Fashion-MNIST mosaics", "ade20k": "ADE20K", "voc": "VOC"}
+# The probes' protocols as their columns name them (`Column.probe`); the online probe's column is the training's
+ONLINE_PROBE, LINEAR_PROBE = "online probe", "linear probe (DINOv2 protocol)"
+
+
+def dense_probe(protocol: str) -> str:
+    """The `Column.probe` of a dense probe's columns: one per protocol (`PROTOCOLS`)."""
+    return f"dense probe ({protocol})"
 
 
 @register_result
@@ -46,13 +54,17 @@ class LinearResult(Result):
 
     @classmethod
     def columns(cls) -> list[Column]:
-        return [Column("linear_top1", "linear top-1", "quality", higher_is_better=True)]
+        return [Column("linear_top1", "linear top-1", "quality", higher_is_better=True, probe=LINEAR_PROBE)]
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
         path = run.result(cls.kind)
         return {"linear_top1": cls.from_json(json.loads(path.read_text())).best["top1"] if path.is_file()
                 else math.nan}
+
+    @classmethod
+    def probed(cls, run: RunDir) -> dict[str, Probed]:
+        return {"linear_top1": made(run, cls.kind)} if run.result(cls.kind).is_file() else {}
 
 
 def probe_seed(result: dict[str, Any]) -> int | None:
@@ -62,6 +74,22 @@ def probe_seed(result: dict[str, Any]) -> int | None:
         return int(result["seed"])
     heads = result.get("probes") or []
     return int(heads[0]["seed"]) if heads and heads[0].get("seed") is not None else None
+
+
+def run_probe_seeds(run: RunDir) -> dict[str, int | None]:
+    """The seed of each of `run`'s probe results (`linear`, `dense_*`), by kind. A result that records none takes the
+    one seed the run's other probe results record (vitsinks probes a run with one seed, and a linear result written
+    before the seed was recorded sits beside a dense one whose heads record it); None when that is not one seed."""
+    found = {p.stem: probe_seed(json.loads(p.read_text())) for p in [run.result("linear"), *run.results_of("dense_")]
+             if p.is_file()}
+    known = {s for s in found.values() if s is not None}
+    return {k: s if s is not None else (next(iter(known)) if len(known) == 1 else None) for k, s in found.items()}
+
+
+def made(run: RunDir, kind: str) -> Probed:
+    """How `run`'s probe result `kind` was made: its seed (`run_probe_seeds`) and the file name of its checkpoint."""
+    checkpoint = json.loads(run.result(kind).read_text()).get("checkpoint")
+    return Probed(run_probe_seeds(run).get(kind), Path(checkpoint).name if checkpoint else None)
 
 
 def dense_kind(data: str, protocol: str) -> str:
@@ -79,9 +107,10 @@ def parse_dense_kind(kind: str) -> tuple[str, str]:
     return rest, DEFAULT_PROTOCOL
 
 
-def _column(data: str, protocol: str) -> Column:
+def dense_column(data: str, protocol: str) -> Column:
+    """The leaderboard column of dense probes of `data` under `protocol` (one column per data and protocol)."""
     return Column(dense_kind(data, protocol), f"{DENSE_DATA.get(data, data)} mIoU ({PROTOCOLS[protocol].label})",
-                  "quality", higher_is_better=True)
+                  "quality", higher_is_better=True, probe=dense_probe(protocol))
 
 
 @register_result
@@ -114,7 +143,7 @@ class DenseResult(Result):
 
     @classmethod
     def columns(cls) -> list[Column]:
-        return [_column(d, p) for p in PROTOCOLS for d in DENSE_DATA]
+        return [dense_column(d, p) for p in PROTOCOLS for d in DENSE_DATA]
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
@@ -131,7 +160,11 @@ class DenseResult(Result):
         return out
 
     @classmethod
+    def probed(cls, run: RunDir) -> dict[str, Probed]:
+        return {dense_kind(*parse_dense_kind(p.stem)): made(run, p.stem) for p in run.results_of("dense_")}
+
+    @classmethod
     def extra_columns(cls, keys: set[str]) -> list[Column]:
         """Columns for collected dense keys of data outside `DENSE_DATA` (in `keys`' sorted order)."""
         known = {c.key for c in cls.columns()}
-        return [_column(*parse_dense_kind(k)) for k in sorted(keys - known) if k.startswith("dense_")]
+        return [dense_column(*parse_dense_kind(k)) for k in sorted(keys - known) if k.startswith("dense_")]

@@ -27,7 +27,7 @@ import numpy as np
 from vitsinks.diagnostics.summary import block0_apart, main_blocks
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
-from vitsinks.utils.plotting import save_figure
+from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, empty_note, log_axis, save_figure
 from vitsinks.utils.results import Column, Result, register_result
 from vitsinks.utils.rundir import SUMMARY, RunDir
 from vitsinks.utils.stats import nan_mean_std
@@ -44,7 +44,6 @@ ROW_FIELDS = ("image", "image_index", "block", "head", "edit", "donor_index", "r
 METRICS = ("final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce_delta",
            "probe_top1_delta")
 CLASS_ORDER = ("nop", "broadcast", "other", "none", "model")
-COLORS = {"nop": "tab:gray", "broadcast": "tab:orange", "model": "tab:purple"}
 INT_FIELDS = ("image", "image_index", "block", "head", "donor_index", "random_token", "sink_idx")
 
 
@@ -218,12 +217,12 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
     cells["model"] = report.classes("model").get("model", {})
     classes = [c for c in ("nop", "broadcast", "model") if cells[c]]
     edits = [e for e in EDITS if any(e in cells[c] for c in classes)]
-    panels = (("final_patch_relrms", "final patch rel. RMS change (sink excluded)", edits),
-              ("coherence", "coherence: share of the change common to all patches", edits),
-              ("donor_cosine", "donor and shuffle edits: cosine of the change\nto (donor - own) final patches",
+    panels = (("final_patch_relrms", "final patch rel. RMS change\n(sink excluded, log)", edits),
+              ("coherence", "coherence: share of the change\ncommon to all patches", edits),
+              ("donor_cosine", "donor and shuffle edits: cosine\nof the change to (donor - own)",
                [e for e in edits if e in DONOR_EDITS + SHUFFLE_EDITS]))
     fig, axes = plt.subplots(1, 3, figsize=(max(15.0, 1.3 * len(edits) + 11), 4.8),
-                             gridspec_kw={"width_ratios": [len(edits) or 1, len(edits) or 1,
+                             gridspec_kw={"width_ratios": [max(2, len(edits)), max(2, len(edits)),
                                                            max(2, len(panels[2][2]))]})
     width = 0.8 / max(len(classes), 1)
     for ax, (metric, title, names) in zip(axes, panels, strict=True):
@@ -235,7 +234,8 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
                 if c is None or math.isnan(c[metric]):
                     continue
                 pos = x[j] + (i - (len(classes) - 1) / 2) * width
-                ax.bar(pos, c[metric], width, color=COLORS[cls], alpha=0.75, label=None if shown else cls)
+                ax.bar(pos, c[metric], width, color=CLASS_COLORS[cls], alpha=0.75,
+                       label=None if shown else CLASS_LABELS[cls])
                 shown = True
                 heads = {unit_label(r["block"], r["head"]): r[metric] for r in head_rows
                          if r["edit"] == e and r["event_class"] == cls}
@@ -244,14 +244,17 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
         ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         if metric == "final_patch_relrms":
-            ax.set_yscale("log")
+            log_axis(ax, [p.get_height() for p in ax.patches] + [y for ln in ax.lines for y in ln.get_ydata()])
         else:
             ax.set_ylim(-1.05 if metric == "donor_cosine" else 0, 1.05)
             ax.axhline(0, color="black", lw=0.5)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, title="head's event class", title_fontsize=8)
+            if ax is axes[0]:  # one legend: the colours are the same in every panel
+                ax.legend(fontsize=8, title="what was edited", title_fontsize=8)
         else:
-            ax.text(0.5, 0.5, "nothing to show", ha="center", transform=ax.transAxes)
+            empty_note(ax, "no donor or shuffle edit in this report" if metric == "donor_cosine" and not names else
+                       f"no head with >= {summary['min_class_events']} events of a class and no register edit"
+                       if not names else "no value to show (NaN)")
     return save_figure(fig, path, f"interventions on {summary['subject']} ({summary['n_images']} images; bar: mean "
                                   f"over heads, dot: one head)")
 

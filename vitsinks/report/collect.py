@@ -5,6 +5,12 @@ the block mitigations' (`vitsinks.models.mitigations.mitigation_columns`, read f
 in the order of their groups (quality, mechanism, causal). A run is named by its architecture
 (`vitsinks.models.run_variant`), not by the exp config it was launched with; an imported pretrained model
 (`vitsinks.run.imported`) by its own name; a derived run by its source's name and its edit.
+
+A column holds one protocol (`Column.probe`; two result types giving one column key are refused). A derived run
+(a training-free edit, a quantized copy) is read against its source run: in a probe column, its row's value is shown
+only where every one of its runs has a source run in the leaderboard measured by the same probe (the same column),
+with the same probe seed, on the checkpoint the edit was made from; else the cell is "not comparable", with the
+reason in `not_comparable` (and no mark).
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
 from vitsinks.run.sweep import read_manifest
 from vitsinks.trainfree import edited_variant
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.results import GROUPS, Column, result_types
+from vitsinks.utils.results import GROUPS, Column, Probed, result_types
 from vitsinks.utils.rundir import RunDir, find_runs
 from vitsinks.utils.stats import nan_mean_std
 
 LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study first, then the rest by name
+NOT_COMPARABLE = "not comparable"  # a derived row's cell that its source's probe cannot be read against
 
 
 def variant_order() -> list[str]:
@@ -47,6 +54,10 @@ def columns(keys: Iterable[str] = ()) -> list[Column]:
     adds for collected `keys` it has no fixed column for (e.g. a dense probe of new data)."""
     found = set(keys)
     cols = [c for t in result_types() for c in (*t.columns(), *t.extra_columns(found))] + mitigation_columns()
+    keys_seen = [c.key for c in cols]
+    if twice := sorted({k for k in keys_seen if keys_seen.count(k) > 1}):
+        raise ValueError(f"several leaderboard columns are keyed {', '.join(twice)}: one column holds one result's "
+                         f"values (one probe protocol); give each result type its own keys")
     return sorted(cols, key=lambda c: GROUPS.index(c.group))  # stable: registry order within a group
 
 
@@ -78,17 +89,62 @@ def _mitigation_values(run: RunDir) -> dict[str, Any]:
     return out
 
 
+def source_run(source: str | None) -> str:
+    """The name of the run a derived run's `trainfree.source` checkpoint belongs to (`<run>/checkpoints/<file>`);
+    empty when the source is no run's checkpoint."""
+    path = Path(source or "")
+    return path.parents[1].name if path.parent.name == "checkpoints" and len(path.parents) > 1 else ""
+
+
 def collect(run: RunDir | Path | str) -> dict[str, Any]:
-    """One leaderboard row from a run directory; missing evaluations are NaN."""
+    """One leaderboard row from a run directory; missing evaluations are NaN. A derived run's row names its source
+    run (`source`; empty for a trained run) and, in `_derived_from`, the checkpoint it was made from; `_probed`
+    says how each probe value was made (`Probed`, by column key)."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
     trained = cfg.imported or run_variant(cfg)  # a pretrained model's rows are named by it, not by its architecture
+    derived = str(cfg.trainfree.source or "") if cfg.trainfree.method else None
     row: dict[str, Any] = {"run": run.name, "variant": edited_variant(trained, cfg.trainfree),
-                           "seed": cfg.seed, "model": cfg.model.size, "data": cfg.data.name}
+                           "source": source_run(derived), "seed": cfg.seed, "model": cfg.model.size,
+                           "data": cfg.data.name}
+    probed: dict[str, Probed] = {}
     for t in result_types():
         row.update(t.collect(run))
+        probed.update(t.probed(run))
     row.update(_mitigation_values(run))
+    row.update(_derived_from=derived, _probed=probed)
     return row
+
+
+def unlike_source(row: dict[str, Any], source: dict[str, Any] | None, col: Column) -> str | None:
+    """Why derived run `row`'s value in probe column `col` cannot be read against its source run's (`source`, None:
+    not in the leaderboard): other data, no such value there, another probe seed or checkpoint, or an unrecorded one.
+    None: it can (the same probe, seed and checkpoint)."""
+    if not row["_derived_from"]:
+        return "its source checkpoint is not recorded (trainfree.source in its config.yaml): derive it again"
+    if source is None:
+        return f"its source {row['source'] or row['_derived_from']} is not in this leaderboard"
+    if source["data"] != row["data"]:
+        return f"its source {source['run']} is of other data ({source['data']}, not {row['data']})"
+    if math.isnan(source.get(col.key, math.nan)):
+        return f"its source {source['run']} has no {col.label} (run the {col.probe} on it)"
+    ours, theirs = row.get("_probed", {}).get(col.key), source.get("_probed", {}).get(col.key)
+    if ours is None or theirs is None or None in (ours.seed, theirs.seed):
+        return f"the probe seed of it or of its source {source['run']} is not recorded (probe both again)"
+    if ours.seed != theirs.seed:
+        return (f"probed with seed {ours.seed}, its source {source['run']} with seed {theirs.seed} (probe both with "
+                f"one seed)")
+    made_from = Path(row["_derived_from"]).name
+    if theirs.checkpoint != made_from:
+        return (f"its source {source['run']}'s {col.label} is of {theirs.checkpoint or 'an unrecorded checkpoint'}, "
+                f"the edit of {made_from}")
+    return None
+
+
+def _not_comparable(group: list[dict[str, Any]], rows: dict[str, dict[str, Any]], col: Column) -> list[str]:
+    """Why a derived row's cell in probe column `col` is not comparable, one reason per run (empty: it is)."""
+    return [f"{r['run']}: {why}" for r in group if not math.isnan(r.get(col.key, math.nan))
+            and (why := unlike_source(r, rows.get(r.get("source", "")), col))]
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -102,6 +158,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     keys = sorted({(r["data"], r["variant"]) for r in rows}, key=place)
     several = len({k[0] for k in keys}) > 1
     cols = columns({k for r in rows for k in r})
+    by_name = {r["run"]: r for r in rows if "run" in r}
     out = []
     for data, v in keys:
         group = [r for r in rows if r["variant"] == v and r["data"] == data]
@@ -111,8 +168,13 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         profiles = [r["profile"] for r in group if r.get("profile")]
         agg["profile"] = np.mean(profiles, axis=0).tolist() if profiles else []
         agg["sink_rules"] = sorted({r.get("sink_rule", "-") for r in group} - {"-"})
-        agg["n"] = {}
+        agg["n"], agg["not_comparable"] = {}, {}
+        derived = [r for r in group if r.get("_derived_from") is not None]
         for c in cols:
+            if c.probe and derived and (why := _not_comparable(derived, by_name, c)):
+                agg["not_comparable"][c.key] = why  # no value: nothing to read, mark or draw against the source
+                agg[c.key], agg["n"][c.key] = (math.nan, math.nan), 0
+                continue
             mean, std, n = nan_mean_std(r.get(c.key, math.nan) for r in group)
             agg[c.key] = (mean, std)
             agg["n"][c.key] = n

@@ -1,5 +1,7 @@
-"""The leaderboard's figure: quality bars with the Welch marks, sinks per image by class, and each variant's
-strongest-head sink mass per block."""
+"""The leaderboard's figure, one row per variant (grouped by task where the names say `<task> / <variant>`), every
+label horizontal: each quality column (a dot per variant with its std, `*` where Welch's test marks it), sinks per
+image split by class, the max / median token norm, and each variant's strongest-head sink mass per block (a heatmap
+with its colour bar, where that sink sits written beside it)."""
 
 from __future__ import annotations
 
@@ -11,83 +13,127 @@ from typing import Any
 import matplotlib
 import numpy as np
 
+from vitsinks.diagnostics.rules import CLASSES
 from vitsinks.report.collect import quality
 from vitsinks.report.render import mark_note, rule_notes, significant_best, table_columns
-from vitsinks.utils.plotting import save_figure
+from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, annotate_cells, empty_note, log_axis, save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+ROW_IN, NEAR_FULL = 0.22, 99.0  # inches per row; a quality column whose every value is above this is shown as 100 - it
+
+
+def rows_of(variants: list[str]) -> tuple[list[tuple[float, str, bool]], list[float]]:
+    """The y position of every label (a group's name in bold, then its variants) and of every variant, top down; a
+    group is the part before ` / ` when every variant's name has one."""
+    grouped = all(" / " in v for v in variants)
+    labels: list[tuple[float, str, bool]] = []
+    ys: list[float] = []
+    group = None
+    for v in variants:
+        head, _, name = v.partition(" / ") if grouped else ("", "", v)
+        if grouped and head != group:
+            group = head
+            labels.append((len(labels), head, True))
+        labels.append((len(labels), name, False))
+        ys.append(labels[-1][0])
+    return labels, ys
+
+
+def _quality(ax: plt.Axes, table: list[dict[str, Any]], key: str, label: str, best: str | None,
+             ys: list[float]) -> None:
+    """One quality column: a dot and its std per variant; a column within 1 point of 100 everywhere as the
+    shortfall 100 - value on a log axis (its differences would not show on 0-100)."""
+    means = np.array([t[key][0] for t in table])
+    errs = np.array([0.0 if math.isnan(t[key][1]) else t[key][1] for t in table])
+    short = bool(np.nanmin(means) >= NEAR_FULL)
+    vals = 100 - means if short else means
+    ax.errorbar(vals, ys, xerr=errs, fmt="o", ms=4, color="tab:blue", ecolor="gray", capsize=2)
+    if short:
+        log_axis(ax, [v for v in vals if v > 0], which="x")
+    for v, y, t in zip(vals, ys, table, strict=True):
+        if best == t["variant"]:
+            ax.annotate("*", (v, y), xytext=(6, -4), textcoords="offset points", fontsize=12)
+    ax.set_title(f"100 - {label} (log)" if short else f"{label} (%)", fontsize=8)
+
+
+def _mechanism(ax: plt.Axes, table: list[dict[str, Any]], ys: list[float]) -> None:
+    """Sinks per image stacked by class, in the classes' colours; in words when no variant has any."""
+    left = np.zeros(len(table))
+    total = np.nan_to_num([t["sinks"][0] for t in table])
+    for name in CLASSES:
+        vals = np.nan_to_num([t[name][0] for t in table]) if name in ("nop", "broadcast") else total - left
+        ax.barh(ys, vals, 0.75, left=left, color=CLASS_COLORS[name], label=CLASS_LABELS[name])
+        left += vals
+    ax.set_xlim(0, max(1.0, float(total.max()) * 1.1))
+    ax.xaxis.set_major_locator(MaxNLocator(4))
+    ax.set_title("sink heads per image (rule: footnote)", fontsize=8)
+    if total.any():
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    else:
+        empty_note(ax, "no sink event in any variant", clear=False, size=8)
+
+
+def _profile(ax: plt.Axes, table: list[dict[str, Any]], ys: list[float], n_rows: int) -> Any:
+    """The strongest head's sink mass per block (mean over seeds) as a heatmap, row by row; returns the image."""
+    n_blocks = max((len(t["profile"]) for t in table), default=0)
+    grid = np.full((n_rows, max(n_blocks, 1)), np.nan)
+    for t, y in zip(table, ys, strict=True):
+        grid[int(y), :len(t["profile"])] = t["profile"]
+    im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1, interpolation="nearest",
+                   extent=(-0.5, grid.shape[1] - 0.5, n_rows - 0.5, -0.5))
+    annotate_cells(ax, grid, most=120)
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_xlabel("block", fontsize=8)
+    ax.set_title("strongest head's sink mass per block", fontsize=8)
+    if not n_blocks:
+        empty_note(ax, "no diagnostics summaries", size=8)
+    where = ax.twinx()  # where each variant's strongest sink sits, beside its row
+    where.set_ylim(n_rows - 0.5, -0.5)
+    where.set_yticks(ys, [t["sink_at"] or "-" for t in table], fontsize=7)
+    where.tick_params(length=0)
+    where.set_ylabel("strongest sink at", fontsize=8)
+    return im
 
 
 def figure(table: list[dict[str, Any]], path: Path) -> Path:
-    """Quality bars (one group per quality metric, `*` over a variant marked by Welch's test), sinks per image split
-    by class, and the per-block profile of each variant's strongest-head sink mass side by side (never empty: it
-    moves before any sink event); the footnote says the marking and sink rules."""
+    """The leaderboard's figure (see the module's docstring); the footnote says the marking and sink rules."""
     shown = [(c.key, c.label) for c in quality(table_columns(table))  # the Quality table's (W8A8's are no %)
              if c.table == "quality" and any(not math.isnan(t[c.key][0]) for t in table)]
     best, few = significant_best(table)
-    variants = [t["variant"] for t in table]
-    x = np.arange(len(variants))
-    fig, axes = plt.subplots(1, 3, figsize=(21, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.1]})
-    width = 0.8 / max(len(shown), 1)
-    for i, (k, n) in enumerate(shown):
-        means = [t[k][0] for t in table]
-        errs = [0 if math.isnan(t[k][1]) else t[k][1] for t in table]
-        axes[0].bar(x + i * width, means, width, yerr=errs, label=n, capsize=2)
-        for j, t in enumerate(table):
-            if best.get(k) == t["variant"]:
-                axes[0].text(x[j] + i * width, means[j] + errs[j], "*", ha="center", va="bottom", fontsize=12)
-    axes[0].set_xticks(x + width * (len(shown) - 1) / 2, variants, rotation=30, ha="right", fontsize=8)
-    tops = [t[k][0] + (0 if math.isnan(t[k][1]) else t[k][1]) for k, _ in shown for t in table]
-    top = max([v for v in tops if not math.isnan(v)], default=1.0)
-    axes[0].set_ylim(top=max(top, 1.0) * 1.4)  # a band above the bars for the marks and the legend
-    axes[0].set_ylabel("%")
-    axes[0].set_title("quality", fontsize=10)
-    axes[0].legend(fontsize=7, loc="upper center", ncol=2)
-    bottom = np.zeros(len(variants))
-    for key, name, color in (("nop", "NOP-like", "tab:gray"), ("broadcast", "broadcast-like", "tab:orange")):
-        vals = np.nan_to_num([t[key][0] for t in table])
-        axes[1].bar(x, vals, bottom=bottom, color=color, label=name)
-        bottom += vals
-    total = np.nan_to_num([t["sinks"][0] for t in table])
-    axes[1].bar(x, total - bottom, bottom=bottom, color="tab:green", label="unclassified")
-    axes[1].set_xticks(x, variants, rotation=30, ha="right", fontsize=8)
-    axes[1].set_ylim(0, max(1.0, float(total.max()) * 1.15))
-    axes[1].set_ylabel("sink heads per image (rule: footnote)")
-    axes[1].set_title("mechanism", fontsize=10)
-    if not total.any():
-        axes[1].text(0.5, 0.3, "no sink events", ha="center", transform=axes[1].transAxes)  # below the diamonds
-    massive = axes[1].twinx()
-    massive.plot(x, [t["massive"][0] for t in table], "D", color="tab:red", label="max / median token norm")
-    massive.set_ylim(0, np.nanmax([t["massive"][0] for t in table] + [1.0]) * 1.6)
-    massive.set_ylabel("max / median token norm", color="tab:red")
-    handles = axes[1].get_legend_handles_labels()
-    extra = massive.get_legend_handles_labels()
-    axes[1].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper right")
-    _profiles(axes[2], table)
+    labels, ys = rows_of([t["variant"] for t in table])
+    n_rows = len(labels)
+    ratios = [1.1] * len(shown) + [1.5, 0.9, max(1.1, 0.6 + 0.25 * max((len(t["profile"]) for t in table),
+                                                                        default=1))]
+    fig, axes = plt.subplots(1, len(ratios), figsize=(max(7.5, 2.6 + 1.2 * sum(ratios)), 2.2 + ROW_IN * n_rows),
+                             gridspec_kw={"width_ratios": ratios}, layout="constrained")
+    for ax, (key, label) in zip(axes, shown, strict=False):
+        _quality(ax, table, key, label, best.get(key), ys)
+    _mechanism(axes[len(shown)], table, ys)
+    massive = axes[len(shown) + 1]
+    massive.plot([t["massive"][0] for t in table], ys, "D", ms=4, color="tab:red")
+    massive.set_title("token norm: max / median", fontsize=8)
+    im = _profile(axes[-1], table, ys, n_rows)
+    bar = fig.colorbar(im, ax=axes[-1], location="bottom", shrink=0.9, aspect=12, pad=0.02)
+    bar.set_label("mass", fontsize=7)
+    bar.ax.tick_params(labelsize=7)
+    for i, ax in enumerate(axes):
+        ax.set_ylim(n_rows - 0.5, -0.5)
+        ax.tick_params(labelsize=7)
+        if ax is not axes[-1]:
+            ax.grid(axis="x", color="#ddd", lw=0.5)
+        if i:
+            ax.set_yticks([])
+    axes[0].set_yticks([y for y, _, _ in labels], [name for _, name, _ in labels], fontsize=8)
+    for tick, (_, _, head) in zip(axes[0].get_yticklabels(), labels, strict=True):
+        tick.set_fontweight("bold" if head else "normal")
     notes = [f"Mean ± std over seeds. {mark_note(few, '*')}", *rule_notes(table)]
-    fig.supxlabel("\n".join(textwrap.fill(n, 260) for n in notes), fontsize=7, x=0.005, ha="left")
+    width = int(fig.get_figwidth() * 18)  # characters of 7 pt text in a line across the figure
+    fig.supxlabel("\n".join(textwrap.fill(n, width) for n in notes), fontsize=7, x=0.01, ha="left")
+    fig.canvas.draw()  # lays the panels out: each title is wrapped to its panel's width
+    for ax in axes:
+        chars = int(ax.get_window_extent().width * 72 / fig.dpi / (8 * 0.55))
+        ax.set_title("\n".join(textwrap.wrap(ax.get_title(), max(chars, 8))), fontsize=8)
     return save_figure(fig, path)
-
-
-def _profiles(ax: plt.Axes, table: list[dict[str, Any]]) -> None:
-    """Grouped bars: per block, each variant's strongest-head sink mass (mean over seeds), labelled with where
-    that variant's strongest sink sits."""
-    rows = [t for t in table if t["profile"]]
-    if not rows:
-        ax.text(0.5, 0.5, "no diagnostics summaries", ha="center", transform=ax.transAxes)
-        return
-    n_blocks = max(len(t["profile"]) for t in rows)
-    width = 0.85 / len(rows)
-    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
-    for i, t in enumerate(rows):
-        prof = np.array(t["profile"])
-        ax.bar(np.arange(len(prof)) + i * width, prof, width, color=colors(i % colors.N),
-               label=f"{t['variant']} ({t['sink_at']})")
-    ax.axhline(0.5, color="gray", ls=":", lw=1)
-    ax.set_xticks(np.arange(n_blocks) + width * (len(rows) - 1) / 2, [str(b) for b in range(n_blocks)])
-    ax.set_xlabel("block")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("strongest head's sink mass (mean over images)")
-    ax.set_title("mechanism per block: strongest head's sink mass (legend: where it sits)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -8,9 +8,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import describe_rule, rule_record
 from vitsinks.report.collect import columns, quality
+from vitsinks.utils.plotting import swatches_html
 from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
 from vitsinks.utils.tables import html_table, markdown_table, write_csv
@@ -186,6 +187,7 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
          for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
                                                  " ".join(rule_notes(table)), DEFINITIONS])
+    foot += f"<p>The sink classes in the figure: {swatches_html(CLASSES)}</p>"
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
     sinks = (f"<h2>{esc(SINK_REFERENCE_TITLE)}</h2>"
              f"{html_table(SINK_REFERENCE['columns'], SINK_REFERENCE['rows'], 'reference-sinks')}"

@@ -7,8 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from omegaconf import OmegaConf
+
+from vitsinks.eval.results import ONLINE_PROBE
 from vitsinks.train.tracking import read_metrics
-from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.results import Column, Probed, Result, register_result
 from vitsinks.utils.rundir import RunDir
 
 
@@ -42,6 +45,13 @@ class _LastMetric(Result):
         logged = [m[cls.metric] for m in read_metrics(run.path) if cls.metric in m]
         return {cls.column.key: cls.percent(logged[-1]) if logged else math.nan}
 
+    @classmethod
+    def probed(cls, run: RunDir) -> dict[str, Probed]:
+        """A probe trained with the run (`Column.probe`): the run's seed, and its last validation is `last.pt`'s."""
+        if not cls.column.probe or math.isnan(cls.collect(run)[cls.column.key]):
+            return {}
+        return {cls.column.key: Probed(OmegaConf.load(run.config).get("seed"), run.last.name)}
+
 
 @register_result
 @dataclass
@@ -51,7 +61,7 @@ class OnlineProbe(_LastMetric):
     kind = "online_probe"
     rank = 10
     metric = "val/probe_acc"
-    column = Column("online_top1", "online probe top-1", "quality", higher_is_better=True)
+    column = Column("online_top1", "online probe top-1", "quality", higher_is_better=True, probe=ONLINE_PROBE)
 
 
 @register_result

@@ -3,8 +3,11 @@ leaderboard columns it contributes. The leaderboard only collects registered res
 
 A result type subclasses `Result`: `to_json()` / `from_json()` (the file on disk, unchanged from what the producer
 wrote before the type existed), `columns()` (its leaderboard columns) and `collect(run)` (its leaderboard values
-for one run: every column's key, NaN where the run has no such result). `register_result` adds a type to the
-registry that `vitsinks.report` iterates, in the order of the types' `rank`.
+for one run: every column's key, NaN where the run has no such result). A column a probe measured names that
+probe's protocol (`Column.probe`: one protocol per column), and `probed(run)` says how each such value of the run
+was made (`Probed`: the probe's seed and the checkpoint it read), so that the leaderboard compares a derived run
+with its source only where both were measured alike. `register_result` adds a type to the registry that
+`vitsinks.report` iterates, in the order of the types' `rank`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ class Column:
     """One leaderboard column: `key` (CSV header, unique), `label` (table header), its group (the CSV's order, the
     default table, and which columns can be marked: only quality ones), its number style (`f`: fixed decimals, `g`:
     significant digits, for values spanning decades; each table picks the precision), which direction is better
-    (None: neither; the leaderboard marks nothing), and the leaderboard table it is shown in (`section`, a key of
-    SECTIONS; empty: its group's)."""
+    (None: neither; the leaderboard marks nothing), the leaderboard table it is shown in (`section`, a key of
+    SECTIONS; empty: its group's) and `probe`: the protocol of the probe whose measurement it holds (empty: no
+    probe's), the one protocol of every value in the column."""
 
     key: str
     label: str
@@ -39,6 +43,7 @@ class Column:
     higher_is_better: bool | None = None
     doc: str = ""
     section: str = ""
+    probe: str = ""
 
     def __post_init__(self) -> None:
         if self.table not in SECTIONS:
@@ -48,6 +53,15 @@ class Column:
     def table(self) -> str:
         """The key of the leaderboard table (SECTIONS) this column is shown in."""
         return self.section or self.group
+
+
+@dataclass(frozen=True)
+class Probed:
+    """How one probe value of a run was made: the probe's seed and the file name of the checkpoint it read (None:
+    not recorded)."""
+
+    seed: int | None
+    checkpoint: str | None
 
 
 R = TypeVar("R", bound="Result")
@@ -83,6 +97,12 @@ class Result(ABC):
     def extra_columns(cls, keys: set[str]) -> list[Column]:
         """Columns for values `collect` found beyond `columns()` (`keys`: every key collected over the runs)."""
         return []
+
+    @classmethod
+    def probed(cls, run: RunDir) -> dict[str, Probed]:
+        """How each of `run`'s values in this result's probe columns (`Column.probe`) was made, by column key; a key
+        left out is one whose seed and checkpoint are unknown."""
+        return {}
 
     @classmethod
     def missing(cls) -> dict[str, Any]:
