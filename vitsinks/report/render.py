@@ -10,7 +10,7 @@ from typing import Any
 
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import describe_rule, rule_record
-from vitsinks.report.collect import columns, quality
+from vitsinks.report.collect import NOT_COMPARABLE, columns, quality
 from vitsinks.utils.plotting import swatches_html
 from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
@@ -69,6 +69,23 @@ def cell(mean_std: tuple[float, float], col: Column | None = None, digits: int =
         return "-"
     fmt = f"{{:.{digits}{_style(col) if col else 'f'}}}"
     return fmt.format(m) if math.isnan(s) else f"{fmt.format(m)} ± {fmt.format(s)}"
+
+
+def shown(t: dict[str, Any], col: Column) -> str:
+    """Row `t`'s cell in `col`: `cell`, or NOT_COMPARABLE where a derived row's value cannot be read against its
+    source's (`collect.aggregate`)."""
+    return NOT_COMPARABLE if col.key in t.get("not_comparable", {}) else cell(t[col.key], col)
+
+
+def comparable_note(table: list[dict[str, Any]]) -> str:
+    """The rule for derived rows, and why each cell shown as not comparable is (empty when none is)."""
+    cells = [f"{t['variant']}, {c.label}: {'; '.join(t['not_comparable'][c.key])}" for t in table
+             for c in table_columns(table) if c.key in t.get("not_comparable", {})]
+    if not cells:
+        return ""
+    return (f"{NOT_COMPARABLE.capitalize()}: a derived row (a post-hoc edit) shows a probe's value only where each of "
+            f"its runs' source runs is in the leaderboard with the same probe (the same column), the same probe seed "
+            f"and the checkpoint the edit was made from. " + ". ".join(cells) + ".")
 
 
 def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
@@ -139,8 +156,9 @@ def reference_comparable(table: list[dict[str, Any]]) -> bool:
 
 
 def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
-    """Only the columns some variant has a value for."""
-    return [c for c in table_columns(table) if any(not math.isnan(t[c.key][0]) for t in table)]
+    """Only the columns some variant has a value for (or a value shown as not comparable)."""
+    return [c for c in table_columns(table)
+            if any(not math.isnan(t[c.key][0]) or c.key in t.get("not_comparable", {}) for t in table)]
 
 
 def sections(table: list[dict[str, Any]]) -> list[tuple[str, str, list[Column]]]:
@@ -163,10 +181,12 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
     best, few = significant_best(table)
     lines = []
     for key, title, cols in sections(table):
-        rows = [[*_lead(t, key), *(f"**{cell(t[c.key], c)}**" if best.get(c.key) == t["variant"]
-                                   else cell(t[c.key], c) for c in cols)] for t in table]
+        rows = [[*_lead(t, key), *(f"**{shown(t, c)}**" if best.get(c.key) == t["variant"]
+                                   else shown(t, c) for c in cols)] for t in table]
         lines += [f"## {title}", "", *markdown_table([*_head(key), *(c.label for c in cols)], rows), ""]
-    lines += [f"Mean ± std over seeds. {mark_note(few)}", "", " ".join(rule_notes(table)), "", DEFINITIONS]
+    lines += [f"Mean ± std over seeds. {mark_note(few)}", ""]
+    lines += [note, ""] if (note := comparable_note(table)) else []
+    lines += [" ".join(rule_notes(table)), "", DEFINITIONS]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
         lines += ["", CAUSAL_NOTE]
     lines += ["", "## Reference numbers", "", "Papers, ViT-L, not comparable in scale with CPU runs:", "",
@@ -183,10 +203,11 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
     esc = html.escape
     main = "\n".join(f'<h2>{esc(name)}</h2><div class="wide">' + html_table(
         [*_head(key), *(c.label for c in cols)],
-        [[*_lead(t, key), *((cell(t[c.key], c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
+        [[*_lead(t, key), *((shown(t, c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
          for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
-                                                 " ".join(rule_notes(table)), DEFINITIONS])
+                                                 comparable_note(table), " ".join(rule_notes(table)), DEFINITIONS]
+                   if n)
     foot += f"<p>The sink classes in the figure: {swatches_html(CLASSES)}</p>"
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
     sinks = (f"<h2>{esc(SINK_REFERENCE_TITLE)}</h2>"
@@ -210,14 +231,23 @@ th{{background:#eee}} div.wide{{overflow-x:auto}} td.best{{font-weight:bold;back
 
 def write_table_csv(table: list[dict[str, Any]], path: Path) -> None:
     """leaderboard.csv: per variant every column's mean and std (4 decimals, or 4 significant digits for a `g`
-    column) and the strongest head's mass per block."""
+    column; NOT_COMPARABLE in both for a derived row's value its source's cannot be read against) and the strongest
+    head's mass per block."""
     cols = table_columns(table)
+
+    def values(t: dict[str, Any], c: Column) -> list[str]:
+        off = c.key in t.get("not_comparable", {})
+        return [NOT_COMPARABLE if off else f"{v:.4{_style(c)}}" for v in t[c.key]]
+
     write_csv(path, ["variant", "seeds", "sink_at", *(f"{c.key}_{s}" for c in cols for s in ("mean", "std")),
                      "strongest_mass_by_block"],
-              [[t["variant"], t["seeds"], t["sink_at"], *(f"{v:.4{_style(c)}}" for c in cols for v in t[c.key]),
+              [[t["variant"], t["seeds"], t["sink_at"], *(v for c in cols for v in values(t, c)),
                 " ".join(f"{v:.4f}" for v in t["profile"])] for t in table])
 
 
 def write_runs_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """runs.csv: one row per run as collected (the profile as space-separated numbers)."""
-    write_csv(path, list(rows[0]), [{**r, "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])
+    """runs.csv: one row per run as collected, each run's own values (the profile as space-separated numbers; the
+    collector's private fields, `_*`, left out; a key only some runs have: nan in the others)."""
+    header = list(dict.fromkeys(k for r in rows for k in r if not k.startswith("_")))
+    write_csv(path, header, [{**{k: r.get(k, math.nan) for k in header},
+                              "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])
