@@ -9,7 +9,9 @@ linear layer of every block, and the change simulated W8A8 (symmetric, per tenso
 of the blocks; static ranges calibrated on the first `quant.calib_images` TRAIN images) makes: the cosine of the
 final and of every block's tokens to the float model's, the online probe's top-1 (LeJEPA runs) and, with
 `quant.probes`, the linear and dense probes' (re-run on the quantized backbone with the images the run's own probes
-used). The quantized model is the derived run `<run>/quant/w8a8/`; the result is `<run>/results/quant.json`. A
+used; it says which and roughly how long first, and `probes=false` skips them). The quantized model is the derived
+run `<run>/quant/w8a8/` (its `status.json`: `finished` once the result is written); the result is
+`<run>/results/quant.json`. A
 pretrained model is imported as a run first (`run.imported`: `<run>` is `<runs_dir>/<model>/`, and its probes'
 changes are measured once its own linear / dense results are there); a loose checkpoint file's `<run>` is
 `<runs_dir>/quant/<model>/`.
@@ -42,6 +44,7 @@ from vitsinks.quant.w8a8 import W8A8
 from vitsinks.run.imported import with_checkpoint
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.trainfree.derive import analyse, derive, source_model
+from vitsinks.trainfree.plan import describe
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue, NonFinite
@@ -209,8 +212,20 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
     derive_cfg = OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())})
     derived = derive(derive_cfg, method=W8A8.name, settings=q, out=out.path / "quant" / W8A8.name,
                      overwrite=True)  # the quantized copy belongs to this command's result, replaced with it
-    quant, _ = load_backbone(derived.last)
+    with derived.working():  # `finished` once the result is written
+        return measure(cfg, derived, model, images, by_block, source, run_cfg, out.result(QuantResult.kind))
+
+
+def measure(cfg: DictConfig, derived: RunDir, model: SinkViT, images: torch.Tensor,
+            by_block: dict[str, dict[str, list[float | None]]],
+            source: dict[str, dict[str, Any]], run_cfg: DictConfig, path: Path) -> tuple[QuantResult, Path]:
+    """The changes the quantized run `derived` makes against the float `model` on `images` (and, with `source`,
+    in the source's probes); the result written to `path`."""
+    device = next(model.parameters()).device
+    quant, derived_cfg = load_backbone(derived.last)
     quant = quant.to(device).eval()
+    if source:
+        print(describe(derived_cfg, quant, "probes=false"), flush=True)
     cosine, by_block_cosine = feature_cosines(model, quant, images)
     online = online_change(run_cfg, model, quant, device)
     linear, dense = None, {}
@@ -219,7 +234,7 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
         # forward and the explicit recomputation, which the diagnostics' recompute check rightly refuses
         analyse(derived, probes=True, diagnose=False)
         linear, dense = probe_changes(derived, source)
-    elif q.probes:
+    elif cfg.quant.probes:
         print("note: the source has no linear or dense results of this checkpoint: the probes were not re-run")
     state = load(derived.last)["trainfree"]
     result = QuantResult(checkpoint=str(cfg.ckpt), weight_bits=int(state["weight_bits"]),
@@ -227,7 +242,6 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
                          n_images=len(images), by_block=by_block, feature_cosine=cosine,
                          feature_cosine_by_block=by_block_cosine, online_top1=online, linear_top1=linear,
                          dense=dense)
-    path = out.result(QuantResult.kind)
     files.write_json(path, result.to_json())
     return result, path
 

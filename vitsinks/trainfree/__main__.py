@@ -6,8 +6,10 @@
 
 Fits the edit on the first `trainfree.fit_images` TRAIN images of the checkpoint's data, writes the derived run
 `<runs_dir>/<source>+<method>/` (a checkpoint that every command reads with the edit on), then diagnoses it and,
-with `trainfree.probes` (default), runs its linear and dense probes as after training. The leaderboard shows it
-as the row `<variant> + <method label>` beside the trained variants.
+with `trainfree.probes` (default), runs its linear and dense probes as after training (it says which, on how many
+images and roughly how long first; `probes=false` skips them). Its `status.json` says `finished` once the last
+result is written (`failed` or `stopped` otherwise). The leaderboard shows it as the row `<variant> + <method
+label>` beside the trained variants.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ import json
 from omegaconf import DictConfig
 
 from vitsinks.configs.cli import hydra_command
+from vitsinks.train.checkpoint import load_backbone
 from vitsinks.trainfree.derive import analyse, derive
+from vitsinks.trainfree.plan import describe
+from vitsinks.utils.distributed import resolve_device
 
 
 def main(cfg: DictConfig) -> None:
     run = derive(cfg, overwrite=cfg.trainfree.overwrite)
-    out = analyse(run, cfg.trainfree.probes)
+    with run.working():  # `finished` once its last result is written
+        if cfg.trainfree.probes:
+            model, run_cfg = load_backbone(run.last)
+            print(describe(run_cfg, model.to(resolve_device(cfg.cluster.device)).eval(), "probes=false"), flush=True)
+        out = analyse(run, cfg.trainfree.probes)
     print(json.dumps(out, indent=1, default=str))
     print(f"derived run {run.path} ({cfg.trainfree.method} of {cfg.ckpt or cfg.model.pretrained})")
 

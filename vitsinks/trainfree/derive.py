@@ -2,6 +2,8 @@
 laid out as a run so that every command reads it.
 
     <runs_dir>/<source run>+<method>/config.yaml        the source's config, `trainfree` filled in
+                                    status.json          running, then (`RunDir.working` around the analyses)
+                                                         finished once the last result is written; failed, stopped
                                     checkpoints/last.pt  the source's backbone weights + the fitted state
                                     diagnostics/final/   (analyse) the edited model's diagnostics
                                     results/             (analyse) its linear / dense probes
@@ -103,7 +105,7 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
     try:
         run.start(run_cfg)
         save_state({"config": to_container(run_cfg), "model": weights, "trainfree": state}, run.last)
-        run.write_status("finished", derived_from=source, method=m.name)
+        run.write_status("running", derived_from=source, method=m.name)  # `finished` once analysed (`working`)
     finally:
         run.unlock()
     return run

@@ -2,6 +2,7 @@
 
     <runs_dir>/<name>/config.yaml                  the resolved config of the latest launch
                       status.json                  running | finished | interrupted | failed, with the step
+                                                   (a derived run: running | finished | failed | stopped)
                       metrics.jsonl                (vitsinks.train.tracking)
                       checkpoints/                 last.pt and step_XXXXXXX.pt (written atomically, never with NaN)
                       diagnostics/<checkpoint>/    summary.json, per_image.npz, sink_table.*, plots
@@ -24,7 +25,11 @@ import fcntl
 import json
 import os
 import re
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -208,11 +213,57 @@ class RunDir:
         if self.is_main and self.path.is_dir():
             files.write_json(self.status, {"status": status, **info})
 
+    def status_info(self) -> dict[str, Any]:
+        """What `status.json` says beside the status itself (and an error), or {} without a readable one."""
+        try:
+            said = json.loads(self.status.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in said.items() if k not in ("status", "error")} if isinstance(said, dict) else {}
+
+    @contextmanager
+    def working(self, **info: Any) -> Iterator[None]:
+        """`status.json` around work on a run that is not training (a derived run's fit and analyses): `running`
+        during the block, `finished` only once it returned, else `failed` (an exception, with its message) or
+        `stopped` (SIGINT or SIGTERM, with the signal); `info` joins what `status.json` said already (e.g. a derived
+        run's source). SIGTERM, when it would kill the process (its default handler, in the main thread), unwinds
+        the block instead and then ends the process by the same signal."""
+        info = {**self.status_info(), **info}
+        self.write_status("running", **info)
+        catch = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        if catch:
+            signal.signal(signal.SIGTERM, _raise_stopped)
+        try:
+            yield
+        except (KeyboardInterrupt, Stopped) as stop:
+            name = "SIGTERM" if isinstance(stop, Stopped) else "SIGINT"
+            self.write_status("stopped", error=f"stopped by {name} before its results were written", **info)
+            if isinstance(stop, Stopped):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)  # end as the signal would have
+            raise
+        except BaseException as err:
+            self.write_status("failed", error=" ".join(str(err).split()) or type(err).__name__, **info)
+            raise
+        finally:
+            if catch:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self.write_status("finished", **info)
+
     def latest(self) -> str:
         """The newest checkpoint on disk, for messages: its path, or that there is none yet."""
         found = self.resume_candidates()
         return f"{found[0]} is the last good checkpoint" if found else \
             f"no checkpoint was written yet (a relaunch starts {self.path.name} from step 0)"
+
+
+class Stopped(BaseException):
+    """SIGTERM during `RunDir.working` (a `BaseException`, so that no `except Exception` swallows it)."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 def find_runs(src: Path | str) -> list[RunDir]:
