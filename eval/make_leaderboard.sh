@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/leaderboard}
-python -m vitsinks.launch -m exp=base,gate,reg,gate+reg seed=0,1 runs_dir="$RUNS" wandb.mode=disabled \
+python -m vitsinks.launch -m exp=base,gate,reg,gate+reg seed=0,1 model=vit_cpu runs_dir="$RUNS" wandb.mode=disabled \
   train.epochs=2 eval.after_train=true eval.max_train_images=1024 eval.max_val_images=512 \
   eval.linear_epochs=5 eval.dense_epochs=5  # a failed run stops the script (set -e): no leaderboard of a partial sweep
 SWEEP=$(ls -dt "$RUNS"/sweeps/sweep-* | head -n 1)

@@ -25,12 +25,12 @@ from vitsinks.models import SinkViT, build_vit
 # run of it (config overrides), `tiny_vit` the model itself.
 TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
 TINY = [
-    *(f"model.{k}={v}" for k, v in TINY_VIT.items()),
+    "model=vit_cpu", *(f"model.{k}={v}" for k, v in TINY_VIT.items()),
     "views.global_size=32", "views.local_size=16", "views.n_local=2",
     "objective.proj_hidden=64", "objective.proj_out=32", "objective.slices=128",
     "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4",
     "train.batch_size=16", "train.epochs=2", "train.log_every=1", "train.ckpt_every=3", "wandb.mode=disabled",
-    "diagnostics.enabled=false",
+    "diagnostics.enabled=false", "eval.after_train=false",
 ]
 
 

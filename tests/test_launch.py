@@ -22,8 +22,14 @@ def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -
     out = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "diagnostics.enabled=true", "diagnostics.plots=false")
     assert out.returncode == 0, out.stderr
     run = tmp_path / "gate+reg-vit_cpu-synthetic-s0"
-    assert f"run directory: {run}" in out.stdout and "next:" in out.stdout
-    assert "finished at step 8" in out.stdout
+    trained, numbers, page = out.stdout.strip().splitlines()[-3:]  # it ends with three lines
+    assert f"run directory: {run}" in out.stdout
+    assert trained.startswith("trained gate+reg vit_cpu on synthetic, seed 0: finished at step 8/8, loss ")
+    losses = [m["loss"] for m in read_metrics(run) if "loss" in m]  # logged every step (TINY)
+    assert f"loss {losses[0]:.3f} at step 1 -> {losses[-1]:.3f}" in trained
+    online = [m for m in read_metrics(run) if "val/probe_acc" in m][-1]["val/probe_acc"]
+    assert numbers == f"online probe {100 * online:.1f}%; no probes after training (eval.after_train=false)"
+    assert page == f"page: {run / 'diagnostics' / 'report.html'}" and (run / "diagnostics" / "report.html").is_file()
     assert (run / "config.yaml").read_text().count("registers: 4") == 1
     assert (run / "checkpoints" / "last.pt").is_file() and (run / "metrics.jsonl").stat().st_size > 0
     assert (run / "diagnostics" / "step_0000008" / "summary.json").is_file()
@@ -31,7 +37,8 @@ def test_main_command_trains_writes_the_run_and_says_what_next(tmp_path: Path) -
     assert again.returncode == 0 and "finished at step 12" in again.stdout
     last_loss = [m for m in read_metrics(run) if "loss" in m][-1]["loss"]
     done = launch("exp=gate+reg", *TINY, f"runs_dir={tmp_path}", "train.epochs=3")  # nothing left: says the last loss
-    assert done.returncode == 0 and f"finished at step 12: loss {last_loss:.4f}" in done.stdout
+    assert done.returncode == 0 and "finished at step 12/12, loss " in done.stdout
+    assert f"-> {last_loss:.3f}" in done.stdout
     assert "nan" not in done.stdout
 
 

@@ -16,12 +16,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.cli import compose, guarded, hydra_command, parse_args
-from vitsinks.configs.schema import exp_names, to_container
+from vitsinks.configs.schema import to_container
 from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.models import run_variant
 from vitsinks.run import slurm
 from vitsinks.run import sweep as sw
 from vitsinks.run.pipeline import train_and_evaluate
+from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import ConfigError, UserError
 
@@ -36,18 +37,39 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if trainer.dist.is_main:
         print(f"vitsinks: {run_variant(cfg)} {cfg.model.size} ({n / 1e6:.2f}M parameters, "
               f"{trainer.model.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
-              f"{trainer.total_steps} steps, device {trainer.device}, {trainer.dist.world} rank(s)")
+              f"{trainer.total_steps} steps, device {trainer.device}"
+              + (f" ({trainer.cpu_threads} threads)" if trainer.device.type == "cpu" else "")
+              + f", {trainer.dist.world} rank(s)")
         print(f"run directory: {trainer.run_dir}")
     summary = train_and_evaluate(trainer)
     if trainer.dist.is_main:
-        val = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("val/"))
-        loss = summary.get("loss")
-        print(f"{summary['status']} at step {summary['step']}"
-              + (f": loss {loss:.4f}" if loss is not None else " (nothing left to train)")
-              + (f", {val}" if val else ""))
-        print(f"outputs: {trainer.run_dir}/config.yaml, metrics.jsonl, checkpoints/, diagnostics/")
-        print(f"next: python -m vitsinks.diagnose run={trainer.run_dir}  (sinks over training); relaunch the same "
-              f"command to resume or extend (train.epochs=...); other variants: exp={'|'.join(exp_names())}")
+        print("\n".join(closing_lines(cfg, trainer, summary)))
+    return summary
+
+
+def closing_lines(cfg: DictConfig, trainer: Trainer, summary: dict[str, Any]) -> list[str]:
+    """The three lines a run ends with: what it trained, its headline numbers, where its page is."""
+    metrics = [m for m in read_metrics(trainer.run_dir) if "loss" in m]
+    loss = (f", loss {metrics[0]['loss']:.3f} at step {metrics[0]['step']} -> {metrics[-1]['loss']:.3f}"
+            if metrics else "")
+    trained = (f"trained {run_variant(cfg)} {cfg.model.size} on {cfg.data.name}, seed {cfg.seed}: "
+               f"{summary['status']} at step {summary['step']}/{trainer.total_steps}{loss}")
+    after = summary.get("after_train", {})
+    numbers = [f"online probe {100 * v:.1f}%" for k, v in summary.items() if k == "val/probe_acc"]
+    if "linear" in after:
+        numbers.append(f"linear probe {after['linear']['top1']:.1f}%")
+    if "dense" in after:
+        numbers.append(f"mIoU {after['dense']['mIoU']:.1f} ({after['dense']['data']}, DINOv2-style probe)")
+    if "sinks_per_image" in after:
+        sinks = after["sinks_per_image"]
+        numbers.append(f"sink events per image {sinks['all']['all']:.2f} (NOP {sinks['nop']['all']:.2f}, "
+                       f"broadcast {sinks['broadcast']['all']:.2f})")
+    if "after_train" not in summary:
+        numbers.append("no probes after training (" + ("eval.after_train=false)" if summary["status"] == "finished"
+                                                        else "the run did not finish)"))
+    page = summary.get("page")
+    where = f"page: {page}" if page else f"run: {trainer.run_dir} (no page: diagnostics.report=false)"
+    return [trained, "; ".join(numbers), where]
     return summary
 
 

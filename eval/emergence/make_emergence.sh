@@ -36,9 +36,9 @@ BOARD=${BOARD:-eval/residual/fashion_mnist}
 BANK=$BOARD/inputs
 read -ra VARIANTS <<<"${VARIANTS:-base gate reg gate+reg}"
 read -ra SEEDS <<<"${SEEDS:-0 1}"
-COMMON=(data=fashion_mnist data.image_size=32 model.img_size=32 model.patch_size=4 views.global_size=32
+COMMON=(model=vit_cpu data=fashion_mnist data.image_size=32 model.img_size=32 model.patch_size=4 views.global_size=32
   views.local_size=16 train.max_steps=1200 train.epochs=2 train.warmup_epochs=0.05 train.ckpt_every=200
-  train.precision=fp32 diagnostics.n_images=64 wandb.mode=disabled runs_dir="$RUNS" data.num_workers=1)
+  train.precision=fp32 diagnostics.n_images=64 eval.after_train=false wandb.mode=disabled runs_dir="$RUNS" data.num_workers=1)
 [ -n "${DATA_ROOT:-}" ] && COMMON+=(data.root="$DATA_ROOT")
 read -ra extra <<<"${EXTRA:-}" && COMMON+=("${extra[@]}")
 . eval/residual/steps.sh

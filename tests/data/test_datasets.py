@@ -176,3 +176,14 @@ def test_loader_workers_default_fits_the_machine(monkeypatch) -> None:
     assert loader_workers(None) == 1 and loader_workers(3) == 3
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert loader_workers(None) == 8
+
+
+def test_cpu_training_threads_leave_a_core_to_each_loader_worker(monkeypatch) -> None:
+    import vitsinks.data as data
+
+    monkeypatch.setattr(data, "usable_cpus", lambda: 2)
+    assert data.compute_threads(None, 1) == 1 and data.compute_threads(None, 0) == 2  # 2 CPUs: never 3 busy
+    assert data.compute_threads(None, 8) == 1  # more workers than CPUs: still one compute thread
+    assert data.compute_threads(3, 1) == 3  # train.cpu_threads wins
+    monkeypatch.setattr(data, "usable_cpus", lambda: 16)
+    assert data.compute_threads(None, data.loader_workers(None)) == 8  # 8 workers, 8 compute threads

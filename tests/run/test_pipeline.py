@@ -37,8 +37,8 @@ def test_every_rank_evaluates_after_training_and_rank_0_alone_diagnoses_last(tmp
     monkeypatch.setattr(pipeline, "probes", lambda cfg, run_dir: calls.append("probes") or {"linear": 0.5})
     monkeypatch.setattr(pipeline, "diagnose_checkpoint",
                         lambda path, cfg, out_dir: calls.append(("diagnose", path, out_dir)) or {"sinks_per_image": 2})
-    cfg = OmegaConf.create({"eval": {"after_train": True}})
-    run = tmp_path / "r"
+    cfg = OmegaConf.create({"eval": {"after_train": True}, "diagnostics": {"enabled": True, "report": True}})
+    run = tmp_path / "r"  # no diagnosed step: no run page
     summaries = {}
     for rank in (1, 0):
         calls.clear()
@@ -52,6 +52,41 @@ def test_every_rank_evaluates_after_training_and_rank_0_alone_diagnoses_last(tmp
     final = run / "diagnostics" / "final"
     assert summaries[0] == ({"status": "finished", "after_train": {"sinks_per_image": 2, "linear": 0.5}},
                             ["probes", ("diagnose", run / "checkpoints" / "last.pt", final)])
+
+
+@pytest.mark.parametrize(("enabled", "report", "diagnosed", "page"), [
+    (True, True, True, True), (True, False, True, False), (False, True, True, False), (True, True, False, False)])
+def test_the_run_page_is_written_after_training_when_there_is_something_to_show(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool, report: bool, diagnosed: bool,
+        page: bool) -> None:
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from vitsinks.utils.rundir import RunDir
+
+    run = tmp_path / "r"
+    if diagnosed:
+        summary = RunDir(run).step_diagnostics(2) / "summary.json"
+        summary.parent.mkdir(parents=True)
+        summary.write_text("{}")
+    written: list[Path] = []
+    monkeypatch.setattr(pipeline, "run_page", lambda run_dir, cfg: written.append(run_dir) or run_dir / "page.html")
+    cfg = OmegaConf.create({"eval": {"after_train": False}, "diagnostics": {"enabled": enabled, "report": report}})
+    trainer = SimpleNamespace(cfg=cfg, run_dir=run, dist=SimpleNamespace(rank=0, is_main=True),
+                              fit=lambda: {"status": "finished"})
+    out = pipeline.train_and_evaluate(trainer)
+    assert written == ([run] if page else []) and out.get("page") == (str(run / "page.html") if page else None)
+
+
+def test_data_without_class_labels_or_masks_gets_no_probe_and_says_so(tmp_path: Path, capsys) -> None:
+    from vitsinks.configs.schema import load_config
+
+    cfg = load_config(["exp=base", "data=sinktask_nop", f"runs_dir={tmp_path}"])
+    assert cfg.eval.after_train is False  # the sink tasks' preset: nothing to probe
+    assert pipeline.probes(cfg, tmp_path / "nowhere") == {}  # nothing read: no checkpoint needed
+    out = capsys.readouterr().out
+    assert "linear probe skipped: data=sinktask_nop has no class labels" in out and "dense probe skipped" in out
 
 
 AFTER = ("eval.after_train=true", "eval.max_train_images=16", "eval.max_val_images=8", "eval.linear_epochs=1",

@@ -305,3 +305,15 @@ def test_status_file_shows_the_step_while_training_throttled(runs: Path, monkeyp
     assert [s["step"] for s in seen] == ([1, 2, 3, 3] if every_s == 0 else [0, 0, 0, 0])
     assert writes.count("status.json") == (2 + 3 if every_s == 0 else 2)
     assert json.loads((runs / "st" / "status.json").read_text())["status"] == "finished"
+
+
+def test_cpu_training_runs_with_its_thread_count_and_restores_the_callers(runs: Path) -> None:
+    import json
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    seen: list[int] = []
+    Trainer(tiny_cfg(runs, "name=threads", "train.max_steps=2", f"train.cpu_threads={wanted}")).fit(
+        on_step=lambda t: seen.append(torch.get_num_threads()))
+    assert seen == [wanted, wanted] and torch.get_num_threads() == before
+    assert json.loads((runs / "threads" / "status.json").read_text())["cpu_threads"] == wanted  # recorded

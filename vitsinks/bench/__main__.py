@@ -1,4 +1,7 @@
-"""`python -m vitsinks.bench {models,train,diagnostics,eval,intervene} [size=NAME] [batch=N] [repeats=N]`."""
+"""`python -m vitsinks.bench WHAT [size=NAME] [batch=N] [repeats=N]`.
+
+WHAT: models, train, diagnostics, eval, intervene, data, gpu, or first-run (README command 1, timed whole).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from vitsinks.utils.errors import ConfigError
 
 # benchmark -> its default model size (None: the benchmark takes none)
 BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu",
-              "data": None, "gpu": "vit_large,vit_base"}  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
+              "data": None, "gpu": "vit_large,vit_base",  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
+              "first-run": None}  # README command 1, timed whole (vitsinks.bench.first_run)
 
 
 @dataclass
@@ -29,7 +33,7 @@ def bench_command(argv: Sequence[str]) -> int:
     kw = {k: args[k] for k in ("batch", "repeats") if args[k] is not None}
     if any(v <= 0 for v in kw.values()):
         raise ConfigError(f"batch and repeats must be > 0 (got {kw})")
-    run = importlib.import_module(f"vitsinks.bench.{args.what}").run
+    run = importlib.import_module(f"vitsinks.bench.{args.what.replace('-', '_')}").run
     default = BENCHMARKS[args.what]
     run(**kw) if default is None else run(args.size or default, **kw)
     return 0

@@ -125,6 +125,10 @@ class TrainConfig:
     precision: Precision = Precision.auto  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
     compile: bool = False  # torch.compile every block (before DDP); for CUDA (on CPU it works, slow to compile)
     grad_checkpointing: bool = False  # recompute the blocks' activations in backward (timm's set_grad_checkpointing)
+    # CPU training: torch's intra-op threads (None: the CPUs this process may use minus the loader workers, at
+    # least 1, so that the compute threads and the workers never share a core). Results are bit-identical only
+    # with the same thread count (docs/training.md#what-reproduces).
+    cpu_threads: int | None = bounded(None, ge=1)
     ddp_static_graph: bool = True  # DDP static_graph: each step uses the same parameters (docs/training-step.md)
     # steps between logged metrics; the NaN / stop flags are also checked then (a host sync): a stop request
     # (preemption) takes effect within log_every steps, a non-finite loss is reported by its first step
@@ -274,10 +278,12 @@ class ClusterConfig:
 class EvalConfig:
     """Frozen-backbone evaluations (`vitsinks.eval.linear`, `vitsinks.eval.dense`) and what runs after training.
 
-    `after_train`: diagnostics, linear probe and dense probe of the final checkpoint, in the training job.
+    `after_train` (on by default): diagnostics, linear probe and dense probe of the final checkpoint, in the
+    training job, so that every finished run has the numbers a leaderboard compares; data without class labels (the
+    sink tasks) has no probes.
     """
 
-    after_train: bool = False
+    after_train: bool = True
     batch_size: int = bounded(64, ge=1)  # feature extraction
     max_train_images: int | None = bounded(None, ge=1)  # subsample for quick checks (None: the whole split)
     max_val_images: int | None = bounded(None, ge=1)

@@ -43,6 +43,7 @@ class SizeSpec:
 
 
 SIZES: dict[str, SizeSpec] = {
+    "vit_mini": SizeSpec(embed_dim=128, depth=4, num_heads=4, patch_size=8, img_size=64),
     "vit_cpu": SizeSpec(embed_dim=192, depth=6, num_heads=3, patch_size=8, img_size=64),
     "vit_tiny": SizeSpec(embed_dim=192, depth=12, num_heads=3),
     "vit_small": SizeSpec(embed_dim=384, depth=12, num_heads=6),

@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import DataConfig, config_dir
-from vitsinks.diagnose import diagnose_checkpoint
+from vitsinks.diagnose import diagnose_checkpoint, over_training
+from vitsinks.diagnostics.page import REPORT
 from vitsinks.eval import dense, linear
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.distributed import rank_world
@@ -28,11 +29,24 @@ SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_m
 
 def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
     """Fit `trainer` (resuming) and, when it finished and `eval.after_train` is on, evaluate its last checkpoint on
-    every rank (`summary["after_train"]`; the module docstring says who does what). Returns the training summary."""
+    every rank (`summary["after_train"]`; the module docstring says who does what); then rank 0 writes the run's
+    page over training (`summary["page"]`, with `diagnostics.enabled` and `diagnostics.report`). Returns the
+    training summary."""
     summary = trainer.fit()
-    if summary["status"] == "finished" and trainer.cfg.eval.after_train:
-        summary["after_train"] = after_train(trainer.cfg, trainer.run_dir)
+    cfg = trainer.cfg
+    if summary["status"] == "finished" and cfg.eval.after_train:
+        summary["after_train"] = after_train(cfg, trainer.run_dir)
+    if trainer.dist.is_main and cfg.diagnostics.enabled and cfg.diagnostics.report and \
+            RunDir(trainer.run_dir).diagnosed_steps():
+        summary["page"] = str(run_page(trainer.run_dir, cfg))
     return summary
+
+
+def run_page(run_dir: Path, cfg: DictConfig) -> Path:
+    """The run's page over training (`diagnostics/report.html`: training curves, sinks per checkpoint) and its
+    over-training plot and tables, from the diagnoses on disk (`vitsinks.diagnose run=` writes the same)."""
+    over_training(run_dir, cfg)
+    return RunDir(run_dir).diagnostics_root / REPORT
 
 
 def dense_data(cfg: DictConfig) -> DictConfig | None:
@@ -76,7 +90,11 @@ def probes(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run = RunDir(run_dir)
     out: dict[str, Any] = {}
     ev = OmegaConf.merge(cfg, {"ckpt": str(run.last)})
-    out["linear"] = linear.run(ev, cfg.data)["best"]
+    if cfg.data.num_classes == 0:  # e.g. the sink tasks' per-patch targets
+        if rank_world()[0] == 0:
+            print(f"linear probe skipped: data={cfg.data.name} has no class labels")
+    else:
+        out["linear"] = linear.run(ev, cfg.data)["best"]
     data = dense_data(cfg)
     if data is not None:
         out["dense"] = {k: v for k, v in dense.run(ev, data).items() if k in ("mIoU", "pixel_acc", "data")}

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from vitsinks.configs.schema import to_container
-from vitsinks.data import build_dataset, loader_workers, num_classes
+from vitsinks.data import build_dataset, compute_threads, loader_workers, num_classes
 from vitsinks.data.loading import device_batches, train_loader
 from vitsinks.data.views import EpochSampler, sample_seed
 from vitsinks.models import model_from_config, run_variant
@@ -105,6 +105,8 @@ class Trainer:
         self.num_classes = num_classes(base)
         self.train_set = self.objective.train_samples(base)
         self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
+        # CPU training's compute threads (`compute_threads`): part of what a bit-identical rerun needs
+        self.cpu_threads = compute_threads(cfg.train.cpu_threads, loader_workers(cfg.data.num_workers))
         self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
         if cfg.train.max_steps:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
@@ -294,7 +296,8 @@ class Trainer:
 
     def _write_status(self, status: str, **extra: Any) -> None:
         self.rundir.write_status(status, step=self.progress.step, total_steps=self.total_steps,
-                                 world_size=self.dist.world, variant=run_variant(self.cfg), **extra)
+                                 world_size=self.dist.world, variant=run_variant(self.cfg),
+                                 **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **extra)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
 
@@ -305,9 +308,13 @@ class Trainer:
         own = self.callbacks
         self.callbacks = [*own, *callbacks, *([OnStep(on_step)] if on_step is not None else [])]
         self.rundir.lock()
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
         try:
             return self._fit()
         finally:
+            torch.set_num_threads(threads)
             self.rundir.unlock()
             self.callbacks = own
             self._train_loader = None  # its persistent workers end with the fit (a later fit builds a new one)
