@@ -252,7 +252,9 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
         colours = axes[3 * row + 1].images[0].get_array().reshape(-1, 3)
         assert len(np.unique(colours, axis=0)) == len(np.unique(label))
     head = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
-    second = dense.run(_eval_cfg(runs, ckpt))
+    caches = list((runs / "ev2" / "eval_cache").glob("dense-*.pt"))  # label maps cached as bytes, not int64
+    assert caches and all(torch.load(c)["label"].dtype == torch.uint8 for c in caches)
+    second = dense.run(_eval_cfg(runs, ckpt))  # from the cache
     assert first["mIoU"] == second["mIoU"] and first["probes"][0]["train_loss"] == second["probes"][0]["train_loss"]
     again = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
     assert all(torch.equal(head[k], again[k]) for k in head)

@@ -146,7 +146,7 @@ def evaluate_cached(head: DenseHead, val: dict[str, torch.Tensor], classes: int,
     rank, world = rank_world()
     for idx in torch.arange(rank, len(val["label"]), world).split(batch_size):
         logits = head(val["feats"][idx].float().to(device), tuple(val["label"].shape[-2:]))
-        conf.update(logits.argmax(1).flatten(), val["label"][idx].to(device).flatten())
+        conf.update(logits.argmax(1).flatten(), val["label"][idx].to(device).long().flatten())
     return _metrics(conf, miou_classes)
 
 
@@ -282,7 +282,8 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
 
     def featurize(items: list) -> dict[str, torch.Tensor]:
         x = torch.stack([to_input(img, size) for img, _ in items]).to(device)
-        return {"feats": patch_features(model, x), "label": torch.stack([resize_label(lb, size) for _, lb in items])}
+        labels = torch.stack([resize_label(lb, size) for _, lb in items])  # 0..254 and IGNORE (255): uint8 cached
+        return {"feats": patch_features(model, x), "label": labels.to(torch.uint8)}
 
     def cached(split: str, ds: Dataset) -> dict[str, torch.Tensor]:
         key = cache_key(Path(cfg.ckpt), data, ds, seed, split=split, size=size)
@@ -296,7 +297,7 @@ def run(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
         n = len(train["label"])  # unreadable images left out
 
         def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return train["feats"][idx].float().to(device), train["label"][idx]
+            return train["feats"][idx].float().to(device), train["label"][idx].long()
 
     if proto.val == "resize":
         val = cached("val", val_ds)

@@ -5,8 +5,9 @@ training: `vitsinks.run.pipeline.probes`). Those can be the longest part of the 
 first: which probes, on which data, how many images, a rough time, and the switch that skips them.
 
 The time is rough: the images each probe passes through the backbone (its train and val splits; the dense probe's
-are the segmentation data's), times this backbone's measured forward time per image, times `OVERHEAD` for making
-or reading the images and training the heads (measured on the embedded default: `docs/commands.md`).
+are the segmentation data's), times this backbone's forward time per image (measured there and then, on a batch of
+64: ~1 s), times `OVERHEAD` for making or reading the images and training the heads (calibrated on the first run's
+checkpoint, `docs/commands.md`: within a factor of 2 there; a larger model's forward weighs more, so it reads high).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from vitsinks.eval.dense_protocols import resolve
 from vitsinks.models import SinkViT
 from vitsinks.run.pipeline import SEGMENTATION_DATA
 
-OVERHEAD = 3.0  # the probes' whole time / their backbone forward time, on the embedded default (synthetic images)
+OVERHEAD = 4.0  # the probes' wall time / their images' forward time, measured on the first run's checkpoint
 FASHION_MNIST = (60000, 10000)  # its train / val images
 
 
@@ -52,7 +53,7 @@ def probe_images(cfg: DictConfig) -> dict[str, tuple[str, int | None, int | None
 
 
 @torch.no_grad()
-def forward_s_per_image(model: SinkViT, batch: int = 16) -> float:
+def forward_s_per_image(model: SinkViT, batch: int = 64) -> float:
     """Seconds per image of one forward pass of `model` (eval mode, on its device): one warm-up batch, one timed."""
     size = model.patch_embed.img_size
     x = torch.randn(batch, 3, *size, device=next(model.parameters()).device)
