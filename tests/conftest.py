@@ -28,7 +28,7 @@ TINY = [
     "model=vit_cpu", *(f"model.{k}={v}" for k, v in TINY_VIT.items()),
     "views.global_size=32", "views.local_size=16", "views.n_local=2",
     "objective.proj_hidden=64", "objective.proj_out=32", "objective.slices=128",
-    "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4",
+    "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4", "data.num_workers=0",
     "train.batch_size=16", "train.epochs=2", "train.log_every=1", "train.ckpt_every=3", "wandb.mode=disabled",
     "diagnostics.enabled=false", "eval.after_train=false",
 ]

@@ -38,7 +38,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"vitsinks: {run_variant(cfg)} {cfg.model.size} ({n / 1e6:.2f}M parameters, "
               f"{trainer.model.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
               f"{trainer.total_steps} steps, device {trainer.device}"
-              + (f" ({trainer.cpu_threads} threads)" if trainer.device.type == "cpu" else "")
+              + (f" ({trainer.cpu_threads} thread{'s' * (trainer.cpu_threads > 1)})" * (trainer.device.type == "cpu"))
               + f", {trainer.dist.world} rank(s)")
         print(f"run directory: {trainer.run_dir}")
     summary = train_and_evaluate(trainer)
@@ -59,7 +59,8 @@ def closing_lines(cfg: DictConfig, trainer: Trainer, summary: dict[str, Any]) ->
     if "linear" in after:
         numbers.append(f"linear probe {after['linear']['top1']:.1f}%")
     if "dense" in after:
-        numbers.append(f"mIoU {after['dense']['mIoU']:.1f} ({after['dense']['data']}, DINOv2-style probe)")
+        numbers.append(f"mIoU {100 * after['dense']['mIoU']:.1f} ({after['dense']['data']}, {cfg.eval.dense_protocol} "
+                       f"dense probe)")
     if "sinks_per_image" in after:
         sinks = after["sinks_per_image"]
         numbers.append(f"sink events per image {sinks['all']['all']:.2f} (NOP {sinks['nop']['all']:.2f}, "

@@ -103,7 +103,7 @@ def test_config_mistakes_get_one_line_with_and_without_a_sweep(tmp_path: Path) -
     ("train.batch_size=-4", "train.batch_size=-4"), ("train.batch_size=0", "train.batch_size=0"),
     ("model.depth=0", "model.depth=0"), ("model.depth=-1", "model.depth=-1"), ("train.lr=inf", "train.lr=inf"),
     ("model.img_size=30", "model.img_size=30 is not a multiple of model.patch_size=8"),
-    ("model.num_heads=5", "model.embed_dim=192 is not divisible by model.num_heads=5"),
+    ("model.num_heads=5", "model.embed_dim=128 is not divisible by model.num_heads=5"),
 ])
 def test_numbers_out_of_range_stop_at_composition(override: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace("+", r"\+").replace(".", r"\.")):

@@ -19,8 +19,9 @@ def launch(*args: str) -> subprocess.CompletedProcess:
 
 def test_defaults_are_the_embedded_cpu_setup() -> None:
     cfg = load_config()
-    assert (cfg.exp, cfg.model.size, cfg.data.name, cfg.cluster.name) == ("base", "vit_cpu", "synthetic", "local")
-    assert cfg.name == "base-vit_cpu-synthetic-s0"
+    assert (cfg.exp, cfg.model.size, cfg.data.name, cfg.cluster.name) == ("base", "vit_mini", "synthetic", "local")
+    assert cfg.name == "base-vit_mini-synthetic-s0"
+    assert cfg.eval.after_train is True  # a finished run is probed: the leaderboard has its numbers
 
 
 def test_misspelt_key_or_wrong_type_names_it() -> None:

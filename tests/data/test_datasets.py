@@ -187,3 +187,19 @@ def test_cpu_training_threads_leave_a_core_to_each_loader_worker(monkeypatch) ->
     assert data.compute_threads(3, 1) == 3  # train.cpu_threads wins
     monkeypatch.setattr(data, "usable_cpus", lambda: 16)
     assert data.compute_threads(None, data.loader_workers(None)) == 8  # 8 workers, 8 compute threads
+
+
+def test_cpu_threads_hold_within_the_block_and_restore_after(monkeypatch) -> None:
+    import torch
+    from omegaconf import OmegaConf
+
+    import vitsinks.data as data
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    cfg = OmegaConf.create({"train": {"cpu_threads": wanted}, "data": {"num_workers": 0}})
+    with data.cpu_threads(cfg, torch.device("cpu")) as n:
+        assert n == wanted == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    with data.cpu_threads(cfg, torch.device("meta")):  # not the CPU: left alone
+        assert torch.get_num_threads() == before

@@ -83,6 +83,9 @@ def test_vit_cpu_preset() -> None:
     assert (m.embed_dim, len(m.blocks), m.blocks[0].attn.num_heads) == (192, 6, 3)
     assert m.tokens_per_image() == 1 + 8 * 8
     assert SIZES["vit_huge"].patch_size == 14
+    mini = build_vit("vit_mini")  # the first run's model
+    assert (mini.embed_dim, len(mini.blocks), mini.blocks[0].attn.num_heads) == (128, 4, 4)
+    assert mini.tokens_per_image() == 1 + 8 * 8 and sum(p.numel() for p in mini.parameters()) < 1e6
 
 
 def test_elementwise_gate_scales_output_by_sigmoid2_at_init() -> None:

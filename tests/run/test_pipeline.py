@@ -37,7 +37,8 @@ def test_every_rank_evaluates_after_training_and_rank_0_alone_diagnoses_last(tmp
     monkeypatch.setattr(pipeline, "probes", lambda cfg, run_dir: calls.append("probes") or {"linear": 0.5})
     monkeypatch.setattr(pipeline, "diagnose_checkpoint",
                         lambda path, cfg, out_dir: calls.append(("diagnose", path, out_dir)) or {"sinks_per_image": 2})
-    cfg = OmegaConf.create({"eval": {"after_train": True}, "diagnostics": {"enabled": True, "report": True}})
+    cfg = OmegaConf.create({"eval": {"after_train": True}, "diagnostics": {"enabled": True, "report": True},
+                            "cluster": {"device": "cpu"}, "train": {"cpu_threads": None}, "data": {"num_workers": 0}})
     run = tmp_path / "r"  # no diagnosed step: no run page
     summaries = {}
     for rank in (1, 0):

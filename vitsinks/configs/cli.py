@@ -193,9 +193,19 @@ def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | Non
             print(OmegaConf.to_yaml(part, resolve=flags["resolve"]), end="")
             return
         with hydra_context(cfg):
-            guarded(fn, task_config(cfg))
+            guarded(_with_cpu_threads, fn, task_config(cfg))
 
     return main
+
+
+def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """`fn(cfg)` with CPU work on `train.cpu_threads` threads (default one per core the loader workers leave free): on
+    a shared machine more threads than free cores make every small op wait for a thread without a core."""
+    from vitsinks.data import cpu_threads  # torch: not for --help
+    from vitsinks.utils.distributed import resolve_device
+
+    with cpu_threads(cfg, resolve_device(cfg.cluster.device)):
+        return fn(cfg)
 
 
 def parse_args(argv: Sequence[str], schema: Any, usage: str, positional: str | None = None) -> DictConfig:

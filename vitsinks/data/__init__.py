@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import torch
+from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from vitsinks.configs.schema import DataConfig
@@ -50,3 +54,16 @@ def compute_threads(requested: int | None, workers: int) -> int:
     least 1. More threads than free cores make every parallel region wait for a thread that has no core (measured on
     2 cores with 2 threads and 1 worker: 4-6x the CPU time per step when the machine is loaded)."""
     return requested if requested is not None else max(1, usable_cpus() - workers)
+
+
+@contextmanager
+def cpu_threads(cfg: DictConfig, device: torch.device) -> Iterator[int]:
+    """Within the block, torch's intra-op threads are `compute_threads` of `cfg` (train.cpu_threads, data.num_workers)
+    when `device` is the CPU; the caller's count is restored after it. Yields the count in force."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(compute_threads(cfg.train.cpu_threads, loader_workers(cfg.data.num_workers)))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

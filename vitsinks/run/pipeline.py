@@ -17,11 +17,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import DataConfig, config_dir
+from vitsinks.data import cpu_threads
 from vitsinks.diagnose import diagnose_checkpoint, over_training
 from vitsinks.diagnostics.page import REPORT
 from vitsinks.eval import dense, linear
 from vitsinks.train.trainer import Trainer
-from vitsinks.utils.distributed import rank_world
+from vitsinks.utils.distributed import rank_world, resolve_device
 from vitsinks.utils.rundir import RunDir
 
 SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
@@ -77,11 +78,12 @@ def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     calls it: the probes on all ranks, then the diagnostics on rank 0, which returns everything (the other ranks
     return the probes' numbers).
     """
-    out = probes(cfg, run_dir)
-    if rank_world()[0] != 0:
-        return out
-    run = RunDir(run_dir)
-    diag = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics("final"))
+    with cpu_threads(cfg, resolve_device(cfg.cluster.device)):  # the training's thread count (vitsinks.data)
+        out = probes(cfg, run_dir)
+        if rank_world()[0] != 0:
+            return out
+        run = RunDir(run_dir)
+        diag = diagnose_checkpoint(run.last, cfg, out_dir=run.diagnostics("final"))
     return {"sinks_per_image": diag["sinks_per_image"], **out}
 
 

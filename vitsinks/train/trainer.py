@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from vitsinks.configs.schema import to_container
-from vitsinks.data import build_dataset, compute_threads, loader_workers, num_classes
+from vitsinks.data import build_dataset, compute_threads, cpu_threads, loader_workers, num_classes
 from vitsinks.data.loading import device_batches, train_loader
 from vitsinks.data.views import EpochSampler, sample_seed
 from vitsinks.models import model_from_config, run_variant
@@ -308,13 +308,10 @@ class Trainer:
         own = self.callbacks
         self.callbacks = [*own, *callbacks, *([OnStep(on_step)] if on_step is not None else [])]
         self.rundir.lock()
-        threads = torch.get_num_threads()
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
         try:
-            return self._fit()
+            with cpu_threads(self.cfg, self.device):
+                return self._fit()
         finally:
-            torch.set_num_threads(threads)
             self.rundir.unlock()
             self.callbacks = own
             self._train_loader = None  # its persistent workers end with the fit (a later fit builds a new one)
