@@ -65,3 +65,25 @@ def test_local_sweep_runs_each_run_and_writes_the_manifest(tmp_path: Path) -> No
     assert again.returncode == 0 and "finished (not relaunched)" in again.stdout and "vitsinks: " not in again.stdout
     status = launch("status", f"sweep={Path(manifest['sweep_dir'])}")
     assert status.returncode == 0 and status.stdout.count("1/1") == 2
+
+
+def test_the_closing_lines_name_the_run_its_numbers_and_its_page(tmp_path: Path) -> None:
+    import json
+    from types import SimpleNamespace
+
+    from vitsinks.configs.schema import load_config
+    from vitsinks.launch import closing_lines
+
+    cfg = load_config(["exp=gate+reg", "seed=3"])
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in [
+        {"step": 10, "loss": 0.7}, {"step": 20, "loss": 0.55}, {"step": 20, "val/probe_acc": 0.8}]))
+    trainer = SimpleNamespace(run_dir=tmp_path, total_steps=20)
+    sinks = {"all": {"all": 0.25}, "nop": {"all": 0.25}, "broadcast": {"all": 0.0}}
+    summary = {"status": "finished", "step": 20, "val/probe_acc": 0.8125, "page": "runs/x/diagnostics/report.html",
+               "after_train": {"linear": {"top1": 93.75}, "dense": {"mIoU": 0.4466, "data": "synthetic"},
+                               "sinks_per_image": sinks}}
+    assert closing_lines(cfg, trainer, summary) == [
+        "trained gate+reg vit_mini on synthetic, seed 3: finished at step 20/20, loss 0.700 at step 10 -> 0.550",
+        "online probe 81.2%; linear probe 93.8%; mIoU 44.7 (synthetic, dinov2 dense probe); sink events per image "
+        "0.25 (NOP 0.25, broadcast 0.00)",
+        "page: runs/x/diagnostics/report.html"]

@@ -13,5 +13,6 @@ SWEEP=$(ls -dt "$RUNS"/sweeps/sweep-* | head -n 1)
 python -m vitsinks.leaderboard runs="$SWEEP" out="$OUT" \
   title="vitsinks first run: python -m vitsinks.launch exp=gate+reg (vit_mini, synthetic, CPU), seeds 0-2"
 cp "$RUNS/gate+reg-vit_mini-synthetic-s0/diagnostics/training_curves.png" "$OUT/training_curves_s0.png"
+sleep 60  # the 1-min load average of the runs above decays before the benchmark starts
 python -m vitsinks.bench first-run > "$OUT/bench.txt"
 cat "$OUT/bench.txt"

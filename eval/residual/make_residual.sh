@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The residual side, quantization robustness and the training-free mitigations on the checkpoints of the two
-# committed CPU studies: the sink tasks (eval/sinktasks: 40 runs, attention-only, 1 block) and the embedded default
+# committed CPU studies: the sink tasks (eval/sinktasks: 40 runs, attention-only, 1 block) and the vit_cpu leaderboard
 # (eval/leaderboard: vit_cpu on synthetic data, the four variants x 2 seeds). Nothing is trained.
 #   1. every final checkpoint quantized (W8A8: linear-input kurtosis / inf-norm, feature cosine, the probes' change;
 #      results/quant.json) and re-diagnosed (summary.json with the residual side, plots, report.html with both);

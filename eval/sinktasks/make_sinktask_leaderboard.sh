@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/sinktasks}
 for task in sinktask_nop sinktask_broadcast; do
   python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,softpick,global,global+pen,gate+global+pen,reg+global+pen \
-    seed=0,1 data="$task" runs_dir="$RUNS" wandb.mode=disabled objective.cm_skip_blocks=0  # one block: penalise it
+    seed=0,1 data="$task" model=vit_cpu runs_dir="$RUNS" wandb.mode=disabled objective.cm_skip_blocks=0  # run names as committed; one block: penalise it
 done
 for run in "$RUNS"/*-s[0-9]/; do
   run=${run%/}

@@ -181,12 +181,31 @@ def test_loader_workers_default_fits_the_machine(monkeypatch) -> None:
 def test_cpu_training_threads_leave_a_core_to_each_loader_worker(monkeypatch) -> None:
     import vitsinks.data as data
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(data, "usable_cpus", lambda: 2)
     assert data.compute_threads(None, 1) == 1 and data.compute_threads(None, 0) == 2  # 2 CPUs: never 3 busy
     assert data.compute_threads(None, 8) == 1  # more workers than CPUs: still one compute thread
     assert data.compute_threads(3, 1) == 3  # train.cpu_threads wins
     monkeypatch.setattr(data, "usable_cpus", lambda: 16)
     assert data.compute_threads(None, data.loader_workers(None)) == 8  # 8 workers, 8 compute threads
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 ranks share the 16 CPUs
+    assert data.compute_threads(None, 1) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (or torchrun's) setting wins over the guess
+    assert data.compute_threads(None, 1) == 2 and data.compute_threads(5, 1) == 5
+
+
+def test_only_a_process_that_computes_on_the_cpu_sets_threads() -> None:
+    from omegaconf import OmegaConf
+
+    import vitsinks.data as data
+
+    def cfg(name: str, device: str) -> OmegaConf:
+        return OmegaConf.create({"cluster": {"name": name, "device": device}})
+
+    assert data.runs_on_cpu(cfg("local", "cpu"))
+    assert not data.runs_on_cpu(cfg("slurm", "cpu"))  # it only submits: no device is resolved
+    assert not data.runs_on_cpu(cfg("local", "cuda"))
 
 
 def test_cpu_threads_hold_within_the_block_and_restore_after(monkeypatch) -> None:

@@ -45,8 +45,12 @@ def test_every_rank_evaluates_after_training_and_rank_0_alone_diagnoses_last(tmp
         calls.clear()
         monkeypatch.setattr(pipeline, "rank_world", lambda rank=rank: (rank, 2))
         trainer = SimpleNamespace(cfg=cfg, run_dir=run, dist=SimpleNamespace(rank=rank, is_main=rank == 0),
-                                  fit=lambda: {"status": "finished"})
-        summaries[rank] = (pipeline.train_and_evaluate(trainer), list(calls))
+                                  fit=lambda: {"status": "finished"},
+                                  write_status=lambda status, **kw: calls.append(("status", status, kw)))
+        summaries[rank] = (pipeline.train_and_evaluate(trainer), [c for c in calls if c[0] != "status"])
+        statuses = [c[1:] for c in calls if c[0] == "status"]
+        # rank 0 says "evaluating" until the probes and the final diagnosis are written, then "finished"
+        assert statuses == ([("evaluating", {}), ("finished", {"evaluated": True})] if rank == 0 else [])
     # rank 1 joins the probes' collectives (a rank left out would hang rank 0 there) and skips the diagnostics
     assert summaries[1] == ({"status": "finished", "after_train": {"linear": 0.5}}, ["probes"])
     # rank 0 diagnoses after the probes, when no rank waits for it at a collective

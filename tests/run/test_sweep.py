@@ -54,6 +54,18 @@ def test_a_finished_run_is_relaunched_when_it_is_asked_for_more_steps(runs: Path
     assert sw.is_finished(runs / "ext", cfg)
 
 
+def test_a_run_killed_during_its_probes_is_not_finished_for_a_sweep(runs: Path) -> None:
+    import json
+
+    cfg = tiny_cfg(runs, "name=ev", "train.max_steps=2")
+    Trainer(cfg).fit()  # trained, not probed: status.json says finished without "evaluated"
+    probed = tiny_cfg(runs, "name=ev", "train.max_steps=2", "eval.after_train=true")
+    assert sw.is_finished(runs / "ev", cfg) and not sw.is_finished(runs / "ev", probed)
+    status = runs / "ev" / "status.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "evaluated": True}))
+    assert sw.is_finished(runs / "ev", probed)
+
+
 def test_a_relaunch_keeps_the_job_ids_and_logs_of_runs_it_does_not_resubmit() -> None:
     old = {"array_job_id": "77", "runs": [
         {"run_dir": "/r/a", "job_id": "77_0", "stdout": "/l/77_0.out", "stderr": "/l/77_0.err"},

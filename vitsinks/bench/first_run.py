@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitsinks.bench import table
+from vitsinks.utils.errors import UserError
 
 COMMAND = ["exp=gate+reg"]  # README command 1's arguments
 
@@ -102,12 +103,15 @@ def measure(extra: Sequence[str] = ()) -> dict[str, Any]:
         done = subprocess.run([sys.executable, "-c", code, str(phases), *argv], capture_output=True, text=True)
         wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0:
-            raise RuntimeError(f"the first run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"the first run failed (exit {done.returncode}): {last}; run "
+                            f"python -m vitsinks.launch {' '.join(argv)} to see it whole")
         split = json.loads(phases.read_text())
     cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
     return {"command": "python -m vitsinks.launch " + " ".join([*COMMAND, *extra]), "wall_s": wall, "cpu_s": cpu,
             "cpus": len(os.sched_getaffinity(0)), "load_before": load0, "load_after": os.getloadavg()[0],
-            "phases": split, "closing_lines": done.stdout.strip().splitlines()[-3:]}
+            "phases": split,  # the run's own lines, its temporary folder written as runs/ (the README's runs_dir)
+            "closing_lines": [ln.replace(f"{tmp}/runs", "runs") for ln in done.stdout.strip().splitlines()[-3:]]}
 
 
 def report(m: dict[str, Any]) -> str:

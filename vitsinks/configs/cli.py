@@ -201,10 +201,11 @@ def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | Non
 def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """`fn(cfg)` with CPU work on `train.cpu_threads` threads (default one per core the loader workers leave free): on
     a shared machine more threads than free cores make every small op wait for a thread without a core."""
-    from vitsinks.data import cpu_threads  # torch: not for --help
-    from vitsinks.utils.distributed import resolve_device
+    import torch  # not for --help
 
-    with cpu_threads(cfg, resolve_device(cfg.cluster.device)):
+    from vitsinks.data import cpu_threads, runs_on_cpu
+
+    with cpu_threads(cfg, torch.device("cpu" if runs_on_cpu(cfg) else "meta")):  # meta: left alone
         return fn(cfg)
 
 

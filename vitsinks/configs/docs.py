@@ -303,9 +303,10 @@ def render() -> str:
             rows = [[f"`{f.name}`", type_name(hints[f.name]), f"`{_default(field_default(f))}`", notes.get(f.name, "")]
                     for f in dataclasses.fields(cls)]
             out += [f"### Arguments of `{name}`", "", *_table(["key", "type", "default", "meaning"], rows), ""]
+    picked = [f"`{k}={v}`" for d in OmegaConf.load(config_dir() / "config.yaml").defaults if OmegaConf.is_dict(d)
+              for k, v in d.items() if v is not None and " " not in k]
     out += ["## Config groups", "", "Pick one option per group on the command line (`exp=gate+reg model=vit_small`); "
-            "`config.yaml` picks the defaults (`model=vit_cpu`, `train=default`, `objective=lejepa`, `data=synthetic`, "
-            "`cluster=local`, `exp=base`).", ""]
+            f"`config.yaml` picks the defaults ({', '.join(picked)}).", ""]
     for group, rows in group_options():
         header = ["option", "what it is", *(["sets"] if group in SETTINGS_SHOWN else [])]
         out += [f"### `{group}=` options", "", *_table(header, rows), ""]

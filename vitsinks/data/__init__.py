@@ -50,10 +50,24 @@ def loader_workers(requested: int | None) -> int:
 
 
 def compute_threads(requested: int | None, workers: int) -> int:
-    """CPU training's intra-op threads: `train.cpu_threads`, or (None) the usable CPUs minus the loader `workers`, at
-    least 1. More threads than free cores make every parallel region wait for a thread that has no core (measured on
-    2 cores with 2 threads and 1 worker: 4-6x the CPU time per step when the machine is loaded)."""
-    return requested if requested is not None else max(1, usable_cpus() - workers)
+    """CPU training's intra-op threads: `train.cpu_threads`, else `OMP_NUM_THREADS` when set, else the usable CPUs
+    (shared among the ranks on this machine, `LOCAL_WORLD_SIZE`) minus the loader `workers`, at least 1. More
+    threads than free cores make every parallel region wait for a thread that has no core (measured on 2 cores with
+    2 threads and 1 worker: 4-6x the CPU time per step when the machine is loaded)."""
+    if requested is not None:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # set by the user, or by torchrun for each rank
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # processes sharing this machine's CPUs
+    return max(1, usable_cpus() // max(1, ranks) - workers)
+
+
+def runs_on_cpu(cfg: DictConfig) -> bool:
+    """This process computes on the CPU: `cluster.device` is cpu, or auto without CUDA, and it is not a command that
+    only submits to SLURM."""
+    if cfg.cluster.name == "slurm":
+        return False
+    return cfg.cluster.device == "cpu" or (cfg.cluster.device == "auto" and not torch.cuda.is_available())
 
 
 @contextmanager

@@ -36,7 +36,12 @@ def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
     summary = trainer.fit()
     cfg = trainer.cfg
     if summary["status"] == "finished" and cfg.eval.after_train:
+        # "evaluating" until the probes are written: a sweep relaunch evaluates a run killed meanwhile (is_finished)
+        if trainer.dist.is_main:
+            trainer.write_status("evaluating")
         summary["after_train"] = after_train(cfg, trainer.run_dir)
+        if trainer.dist.is_main:
+            trainer.write_status("finished", evaluated=True)
     if trainer.dist.is_main and cfg.diagnostics.enabled and cfg.diagnostics.report and \
             RunDir(trainer.run_dir).diagnosed_steps():
         summary["page"] = str(run_page(trainer.run_dir, cfg))

@@ -92,9 +92,12 @@ def run_state(run_dir: Path) -> dict[str, Any]:
 
 
 def is_finished(run_dir: Path, cfg: DictConfig) -> bool:
-    """The run finished all its steps, and `cfg` asks for no more (the fields of `LENGTH_KEYS` are unchanged)."""
+    """The run finished all its steps (and, with `eval.after_train`, its probes), and `cfg` asks for no more (the
+    fields of `LENGTH_KEYS` are unchanged)."""
     s = run_state(run_dir)
     if not (s["status"] == "finished" and s["step"] >= s.get("total_steps", 0)):
+        return False
+    if OmegaConf.select(cfg, "eval.after_train", default=False) and not s.get("evaluated"):
         return False
     saved = RunDir(run_dir).config
     if not saved.is_file():

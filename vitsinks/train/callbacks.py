@@ -159,7 +159,7 @@ class StatusFile(Callback):
     def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
         now = time.monotonic()
         if now - self.last >= self.every_s and trainer.progress.step < trainer.total_steps:
-            trainer._write_status("running")
+            trainer.write_status("running")
             self.last = now
 
 

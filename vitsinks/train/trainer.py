@@ -294,7 +294,8 @@ class Trainer:
         for cb in self.callbacks:
             getattr(cb, hook)(self, *args)
 
-    def _write_status(self, status: str, **extra: Any) -> None:
+    def write_status(self, status: str, **extra: Any) -> None:
+        """`status.json` (rank 0): `status`, the step and the run's facts, with `extra`."""
         self.rundir.write_status(status, step=self.progress.step, total_steps=self.total_steps,
                                  world_size=self.dist.world, variant=run_variant(self.cfg),
                                  **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **extra)
@@ -319,7 +320,7 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         self.resume()
         self.rundir.start(self.cfg)
-        self._write_status("running")
+        self.write_status("running")
         self.tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
                                active=self.dist.is_main, resume_step=self.progress.step)
         self.last_metrics, self.bad_local = last_logged(self.run_dir, self.progress.step), 0
@@ -355,13 +356,13 @@ class Trainer:
             status = "interrupted" if self.stop_requested and p.step < self.total_steps else "finished"
             self._emit("on_fit_end", status)
         except BaseException as err:
-            self._write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))
+            self.write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))
             raise
         finally:
             self._emit("close")
             self.tracker.finish()
             self.tracker = None
-        self._write_status(status)
+        self.write_status(status)
         return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": self.bad_images(),
                 **self.last_metrics}
 
