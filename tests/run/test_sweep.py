@@ -27,10 +27,10 @@ def _named(overrides: list[str]) -> list[str]:
 @pytest.mark.slow
 def test_every_swept_override_reaches_the_run_name() -> None:
     names = _named(["exp=base", "train.lr=0.001,0.0001", "seed=0"])
-    assert names == ["base-vit_cpu-synthetic-s0-lr0.001", "base-vit_cpu-synthetic-s0-lr0.0001"]
+    assert names == ["base-vit_mini-synthetic-s0-lr0.001", "base-vit_mini-synthetic-s0-lr0.0001"]
     assert _named(["exp=base,gate", "seed=0,1"]) == [  # exp and seed are in the default name already
-        "base-vit_cpu-synthetic-s0", "base-vit_cpu-synthetic-s1", "gate-vit_cpu-synthetic-s0",
-        "gate-vit_cpu-synthetic-s1"]
+        "base-vit_mini-synthetic-s0", "base-vit_mini-synthetic-s1", "gate-vit_mini-synthetic-s0",
+        "gate-vit_mini-synthetic-s1"]
     long = _named(["exp=base", "model.global_pathway.state_dim=8,16", "objective.cm_skip_blocks=0,1",
                    "model.layerscale_init=0.1,0.01", "objective.knots=9,17"])
     assert len(set(long)) == 16 and all(len(n) < 80 for n in long)

@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vitsinks import launch
 from vitsinks.bench import table
+from vitsinks.run import pipeline
+from vitsinks.train import callbacks, trainer
 from vitsinks.utils.errors import UserError
 
 COMMAND = ["exp=gate+reg"]  # README command 1's arguments
@@ -53,9 +56,6 @@ def _timed(fn: Callable[..., Any], phase: str, acc: dict[str, list[float]]) -> C
 
 def _instrument(acc: dict[str, list[float]]) -> None:
     """Wrap the phases' functions where the pipeline looks them up."""
-    from vitsinks.run import pipeline
-    from vitsinks.train import callbacks, trainer
-
     targets: list[tuple[Any, str, str]] = [
         (trainer.Trainer, "train_step", "training steps (forward, backward, optimizer)"),
         (callbacks.Validation, "on_epoch_end", "online-probe validation"),
@@ -83,7 +83,6 @@ def child(out: str, argv: Sequence[str]) -> None:
     """Run `launch` with `argv` under the phase timers; write the phases to `out` (JSON)."""
     acc: dict[str, list[float]] = {}
     _instrument(acc)
-    from vitsinks import launch
     try:
         launch.cli(list(argv))
     except SystemExit as err:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from hydra.errors import HydraException
@@ -34,6 +35,7 @@ from omegaconf.nodes import StringNode
 
 from vitsinks.configs.schema import check_config, compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
+from vitsinks.data import cpu_threads, runs_on_cpu
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
 
 
@@ -201,10 +203,6 @@ def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | Non
 def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """`fn(cfg)` with CPU work on `train.cpu_threads` threads (default one per core the loader workers leave free): on
     a shared machine more threads than free cores make every small op wait for a thread without a core."""
-    import torch  # not for --help
-
-    from vitsinks.data import cpu_threads, runs_on_cpu
-
     with cpu_threads(cfg, torch.device("cpu" if runs_on_cpu(cfg) else "meta")):  # meta: left alone
         return fn(cfg)
 

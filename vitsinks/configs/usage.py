@@ -23,6 +23,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from vitsinks.__main__ import _runs_as_main  # the standard library only, as this module
+
 HELP_FLAGS = ("-h", "--help")
 FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -56,8 +58,6 @@ class Source:
     @classmethod
     def of(cls, command: str) -> Source:
         """The source of `python -m <command>`; a `LookupError` when no such vitsinks module exists."""
-        from vitsinks.__main__ import _runs_as_main
-
         parts = command.removesuffix(".__main__").split(".")
         if parts[0] == PACKAGE.name and len(parts) > 1:
             base = PACKAGE.parent.joinpath(*parts)
