@@ -98,3 +98,12 @@ def test_the_plan_counts_the_capped_images_and_an_image_folder_is_unknown(runs: 
     folder = tiny_cfg(runs, "data=imagenet", "data.root=/nowhere")
     assert plan.probe_images(folder) == {"linear": ("imagenet", None, None)}  # no masks: no dense probe
     assert "the whole split of an image folder" in plan.describe(folder, tiny_vit().eval(), "probes=false")
+
+
+def test_the_plan_of_data_without_labels_or_masks_runs_no_probe(runs: Path) -> None:
+    from vitsinks.configs.schema import load_config
+
+    cfg = load_config(["exp=base", "data=sinktask_nop", f"runs_dir={runs}", "eval.after_train=true"])
+    assert plan.probe_images(cfg) == {}  # as the pipeline: no class labels, no masks
+    assert plan.describe(cfg, tiny_vit().eval(), "probes=false") == (
+        "no probes to run: data=sinktask_nop has no class labels and no masks")

@@ -42,9 +42,10 @@ def capped(n: int | None, cap: int | None) -> int | None:
 def probe_images(cfg: DictConfig) -> dict[str, tuple[str, int | None, int | None]]:
     """Probe -> (its data's name, train images, val images) of the probes `cfg` (a run's config) runs."""
     e = cfg.eval
-    out = {"linear": (str(cfg.data.name), *(capped(n, c) for n, c in zip(split_sizes(cfg.data),
-                                                                        (e.max_train_images, e.max_val_images),
-                                                                        strict=True)))}
+    out = {}
+    if cfg.data.num_classes != 0:  # as `run.pipeline.probes`: data without class labels gets no linear probe
+        out["linear"] = (str(cfg.data.name), *(capped(n, c) for n, c in zip(
+            split_sizes(cfg.data), (e.max_train_images, e.max_val_images), strict=True)))
     dense = str(e.dense_data or cfg.data.name)
     if dense in SEGMENTATION_DATA:
         sizes = split_sizes(cfg.data, dense=True) if dense == cfg.data.name else (None, None)
@@ -66,6 +67,8 @@ def forward_s_per_image(model: SinkViT, batch: int = 64) -> float:
 def describe(cfg: DictConfig, model: SinkViT, skip: str) -> str:
     """One line: the probes `cfg` runs on `model`, their images, a rough time, and `skip` (the switch that skips
     them)."""
+    if not probe_images(cfg):
+        return f"no probes to run: data={cfg.data.name} has no class labels and no masks"
     parts, forwards, known = [], 0.0, True
     side = model.patch_embed.img_size[0]
     for probe, (data, train, val) in probe_images(cfg).items():
