@@ -26,8 +26,8 @@ from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
 from vitsinks.diagnostics import fixed_images, run_diagnostics
-from vitsinks.diagnostics.page import run_report, training_curves
 from vitsinks.diagnostics.plots import over_training as plot_over_training
+from vitsinks.diagnostics.run_page import run_report, training_curves
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files

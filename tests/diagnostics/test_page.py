@@ -22,8 +22,9 @@ from PIL import Image
 
 from tests.conftest import run_command, tiny_vit
 from vitsinks.diagnostics import diagnose, summarize
-from vitsinks.diagnostics.page import REPORT, REPORT_JSON, _quant, _quant_html, checkpoint_report, num, run_report
+from vitsinks.diagnostics.page import REPORT, REPORT_JSON, _quant, _quant_html, checkpoint_report, num
 from vitsinks.diagnostics.page_figures import ATTN_CMAP, NORM_CMAP, colour, pca_colours, scale_factor
+from vitsinks.diagnostics.run_page import run_report
 from vitsinks.models import SinkViT
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir

@@ -1,5 +1,6 @@
-"""The visual report pages (docs/report.md): one HTML page per diagnosed checkpoint (`checkpoint_report`) and one
-per run over training (`run_report`), each beside a JSON file holding every number the page shows.
+"""The checkpoint's visual report page (docs/report.md): one HTML page per diagnosed checkpoint
+(`checkpoint_report`) beside a JSON file holding every number the page shows (the run's page over training:
+`vitsinks.diagnostics.run_page`).
 
 A page is rendered from its JSON: the maps' PNGs are drawn from the JSON's map values, the tables' cells are the
 JSON's numbers through `num`. The pictures are inline (data URIs), so a page works wherever its folder is copied.
@@ -8,7 +9,6 @@ JSON's numbers through `num`. The pictures are inline (data URIs), so a page wor
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,9 @@ from vitsinks.diagnostics.page_figures import (
     ATTN_CMAP,
     NORM_CMAP,
     cbar,
-    figure_uri,
     gradient_css,
     grid_picture,
     num,
-    over_training_figure,
     page,
     panel,
     pca_colours,
@@ -34,24 +32,21 @@ from vitsinks.diagnostics.page_figures import (
     residual_figure,
     scale_factor,
     table,
-    training_figure,
     upscale,
 )
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
 from vitsinks.diagnostics.summary import LOCATIONS, describe_rule
 from vitsinks.models import NoMLP, SinkViT
-from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
-from vitsinks.utils.errors import BadValue, InputNotFound
-from vitsinks.utils.plotting import save_figure, swatches_html
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.plotting import swatches_html
 
 REPORT, REPORT_JSON, TRAINING_PNG = "report.html", "report.json", "training_curves.png"
 
-def _r(x: Any) -> Any:
+def rounded(x: Any) -> Any:
     """Floats rounded to 6 significant digits (nested lists and arrays too) for the JSON."""
     if isinstance(x, np.ndarray | list | tuple):
-        return [_r(v) for v in x]
+        return [rounded(v) for v in x]
     if isinstance(x, np.integer):
         return int(x)
     if isinstance(x, float | np.floating):
@@ -73,7 +68,7 @@ def final_patches(model: SinkViT, images: torch.Tensor) -> np.ndarray:
 def _prefix(col: np.ndarray, n_prefix: int, name: str, agg: Any) -> dict[str, Any]:
     """[CLS]'s value, each register's, and (with registers) `agg` of the registers' under `name`."""
     regs = col[1:n_prefix]
-    return {"cls": _r(col[0]), "registers": _r(regs), **({name: _r(agg(regs))} if len(regs) else {})}
+    return {"cls": rounded(col[0]), "registers": rounded(regs), **({name: rounded(agg(regs))} if len(regs) else {})}
 
 
 def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, Any]:
@@ -83,9 +78,10 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
     cols = [d["attn_col_mean"][i, b, h].astype(np.float64) for b, h in enumerate(heads)]
     grids = [c[n_prefix:].reshape(gh, gw) for c in cols]
     top = max(float(g.max()) for g in grids)  # one colour scale for the image's blocks: comparable side by side
-    attn = [{"block": b, "head": int(h), **_prefix(c, n_prefix, "registers_total", np.sum), "patches": _r(g.sum()),
-             "max": _r(g.max()), "map": _r(g)} for b, (h, c, g) in enumerate(zip(heads, cols, grids, strict=True))]
-    out: dict[str, Any] = {"image": i, "attention_scale": [0.0, _r(top)], "attention": attn}
+    attn = [{"block": b, "head": int(h), **_prefix(c, n_prefix, "registers_total", np.sum),
+             "patches": rounded(g.sum()), "max": rounded(g.max()), "map": rounded(g)}
+            for b, (h, c, g) in enumerate(zip(heads, cols, grids, strict=True))]
+    out: dict[str, Any] = {"image": i, "attention_scale": [0.0, rounded(top)], "attention": attn}
     if "image_index" in d:
         out["split_index"] = int(d["image_index"][i])
     if "token_norms" in d:
@@ -94,7 +90,7 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
             norms = d["token_norms"][i, b].astype(np.float64)
             grid = norms[n_prefix:].reshape(gh, gw)
             out["token_norm"].append({"block": b, **_prefix(norms, n_prefix, "registers_max", np.max),
-                                      "vmin": _r(grid.min()), "vmax": _r(grid.max()), "map": _r(grid)})
+                                      "vmin": rounded(grid.min()), "vmax": rounded(grid.max()), "map": rounded(grid)})
     return out
 
 
@@ -147,7 +143,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
     gh, gw = (int(g) for g in d["grid"])
     maps = [image_maps(d, strongest["head"], i) for i in range(n)]
     for m, colours in zip(maps, rgb, strict=True):
-        m["pca_map"] = _r(colours.reshape(gh, gw, 3))
+        m["pca_map"] = rounded(colours.reshape(gh, gw, 3))
     rule = summary.get("rule")
     return {
         "checkpoint": name,
@@ -161,7 +157,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
         "sinks_per_image_block0": summary.get("sinks_per_image_block0"),
         "strongest_head_by_block": strongest,
         "images": maps,
-        "pca": {"explained_variance_ratio": _r(evr), "patches": int(n * gh * gw)},
+        "pca": {"explained_variance_ratio": rounded(evr), "patches": int(n * gh * gw)},
         "residual": _residual(summary.get("residual"), model),
         "quant": _quant(quant),
         "trainfree": trainfree,
@@ -398,108 +394,3 @@ def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d
     files.write_json(out_dir / REPORT_JSON, data)
     files.write_text(out_dir / REPORT, checkpoint_html(data, shown))
     return out_dir / REPORT
-
-
-# --- the run page ---------------------------------------------------------------------------------------------------
-def run_data(run: RunDir) -> dict[str, Any]:
-    """Every number of a run's page over training, from the step diagnoses on disk."""
-    steps = run.diagnosed_steps()
-    if not steps:
-        raise InputNotFound(f"no diagnostics/step_*/summary.json in {run.path}: diagnose the run's checkpoints first "
-                            f"(python -m vitsinks.diagnose run={run.path})")
-    rows = []
-    for step in sorted(steps):
-        s = json.loads(steps[step].read_text())
-        res = s.get("residual") or {}
-        q = res.get("norm_quantiles_by_block") or {}
-        top = res.get("top_activations") or {}
-        mass = (s.get("strongest_head_by_block") or {}).get("mass") or s.get("max_mass_by_block")
-        page_path = steps[step].parent / REPORT
-        prefix = (s.get("strongest_head_by_block") or {}).get("prefix_mass")
-        rows.append({"step": step, "checkpoint": steps[step].parent.name,
-                     "sinks_per_image": {c: s["sinks_per_image"][c]["all"] for c in (*CLASSES, "all")},
-                     "strongest_mass_by_block": mass, "max_strongest_mass": max(mass) if mass else None,
-                     "max_prefix_mass": max(prefix) if prefix else None, "mass_share": s.get("mass_share"),
-                     "max_norm": max(q["max"]) if q.get("max") else None,
-                     "top_activation_ratio": largest(top.get("ratio_by_block")),
-                     "report": f"{page_path.parent.name}/{REPORT}" if page_path.is_file() else None})
-    final = run.diagnostics("final") / REPORT
-    return {"run": run.name, "checkpoints": len(rows), "steps": rows, "training": training_data(run),
-            "final_report": f"final/{REPORT}" if final.is_file() else None}
-
-
-TRAIN_SERIES = ("loss", "probe_acc")  # logged every train.log_every steps; and every validation metric (val/...)
-
-
-def training_data(run: RunDir) -> dict[str, Any]:
-    """The training curves of `training_figure` from the run's metrics.jsonl: {series: {metric: [[step, value],
-    ...]}}, and `missing` (why there is none) when the run has no metrics."""
-    metrics = read_metrics(run.path)
-    series: dict[str, list[list[float]]] = {}
-    for m in metrics:
-        for k, v in m.items():
-            if (k in TRAIN_SERIES or k.startswith("val/")) and isinstance(v, int | float) and math.isfinite(v):
-                series.setdefault(k, []).append([int(m["step"]), _r(float(v))])
-    missing = None if series else (f"no metrics.jsonl in {run.name}: the run was not trained here (an import?)"
-                                   if not metrics else "metrics.jsonl logs no loss or probe")
-    return {"series": series, "missing": missing}
-
-
-def largest(ratios: list[float | None] | None) -> float | None:
-    """The largest ratio of a per-block list; a block whose median is 0 (a None ratio) makes it unbounded: None,
-    shown as missing (JSON has no infinity)."""
-    if not ratios or any(r is None for r in ratios):
-        return None
-    return max(ratios)
-
-
-def run_html(data: dict[str, Any]) -> str:
-    """The run page from its data (`run_data`)."""
-    rows = data["steps"]
-    n_blocks = max(len(r["strongest_mass_by_block"] or []) for r in rows)
-    mass = np.array([(r["strongest_mass_by_block"] or []) + [np.nan] * (n_blocks - len(r["strongest_mass_by_block"]
-                                                                                       or [])) for r in rows]).T
-    residual = {k: [r[k] for r in rows] for k in ("max_norm", "top_activation_ratio")
-                if any(r[k] is not None for r in rows)}
-    fig = over_training_figure([r["step"] for r in rows], {c: [r["sinks_per_image"][c] for r in rows]
-                                                           for c in (*CLASSES, "all")},
-                               mass, {k.replace("_", " "): v for k, v in residual.items()})
-    head = ["step", *(f"sinks / image: {c}" for c in (*CLASSES, "all")), "max strongest mass",
-            *(["max token norm"] if "max_norm" in residual else []),
-            *(["top activation ratio"] if "top_activation_ratio" in residual else []), "report page"]
-    cells = []
-    for r in rows:
-        link = f'<a href="{html.escape(r["report"])}">{html.escape(r["checkpoint"])}</a>' if r["report"] else "-"
-        cells.append(f"<tr><td>{num(r['step'])}</td>" + "".join(
-            f"<td>{num(r['sinks_per_image'][c])}</td>" for c in (*CLASSES, "all")) +
-            f"<td>{num(r['max_strongest_mass'])}</td>" +
-            "".join(f"<td>{num(r[k])}</td>" for k in residual) + f"<td>{link}</td></tr>")
-    hd = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    final = (f'<p>The final diagnosis: <a href="{html.escape(data["final_report"])}">its report page</a>.</p>'
-             if data["final_report"] else "")
-    curves = figure_uri(training_figure(data.get("training") or {}, rows))
-    body = panel("curves", "Training curves", f'<img class="fig full" src="{curves}" alt="training curves">'
-                 '<p class="note">Loss, online probe (or the sink task\'s error) and the continuous sink measures of '
-                 "the diagnosed checkpoints, against the step; training_curves.png beside this page.</p>") + \
-        panel("training", "Sinks over training", f'<img class="fig full" src="{fig}" alt="sinks over training">'
-              f'<p class="legend">{swatches_html((*CLASSES, "all"))}</p>'
-              f'{final}<table id="steps"><thead><tr>{hd}</tr></thead><tbody>{"".join(cells)}</tbody></table>')
-    return page(f"Sinks over training: {data['run']}", f"{num(data['checkpoints'])} diagnosed checkpoints.", body,
-                [("curves", "training curves"), ("training", "sinks over training")])
-
-
-def training_curves(run: RunDir, data: dict[str, Any] | None = None) -> Path:
-    """Write `diagnostics/training_curves.png`: the run page's training curves (`training_figure`)."""
-    data = data or run_data(run)
-    return save_figure(training_figure(data["training"], data["steps"]), run.diagnostics_root / TRAINING_PNG)
-
-
-def run_report(run: RunDir) -> Path:
-    """Write `diagnostics/report.html` and `diagnostics/report.json` of a run: the training curves (also as
-    `training_curves.png`), sinks per image by class, the strongest head's mass per block and the residual measures
-    vs step, with links to the checkpoints' pages that exist."""
-    data = run_data(run)
-    files.write_json(run.diagnostics_root / REPORT_JSON, data)
-    files.write_text(run.diagnostics_root / REPORT, run_html(data))
-    training_curves(run, data)
-    return run.diagnostics_root / REPORT
