@@ -71,7 +71,6 @@ def closing_lines(cfg: DictConfig, trainer: Trainer, summary: dict[str, Any]) ->
     page = summary.get("page")
     where = f"page: {page}" if page else f"run: {trainer.run_dir} (no page: diagnostics.report=false)"
     return [trained, "; ".join(numbers), where]
-    return summary
 
 
 def _absolute(cfg: DictConfig) -> DictConfig:
