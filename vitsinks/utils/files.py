@@ -1,19 +1,95 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a partial one."""
+"""The one layer between vitsinks and the disk.
+
+Writes are atomic: a reader sees the old file or the new one, never a partial one. A write the file system refuses
+(no permission, a read-only mount, a full disk or quota) is a `DiskFault`: one line naming the path, the cause and
+the fix, with the old file left as it was. Reads of the files vitsinks writes (`read_json`, `read_jsonl`,
+`read_npz`, `read_csv`) turn a torn file (cut by a kill or a full disk) or a foreign one into a `BadFile` naming the
+file, what is wrong and the command that writes it again.
+"""
 
 from __future__ import annotations
 
+import csv
+import errno
 import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 
+from vitsinks.utils.errors import BadValue, UserError
+
 TMP_SUFFIX = ".tmp"
+
+# errno -> (the cause in words, the fix) of the write faults a user can do something about
+FAULTS: dict[int, tuple[str, str]] = {
+    errno.EACCES: ("permission denied", "make it writable, or set runs_dir= to a folder you can write"),
+    errno.EPERM: ("operation not permitted", "make it writable, or set runs_dir= to a folder you can write"),
+    errno.EROFS: ("read-only file system", "set runs_dir= to a folder on a writable file system"),
+    errno.ENOSPC: ("no space left on the device", "free space there, or set runs_dir= to a disk with room"),
+    errno.EDQUOT: ("disk quota exceeded", "free space in your quota, or set runs_dir= elsewhere"),
+}
+
+
+class DiskFault(UserError, OSError):
+    """The file system refused a write (`FAULTS`): not bad input, but the user's to fix; nothing was overwritten."""
+
+    def __init__(self, message: str, err: int) -> None:
+        super().__init__(message)
+        self.errno = err
+
+
+class BadFile(BadValue):
+    """A file vitsinks reads is torn (truncated by a kill or a full disk) or is not the file vitsinks writes."""
+
+
+def fault(err: OSError, path: Path | str | None = None, doing: str = "write") -> DiskFault | None:
+    """The `DiskFault` of an `OSError` the file system raised while `doing` something to `path` (the error's own
+    file name when it has one), or None when the error is no write fault (a bug, or a missing file)."""
+    if isinstance(err, DiskFault):
+        return err
+    if err.errno not in FAULTS:
+        return None
+    cause, fix = FAULTS[err.errno]
+    where = path or err.filename  # the file meant, not its temp file
+    return DiskFault(f"cannot {doing} {where}: {cause}: {fix}; nothing earlier was overwritten", err.errno)
+
+
+@contextmanager
+def faults_named(path: Path | str, doing: str = "write") -> Iterator[None]:
+    """Turn the write faults (`FAULTS`) raised inside the block into a `DiskFault` naming `path`."""
+    try:
+        yield
+    except OSError as err:
+        named = fault(err, path, doing)
+        if named is None or named is err:
+            raise
+        raise named from err
+
+
+class _Recording:
+    """A binary file that remembers the `OSError` its writes raised: `torch.save` reports a failed write as a
+    RuntimeError ("unexpected pos ..."), hiding that the disk was full."""
+
+    def __init__(self, f: IO) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
 
 
 @contextmanager
@@ -21,16 +97,23 @@ def atomic_open(path: Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Open a temp file beside `path` (`.<name>.<random>.tmp`); on success fsync it and rename it onto `path`,
     on failure remove it. `mode` is "w" (text) or "wb"."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    with faults_named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    recording = None
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
-            yield f
+            recording = _Recording(f) if "b" in mode else None
+            yield recording or f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        cause = recording.error if recording is not None and recording.error is not None else err
+        named = fault(cause, path) if isinstance(cause, OSError) else None
+        if named is not None:
+            raise named from err
         raise
 
 
@@ -49,6 +132,73 @@ def torch_save(obj: Any, path: Path) -> None:
     """`torch.save` to `path` atomically."""
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
+
+
+def _torn(path: Path, what: str, detail: str, rerun: str) -> BadFile:
+    return BadFile(f"{path} is torn or is not {what} ({detail}): {rerun} to write it again")
+
+
+def read_json(path: Path | str, rerun: str, what: str = "the JSON vitsinks writes") -> Any:
+    """The JSON object in `path`; a torn or foreign file is a `BadFile` whose fix is `rerun` (e.g. "rerun
+    `python -m vitsinks.diagnose run=...`")."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except UnicodeDecodeError as err:
+        raise _torn(path, what, "not text", rerun) from err
+    except ValueError as err:
+        raise _torn(path, what, f"invalid JSON: {' '.join(str(err).split())}", rerun) from err
+    if not isinstance(obj, dict):
+        raise _torn(path, what, f"a JSON {type(obj).__name__}, not an object", rerun)
+    return obj
+
+
+def read_jsonl(path: Path | str, rerun: str) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a torn last line (a kill mid-append) is dropped, any other bad line is a
+    `BadFile`."""
+    path = Path(path)
+    lines = [ln for ln in path.read_bytes().decode("utf-8", "replace").splitlines() if ln.strip()]
+    out = []
+    for i, ln in enumerate(lines):
+        try:
+            rec = json.loads(ln)
+        except ValueError as err:
+            if i == len(lines) - 1:
+                break  # the append a kill cut short
+            raise _torn(path, "JSON lines", f"line {i + 1}: {' '.join(str(err).split())}", rerun) from err
+        if not isinstance(rec, dict):
+            raise _torn(path, "JSON lines", f"line {i + 1} is not an object", rerun)
+        out.append(rec)
+    return out
+
+
+def read_npz(path: Path | str, rerun: str) -> dict[str, np.ndarray]:
+    """Every array of a `.npz` file, read now; a torn or foreign file is a `BadFile`."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _torn(path, "the arrays vitsinks writes (.npz)", " ".join(str(err).split()) or type(err).__name__,
+                    rerun) from err
+
+
+def read_csv(path: Path | str, rerun: str, needs: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header; one without the `needs` columns, or with a short row, is a `BadFile`."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+            header = rows[0].keys() if rows else []
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise _torn(path, "a CSV table", " ".join(str(err).split()), rerun) from err
+    if missing := [c for c in needs if c not in header]:
+        raise _torn(path, "the table vitsinks writes", f"no column {', '.join(missing)}", rerun)
+    if any(None in r.values() for r in rows):
+        raise _torn(path, "a whole CSV table", "a row is cut short", rerun)
+    return rows
 
 
 def stamp(path: str | Path) -> str:
