@@ -11,8 +11,9 @@
 - `-h` / `--help` of every command is its text from `usage.command_help`, read from the command's source: under
   `python -m` it is printed before the command imports torch (`vitsinks/__init__.py`), here when called in-process.
 - `compose` turns a configuration that does not compose into a `ConfigError`; `guarded` turns a `UserError` into
-  `error: <message>` on one line with its exit code (1; a failed built-in check `CheckFailed`: 3); any other
-  exception is a bug and keeps its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
+  `error: <message>` on one line with its exit code (1; a failed built-in check `CheckFailed`: 3), and so a write
+  the file system refused (`files.fault`: permission, read-only, full disk); any other exception is a bug and keeps
+  its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from omegaconf.nodes import StringNode
 from vitsinks.configs.schema import check_config, compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
 from vitsinks.data import cpu_threads, runs_on_cpu
+from vitsinks.utils.files import fault
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
 
 
@@ -55,6 +57,11 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except (UserError, CheckFailed) as err:
         fail(err, err.exit_code)
+    except OSError as err:  # a write the file system refused outside vitsinks' own writers (a folder, a lock file)
+        named = fault(err)
+        if named is None:
+            raise
+        fail(named, named.exit_code)
 
 
 def composition_message(err: BaseException) -> str:

@@ -22,7 +22,7 @@ from vitsinks.diagnostics.sinktable import write_sink_table
 from vitsinks.diagnostics.summary import DiagnosticsSummary, classify, events, location, summarize
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import SUMMARY
+from vitsinks.utils.rundir import SOURCE, SUMMARY
 
 __all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "embed", "events",
            "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
@@ -77,9 +77,17 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     `settings.residual` the summary has the residual side (docs/residual.md) with the register neurons; with
     `settings.report` the visual report page (`report.html`, docs/report.md) is written too, with the panels of a
     quantization result (`quant`, results/quant.json) and of a training-free edit (`trainfree`, its settings).
+    The outputs are one generation (`files.generation`): every file of an older diagnosis in `out_dir` is replaced
+    or removed, and `summary.json` comes last (a folder without it holds an interrupted diagnosis).
     """
     st = settings or DiagnosticsConfig()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with files.generation(out_dir, keep=(SOURCE,), last=SUMMARY) as stage:  # no file left of an older diagnosis
+        return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree)
+
+
+def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path, st: Any,
+                   image_index: list[int] | None, protocol: Any, quant: dict[str, Any] | None,
+                   trainfree: dict[str, Any] | None) -> dict[str, Any]:
     neurons = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens) if st.residual else None
     d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
     if image_index is not None:

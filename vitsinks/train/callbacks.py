@@ -9,8 +9,10 @@ a checkpoint was written.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,8 +20,12 @@ import torch
 from tqdm import tqdm
 
 from vitsinks.diagnostics import fixed_images, run_diagnostics
+from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.distributed import all_reduce_sum
 from vitsinks.utils.progress import hidden
+from vitsinks.utils.rundir import SUMMARY
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
 
 if TYPE_CHECKING:  # annotations only: the trainer imports this module
     from vitsinks.train.trainer import Trainer
@@ -126,21 +132,44 @@ class Checkpointing(Callback):
 
 class Diagnostics(Callback):
     """Sink diagnostics of every saved checkpoint into `<run>/diagnostics/step_XXXXXXX/` (`diagnostics.enabled`),
-    on the same fixed validation images each time; a step already diagnosed is left alone."""
+    on the same fixed validation images each time; a step already diagnosed is left alone. A diagnosis a kill
+    interrupted (its folder without `summary.json`) is redone when the run resumes, from the step's checkpoint
+    (`step_*.pt`, or the resumed weights when they are that step's); without one it is named as missing."""
 
     def __init__(self) -> None:
         self.images: tuple[torch.Tensor, np.ndarray, list[int]] | None = None
 
-    def on_save(self, trainer: Trainer) -> None:
-        d, cfg = trainer.cfg.diagnostics, trainer.cfg
-        out = trainer.rundir.step_diagnostics(trainer.progress.step)
-        if not d.enabled or (out / "summary.json").exists():
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if not trainer.cfg.diagnostics.enabled or not trainer.dist.is_main:
             return
+        run = trainer.rundir
+        for folder in sorted(run.diagnostics_root.glob("step_*")):
+            if not folder.is_dir() or (folder / SUMMARY).exists() or not (m := STEP_DIR.match(folder.name)):
+                continue
+            step = int(m.group(1))
+            if step == trainer.progress.step:
+                print(f"redoing the diagnosis of step {step}, which was interrupted", flush=True)
+                self.diagnose(trainer, trainer.model.backbone, folder)
+            elif (path := run.step_checkpoint(step)).is_file():
+                print(f"redoing the diagnosis of step {step}, which was interrupted, from {path.name}", flush=True)
+                self.diagnose(trainer, load_backbone(path)[0], folder)
+            else:
+                print(f"warning: the diagnosis of step {step} was interrupted and its checkpoint was not kept "
+                      f"(train.keep_periodic=false): step {step} is missing from {run.diagnostics_root}", flush=True)
+
+    def on_save(self, trainer: Trainer) -> None:
+        out = trainer.rundir.step_diagnostics(trainer.progress.step)
+        if trainer.cfg.diagnostics.enabled and not (out / SUMMARY).exists():
+            self.diagnose(trainer, trainer.model.backbone, out)
+
+    def diagnose(self, trainer: Trainer, backbone: torch.nn.Module, out: Path) -> None:
+        """Diagnose `backbone` into `out` on the run's fixed validation images."""
+        d, cfg = trainer.cfg.diagnostics, trainer.cfg
         if self.images is None:
             self.images = fixed_images(trainer.val_set, d.n_images, cfg.views.global_size, cfg.data.on_bad_image,
                                        cfg.protocol)
         images, shown, index = self.images
-        run_diagnostics(trainer.model.backbone, images, shown, out, d, index, cfg.protocol)
+        run_diagnostics(backbone, images, shown, out, d, index, cfg.protocol)
 
 
 class StatusFile(Callback):

@@ -294,11 +294,14 @@ class Trainer:
         for cb in self.callbacks:
             getattr(cb, hook)(self, *args)
 
-    def write_status(self, status: str, **extra: Any) -> None:
-        """`status.json` (rank 0): `status`, the step and the run's facts, with `extra`."""
-        self.rundir.write_status(status, step=self.progress.step, total_steps=self.total_steps,
-                                 world_size=self.dist.world, variant=run_variant(self.cfg),
-                                 **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **extra)
+    def write_status(self, status: str, quiet: bool = False, **extra: Any) -> None:
+        """`status.json` (rank 0): `status`, the step and the run's facts, with `extra` (`step=` overrides the
+        progress's); `quiet`: on the way out of a failure, a status that cannot be written is a warning, not a
+        second error."""
+        info = {"step": self.progress.step, "total_steps": self.total_steps, "world_size": self.dist.world,
+                "variant": run_variant(self.cfg),
+                **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **extra}
+        self.rundir.write_status(status, quiet=quiet, **info)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
 
@@ -356,7 +359,9 @@ class Trainer:
             status = "interrupted" if self.stop_requested and p.step < self.total_steps else "finished"
             self._emit("on_fit_end", status)
         except BaseException as err:
-            self.write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err))
+            # the step a relaunch resumes from, not the step reached (its weights were never saved)
+            self.write_status("failed" if isinstance(err, Exception) else "interrupted", error=str(err),
+                              step=max(self._saved_step, 0), reached=p.step, quiet=True)
             raise
         finally:
             self._emit("close")

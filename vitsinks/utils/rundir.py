@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -208,10 +209,17 @@ class RunDir:
             print(f"removed {leftover} (left by a write that was killed)", flush=True)
         files.write_text(self.config, OmegaConf.to_yaml(cfg, resolve=True))
 
-    def write_status(self, status: str, **info: Any) -> None:
-        """`status.json`, atomically (sweeps read it while the run writes it)."""
-        if self.is_main and self.path.is_dir():
+    def write_status(self, status: str, quiet: bool = False, **info: Any) -> None:
+        """`status.json`, atomically (sweeps read it while the run writes it). `quiet` (on the way out of a
+        failure): a status the file system refuses (a full disk) is a printed warning, not a second error."""
+        if not (self.is_main and self.path.is_dir()):
+            return
+        try:
             files.write_json(self.status, {"status": status, **info})
+        except files.DiskFault as err:
+            if not quiet:
+                raise
+            print(f"warning: {self.status} still says what it said before: {err}", file=sys.stderr, flush=True)
 
     def status_info(self) -> dict[str, Any]:
         """What `status.json` says beside the status itself (and an error), or {} without a readable one."""
@@ -238,13 +246,14 @@ class RunDir:
             yield
         except (KeyboardInterrupt, Stopped) as stop:
             name = "SIGTERM" if isinstance(stop, Stopped) else "SIGINT"
-            self.write_status("stopped", error=f"stopped by {name} before its results were written", **info)
+            self.write_status("stopped", quiet=True, error=f"stopped by {name} before its results were written",
+                              **info)
             if isinstance(stop, Stopped):
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)  # end as the signal would have
             raise
         except BaseException as err:
-            self.write_status("failed", error=" ".join(str(err).split()) or type(err).__name__, **info)
+            self.write_status("failed", quiet=True, error=" ".join(str(err).split()) or type(err).__name__, **info)
             raise
         finally:
             if catch:
@@ -290,7 +299,9 @@ def _source_id(source: str | None, name: str) -> str:
 
 def _held(folder: Path) -> str | None:
     record = folder / SOURCE
-    return json.loads(record.read_text()).get("source") if record.is_file() else None
+    if not record.is_file():
+        return None
+    return files.read_json(record, f"delete {folder} and rerun the command that wrote it").get("source")
 
 
 def holds(folder: Path, source: str | None, name: str = "") -> bool:
@@ -336,5 +347,5 @@ def quant_result(ckpt: Path | str, runs_dir: Path | str) -> dict[str, Any] | Non
     path = RunDir(folder).result("quant")
     if not path.is_file() or not (in_run(ckpt) or holds(folder, str(ckpt))):
         return None
-    quant = json.loads(path.read_text())
+    quant = files.read_json(path, f"rerun `python -m vitsinks.quantize ckpt={ckpt}`")
     return quant if Path(str(quant.get("checkpoint"))).name == ckpt.name else None
