@@ -33,6 +33,7 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.files import BadFile
 from vitsinks.utils.progress import hidden
 from vitsinks.utils.rundir import RunDir, analyses_dir, quant_result
 from vitsinks.utils.tables import write_csv
@@ -62,11 +63,19 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     ckpts = run.step_checkpoints()
     if not summaries and not ckpts:
         raise InputNotFound(f"no diagnostics and no checkpoints/step_*.pt in {run_dir}: is it a run directory?")
-    stale = [s for s, p in ckpts.items() if s not in summaries or summaries[s].stat().st_mtime < p.stat().st_mtime]
+    read: dict[int, dict[str, Any]] = {}
+    for step, path in summaries.items():
+        try:
+            read[step] = files.read_json(path, f"delete {path.parent}, whose checkpoint is gone, to leave step {step} "
+                                               f"out")
+        except BadFile:
+            if step not in ckpts:
+                raise
+            print(f"{path} is torn: diagnosing its checkpoint again", flush=True)
+    stale = [s for s, p in ckpts.items() if s not in read or summaries[s].stat().st_mtime < p.stat().st_mtime]
     for step in tqdm(sorted(stale), desc="diagnosing checkpoints", unit="ckpt", disable=hidden(not stale)):
-        diagnose_checkpoint(ckpts[step], cfg)
-        summaries[step] = run.summary(ckpts[step].stem)
-    rows = [(s, json.loads(summaries[s].read_text())) for s in sorted(summaries)]
+        read[step] = diagnose_checkpoint(ckpts[step], cfg)
+    rows = sorted(read.items())
     (run_report if cfg.diagnostics.report else training_curves)(run)  # the page writes training_curves.png too
     plot_over_training([s for s, _ in rows], [r for _, r in rows], run.over_training("png"))
     files.write_json(run.over_training("json"), [{"step": s, **r} for s, r in rows])

@@ -44,6 +44,7 @@ from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.files import BadFile
 from vitsinks.utils.rundir import RunDir, analyses_dir, in_run, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
@@ -88,7 +89,11 @@ def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
     same split indices, in the same order); else None (stage 1 is recomputed)."""
     if npz is None:
         return None
-    d = dict(np.load(npz))
+    try:
+        d = files.read_npz(npz, "")
+    except BadFile:
+        print(f"note: {npz} is torn: its diagnostics fields are computed again", flush=True)
+        return None
     images, n = d["sink_idx"].shape[0], len(index)
     if images < n or "image_index" not in d or d["image_index"][:n].tolist() != index:
         return None
@@ -101,6 +106,16 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     st = cfg.intervene
     src = _source(cfg, data_keys)
     out = output_dir(cfg)
+    target = out / "shards" / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
+    with files.FileLock(target.parent / f".{target.name}.lock", f"the interventions in {target}", INTERVENING):
+        return _run(cfg, st, src, out)
+
+
+INTERVENING = "wait for it to finish: another command writes the same interventions (or give intervene.out=)"
+
+
+def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tuple[dict[str, Any], Path]:
+    """`run`'s work, under the lock of its output."""
     (edited, index), (heldout, heldout_index) = select_items(build_dataset(src["data"], "val", src["seed"]),
                                                             [st.n_images, st.heldout_images], cfg.protocol,
                                                             src["data"].on_bad_image)
@@ -166,7 +181,9 @@ def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
 def main(cfg: DictConfig) -> None:
     st = cfg.intervene
     if st.merge:
-        summary = report.merge(Path(st.merge))
+        with files.FileLock(Path(st.merge).parent / f".{Path(st.merge).name}.lock", f"the interventions in "
+                            f"{st.merge}", INTERVENING):
+            summary = report.merge(Path(st.merge))
         print(report.to_markdown(summary))
         print(f"outputs in {st.merge}")
         return

@@ -136,8 +136,8 @@ def source_probes(run: RunDir, ckpt: str | None) -> dict[str, dict[str, Any]]:
     the run are left out, with a note)."""
     if not ckpt:
         return {}
-    found = {p.stem: json.loads(p.read_text()) for p in [run.result(LinearResult.kind), *run.results_of("dense_")]
-             if p.is_file()}
+    found = {p.stem: files.read_json(p, reprobe(p, ckpt)) for p in [run.result(LinearResult.kind),
+                                                                    *run.results_of("dense_")] if p.is_file()}
     out = {}
     for kind, res in found.items():
         if Path(str(res.get("checkpoint", ckpt))).name == Path(ckpt).name:
@@ -145,6 +145,12 @@ def source_probes(run: RunDir, ckpt: str | None) -> dict[str, dict[str, Any]]:
         else:
             print(f"note: {run.result(kind)} is of {res['checkpoint']}, not {ckpt}: not compared")
     return out
+
+
+def reprobe(result: Path, ckpt: str) -> str:
+    """The fix for a torn probe result `results/<kind>.json`: the probe command that writes it again."""
+    command = "vitsinks.eval.linear" if result.stem == LinearResult.kind else "vitsinks.eval.dense"
+    return f"rerun `python -m {command} ckpt={ckpt}`"
 
 
 def eval_overrides() -> list[str] | None:
@@ -175,7 +181,7 @@ def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Chang
         path = run.result(kind)
         if not path.is_file():
             continue
-        res = json.loads(path.read_text())
+        res = files.read_json(path, "rerun the quantization (`python -m vitsinks.quantize`), which probes again")
         if any(res.get(f"{s}_images") != src_res.get(f"{s}_images") for s in ("train", "val")):
             print(f"note: {kind} of the quantized run used other images than the source's: not compared")
             continue
@@ -197,9 +203,19 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
         raise BadValue("name the model to quantize: ckpt=runs/<name>/checkpoints/last.pt or "
                        "model.pretrained=<timm name or file>")
     cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
-    q = cfg.quant
     model, src, _ = source_model(cfg)
     out = result_run(cfg)  # before any work: a folder that holds another model's result is refused
+    with RunDir(out.path / "quant" / W8A8.name).locked(QUANTIZING) as derived:  # one writer of this result
+        return _quantize(cfg, model, src, out, derived)
+
+
+QUANTIZING = "wait for it to finish: another quantize of this checkpoint writes the same result"
+
+
+def _quantize(cfg: DictConfig, model: SinkViT, src: DictConfig, out: RunDir,
+              derived_dir: RunDir) -> tuple[QuantResult, Path]:
+    """`quantize`'s work, under the lock of its derived run `derived_dir`."""
+    q = cfg.quant
     data = pick_data(cfg.data, src.data, data_overrides())
     run_cfg = OmegaConf.merge(src, {"data": data, "protocol": cfg.protocol, "ckpt": cfg.ckpt})
     device = resolve_device(cfg.cluster.device)
@@ -210,7 +226,7 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
 
     source = source_probes(out, cfg.ckpt) if q.probes else {}
     derive_cfg = OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())})
-    derived = derive(derive_cfg, method=W8A8.name, settings=q, out=out.path / "quant" / W8A8.name,
+    derived = derive(derive_cfg, method=W8A8.name, settings=q, out=derived_dir,
                      overwrite=True)  # the quantized copy belongs to this command's result, replaced with it
     with derived.working():  # `finished` once the result is written
         return measure(cfg, derived, model, images, by_block, source, run_cfg, out.result(QuantResult.kind))

@@ -134,5 +134,6 @@ def test_an_existing_derived_run_is_kept_unless_overwritten_and_a_periodic_check
     assert other.name == "src@step_0000010+mean_massive"
     plain = runs / "src+zero_massive"
     plain.mkdir()
+    (plain / "notes.txt").write_text("someone's own files")  # (an empty folder is taken over: nothing to lose)
     with pytest.raises(BadValue, match="not a derived run"):
         derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=zero_massive", "trainfree.fit_images=4"))

@@ -37,8 +37,8 @@ from omegaconf.nodes import StringNode
 from vitsinks.configs.schema import check_config, compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
 from vitsinks.data import cpu_threads, runs_on_cpu
-from vitsinks.utils.files import fault
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
+from vitsinks.utils.files import fault
 
 
 def fail(err: BaseException, code: int = 1) -> NoReturn:

@@ -78,11 +78,17 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     `settings.report` the visual report page (`report.html`, docs/report.md) is written too, with the panels of a
     quantization result (`quant`, results/quant.json) and of a training-free edit (`trainfree`, its settings).
     The outputs are one generation (`files.generation`): every file of an older diagnosis in `out_dir` is replaced
-    or removed, and `summary.json` comes last (a folder without it holds an interrupted diagnosis).
+    or removed, and `summary.json` comes last (a folder without it holds an interrupted diagnosis); a second
+    diagnosis of the same folder at the same time is refused (`BadValue`).
     """
     st = settings or DiagnosticsConfig()
-    with files.generation(out_dir, keep=(SOURCE,), last=SUMMARY) as stage:  # no file left of an older diagnosis
+    with files.FileLock(out_dir / LOCK, f"the diagnosis in {out_dir}", DIAGNOSING), \
+            files.generation(out_dir, keep=(SOURCE, LOCK), last=SUMMARY) as stage:  # nothing left of an older one
         return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree)
+
+
+LOCK = ".lock"  # held while a diagnosis writes its folder
+DIAGNOSING = "wait for it to finish: another command diagnoses this checkpoint into the same folder"
 
 
 def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path, st: Any,

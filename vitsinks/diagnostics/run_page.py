@@ -4,7 +4,6 @@ page shows) and `training_curves.png`, from the step diagnoses and the metrics o
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ def run_data(run: RunDir) -> dict[str, Any]:
                             f"(python -m vitsinks.diagnose run={run.path})")
     rows = []
     for step in sorted(steps):
-        s = json.loads(steps[step].read_text())
+        s = files.read_json(steps[step], run.rediagnose(steps[step].parent.name))
         res = s.get("residual") or {}
         q = res.get("norm_quantiles_by_block") or {}
         top = res.get("top_activations") or {}

@@ -3,7 +3,6 @@ columns); events and classes come from `vitsinks.diagnostics.rules`."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -339,7 +338,7 @@ class DiagnosticsSummary(Result):
     def load(cls, run: RunDir) -> DiagnosticsSummary | None:
         """The run's newest summary (the final diagnosis, else the newest step's), or None."""
         path = run.latest_summary()
-        return cls.from_json(json.loads(path.read_text())) if path is not None else None
+        return None if path is None else cls.from_json(files.read_json(path, run.rediagnose(path.parent.name)))
 
     @classmethod
     def columns(cls) -> list[Column]:

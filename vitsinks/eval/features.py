@@ -89,7 +89,15 @@ def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cac
     """
     rank, world = rank_world()
     if gather_objects(cache.exists())[0]:  # rank 0's view decides: every rank takes the same path
-        return torch.load(cache, map_location="cpu")
+        try:
+            cached = files.read_torch(cache, "")
+        except files.BadFile:
+            cached = None
+        if all(gather_objects(cached is not None)):
+            return cached
+        if rank == 0:  # a cache is never the only copy: a torn one is computed again
+            print(f"note: the feature cache {cache} is torn: computing it again", flush=True)
+            cache.unlink(missing_ok=True)
     shard = cache.with_name(f"{cache.stem}.rank{rank}of{world}.pt")
     failed: Exception | None = None
     try:
@@ -106,7 +114,8 @@ def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cac
         if report is not None:
             other, message = report
             raise other(f"rank {r}: {message}")
-    shards = [torch.load(cache.with_name(f"{cache.stem}.rank{r}of{world}.pt")) for r in range(world)]
+    shards = [files.read_torch(p, f"delete {p} and rerun") for r in range(world)
+              if (p := cache.with_name(f"{cache.stem}.rank{r}of{world}.pt"))]
     shards = [s for s in shards if len(s["index"])]
     if not shards:
         raise BadValue(f"no readable item in the {len(dataset)} items of {desc}")  # type: ignore[arg-type]

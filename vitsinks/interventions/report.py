@@ -13,8 +13,6 @@ block, block 0 included, in `register_controls`.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -53,17 +51,22 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
                                   for k in ROW_FIELDS} for r in rows))
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows written by `write_rows`, numbers parsed (empty cells: absent)."""
+def read_rows(path: Path, rerun: str = "rerun the interventions (`python -m vitsinks.intervene`)"
+              ) -> list[dict[str, Any]]:
+    """Rows written by `write_rows`, numbers parsed (empty cells: absent); a torn file is a `BadFile` whose fix is
+    `rerun`."""
     out = []
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            row: dict[str, Any] = {}
-            for k, v in r.items():
-                if v == "":
-                    continue
+    for r in files.read_csv(path, rerun, needs=("edit",)):
+        row: dict[str, Any] = {}
+        for k, v in r.items():
+            if v == "":
+                continue
+            try:
                 row[k] = int(v) if k in INT_FIELDS else v if k in ("edit", "event_class", "sink_loc") else float(v)
-            out.append(row)
+            except ValueError as err:
+                raise files.BadFile(f"{path} is torn or is not the table vitsinks writes ({k}={v!r} is not a "
+                                    f"number): {rerun} to write it again") from err
+        out.append(row)
     return out
 
 
@@ -286,7 +289,8 @@ def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]],
 
 def merge(out: Path) -> dict[str, Any]:
     """Join the shards under `out/shards/` into the final outputs; every shard of one run must be present."""
-    metas = {p.parent: json.loads(p.read_text()) for p in sorted((out / "shards").glob("*-of-*/meta.json"))}
+    metas = {p.parent: files.read_json(p, f"rerun the shard {p.parent.name} (shard=k nshards=n)")
+             for p in sorted((out / "shards").glob("*-of-*/meta.json"))}
     if not metas:
         raise InputNotFound(f"no shards under {out / 'shards'}: run with shard=k nshards=n first")
     keys = {m["key"] for m in metas.values()}
@@ -300,7 +304,7 @@ def merge(out: Path) -> dict[str, Any]:
         raise BadValue(f"shards {missing or 'of another nshards'} of {n} are missing or extra under {out / 'shards'}:"
                          f" run the missing ones (shard=k nshards={n}) before merging")
     ordered = sorted(metas.items(), key=lambda kv: kv[1]["shard"])
-    rows = [r for folder, _ in ordered for r in read_rows(folder / "rows.csv")]
+    rows = [r for folder, _ in ordered for r in read_rows(folder / "rows.csv", f"rerun the shard {folder.name}")]
     meta = dict(ordered[0][1])
     for k in ("shard", "nshards", "heads"):
         meta.pop(k, None)
@@ -378,7 +382,8 @@ class InterventionsReport(Result):
         out = cls.missing()
         if path is None:
             return out
-        report = cls.from_json(json.loads(path.read_text()))
+        report = cls.from_json(files.read_json(path, f"rerun `python -m vitsinks.intervene "
+                                                     f"ckpt={run.ckpt_dir / path.parent.name}.pt`"))
         for key, _, event_class, edit in CAUSAL:
             cell = report.classes("model" if event_class == "model" else "main").get(event_class, {}).get(edit)
             if cell is not None:

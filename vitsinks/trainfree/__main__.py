@@ -19,19 +19,25 @@ import json
 from omegaconf import DictConfig
 
 from vitsinks.configs.cli import hydra_command
+from vitsinks.run.imported import with_checkpoint
 from vitsinks.train.checkpoint import load_backbone
-from vitsinks.trainfree.derive import analyse, derive
+from vitsinks.trainfree.derive import DERIVING, analyse, derive, derived_run
 from vitsinks.trainfree.plan import describe
 from vitsinks.utils.distributed import resolve_device
 
 
 def main(cfg: DictConfig) -> None:
-    run = derive(cfg, overwrite=cfg.trainfree.overwrite)
-    with run.working():  # `finished` once its last result is written
-        if cfg.trainfree.probes:
-            model, run_cfg = load_backbone(run.last)
-            print(describe(run_cfg, model.to(resolve_device(cfg.cluster.device)).eval(), "probes=false"), flush=True)
-        out = analyse(run, cfg.trainfree.probes)
+    if not cfg.trainfree.method:
+        derive(cfg)  # its error names the methods
+    cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
+    with derived_run(cfg).locked(DERIVING) as run:  # from the existence check to the last result: one writer
+        derive(cfg, out=run, overwrite=cfg.trainfree.overwrite)
+        with run.working():  # `finished` once its last result is written
+            if cfg.trainfree.probes:
+                model, run_cfg = load_backbone(run.last)
+                print(describe(run_cfg, model.to(resolve_device(cfg.cluster.device)).eval(), "probes=false"),
+                      flush=True)
+            out = analyse(run, cfg.trainfree.probes)
     print(json.dumps(out, indent=1, default=str))
     print(f"derived run {run.path} ({cfg.trainfree.method} of {cfg.ckpt or cfg.model.pretrained})")
 

@@ -45,10 +45,24 @@ def source_model(cfg: DictConfig) -> tuple[SinkViT, DictConfig, str]:
     if src.trainfree.method:
         raise BadValue(f"{path} is already edited ({src.trainfree.method}): derive from its source "
                        f"{src.trainfree.source} instead (post-hoc edits do not stack)")
+    return model, src, source_name(path)
+
+
+def source_name(path: Path) -> str:
+    """What a derived run calls its source checkpoint: the run's name (`<run>@<step>` for a periodic checkpoint,
+    whose derived run is not its last.pt's), or a loose file's `model_name`."""
     name = RunDir.of_checkpoint(path).name if in_run(path) else model_name(str(path), "")
-    if in_run(path) and path.stem != "last":
-        name = f"{name}@{path.stem}"  # a periodic checkpoint's derived run is not its last.pt's
-    return model, src, name
+    return f"{name}@{path.stem}" if in_run(path) and path.stem != "last" else name
+
+
+DERIVING = "wait for it to finish, or derive into another runs_dir="  # the way out when another command derives it
+
+
+def derived_run(cfg: DictConfig, method: str | None = None) -> RunDir:
+    """Where `derive` writes the edit `method` (default `cfg.trainfree.method`) of `cfg.ckpt`:
+    `<runs_dir>/<source>+<method>`. Looks only."""
+    m = get_method(str(method or cfg.trainfree.method))
+    return RunDir(Path(cfg.runs_dir) / f"{source_name(Path(cfg.ckpt))}+{m.name}")
 
 
 def fit_images(model: SinkViT, data: DictConfig, seed: int, n: int, protocol: Any) -> torch.Tensor:
@@ -69,46 +83,54 @@ def on_cpu(obj: Any) -> Any:
     return obj
 
 
-def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | None = None,
+def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | RunDir | None = None,
            overwrite: bool = False) -> RunDir:
     """Fit `method` (default `cfg.trainfree.method`) with `settings` (default: `cfg`'s group of the method, e.g.
     `cfg.trainfree`) on the source model of `cfg` (`source_model`) and write the derived run to `out` (default
-    `<runs_dir>/<source>+<method>`; a derived run there already is replaced with `overwrite`, else refused)."""
+    `<runs_dir>/<source>+<method>`, `derived_run`; a derived run there already is replaced with `overwrite`, else
+    refused). The run's lock is held from before the check to the end (a `RunDir` `out` the caller holds locked
+    stays locked): of two commands deriving one run, the second is refused and nothing is replaced."""
     name = method or cfg.trainfree.method
     if not name:
         raise BadValue(f"name the post-hoc edit: trainfree.method=<name> ({', '.join(sorted(METHODS))})")
     m = get_method(str(name))
     settings = settings if settings is not None else cfg[m.group]
     cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
-    model, src, src_name = source_model(cfg)
-    run = RunDir(out if out is not None else Path(cfg.runs_dir) / f"{src_name}+{m.name}")
-    if run.path.exists():
+    run = out if isinstance(out, RunDir) else RunDir(out) if out is not None else derived_run(cfg, m.name)
+    with run.locked(DERIVING):
+        _fit_and_write(cfg, m, settings, run, overwrite)
+    return run
+
+
+def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrite: bool) -> None:
+    """`derive`'s work, under the run's lock."""
+    old = [p for p in run.path.iterdir() if p.name != ".lock"] if run.path.is_dir() else []
+    if old:
         derived = run.config.is_file() and OmegaConf.load(run.config).get("trainfree", {}).get("method")
         if not derived or not overwrite:
             raise BadValue(f"{run.path} exists already" + (" (its results would mix two edits): delete it, or pass "
                            "trainfree.overwrite=true to replace it and its results" if derived else
                            " and is not a derived run: move it, or derive into another runs_dir"))
+    model, src, _ = source_model(cfg)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
     data = pick_data(cfg.data, src.data, data_overrides())
     model.eval().to(resolve_device(cfg.cluster.device))  # the fit's forward passes on the run's device
     with torch.no_grad():
         images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
         state = on_cpu(m.fit(model, images, settings))
-    if run.path.exists():  # refused above before any work; replaced only once the new edit is fitted
-        shutil.rmtree(run.path)
+    for p in old:  # refused above before any work; replaced only once the new edit is fitted (the lock stays)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     source = str(cfg.ckpt)
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
                                     m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,
                                     "eval": cfg.eval, "cluster": cfg.cluster})
     run_cfg.trainfree.method, run_cfg.trainfree.source = m.name, source
-    run.lock()
-    try:
-        run.start(run_cfg)
-        save_state({"config": to_container(run_cfg), "model": weights, "trainfree": state}, run.last)
-        run.write_status("running", derived_from=source, method=m.name)  # `finished` once analysed (`working`)
-    finally:
-        run.unlock()
-    return run
+    run.start(run_cfg)
+    save_state({"config": to_container(run_cfg), "model": weights, "trainfree": state}, run.last)
+    run.write_status("running", derived_from=source, method=m.name)  # `finished` once analysed (`working`)
 
 
 def analyse(run: RunDir, probes: bool = True, diagnose: bool = True) -> dict[str, Any]:

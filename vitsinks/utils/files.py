@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -72,6 +74,77 @@ def faults_named(path: Path | str, doing: str = "write") -> Iterator[None]:
         if named is None or named is err:
             raise
         raise named from err
+
+
+NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
+
+
+class FileLock:
+    """An exclusive `flock` on `path`, taken without waiting: a second holder (another process, or another open of
+    the file in this one) is a `BadValue` naming who holds it and `fix`, the way out that fits the command. The file
+    records the holder (pid and host). Released by `release`, at the end of a `with` block, or when the process ends
+    (even by kill -9)."""
+
+    def __init__(self, path: Path | str, what: str, fix: str) -> None:
+        self.path, self.what, self.fix = Path(path), what, fix
+        self._f: IO | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._f is not None
+
+    def acquire(self) -> FileLock:
+        if self._f is not None:
+            return self
+        with faults_named(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            f = self.path.open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise BadValue(f"{self.what} is being written by {holder}: {self.fix}") from None
+        except OSError as err:
+            f.close()
+            if err.errno not in NO_FLOCK:
+                raise
+            raise BadValue(f"the file system of {self.path.parent} does not support file locks (flock: "
+                           f"{err.strerror}; Lustre mounted without -o flock?): mount it with flock, or set "
+                           f"runs_dir=... on a local or NFS file system") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        self._f = f
+        return self
+
+    def release(self) -> None:
+        if self._f is not None:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+            self._f = None
+
+    def is_held_elsewhere(self) -> bool:
+        """Whether another open of the lock file holds it now (a live writer); looks only."""
+        if self._f is not None or not self.path.is_file():
+            return False
+        with self.path.open("r") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    def __enter__(self) -> FileLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class _Recording:
@@ -182,6 +255,18 @@ def read_npz(path: Path | str, rerun: str) -> dict[str, np.ndarray]:
         if isinstance(err, FileNotFoundError):
             raise
         raise _torn(path, "the arrays vitsinks writes (.npz)", " ".join(str(err).split()) or type(err).__name__,
+                    rerun) from err
+
+
+def read_torch(path: Path | str, rerun: str) -> Any:
+    """What `torch_save` wrote to `path` (on the CPU); a torn or foreign file is a `BadFile`."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
+        raise _torn(path, "a file vitsinks saved with torch", " ".join(str(err).split())[:200] or type(err).__name__,
                     rerun) from err
 
 

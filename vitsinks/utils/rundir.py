@@ -20,19 +20,16 @@ file it holds.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,7 +40,6 @@ STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
 SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
 SOURCE = "source.json"  # in an import or a loose checkpoint file's folder: which model its results are of
-NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
 
 
 class RunDir:
@@ -51,7 +47,7 @@ class RunDir:
 
     def __init__(self, path: Path | str, is_main: bool = True) -> None:
         self.path, self.is_main = Path(path), is_main
-        self._lock: IO | None = None
+        self._lock: files.FileLock | None = None
 
     @classmethod
     def of_checkpoint(cls, ckpt: Path | str) -> RunDir:
@@ -127,6 +123,11 @@ class RunDir:
         steps = self.diagnosed_steps()
         return steps[max(steps)] if steps else None
 
+    def rediagnose(self, stem: str) -> str:
+        """The fix for a torn file of checkpoint `stem`'s diagnosis: the command that writes it again."""
+        ckpt = self.last if stem == FINAL else self.ckpt_dir / f"{stem}.pt"
+        return f"rerun `python -m vitsinks.diagnose ckpt={ckpt}`"
+
     def over_training(self, suffix: str) -> Path:
         """`diagnostics/over_training.<suffix>` (png, json, csv): sinks vs step."""
         return self.diagnostics_root / f"over_training.{suffix}"
@@ -167,39 +168,37 @@ class RunDir:
         return self.config.is_file()
 
     # --- writing ----------------------------------------------------------------------------------------------
-    def lock(self) -> None:
-        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue`, and so is a
-        file system without `flock` (Lustre mounted without `-o flock`)."""
+    def lock(self, fix: str = "wait for it to finish, or give this run another name (name=...)") -> None:
+        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue` ending in
+        `fix` (what the refused command can do instead), and so is a file system without `flock` (Lustre mounted
+        without `-o flock`)."""
         if not self.is_main or self._lock is not None:
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        f = (self.path / ".lock").open("a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            f.close()
-            raise BadValue(f"run directory {self.path} is being written by {holder}: wait for it to finish, or give "
-                           f"this run another name (name=...)") from None
-        except OSError as err:
-            f.close()
-            if err.errno not in NO_FLOCK:
-                raise
-            raise BadValue(f"the file system of {self.path} does not support file locks (flock: {err.strerror}; "
-                           f"Lustre mounted without -o flock?): mount it with flock, or set runs_dir=... on a local "
-                           f"or NFS file system") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
-        self._lock = f
+        self._lock = files.FileLock(self.path / ".lock", f"run directory {self.path}", fix).acquire()
 
     def unlock(self) -> None:
         if self._lock is not None:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+            self._lock.release()
             self._lock = None
+
+    @contextmanager
+    def locked(self, fix: str) -> Iterator[RunDir]:
+        """The run's lock around a block (`lock(fix)`); a lock this object holds already is kept past the block. A
+        folder the lock made that holds nothing else afterwards (a refused or failed command) is removed."""
+        held, made = self._lock is not None, not self.path.exists()
+        self.lock(fix)
+        try:
+            yield self
+        finally:
+            if not held:
+                if made and self.is_main and [p.name for p in self.path.iterdir()] == [".lock"]:
+                    (self.path / ".lock").unlink()  # before the lock is let go: no one else can hold it meanwhile
+                    self.path.rmdir()
+                self.unlock()
+
+    def has_writer(self) -> bool:
+        """Whether a live process holds the run's lock now (looks only)."""
+        return self._lock is None and files.FileLock(self.path / ".lock", "", "").is_held_elsewhere()
 
     def start(self, cfg: DictConfig) -> None:
         """Before training: remove the temp files of killed writes, write the resolved config."""
