@@ -157,3 +157,51 @@ def test_a_folder_without_checkpoints_fails_with_one_line_and_no_progress_bar(tm
     out = cli(f"run={tmp_path / 'empty'}")
     assert out.returncode == 1 and "no diagnostics and no checkpoints" in out.stderr
     assert "diagnosing checkpoints" not in out.stderr + out.stdout and len(out.stderr.strip().splitlines()) == 1
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[-1].startswith("error: "), lines
+    return lines[-1]
+
+
+def test_torn_files_are_one_line_or_computed_again(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "name=torn", "diagnostics.enabled=true", "diagnostics.n_images=4", "diagnostics.plots=false",
+                   "diagnostics.report=false", "train.epochs=1")  # 4 steps: diagnoses of steps 3 and 4
+    Trainer(cfg).fit()
+    run = runs / "torn"
+    step3 = run / "diagnostics" / "step_0000003" / "summary.json"
+    whole = json.loads(step3.read_text())
+    step3.write_text(step3.read_text()[:100])  # torn by a full disk, say
+    out = cli(f"run={run}", *TINY, f"runs_dir={runs}", "n_images=4", "diagnostics.plots=false")
+    assert out.returncode == 0, out.stderr
+    assert "is torn: diagnosing its checkpoint again" in out.stdout
+    assert json.loads(step3.read_text()) == whole  # the same diagnosis, from checkpoints/step_0000003.pt
+
+    (run / "checkpoints" / "step_0000003.pt").unlink()  # torn, and its checkpoint gone: named, with the way out
+    step3.write_text("{")
+    line = _one_error_line(cli(f"run={run}", *TINY, f"runs_dir={runs}", "n_images=4"))
+    assert str(step3) in line and "is torn" in line and f"delete {step3.parent}" in line
+
+    quant = run / "results" / "quant.json"  # a torn quantization result, read for the page's panel
+    quant.parent.mkdir(exist_ok=True)
+    quant.write_text('{"checkpoint": "last.pt", "weight_bi')
+    line = _one_error_line(cli(f"ckpt={run / 'checkpoints' / 'last.pt'}", *TINY, f"runs_dir={runs}", "n_images=4"))
+    assert str(quant) in line and "rerun `python -m vitsinks.quantize" in line
+
+
+def test_a_diagnosis_leaves_no_file_of_an_older_one(runs: Path) -> None:
+    Trainer(tiny_cfg(runs, "name=gen", "train.max_steps=1")).fit()
+    ckpt = runs / "gen" / "checkpoints" / "last.pt"
+    folder = runs / "gen" / "diagnostics" / "last"
+    first = cli(f"ckpt={ckpt}", *TINY, f"runs_dir={runs}", "n_images=8", "diagnostics.plots=false")
+    assert first.returncode == 0, first.stderr
+    assert (folder / "report.html").is_file() and json.loads((folder / "summary.json").read_text())[
+        "shape"]["images"] == 8
+    second = cli(f"ckpt={ckpt}", *TINY, f"runs_dir={runs}", "n_images=4", "diagnostics.report=false")
+    assert second.returncode == 0, second.stderr
+    names = {p.name for p in folder.iterdir()}
+    assert "report.html" not in names and "report.json" not in names  # the page of the 8 images is gone
+    assert PLOTS <= names and json.loads((folder / "summary.json").read_text())["shape"]["images"] == 4
+    assert np.load(folder / "per_image.npz")["mass"].shape[0] == 4
