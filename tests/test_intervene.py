@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -233,3 +234,38 @@ def test_the_command_line_exits_1_with_one_line(task_runs: dict[str, Path], tmp_
                           ([f"run={tmp_path / 'nothing'}"], "checkpoints/last.pt")):
         out = _cli(*args)
         assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_torn_shards_are_one_line_and_torn_stage1_fields_are_computed_again(task_runs: dict[str, Path],
+                                                                             tmp_path: Path, capsys) -> None:
+    from vitsinks.utils.files import BadFile
+
+    run_dir = task_runs["nop"]
+    base = ["intervene.edits=[zero_sink_value]", "intervene.n_images=8", "intervene.min_events=4"]
+    sharded = tmp_path / "sharded"
+    for k in (0, 1):
+        run(_cfg(run_dir, *base, f"intervene.out={sharded}", f"intervene.shard={k}", "intervene.nshards=2"))
+    meta = sharded / "shards" / "1-of-2" / "meta.json"
+    whole = meta.read_text()
+    meta.write_text(whole[:40])
+    with pytest.raises(BadFile, match=r"meta.json is torn .*rerun the shard 1-of-2"):
+        merge(sharded)
+    meta.write_text(whole)
+    rows = sharded / "shards" / "0-of-2" / "rows.csv"
+    rows.write_text(rows.read_text()[: len(rows.read_text()) // 2])
+    with pytest.raises(BadFile, match=r"rows.csv is torn .*rerun the shard 0-of-2"):
+        merge(sharded)
+
+    src = tmp_path / "nop"  # a copy: the module's runs stay as they are
+    shutil.copytree(run_dir, src)
+    last = src / "checkpoints" / "last.pt"
+    diagnose_checkpoint(last, load_config([f"ckpt={last}", "data=sinktask_nop", "diagnostics.n_images=8",
+                                           "diagnostics.plots=false", "diagnostics.report=false"]))
+    summary, _ = run(_cfg(src, *base, f"intervene.out={tmp_path / 'reused'}"))
+    npz = src / "diagnostics" / "last" / "per_image.npz"
+    assert summary["stage1"] == f"reused {npz}"  # the checkpoint's diagnosis is reused by stage 1 ...
+    npz.write_bytes(npz.read_bytes()[:300])
+    capsys.readouterr()
+    summary, _ = run(_cfg(src, *base, f"intervene.out={tmp_path / 'again'}"))  # ... unless it is torn
+    assert "is torn: its diagnostics fields are computed again" in capsys.readouterr().out
+    assert summary["stage1"] == "computed"

@@ -324,3 +324,18 @@ def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_pa
 
 
 # Dense-probe protocols: dinov2 (BatchNorm + 1x1 conv, sliding window) and the reference's kempner / kempner_cached.
+
+
+def test_a_torn_feature_cache_is_computed_again(runs: Path, capsys) -> None:
+    from vitsinks.eval import linear
+
+    ckpt = _trained(runs)
+    first = linear.run(_eval_cfg(runs, ckpt))
+    caches = sorted((runs / "ev2" / "eval_cache").glob("lin-*.pt"))
+    for cache in caches:
+        cache.write_bytes(cache.read_bytes()[:200])  # torn behind vitsinks' back (a copy cut short, a bad disk)
+    capsys.readouterr()
+    again = linear.run(_eval_cfg(runs, ckpt))
+    assert capsys.readouterr().out.count("is torn: computing it again") == len(caches) == 2
+    assert again["best"] == first["best"]
+    assert all(torch.load(c)["index"].numel() > 0 for c in caches)  # whole again
