@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import timm
 import torch
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -22,7 +21,15 @@ from vitsinks.models.attention import AttnInternals, attention_layer, set_fused_
 from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, config_values, variant_name
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.mitigations import MITIGATIONS, at_site
-from vitsinks.models.weights import check_finite, state_dict_from_file
+from vitsinks.models.weights import (
+    DAMAGED,
+    architecture,
+    check_finite,
+    hub_state_dict,
+    key_differences,
+    mismatch,
+    state_dict_from_file,
+)
 from vitsinks.utils.errors import BadValue
 
 PATCH_EMBEDS: tuple[str, ...] = tuple(p.value for p in PatchEmbed)
@@ -319,8 +326,10 @@ def build_vit(
     )
 
 
-def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
-    """Load a timm `VisionTransformer` state dict of the same configuration into `model`, exactly.
+def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], strict: bool = True,
+                         what: str = "the state dict") -> None:
+    """Load a timm `VisionTransformer` state dict of the same configuration into `model`, exactly; one that does not
+    fit is a one-line `BadValue` naming `what` and the architecture it holds against the model's.
 
     timm stores position embeddings either for [CLS] + registers + patches (`no_embed_class=False`) or for
     patches only (`no_embed_class=True`, DINOv2 and timm's register models). Both are mapped to our layout
@@ -344,10 +353,12 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     try:
         model.load_state_dict(sd, strict=strict)
     except RuntimeError as err:
-        raise BadValue(
-            f"state dict does not fit a {model.variant} ViT (dim {model.embed_dim}, depth {len(model.blocks)}, "
-            f"{model.num_reg_tokens} registers): build the model with the checkpoint's configuration.\n{err}"
-        ) from err
+        own = model.state_dict()
+        asked = {**architecture(own), "heads": model.blocks[0].attn.num_heads if len(model.blocks) else None}
+        keys = key_differences(sd, own)
+        if not strict:
+            keys = {"of another shape": keys["of another shape"]}
+        raise BadValue(mismatch(what, architecture(sd), asked, keys)) from err
 
 
 BUILD_ARGS = tuple(f.name for f in dataclasses.fields(ArchitectureConfig))  # `build_vit`'s arguments
@@ -366,16 +377,8 @@ def model_from_config(m: Any) -> SinkViT:
     set_fused_attention(model, str(given.get("fused_attention", "auto")))
     source = given.get("pretrained")
     if source:
-        if Path(source).expanduser().is_file():
-            sd = state_dict_from_file(Path(source).expanduser())
-        else:
-            try:
-                sd = timm.create_model(source, pretrained=True, num_classes=0).state_dict()
-            except Exception as err:  # noqa: BLE001 - unknown name, no network, missing hub files
-                raise BadValue(
-                    f"model.pretrained={source!r} is neither a file nor a timm model whose weights could be loaded "
-                    f"({type(err).__name__}: {err}); pass a state-dict path or a timm name with cached weights"
-                ) from err
-        check_finite(sd, f"model.pretrained={source}")
-        load_timm_state_dict(model, sd)
+        path = Path(source).expanduser()
+        sd = state_dict_from_file(path) if path.is_file() else hub_state_dict(source)  # the hub: no retries offline
+        check_finite(sd, f"model.pretrained={source}", DAMAGED)
+        load_timm_state_dict(model, sd, what=f"model.pretrained={source}")
     return model

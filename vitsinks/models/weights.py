@@ -1,13 +1,32 @@
-"""Weights on disk: the one checkpoint reader, the finiteness check, and the backbone of any state dict."""
+"""Weights on disk: the one checkpoint reader, the finiteness check, the backbone of any state dict, what
+architecture a state dict holds, and timm's hub weights without waiting on a network that is not there."""
 
 from __future__ import annotations
 
+import re
+import socket
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlparse
 
+import safetensors.torch
+import timm
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
-from vitsinks.utils.errors import BadValue, NonFinite
+from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
+
+Kind = Literal["checkpoint", "weights"]  # a run's checkpoint, or a pretrained weights file (model.pretrained=)
+RUN_DIVERGED = "the run diverged; lower train.lr and train from an earlier checkpoint"
+DAMAGED = ("the file is damaged or the model diverged where it was trained: download it again or pass other "
+           "weights")
+HUB_TIMEOUT_S = 3.0  # the connection check before timm's hub download
+SAFETENSORS = ".safetensors"
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pth.tar", ".tar", SAFETENSORS)  # of a file, not a timm name
 
 
 def non_finite(tensors: dict[str, Any]) -> list[str]:
@@ -16,21 +35,37 @@ def non_finite(tensors: dict[str, Any]) -> list[str]:
             not bool(torch.isfinite(v).all())]
 
 
-def check_finite(tensors: dict[str, Any], what: str) -> None:
-    """`NonFinite` naming `what` and the first bad tensors when any weight is NaN or inf."""
+def check_finite(tensors: dict[str, Any], what: str, fix: str = RUN_DIVERGED) -> None:
+    """`NonFinite` naming `what`, the first bad tensors and `fix` when any weight is NaN or inf (`fix`: a run's
+    advice by default, `DAMAGED` for a pretrained weights file)."""
     bad = non_finite(tensors)
     if bad:
         raise NonFinite(f"{what} holds non-finite weights (NaN or inf) in {len(bad)} tensors, e.g. "
-                        f"{', '.join(bad[:3])}: the run diverged; lower train.lr and train from an earlier "
-                        f"checkpoint")
+                        f"{', '.join(bad[:3])}: {fix}")
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU; an unreadable file is a `BadValue` naming it (truncated, or not one)."""
+def load(path: Path, kind: Kind = "checkpoint") -> Any:
+    """Load a checkpoint (`kind="checkpoint"`, a run's) or a pretrained weights file (`kind="weights"`, the user's
+    own: a `torch.save` file or `.safetensors`) on the CPU; an unreadable file is a `BadValue` naming it (truncated,
+    or not one) with the fix for that kind of file."""
+    path = Path(path)
+    if kind == "weights" and path.suffix == SAFETENSORS:
+        try:
+            return safetensors.torch.load_file(path, device="cpu")
+        except Exception as err:  # noqa: BLE001 - a safetensors error of any kind: the file is cut or damaged
+            raise BadValue(f"the weights file {path} is truncated or corrupt ({type(err).__name__}): download or "
+                           f"save it again") from err
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        if _is_torch_archive(path):
+        torn = _is_torch_archive(path)
+        if kind == "weights":
+            if torn:
+                raise BadValue(f"the weights file {path} is truncated or corrupt ({type(err).__name__}): download or "
+                               f"save it again") from err
+            raise BadValue(f"{path} is not a PyTorch weights file ({type(err).__name__}): pass a state dict saved "
+                           f"with torch.save (.pt, .pth, .bin), a {SAFETENSORS} file, or a timm model name") from err
+        if torn:
             raise BadValue(f"cannot read checkpoint {path} ({type(err).__name__}): it is truncated or corrupt; "
                            f"resume from another checkpoint of the run (checkpoints/step_*.pt) or delete it to "
                            f"start over") from err
@@ -53,12 +88,135 @@ def backbone_state(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
-    """A backbone state dict from a plain state-dict file, a {'state_dict'|'model': ...} wrapper, or a vitsinks
-    training checkpoint (whose model holds `backbone.*`, `projector.*`, `probe.*`)."""
-    obj = load(path)
+    """A backbone state dict from a pretrained weights file: a plain state-dict file (`torch.save` or
+    `.safetensors`), a {'state_dict'|'model': ...} wrapper, or a vitsinks training checkpoint (whose model holds
+    `backbone.*`, `projector.*`, `probe.*`). Its errors speak of a weights file, not of a run."""
+    obj = load(path, "weights")
     for key in ("model", "state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict):
         raise BadValue(f"{path} holds a {type(obj).__name__}, not a state dict: pass a state-dict file or checkpoint")
     return backbone_state(obj)
+
+
+# ---- what a state dict holds ------------------------------------------------------------------------------------
+
+BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def architecture(sd: dict[str, Any]) -> dict[str, Any]:
+    """The ViT a (timm-layout) state dict holds, read off its keys and shapes: width, depth, heads (None unless a
+    per-head tensor tells: a head-wise gate, a sink logit), registers, patch size, gate (None, `elementwise`,
+    `headwise`), and MLP ratio, LayerScale, global pathway. A field a state dict does not show is None."""
+    shape = {k: tuple(v.shape) for k, v in sd.items() if torch.is_tensor(v)}
+    width = next((s[-1] for k in ("cls_token", "pos_embed", "norm.weight") if (s := shape.get(k))), None)
+    blocks = {int(m.group(1)) for k in shape if (m := BLOCK.match(k))}
+    proj = shape.get("patch_embed.proj.weight")
+    gate = shape.get("blocks.0.attn.gate.weight")
+    gate_kind = None if gate is None else "elementwise" if width is None or gate[0] == width else "headwise"
+    heads = gate[0] if gate_kind == "headwise" else (shape.get("blocks.0.attn.sink_logit") or (None,))[0]
+    fc1 = shape.get("blocks.0.mlp.fc1.weight")
+    return {"width": width, "depth": max(blocks) + 1 if blocks else 0, "heads": heads,
+            "registers": shape.get("reg_token", (1, 0))[1], "patch": proj[-1] if proj and len(proj) == 4 else None,
+            "gate": gate_kind, "mlp": round(fc1[0] / width, 3) if fc1 and width else None,
+            "layerscale": "blocks.0.ls1.gamma" in shape,
+            "pathway": any(k.startswith("blocks.0.pathway.") for k in shape)}
+
+
+# the secondary fields, shown only where the two architectures differ in them
+EXTRAS: dict[str, Callable[[Any], str]] = {
+    "mlp": lambda v: f"MLP ratio {v:g}" if v else "no MLP",
+    "layerscale": lambda v: "LayerScale" if v else "no LayerScale",
+    "pathway": lambda v: "a global pathway" if v else "no global pathway",
+}
+
+
+def describe_architecture(arch: dict[str, Any], extras: tuple[str, ...] = ()) -> str:
+    """`width 384, depth 12, 6 heads, 4 registers, patch 14, not gated` (heads left out when unknown), then the
+    `extras` fields (`EXTRAS`)."""
+    parts = [f"width {arch['width']}", f"depth {arch['depth']}"]
+    if arch.get("heads"):
+        parts.append(f"{arch['heads']} heads")
+    parts += [f"{arch['registers']} registers", f"patch {arch['patch']}",
+              f"{arch['gate']}-gated" if arch.get("gate") else "not gated"]
+    return ", ".join(parts + [EXTRAS[k](arch.get(k)) for k in extras])
+
+
+def mismatch(what: str, held: dict[str, Any], asked: dict[str, Any], keys: dict[str, list[str]]) -> str:
+    """One line: `what` holds the architecture `held`, not the `asked` one, naming the fields that differ (the
+    `EXTRAS` shown only when they do); when the architectures read the same, the first keys that differ (`keys`,
+    from `key_differences`)."""
+    extras = tuple(k for k in EXTRAS if held.get(k) != asked.get(k))
+    differ = [k for k in ("width", "depth", "heads", "registers", "patch", "gate", *extras)
+              if held.get(k) != asked.get(k) and not (k == "heads" and None in (held.get(k), asked.get(k)))]
+    line = (f"{what} holds a ViT of {describe_architecture(held, extras)}; the model asked for has "
+            f"{describe_architecture(asked, extras)}")
+    if differ:
+        return f"{line}: set model= and model.* to the file's architecture (it differs in {', '.join(differ)})"
+    detail = "; ".join(f"{len(names)} {kind}, e.g. {', '.join(names[:2])}" for kind, names in keys.items() if names)
+    return f"{line}, but its tensors do not fit{f' ({detail})' if detail else ''}: pass weights of this architecture"
+
+
+def key_differences(sd: dict[str, Any], expected: dict[str, Any]) -> dict[str, list[str]]:
+    """The keys of `sd` that `expected` lacks, those it lacks, and those of another shape."""
+    return {"unexpected": [k for k in sd if k not in expected], "missing": [k for k in expected if k not in sd],
+            "of another shape": [k for k in sd if k in expected and torch.is_tensor(sd[k])
+                                 and tuple(sd[k].shape) != tuple(expected[k].shape)]}
+
+
+# ---- timm's hub ---------------------------------------------------------------------------------------------------
+
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the Hugging Face hub (`HF_ENDPOINT`, or the proxy the environment names for it)
+    opens within `timeout` seconds."""
+    url = urlparse(hf_constants.ENDPOINT)
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
+        url = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@contextmanager
+def hub_offline(on: bool) -> Iterator[None]:
+    """huggingface_hub's offline mode (`HF_HUB_OFFLINE`) on within the block when `on`: the cache answers at once,
+    instead of each request retrying a network that is not there for about a minute."""
+    before = hf_constants.HF_HUB_OFFLINE
+    hf_constants.HF_HUB_OFFLINE = before or on
+    try:
+        yield
+    finally:
+        hf_constants.HF_HUB_OFFLINE = before
+
+
+def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """The state dict of timm model `name` with its pretrained weights (downloaded, or from the local cache). With
+    the hub unreachable (`hub_reachable`) or `HF_HUB_OFFLINE` set, only the cache is read: weights not there are one
+    `BadValue` within seconds, not a minute of retries."""
+    if Path(name).suffix in WEIGHT_SUFFIXES:  # a file meant, not a timm name (whose tags hold no such suffix)
+        raise InputNotFound(f"model.pretrained={name}: no such weights file: check the path, or pass a timm name")
+    told_offline = hf_constants.HF_HUB_OFFLINE
+    offline = told_offline or not hub_reachable()
+    try:
+        with hub_offline(offline):
+            return timm.create_model(name, pretrained=True, num_classes=0).state_dict()
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
+        if not offline:
+            raise _not_loaded(name, err) from err
+        why = "HF_HUB_OFFLINE is set" if told_offline else f"the hub ({hf_constants.ENDPOINT}) cannot be reached"
+        raise BadValue(f"model.pretrained={name}: its weights are not in the local cache "
+                       f"({hf_constants.HF_HUB_CACHE}) and {why}: download them once with the network on, or pass "
+                       f"a weights file") from None
+    except Exception as err:  # noqa: BLE001 - unknown name, missing hub files, a broken download
+        raise _not_loaded(name, err) from err
+
+
+def _not_loaded(name: str, err: Exception) -> BadValue:
+    return BadValue(f"model.pretrained={name!r} is neither a file nor a timm model whose weights could be loaded "
+                    f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); pass a state-dict path or a timm "
+                    f"name with cached weights")
