@@ -140,10 +140,12 @@ def multirun(overrides: list[str]) -> int:
 
 
 def status(sweep: str) -> int:
-    """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures. Exit 1 if any failed."""
+    """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures, a killed run (status.json
+    says running but no process holds the run) among them, and what is wrong with a run's unreadable files. Exit 1
+    if any failed or was killed."""
     manifest = sw.read_manifest(sweep)
     folder = Path(manifest["sweep_dir"]) / "slurm"
-    rows, failures = [], []
+    rows, failures, notes = [], [], []
     for e in manifest["runs"]:
         state = sw.run_state(Path(e["run_dir"]))
         slurm_state = slurm.job_state(e["job_id"], folder, state) if e.get("job_id") else "-"
@@ -151,13 +153,20 @@ def status(sweep: str) -> int:
         rows.append({**e, "slurm": slurm_state, "run": state["status"],
                      "step": f"{state['step']}/{state.get('total_steps', '?')}",
                      "loss": f"{loss:.4f}" if loss is not None else "-"})
-        if slurm_state in slurm.FAILED_STATES or state["status"] == "failed" or \
+        if slurm_state in slurm.FAILED_STATES or state["status"] in ("failed", "killed") or \
                 str(e.get("state", "")).startswith("failed"):
-            failures.append((e, slurm.log_tail(e["job_id"], folder) if e.get("job_id") else
-                             state.get("error") or e.get("state", "")))
+            failures.append((e, state))
+        elif state.get("note"):
+            notes.append(f"{e['name']}: {state['status']} ({state['note']})")
     print(sw.table(rows, ["index", "name", "job_id", "slurm", "run", "step", "loss"]))
-    for e, tail in failures:
-        print(f"\n--- {e['name']} ({e.get('job_id') or 'local'}) failed; last log lines:\n{tail}")
+    for line in notes:
+        print(line)
+    for e, state in failures:
+        what = f"killed ({state['note']}): relaunch the sweep to resume it" if state["status"] == "killed" \
+            else "failed"
+        tail = slurm.log_tail(e["job_id"], folder) if e.get("job_id") else state.get("error") or e.get("state", "")
+        print(f"\n--- {e['name']} ({e.get('job_id') or 'local'}) {what}; last log lines:\n{tail}"
+              if tail else f"\n--- {e['name']} ({e.get('job_id') or 'local'}) {what}")
     return 1 if failures else 0
 
 

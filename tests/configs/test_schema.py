@@ -224,3 +224,23 @@ def test_a_renamed_field_is_mapped_once(monkeypatch) -> None:
 def test_a_key_the_schema_does_not_know_names_itself_and_the_source() -> None:
     with pytest.raises(BadValue, match=r"runs/x/config.yaml .*'nonsense'"):
         schema.upgrade({"name": "x", "train": {"nonsense": 1}}, "runs/x/config.yaml")
+
+
+FLOATS = [f for f in NUMERIC if f.kind is float]
+
+
+def test_inf_and_nan_are_refused_as_not_finite_in_every_float_field(composed) -> None:
+    from omegaconf import OmegaConf
+
+    with pytest.raises(ConfigError, match=r"^invalid setting: train\.lr=inf \(must be finite and > 0\)$"):
+        load_config(["train.lr=inf"])
+    for f in FLOATS:
+        allowed = f.range.describe()
+        for bad in (float("inf"), float("-inf"), float("nan")):
+            cfg = composed.copy()
+            OmegaConf.update(cfg, f.key, [bad] if f.is_list else bad)
+            with pytest.raises(ConfigError) as err:
+                schema.check_config(cfg)
+            must = "every entry must be" if f.is_list else "must be"
+            said = "finite" if allowed == "finite" else f"finite and {allowed}"
+            assert f"{f.key}={[bad] if f.is_list else bad} ({must} {said})" in str(err.value), str(err.value)

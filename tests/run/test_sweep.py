@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from tests.conftest import TINY, tiny_cfg
 from tests.test_launch import launch
 from vitsinks.configs.cli import compose
 from vitsinks.launch import _absolute
+from vitsinks.launch import status as launch_status
 from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import ConfigError
@@ -88,3 +91,35 @@ def test_local_sweep_over_a_learning_rate_writes_one_directory_per_value(tmp_pat
         assert OmegaConf.load(d / "config.yaml").train.lr == lr
         assert [json.loads(ln)["step"] for ln in (d / "metrics.jsonl").read_text().splitlines()
                 if "loss" in json.loads(ln)] == [1, 2]
+
+
+def test_a_run_killed_while_running_is_reported_killed_without_writing_to_it(
+        runs: Path, capsys: pytest.CaptureFixture) -> None:
+    Trainer(tiny_cfg(runs, "name=k9", "train.max_steps=3")).fit()  # checkpoints up to step 3
+    run = runs / "k9"
+    holder = subprocess.Popen(  # the process that trains it: holds the run's lock and says running, as the trainer
+        [sys.executable, "-c", "import sys, time; from vitsinks.utils.rundir import RunDir; r = RunDir(sys.argv[1]); "
+         "r.lock(); r.write_status('running', step=3, total_steps=8); print('ready', flush=True); time.sleep(120)",
+         str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        assert sw.run_state(run)["status"] == "running"  # alive: as it says
+    finally:
+        holder.kill()  # kill -9: status.json still says running
+        holder.wait()
+        holder.stdout.close()
+    said = (run / "status.json").read_bytes()
+    state = sw.run_state(run)
+    assert state["status"] == "killed" and state["note"] == "no process holds the run; last checkpoint step 3"
+    sweep = runs / "sweeps" / "s"
+    sw.write_manifest(sweep / "sweep.json", [{"index": 0, "name": "k9", "run_dir": str(run), "job_id": None}],
+                      sweep_dir=str(sweep))
+    capsys.readouterr()
+    assert launch_status(str(sweep)) == 1
+    out = capsys.readouterr().out
+    assert "--- k9 (local) killed (no process holds the run; last checkpoint step 3): relaunch the sweep to resume it" \
+        in out
+    assert (run / "status.json").read_bytes() == said  # read, never written
+    (run / "status.json").write_text('{"status": "runn')  # torn: shown, not a crash
+    assert launch_status(str(sweep)) == 0
+    assert "k9: unreadable (" in capsys.readouterr().out

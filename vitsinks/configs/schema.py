@@ -7,6 +7,7 @@ value of the wrong type fails at composition with a message that names it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -421,11 +422,13 @@ def check_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, nf.key, default=None)
         if value is None or nf.range is None:
             continue
-        if nf.is_list:
-            if not all(nf.range.admits(v) for v in value):
-                problems.append(f"{nf.key}={list(value)} (every entry must be {nf.range.describe()})")
-        elif not nf.range.admits(value):
-            problems.append(f"{nf.key}={value} (must be {nf.range.describe()})")
+        values = list(value) if nf.is_list else [value]
+        if not all(nf.range.admits(v) for v in values):
+            allowed = nf.range.describe()
+            if allowed != "finite" and any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                allowed = f"finite and {allowed}"  # inf is > 0 and nan compares to nothing: say why it is out
+            problems.append(f"{nf.key}={values} (every entry must be {allowed})" if nf.is_list else
+                            f"{nf.key}={value} (must be {allowed})")
     m = cfg.model
     if m.size not in SIZES:
         problems.append(f"model.size={m.size} (choose one of {', '.join(sorted(SIZES))})")

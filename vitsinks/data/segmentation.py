@@ -103,6 +103,10 @@ def voc(root: str | Path, split: str, num_classes: int = 21, aug: bool = False) 
     use_aug = aug and split == "train"
     list_file = base / "ImageSets" / "Segmentation" / (f"{split}_aug.txt" if use_aug else f"{split}.txt")
     label_dir = base / ("SegmentationClassAug" if use_aug else "SegmentationClass")
+    if use_aug and (missing := [p.name for p in (label_dir, list_file) if not p.exists()]):
+        raise SegmentationError(f"data.voc_aug=true needs the augmented set (SBD), but {base} has no "
+                                f"{' and no '.join(missing)}: add SegmentationClassAug/ and "
+                                f"ImageSets/Segmentation/train_aug.txt there, or drop data.voc_aug")
     if not list_file.is_file():
         raise SegmentationError(f"VOC split file {list_file} is missing: data.root must hold "
                                 f"VOCdevkit/VOC2012/ImageSets/Segmentation/{{train,val}}.txt")

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
-import json
 import re
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitsinks.configs.schema import upgrade
 from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
-from vitsinks.utils.errors import BadValue, ConfigError, InputNotFound
+from vitsinks.utils.errors import ConfigError, InputNotFound
 from vitsinks.utils.rundir import RunDir
 
 # Overrides already in the default run name `<exp>-<size>-<data>-s<seed>`, or that do not change what a run computes.
@@ -76,19 +77,56 @@ def name_runs(combos: list[list[str]], cfgs: list[DictConfig]) -> None:
 
 
 def run_state(run_dir: Path) -> dict[str, Any]:
-    """What a run directory says about itself: status, step, total steps, last loss."""
+    """What a run directory says about itself: status, step, total steps, last loss. Read only, never written: a
+    `running` run whose lock no process holds is `killed` (a kill -9, an OOM kill, a lost node), and a torn
+    status.json is `unreadable`; both with a `note` saying so."""
+    run = RunDir(run_dir)
     info: dict[str, Any] = {"status": "pending", "step": 0}
-    status = RunDir(run_dir).status
-    if status.exists():
+    if run.status.exists():
         try:
-            info.update(json.loads(status.read_text()))
-        except json.JSONDecodeError as err:
-            raise BadValue(f"{status} is not valid JSON ({err}); it is rewritten when the run is relaunched") from err
-    losses = [m for m in read_metrics(run_dir) if "loss" in m]
+            info.update(files.read_json(run.status, "relaunch the run"))
+        except files.BadFile as err:
+            info.update(status="unreadable", note=str(err))
+    try:
+        losses = [m for m in read_metrics(run_dir) if "loss" in m]
+    except files.BadFile as err:
+        losses, info["note"] = [], str(err)
     if losses:
         info["last_loss"] = losses[-1]["loss"]
         info["step"] = max(info.get("step", 0), losses[-1]["step"])
+    if info["status"] == "running" and lock_held(run) is False:
+        step = last_checkpoint_step(run)
+        info.update(status="killed", note="no process holds the run; " + (
+            f"last checkpoint step {step}" if step is not None else "no checkpoint yet"))
     return info
+
+
+def lock_held(run: RunDir) -> bool | None:
+    """Whether a process holds the run's lock (`<run>/.lock`, flocked by the process that trains it), probed with a
+    shared lock taken and dropped at once (nothing is written); None where it cannot tell (no flock there, no
+    permission)."""
+    try:
+        with (run.path / ".lock").open("rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except FileNotFoundError:
+        return False  # never locked: no process trains it
+    except OSError:
+        return None
+
+
+def last_checkpoint_step(run: RunDir) -> int | None:
+    """The step of the newest checkpoint of `run` that reads (its tensors mapped, not read), or None."""
+    for path in run.resume_candidates():
+        try:
+            return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["progress"]["step"])
+        except Exception:  # noqa: BLE001 - a checkpoint that does not read: the next one
+            continue
+    return None
 
 
 def is_finished(run_dir: Path, cfg: DictConfig) -> bool:
@@ -134,7 +172,7 @@ def read_manifest(sweep: str | Path) -> dict[str, Any]:
     path = path / "sweep.json" if path.is_dir() else path
     if not path.is_file():
         raise InputNotFound(f"no sweep manifest at {path}: pass the folder printed when the sweep was launched")
-    return json.loads(path.read_text())
+    return files.read_json(path, "relaunch the sweep (python -m vitsinks.launch -m ...)")
 
 
 def entry(index: int, overrides: list[str], cfg: DictConfig) -> dict[str, Any]:

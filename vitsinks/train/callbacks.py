@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.train.checkpoint import load_backbone
-from vitsinks.utils.distributed import all_reduce_sum
+from vitsinks.utils.distributed import all_reduce_sum, gather_objects
 from vitsinks.utils.progress import hidden
 from vitsinks.utils.rundir import SUMMARY
 
@@ -109,10 +109,21 @@ class Validation(Callback):
         trainer.log({"epoch": epoch, **trainer.objective.validate(trainer.model, trainer.val_set)})
 
     def on_fit_end(self, trainer: Trainer, status: str) -> None:
-        if status == "finished":
+        if status != "finished":
+            return
+        val = self.logged(trainer)
+        if val is None:
             val = trainer.objective.validate(trainer.model, trainer.val_set)
             trainer.log({"epoch": trainer.progress.epoch, **val})
-            trainer.last_metrics.update(val)
+        trainer.last_metrics.update(val)
+
+    @staticmethod
+    def logged(trainer: Trainer) -> dict[str, Any] | None:
+        """The final validation metrics.jsonl holds already (a relaunch of a finished run: nothing is appended), as
+        the main rank reads it, on every rank (a collective: validating is one too); None when it holds none."""
+        assert trainer.tracker is not None, "validation is logged while fitting"
+        lines = [m for m in trainer.tracker.logged_at(trainer.progress.step) if any(k.startswith("val/") for k in m)]
+        return gather_objects({k: v for k, v in lines[-1].items() if k.startswith("val/")} if lines else None)[0]
 
 
 class Checkpointing(Callback):

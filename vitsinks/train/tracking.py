@@ -12,6 +12,8 @@ from typing import Any
 from vitsinks.configs.schema import WandbConfig
 from vitsinks.utils import files
 
+RERUN = "delete it and relaunch the run (its curves then start at the resumed step)"  # the fix for a torn file
+
 
 def wandb_mode(cfg: WandbConfig) -> str:
     """Resolve `auto`: online only when an API key is configured (env or ~/.netrc), else offline."""
@@ -41,9 +43,9 @@ class Tracker:
             return
         if resume_step == 0 or not self.path.exists():
             files.write_text(self.path, "")
-        else:  # drop lines logged after the checkpoint we resume from: they will be logged again
-            lines = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            files.write_text(self.path, "".join(ln + "\n" for ln in lines))
+        else:  # drop lines logged after the checkpoint we resume from (they will be logged again) and a torn last one
+            kept = [m for m in files.read_jsonl(self.path, RERUN) if m.get("step", 0) <= resume_step]
+            files.write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
         mode = wandb_mode(cfg)
         if mode != "disabled":
             import wandb
@@ -60,6 +62,12 @@ class Tracker:
         if self.run is not None:
             self.run.log(metrics, step=step)
 
+    def logged_at(self, step: int) -> list[dict[str, Any]]:
+        """The lines logged at `step` (read back from metrics.jsonl; none on a rank that does not log)."""
+        if not self.active or not self.path.exists():
+            return []
+        return [m for m in files.read_jsonl(self.path, RERUN) if m.get("step") == step]
+
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
@@ -73,6 +81,7 @@ def _wandb_id(name: str, run_dir: Path) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All metric lines of a run."""
+    """All metric lines of a run (a torn last line, from a kill mid-append, dropped); a bad line elsewhere is a
+    `files.BadFile`."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    return files.read_jsonl(path, RERUN) if path.exists() else []
