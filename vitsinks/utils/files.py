@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +77,7 @@ def faults_named(path: Path | str, doing: str = "write") -> Iterator[None]:
         raise named from err
 
 
+LOCK_TRIES = 6  # over 0.25 s
 NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # flock's errors where locks are not offered
 
 
@@ -100,7 +102,14 @@ class FileLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             f = self.path.open("a+")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for attempt in range(LOCK_TRIES):  # a reader's probe (`launch status`) holds it for microseconds
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if attempt == LOCK_TRIES - 1:
+                        raise
+                    time.sleep(0.05)
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
@@ -125,20 +134,6 @@ class FileLock:
             fcntl.flock(self._f, fcntl.LOCK_UN)
             self._f.close()
             self._f = None
-
-    def is_held_elsewhere(self) -> bool:
-        """Whether another open of the lock file holds it now (a live writer); looks only."""
-        if self._f is not None or not self.path.is_file():
-            return False
-        with self.path.open("r") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
 
     def __enter__(self) -> FileLock:
         return self.acquire()

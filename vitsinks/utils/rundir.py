@@ -196,10 +196,6 @@ class RunDir:
                     self.path.rmdir()
                 self.unlock()
 
-    def has_writer(self) -> bool:
-        """Whether a live process holds the run's lock now (looks only)."""
-        return self._lock is None and files.FileLock(self.path / ".lock", "", "").is_held_elsewhere()
-
     def start(self, cfg: DictConfig) -> None:
         """Before training: remove the temp files of killed writes, write the resolved config."""
         if not self.is_main:
