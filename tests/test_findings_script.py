@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import yaml
@@ -132,3 +133,59 @@ def test_the_committed_findings_are_what_the_script_writes_from_the_committed_in
     for page in committed:
         assert page.read_text() == findings.findings(page.parent), (
             f"{page.relative_to(ROOT)} is stale: `python eval/residual/findings.py {page.parent.relative_to(ROOT)}`")
+
+
+def test_an_edit_without_any_probe_says_so_not_that_its_seed_is_unknown(tmp_path: Path) -> None:
+    """s2's edit has no probe result at all (no results/, no value in runs.csv): its cells say there is no probe, and
+    a footnote says what that means; an edit whose source has none says so too."""
+    write_board(tmp_path)
+    with (tmp_path / "runs.csv").open("a", newline="") as f:
+        csv.writer(f).writerow(["toy-base-s2+zero_massive", "base + zeroed", 2] + ["nan"] * 7)
+    edit = tmp_path / "inputs" / "toy-base-s2+zero_massive"
+    (edit / "diagnostics" / "last").mkdir(parents=True)
+    (edit / "diagnostics" / "last" / "summary.json").write_text(json.dumps(summary([0.0] * 3, [2.0] * 3, [5.0] * 3)))
+    (edit / "config.yaml").write_text(yaml.safe_dump({"trainfree": {"method": "zero_massive",
+                                                                    "source": "runs/toy-base-s2/checkpoints/last.pt"}}))
+    page = findings.findings(tmp_path)
+    probes = table(page, "Probes under the training-free edits and W8A8")
+    assert probes[2][0] == "toy-base-s2" and probes[2][3] == f"{findings.NO_PROBE} / {findings.NO_PROBE}"
+    assert findings.UNKNOWN not in probes[2][3] and f'"{findings.NO_PROBE}"' in page
+    assert findings._change(math.nan, 61.0, (1, None)) == findings.NO_PROBE
+    assert findings._change(62.0, math.nan, (None, 1)) == findings.NO_SOURCE_PROBE
+
+
+def test_a_summary_without_residual_measures_gives_dashes_not_a_key_error(tmp_path: Path) -> None:
+    """A run diagnosed with diagnostics.residual=false has no `residual` in its summary: its residual cells are `-`
+    (the max / median norm, which every summary has, stays) and a line under the table says why."""
+    write_board(tmp_path)
+    path = tmp_path / "inputs" / "toy-base-s1" / "diagnostics" / "last" / "summary.json"
+    s = json.loads(path.read_text())
+    del s["residual"]
+    path.write_text(json.dumps(s))
+    page = findings.findings(tmp_path)
+    residual = table(page, "Residual side")
+    assert residual[1] == ["toy-base-s1", "-", "-", "-", "-", "-", "2.00 -> 1.25", "-"]
+    assert residual[0][1] == "7.00" and findings.NO_RESIDUAL in page
+    (tmp_path / "whole").mkdir()
+    write_board(tmp_path / "whole")
+    assert findings.NO_RESIDUAL not in findings.findings(tmp_path / "whole")
+
+
+def test_a_torn_summary_or_table_is_one_line_naming_the_file_and_the_fix(tmp_path: Path, capsys) -> None:
+    """A summary.json in the board's inputs cut short (a kill, a full disk): `error: <file> is torn ...: <fix>`,
+    exit code 1, no traceback; a torn runs.csv the same, with the command that writes it again."""
+    write_board(tmp_path)
+    path = tmp_path / "inputs" / "toy-base-s1" / "diagnostics" / "last" / "summary.json"
+    path.write_text(path.read_text()[:40])
+    assert findings.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path} is torn") and len(err.splitlines()) == 1
+    assert "python -m vitsinks.leaderboard" in err and "Traceback" not in err
+    (tmp_path / "b").mkdir()
+    write_board(tmp_path / "b")
+    runs = tmp_path / "b" / "runs.csv"
+    runs.write_text(runs.read_text().rsplit(",", 3)[0] + "\n")  # the last row cut short
+    assert findings.main([str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {runs} is torn") and "python -m vitsinks.leaderboard runs=" in err
+    assert len(err.splitlines()) == 1

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitsinks.eval.dense_protocols import DEFAULT_PROTOCOL, PROTOCOLS
+from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.results import Column, Probed, Result, register_result
 from vitsinks.utils.rundir import RunDir
@@ -19,6 +19,22 @@ from vitsinks.utils.rundir import RunDir
 DENSE_DATA = {"synthetic": "synthetic", "fashion_mnist": "Fashion-MNIST mosaics", "ade20k": "ADE20K", "voc": "VOC"}
 # The probes' protocols as their columns name them (`Column.probe`); the online probe's column is the training's
 ONLINE_PROBE, LINEAR_PROBE = "online probe", "linear probe (DINOv2 protocol)"
+
+
+def reprobe(run: RunDir, kind: str) -> str:
+    """The fix for a torn probe result `kind` (`linear`, `dense_<data>[_<protocol>]`) of `run`: the command that
+    writes it again."""
+    ckpt = f"ckpt={run.ckpt_dir}/<checkpoint>.pt"
+    if kind == "linear":
+        return f"rerun `python -m vitsinks.eval.linear {ckpt}`"
+    data, proto = parse_dense_kind(kind)
+    protocol = "" if proto == DEFAULT_PROTOCOL else f" eval.dense_protocol={proto}"
+    return f"rerun `python -m vitsinks.eval.dense {ckpt} data={data}{protocol}`"
+
+
+def read_result(run: RunDir, kind: str) -> dict[str, Any]:
+    """`run`'s probe result `kind` as its JSON object; a torn file is a `BadFile` naming it and `reprobe`'s fix."""
+    return files.read_json(run.result(kind), reprobe(run, kind))
 
 
 def dense_probe(protocol: str) -> str:
@@ -59,7 +75,7 @@ class LinearResult(Result):
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
         path = run.result(cls.kind)
-        return {"linear_top1": cls.from_json(json.loads(path.read_text())).best["top1"] if path.is_file()
+        return {"linear_top1": cls.from_json(read_result(run, cls.kind)).best["top1"] if path.is_file()
                 else math.nan}
 
     @classmethod
@@ -80,7 +96,7 @@ def run_probe_seeds(run: RunDir) -> dict[str, int | None]:
     """The seed of each of `run`'s probe results (`linear`, `dense_*`), by kind. A result that records none takes the
     one seed the run's other probe results record (vitsinks probes a run with one seed, and a linear result written
     before the seed was recorded sits beside a dense one whose heads record it); None when that is not one seed."""
-    found = {p.stem: probe_seed(json.loads(p.read_text())) for p in [run.result("linear"), *run.results_of("dense_")]
+    found = {p.stem: probe_seed(read_result(run, p.stem)) for p in [run.result("linear"), *run.results_of("dense_")]
              if p.is_file()}
     known = {s for s in found.values() if s is not None}
     return {k: s if s is not None else (next(iter(known)) if len(known) == 1 else None) for k, s in found.items()}
@@ -88,7 +104,7 @@ def run_probe_seeds(run: RunDir) -> dict[str, int | None]:
 
 def made(run: RunDir, kind: str) -> Probed:
     """How `run`'s probe result `kind` was made: its seed (`run_probe_seeds`) and the file name of its checkpoint."""
-    checkpoint = json.loads(run.result(kind).read_text()).get("checkpoint")
+    checkpoint = read_result(run, kind).get("checkpoint")
     return Probed(run_probe_seeds(run).get(kind), Path(checkpoint).name if checkpoint else None)
 
 
@@ -152,7 +168,7 @@ class DenseResult(Result):
         out = cls.missing()
         for path in run.results_of("dense_"):
             data, proto = parse_dense_kind(path.stem)
-            res = cls.from_json(json.loads(path.read_text()))
+            res = cls.from_json(read_result(run, path.stem))
             if res.protocol != proto:
                 raise BadValue(f"{path} says it was made by the {res.protocol} dense protocol, not {proto}: rerun "
                                f"python -m vitsinks.eval.dense on that run")

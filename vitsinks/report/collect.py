@@ -1,4 +1,6 @@
-"""Collect: one row per run from its registered results, then mean +- std over seeds per (data, variant).
+"""Collect: one row per run from its registered results, then mean +- std over the seeds of each experiment: the
+runs of one (data, variant) that match in everything but the seed (`vitsinks.report.experiment`); runs that differ
+are separate rows, named by what differs.
 
 The columns are those of the registered result types (`vitsinks.utils.results.result_types`, in rank order) and
 the block mitigations' (`vitsinks.models.mitigations.mitigation_columns`, read from the diagnostics summary), shown
@@ -26,12 +28,13 @@ from omegaconf import OmegaConf
 # the modules whose result types the leaderboard shows (each registers its own on import)
 import vitsinks.eval.results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
-import vitsinks.quant.results  # noqa: F401
 import vitsinks.report.training  # noqa: F401
 from vitsinks.configs.schema import exp_names, upgrade
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
+from vitsinks.quant.results import QuantResult  # registers it too
+from vitsinks.report.experiment import QUANT, SINK_RULE, defined, experiments, named, rule_setting
 from vitsinks.run.sweep import read_manifest
 from vitsinks.trainfree import edited_variant
 from vitsinks.utils.errors import InputNotFound
@@ -79,10 +82,9 @@ def run_dirs(source: str | Path) -> list[RunDir]:
     return found
 
 
-def _mitigation_values(run: RunDir) -> dict[str, Any]:
+def _mitigation_values(summary: DiagnosticsSummary | None) -> dict[str, Any]:
     """The mitigations' columns, read from the run's newest diagnostics summary (NaN where absent)."""
     out: dict[str, Any] = {c.key: math.nan for c in mitigation_columns()}
-    summary = DiagnosticsSummary.load(run)
     if summary is not None:
         for m in MITIGATIONS.values():
             out.update(m.leaderboard_values(summary.to_json()))
@@ -99,7 +101,8 @@ def source_run(source: str | None) -> str:
 def collect(run: RunDir | Path | str) -> dict[str, Any]:
     """One leaderboard row from a run directory; missing evaluations are NaN. A derived run's row names its source
     run (`source`; empty for a trained run) and, in `_derived_from`, the checkpoint it was made from; `_probed`
-    says how each probe value was made (`Probed`, by column key)."""
+    says how each probe value was made (`Probed`, by column key); `_defined` and `_settings` what defines its
+    experiment (`experiment.defined`; the quantization format and the sink rule of its results)."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
     trained = cfg.imported or run_variant(cfg)  # a pretrained model's rows are named by it, not by its architecture
@@ -111,8 +114,11 @@ def collect(run: RunDir | Path | str) -> dict[str, Any]:
     for t in result_types():
         row.update(t.collect(run))
         probed.update(t.probed(run))
-    row.update(_mitigation_values(run))
-    row.update(_derived_from=derived, _probed=probed)
+    summary = DiagnosticsSummary.load(run)
+    row.update(_mitigation_values(summary))
+    settings = {QUANT: QuantResult.format_of(run),
+                SINK_RULE: None if summary is None else rule_setting(summary.rule)}
+    row.update(_derived_from=derived, _probed=probed, _defined=defined(cfg, run, derived), _settings=settings)
     return row
 
 
@@ -148,8 +154,10 @@ def _not_comparable(group: list[dict[str, Any]], rows: dict[str, dict[str, Any]]
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds per (data, variant) (std over n >= 2 seeds; NaN columns stay NaN). With several
-    datasets in one leaderboard, a row's name is `<data> / <variant>`."""
+    """Mean and std over the seeds of each experiment (std over n >= 2 seeds; NaN columns stay NaN): one row per
+    experiment (`experiment.experiments`), named `<variant>`, or `<variant> (<key>=<value>, ...)` with the settings
+    that tell it from the variant's other rows (`differs`). With several datasets in one leaderboard, a row's name
+    is `<data> / <name>`."""
     order = {v: i for i, v in enumerate(variant_order())}
     def place(key: tuple[str, str]) -> tuple:  # a post-hoc edit's row right after its trained variant's
         trained, _, edit = key[1].partition(" + ")
@@ -161,22 +169,29 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_name = {r["run"]: r for r in rows if "run" in r}
     out = []
     for data, v in keys:
-        group = [r for r in rows if r["variant"] == v and r["data"] == data]
-        agg: dict[str, Any] = {"variant": f"{data} / {v}" if several else v, "seeds": len(group), "data": data}
-        places = sorted({r.get("sink_at", "-") for r in group})
-        agg["sink_at"] = places[0] if len(places) == 1 else " / ".join(places)
-        profiles = [r["profile"] for r in group if r.get("profile")]
-        agg["profile"] = np.mean(profiles, axis=0).tolist() if profiles else []
-        agg["sink_rules"] = sorted({r.get("sink_rule", "-") for r in group} - {"-"})
-        agg["n"], agg["not_comparable"] = {}, {}
-        derived = [r for r in group if r.get("_derived_from") is not None]
-        for c in cols:
-            if c.probe and derived and (why := _not_comparable(derived, by_name, c)):
-                agg["not_comparable"][c.key] = why  # no value: nothing to read, mark or draw against the source
-                agg[c.key], agg["n"][c.key] = (math.nan, math.nan), 0
-                continue
-            mean, std, n = nan_mean_std(r.get(c.key, math.nan) for r in group)
-            agg[c.key] = (mean, std)
-            agg["n"][c.key] = n
-        out.append(agg)
+        for differs, group in experiments([r for r in rows if r["variant"] == v and r["data"] == data], by_name):
+            out.append(_row(group, named(v, differs), differs, data, several, cols, by_name))
     return out
+
+
+def _row(group: list[dict[str, Any]], name: str, differs: dict[str, Any], data: str, several: bool,
+         cols: list[Column], by_name: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The aggregated row of one experiment's runs `group`."""
+    agg: dict[str, Any] = {"variant": f"{data} / {name}" if several else name, "seeds": len(group), "data": data,
+                           "differs": differs}
+    places = sorted({r.get("sink_at", "-") for r in group})
+    agg["sink_at"] = places[0] if len(places) == 1 else " / ".join(places)
+    profiles = [r["profile"] for r in group if r.get("profile")]
+    agg["profile"] = np.mean(profiles, axis=0).tolist() if profiles else []
+    agg["sink_rules"] = sorted({r.get("sink_rule", "-") for r in group} - {"-"})
+    agg["n"], agg["not_comparable"] = {}, {}
+    derived = [r for r in group if r.get("_derived_from") is not None]
+    for c in cols:
+        if c.probe and derived and (why := _not_comparable(derived, by_name, c)):
+            agg["not_comparable"][c.key] = why  # no value: nothing to read, mark or draw against the source
+            agg[c.key], agg["n"][c.key] = (math.nan, math.nan), 0
+            continue
+        mean, std, n = nan_mean_std(r.get(c.key, math.nan) for r in group)
+        agg[c.key] = (mean, std)
+        agg["n"][c.key] = n
+    return agg

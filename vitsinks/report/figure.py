@@ -15,7 +15,7 @@ import numpy as np
 
 from vitsinks.diagnostics.rules import CLASSES
 from vitsinks.report.collect import quality
-from vitsinks.report.render import mark_note, rule_notes, significant_best, table_columns
+from vitsinks.report.render import mark_note, rows_note, rule_notes, significant_best, table_columns
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, annotate_cells, empty_note, log_axis, save_figure
 
 matplotlib.use("Agg")
@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 ROW_IN, NEAR_FULL = 0.22, 99.0  # inches per row; a quality column whose every value is above this is shown as 100 - it
+LABEL_CHARS, LINE_IN, NOTE_IN = 36, 0.14, 0.12  # a split row's name: characters a line, inches a line; a footnote's
 
 
 def rows_of(variants: list[str]) -> tuple[list[tuple[float, str, bool]], list[float]]:
@@ -104,11 +105,21 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
              if c.table == "quality" and any(not math.isnan(t[c.key][0]) for t in table)]
     best, few = significant_best(table)
     labels, ys = rows_of([t["variant"] for t in table])
+    split = {int(y) for y, t in zip(ys, table, strict=True) if t.get("differs")}  # named by what differs: long
+    labels = [(y, textwrap.fill(name, LABEL_CHARS, break_on_hyphens=False) if y in split else name, head)
+              for y, name, head in labels]
     n_rows = len(labels)
+    lines = max(name.count("\n") + 1 for _, name, _ in labels)
     ratios = [1.1] * len(shown) + [1.5, 0.9, max(1.1, 0.6 + 0.25 * max((len(t["profile"]) for t in table),
                                                                         default=1))]
-    fig, axes = plt.subplots(1, len(ratios), figsize=(max(7.5, 2.6 + 1.2 * sum(ratios)), 2.2 + ROW_IN * n_rows),
-                             gridspec_kw={"width_ratios": ratios}, layout="constrained")
+    notes = [f"Mean ± std over seeds. {mark_note(few, '*')}", *filter(None, [rows_note(table)]), *rule_notes(table)]
+    fig_w = max(7.5, 2.6 + 1.2 * sum(ratios))
+    note = "\n".join(textwrap.fill(n, int(fig_w * 18)) for n in notes)  # 18 characters of 7 pt text an inch
+    # names of several lines (rows split by what differs): taller rows, and room for the footnote on top
+    fig_h = 2.2 + ROW_IN * n_rows if lines == 1 else 1.6 + (LINE_IN * lines + 0.06) * n_rows + NOTE_IN * (
+        note.count("\n") + 1)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(fig_w, fig_h), gridspec_kw={"width_ratios": ratios},
+                             layout="constrained")
     for ax, (key, label) in zip(axes, shown, strict=False):
         _quality(ax, table, key, label, best.get(key), ys)
     _mechanism(axes[len(shown)], table, ys)
@@ -129,9 +140,7 @@ def figure(table: list[dict[str, Any]], path: Path) -> Path:
     axes[0].set_yticks([y for y, _, _ in labels], [name for _, name, _ in labels], fontsize=8)
     for tick, (_, _, head) in zip(axes[0].get_yticklabels(), labels, strict=True):
         tick.set_fontweight("bold" if head else "normal")
-    notes = [f"Mean ± std over seeds. {mark_note(few, '*')}", *rule_notes(table)]
-    width = int(fig.get_figwidth() * 18)  # characters of 7 pt text in a line across the figure
-    fig.supxlabel("\n".join(textwrap.fill(n, width) for n in notes), fontsize=7, x=0.01, ha="left")
+    fig.supxlabel(note, fontsize=7, x=0.01, ha="left")
     fig.canvas.draw()  # lays the panels out: each title is wrapped to its panel's width
     for ax in axes:
         chars = int(ax.get_window_extent().width * 72 / fig.dpi / (8 * 0.55))

@@ -6,7 +6,6 @@ them alone (no checkpoint, no data): how a committed leaderboard is regenerated 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -64,4 +63,7 @@ def record(runs: list[RunDir], out: Path, title: str) -> Path:
 def recorded_title(source: str | Path) -> str | None:
     """The title recorded in a leaderboard's inputs folder `source`, or None (not such a folder)."""
     path = Path(source) / RECORD
-    return json.loads(path.read_text())["title"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    fix = f"rerun `python -m vitsinks.leaderboard runs=<the runs> out={Path(source).parent}`"
+    return str(files.read_json(path, fix).get("title") or "vitsinks leaderboard")

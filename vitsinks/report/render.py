@@ -88,6 +88,16 @@ def comparable_note(table: list[dict[str, Any]]) -> str:
             f"and the checkpoint the edit was made from. " + ". ".join(cells) + ".")
 
 
+ROWS_NOTE = ("A row is one experiment: the runs of a variant are averaged only when everything but the seed matches "
+             "(config.yaml beyond bookkeeping, the steps trained, the checkpoint an edit was made from, the "
+             "quantization format, the sink rule); runs that differ are separate rows, named by what differs.")
+
+
+def rows_note(table: list[dict[str, Any]]) -> str:
+    """The grouping rule, when some variant's runs were split into several rows (empty when none was)."""
+    return ROWS_NOTE if any(t.get("differs") for t in table) else ""
+
+
 def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
     """`a` is better than `b` in `col`: a mean on the better side (`col.higher_is_better`; a column without a better
     side is never marked), not equal as shown, and Welch's p < ALPHA."""
@@ -185,6 +195,7 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
                                    else shown(t, c) for c in cols)] for t in table]
         lines += [f"## {title}", "", *markdown_table([*_head(key), *(c.label for c in cols)], rows), ""]
     lines += [f"Mean ± std over seeds. {mark_note(few)}", ""]
+    lines += [note, ""] if (note := rows_note(table)) else []
     lines += [note, ""] if (note := comparable_note(table)) else []
     lines += [" ".join(rule_notes(table)), "", DEFINITIONS]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
@@ -206,8 +217,8 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
         [[*_lead(t, key), *((shown(t, c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
          for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
-                                                 comparable_note(table), " ".join(rule_notes(table)), DEFINITIONS]
-                   if n)
+                                                 rows_note(table), comparable_note(table), " ".join(rule_notes(table)),
+                                                 DEFINITIONS] if n)
     foot += f"<p>The sink classes in the figure: {swatches_html(CLASSES)}</p>"
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
     sinks = (f"<h2>{esc(SINK_REFERENCE_TITLE)}</h2>"

@@ -10,9 +10,17 @@ from typing import Any, ClassVar
 from omegaconf import OmegaConf
 
 from vitsinks.eval.results import ONLINE_PROBE
-from vitsinks.train.tracking import read_metrics
+from vitsinks.utils import files
 from vitsinks.utils.results import Column, Probed, Result, register_result
 from vitsinks.utils.rundir import RunDir
+
+
+def metrics(run: RunDir) -> list[dict[str, Any]]:
+    """Every record of `run`'s metrics.jsonl (none without one); a torn line (but the last, the append a kill cut
+    short) is a `BadFile` naming the file."""
+    if not run.metrics.is_file():
+        return []
+    return files.read_jsonl(run.metrics, f"train {run.name} again (the training writes its metrics.jsonl)")
 
 
 @dataclass
@@ -42,7 +50,7 @@ class _LastMetric(Result):
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
-        logged = [m[cls.metric] for m in read_metrics(run.path) if cls.metric in m]
+        logged = [m[cls.metric] for m in metrics(run) if cls.metric in m]
         return {cls.column.key: cls.percent(logged[-1]) if logged else math.nan}
 
     @classmethod
