@@ -192,3 +192,13 @@ def test_every_new_variant_builds_from_its_config() -> None:
         assert all(b.pathway is not None for b in model.blocks)
         assert (model.blocks[0].attn.gate is not None) == gated and model.num_reg_tokens == regs
         assert (cfg.objective.cm_penalty > 0) == exp.endswith("+pen")
+
+
+def test_the_penalty_is_the_references_ratio_bit_for_bit_and_within_1e7_of_float64() -> None:
+    """The reference's Eq.-5 ratio, transcribed: E(mean_i o_i) / (E(o) + 1e-12) with E the mean of squares."""
+    gen = torch.Generator().manual_seed(0)
+    o = torch.randn(64, 128, 64, generator=gen) * 3 + torch.randn(64, 1, 64, generator=gen)  # 524k entries
+    reference = o.mean(dim=1).pow(2).mean() / (o.pow(2).mean() + 1e-12)
+    assert torch.equal(common_mode_penalty(o), reference)
+    exact = o.double().mean(dim=1).pow(2).mean() / (o.double().pow(2).mean() + 1e-12)
+    assert abs(float(common_mode_penalty(o)) / float(exact) - 1) < 1e-7

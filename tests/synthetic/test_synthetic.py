@@ -246,3 +246,63 @@ def test_broadcast_pathway_cli_writes_json_and_figure(tmp_path: Path) -> None:
 def test_pathway_options_belong_to_that_task_only(tmp_path: Path) -> None:
     bad = run_module("vitsinks.synthetic", "task=nop", "n_seeds=2", f"out={tmp_path}")
     assert bad.returncode == 1 and "broadcast_pathway only" in bad.stderr
+
+
+class _RefLayer(torch.nn.Module):
+    """The reference toy's attention layer as its paper states it: pre-norm, bias-free W_q, W_k, W_v, W_o (one head of
+    width d), a learned position embedding N(0, 1) * 0.02 added before layer 1's norm only."""
+
+    def __init__(self, d: int, length: int, pos: bool) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.Wq, self.Wk, self.Wv, self.Wo = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.pos = torch.nn.Parameter(torch.randn(length, d) * 0.02) if pos else None
+
+
+class _RefPathway(torch.nn.Module):
+    """The reference's global pathway: pooling w_P, state value W_VG, state output W_OG and a biased recipient gate,
+    created in that order, then each weight re-initialised trunc-normal std 0.02 in that order, the gate bias 0."""
+
+    def __init__(self, d: int, state: int) -> None:
+        super().__init__()
+        self.w_P = torch.nn.Linear(d, 1, bias=False)
+        self.W_VG = torch.nn.Linear(d, state, bias=False)
+        self.W_OG = torch.nn.Linear(state, d, bias=False)
+        self.gate = torch.nn.Linear(d, 1)
+        for m in (self.w_P, self.W_VG, self.W_OG, self.gate):
+            torch.nn.init.trunc_normal_(m.weight, std=0.02)
+        torch.nn.init.zeros_(self.gate.bias)
+
+
+def _reference_toy(seed: int, pathway: bool, d: int = 64, length: int = 32) -> dict[str, torch.Tensor]:
+    """The reference toy's parameters after `torch.manual_seed(seed)`: layer 1, MLP 1, layer 2, MLP 2 (LN -> Linear
+    d->4d -> GELU -> Linear 4d->d), then the pathways of layers 1 and 2; mapped onto vitsinks' parameter names."""
+    torch.manual_seed(seed)
+    mlp = lambda: torch.nn.Sequential(torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.GELU(),  # noqa: E731
+                                      torch.nn.Linear(4 * d, d))
+    l1, m1, l2, m2 = _RefLayer(d, length, True), mlp(), _RefLayer(d, length, False), mlp()
+    out: dict[str, torch.Tensor] = {"blocks.0.norm1.pos": l1.pos}
+    for i, (lay, m) in enumerate(((l1, m1), (l2, m2))):
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([lay.Wq.weight, lay.Wk.weight, lay.Wv.weight])
+        out[f"blocks.{i}.attn.proj.weight"] = lay.Wo.weight
+        for name, lin in (("fc1", m[1]), ("fc2", m[3])):
+            out[f"blocks.{i}.mlp.{name}.weight"], out[f"blocks.{i}.mlp.{name}.bias"] = lin.weight, lin.bias
+    if pathway:
+        for i in range(2):
+            gp = _RefPathway(d, 64)
+            out[f"blocks.{i}.pathway.inp.weight"] = torch.cat([gp.w_P.weight, gp.gate.weight, gp.W_VG.weight])
+            out[f"blocks.{i}.pathway.out.weight"] = gp.W_OG.weight
+            out[f"blocks.{i}.pathway.gamma_bias"] = gp.gate.bias
+    return {k: v.detach() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("arm", ARMS)
+def test_broadcast_pathway_initial_parameters_are_the_references_seed_for_seed(arm: str, seed: int) -> None:
+    ours = build_arm(arm, seed).state_dict()
+    ref = _reference_toy(seed, pathway=arm != "attention")
+    drawn = {k for k in ours if not k.endswith(("norm.weight", "norm.bias", "norm1.weight", "norm1.bias",
+                                                   "norm2.weight", "norm2.bias"))}
+    assert drawn == set(ref)  # every drawn parameter is compared
+    for k in ref:
+        assert torch.equal(ours[k], ref[k]), k

@@ -124,11 +124,47 @@ def summed_penalty(model: BroadcastToy) -> torch.Tensor:
 
 
 def build_arm(arm: str, seed: int, device: str | torch.device = "cpu") -> BroadcastToy:
-    """The arm's model at init: parameters from `torch.manual_seed(seed)`."""
+    """The arm's model at init: the reference's initial parameters of seed `seed` (`reference_init_`)."""
     if arm not in ARMS:
         raise BadValue(f"unknown arm {arm!r}; choose one of {ARMS}")
+    model = BroadcastToy(pathway=arm != "attention")
+    reference_init_(model, seed)
+    return model.to(device)
+
+
+@torch.no_grad()
+def reference_init_(model: BroadcastToy, seed: int) -> None:
+    """Redraw every parameter of `model` (on the CPU) as the reference's toy draws its own after
+    `torch.manual_seed(seed)`: its modules are separate, so the draws come per module, in its order. Per layer the
+    query, key, value and output maps (PyTorch's default Linear init), then layer 1's position embedding (N(0, 1) *
+    0.02); each layer's MLP right after it (weights and biases, default init); after both layers, each layer's
+    pathway: its pooling, state-value, state-output and gate maps at their default init (the gate with its bias),
+    then each of the four weights again trunc-normal std 0.02, in that order, and the gate bias zero. Norms start at
+    ones and zeros (no draw). So `seed=k` starts from the reference's seed-k parameters, bit for bit, in every arm."""
     torch.manual_seed(seed)
-    return BroadcastToy(pathway=arm != "attention").to(device)
+    dim = model.blocks[0].attn.proj.in_features
+    for i, blk in enumerate(model.blocks):
+        q, k, v, o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        blk.attn.qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+        blk.attn.proj.weight.copy_(o.weight)
+        if i == 0:
+            blk.norm1.pos.copy_(torch.randn(blk.norm1.pos.shape) * 0.02)
+        for lin in (blk.mlp.fc1, blk.mlp.fc2):
+            fresh = nn.Linear(lin.in_features, lin.out_features)
+            lin.weight.copy_(fresh.weight)
+            lin.bias.copy_(fresh.bias)
+    for blk in model.blocks:
+        pw = getattr(blk, "pathway", None)
+        if pw is None:
+            continue
+        state = pw.out.in_features
+        pool, value, out, gate = (nn.Linear(dim, 1, bias=False), nn.Linear(dim, state, bias=False),
+                                  nn.Linear(state, dim, bias=False), nn.Linear(dim, 1))
+        for lin in (pool, value, out, gate):
+            nn.init.trunc_normal_(lin.weight, std=0.02)
+        pw.inp.weight.copy_(torch.cat([pool.weight, gate.weight, value.weight]))  # rows: w_P, gate, W_VG
+        pw.out.weight.copy_(out.weight)
+        pw.gamma_bias.zero_()
 
 
 def training_loss(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor, cm_penalty: float | None
