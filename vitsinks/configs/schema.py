@@ -206,6 +206,10 @@ class InterveneConfig:
     top_k: int = bounded(16, ge=0)
     top_k_block0: int = bounded(4, ge=0)
     min_class_events: int = bounded(20, ge=1)
+    # the reference's own formulas (protocol=kempner_causal): its redirect (A's sink column zeroed, rows divided by
+    # their sum clamped at 1e-12) as the extra edit redirect_sink_attention_ref, and the donor cosine's direction
+    # averaged over all patches (default: the exact redirect from the scores; the sink patch left out)
+    reference_formulas: bool = False
     # random non-sink patches: one generator per shard, seeded seed + 1000 * shard; the noise / shuffle controls: a
     # second one seeded seed + 1000 * shard + 500
     seed: int = bounded(0, ge=0)

@@ -10,6 +10,10 @@ edits, the noise of `noise_sink_value`) from a second one seeded `intervene.seed
 sink event among the held-out images has no mean sink value: it is left out of `mean_sink_value`
 (`Result.mean_skipped`, reported), and naming `mean_sink_value` in `intervene.edits` when no head of the shard has
 one is an error.
+
+`settings.reference_formulas` (`protocol=kempner_causal`) adds the reference's redirect formula as its own edit
+(`redirect_sink_attention_ref`, softmax models) and takes the donor cosine's direction over all patches, as the
+reference does (`Result.donor_cosine_form`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from vitsinks.diagnostics.core import diagnose_inputs
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions.edits import CONTROLS_SEED_OFFSET, EDITS, MODEL_EDITS, EditCheckFailed, resolve_edits
 from vitsinks.interventions.engine import (
+    DONOR_COSINE_FORMS,
     Checks,
     NoSinkHeads,
     Plan,
@@ -61,6 +66,7 @@ class Result:
     mean_source: dict[str, str] = field(default_factory=dict)
     mean_skipped: dict[str, str] = field(default_factory=dict)  # head -> why it has no mean_sink_value rows
     register_mean_source: str = ""  # what mean_registers averaged ("" when it did not run)
+    donor_cosine_form: str = DONOR_COSINE_FORMS[False]  # the patches the donor direction averages over
 
 
 def stage_one(subject: Subject, images: torch.Tensor, batch_size: int) -> dict[str, np.ndarray]:
@@ -106,7 +112,8 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
     rules = rules or SinkRules()
     n_blocks = len(subject.blocks)
     ranges = batches(len(images), settings.batch_size)
-    edits = resolve_edits(list(settings.edits), subject.gated, subject.num_registers)
+    reference = bool(getattr(settings, "reference_formulas", False))
+    edits = resolve_edits(list(settings.edits), subject.gated, subject.num_registers, subject.attn_kinds, reference)
     reused = stage1 is not None
     d = stage1 if reused else stage_one(subject, images, settings.batch_size)
     if list(settings.heads):
@@ -125,7 +132,7 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
         raise BadValue(f"shard={settings.shard} is not in 0..nshards-1 (nshards={settings.nshards})")
     selected = sorted(selected)
     heads = selected[settings.shard :: settings.nshards]
-    plan = Plan(heads, edits)
+    plan = Plan(heads, edits, reference_formulas=reference)
     if heads and "mean_sink_value" in edits:
         if len(heldout) == 0:
             raise BadValue("mean_sink_value needs held-out images: set intervene.heldout_images > 0")
@@ -157,7 +164,8 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
         _check_fresh(d, rows)
     return Result(rows, heads, selected, edits, checks, n_blocks, len(images),
                   {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()},
-                  {f"{b}:{h}": s for (b, h), s in plan.mean_skipped.items()}, plan.register_mean_source)
+                  {f"{b}:{h}": s for (b, h), s in plan.mean_skipped.items()}, plan.register_mean_source,
+                  DONOR_COSINE_FORMS[reference])
 
 
 def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:

@@ -7,7 +7,11 @@ float64 on the tensors the model is actually run with.
 
 `redirect_sink_attention` is computed from the head's scores, not from A (`SinkAttention.redirected`): softmax
 heads get the softmax with the sink key masked out, `sink_logit` heads the same with the null key kept, relu and
-sigmoid heads their row with column s zeroed and rescaled to its old sum.
+sigmoid heads their row with column s zeroed and rescaled to its old sum. `redirect_sink_attention_ref` is the
+reference's formula instead (`reference_redirect`), for comparison with its numbers (`intervene.reference_formulas`,
+on under `protocol=kempner_causal`): float32 A with column s zeroed, each row divided by its new sum clamped at
+1e-12. Where the sink leaves less than 1e-12 of a row elsewhere, that row is switched (nearly) off, not redirected;
+softmax heads only (the formula renormalises every row to 1).
 
 The random controls take, per batch and per head, one draw from the run's generator for the image's own random
 patch (`zero_random_nonsink_value`) and then one for the donor's (`donor_nonsink_value`), whichever edits run:
@@ -26,6 +30,7 @@ block input, or to image pi(b)'s (`register_control`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import NamedTuple
 
 import torch
@@ -34,8 +39,11 @@ from vitsinks.models.kinds import KINDS
 from vitsinks.utils.errors import BadValue, CheckFailed
 
 EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
-         "donor_nonsink_value", "redirect_sink_attention", "zero_random_nonsink_value", "open_gate", "close_gate",
-         "drop_registers", "zero_registers", "mean_registers", "shuffle_registers")  # the order of every table
+         "donor_nonsink_value", "redirect_sink_attention", "redirect_sink_attention_ref", "zero_random_nonsink_value",
+         "open_gate", "close_gate", "drop_registers", "zero_registers", "mean_registers",
+         "shuffle_registers")  # the order of every table
+REFERENCE_EDITS = ("redirect_sink_attention_ref",)  # the reference's own formulas: by default only with
+# intervene.reference_formulas (protocol=kempner_causal)
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
                "donor_nonsink_value", "zero_random_nonsink_value")
 GATE_EDITS = ("open_gate", "close_gate")
@@ -51,6 +59,7 @@ REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on row
 # to its precision; rows of a kind with a null key also need its share (1 - row sum) without cancellation
 REDIRECT_CHECK_SHARE_NULL_KEY = 1e-3
 REDIRECT_CHECK_SHARE_DEFAULT = 1e-30
+REF_REDIRECT_CLAMP = 1e-12  # the reference's clamp of the new row sum (vit_causal/interventions.py)
 
 
 class EditCheckFailed(CheckFailed):
@@ -75,19 +84,32 @@ class Draws(NamedTuple):
     shuffle: torch.Tensor | None = None
 
 
-def resolve_edits(requested: list[str], gated: bool, registers: int) -> list[str]:
-    """The edits to run: `requested` checked against the model, or every edit that applies when it is empty."""
+def reference_redirect_applies(kind: str) -> bool:
+    """Whether the reference's redirect formula fits attention `kind`: rows that sum to 1 with no null key
+    (softmax); the formula renormalises every row to 1."""
+    return KINDS[kind].normalised and not KINDS[kind].null_key
+
+
+def resolve_edits(requested: list[str], gated: bool, registers: int, kinds: Collection[str] = ("softmax",),
+                  reference: bool = False) -> list[str]:
+    """The edits to run: `requested` checked against the model (its gate, registers and attention `kinds`), or
+    every edit that applies when it is empty (`REFERENCE_EDITS` only with `reference`)."""
     unknown = [e for e in requested if e not in EDITS]
     if unknown:
         raise BadValue(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
+    other = sorted(k for k in set(kinds) if not reference_redirect_applies(k))
     for e in requested:
         if e in GATE_EDITS and not gated:
             raise BadValue(f"edit {e} needs a gated model (model.gate=elementwise or headwise); this one has no gate")
         if e in MODEL_EDITS and not registers:
             raise BadValue(f"edit {e} needs a model with register tokens (model.registers > 0); this one has none")
+        if e in REFERENCE_EDITS and other:
+            raise BadValue(f"edit {e} is the reference's formula for softmax attention (rows renormalised to 1); this "
+                           f"model's attention is {', '.join(other)}: use redirect_sink_attention")
     if requested:
         return list(dict.fromkeys(requested))
-    return [e for e in EDITS if (e not in GATE_EDITS or gated) and (e not in MODEL_EDITS or registers)]
+    return [e for e in EDITS if (e not in GATE_EDITS or gated) and (e not in MODEL_EDITS or registers)
+            and (e not in REFERENCE_EDITS or (reference and not other))]
 
 
 def random_patch(exclude: torch.Tensor, n_tokens: int, num_prefix: int, gen: torch.Generator) -> torch.Tensor:
@@ -197,6 +219,16 @@ def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Ten
     r = redirected.double()[keep]
     err = (r - expected[keep]).abs().sum(-1) / expected[keep].abs().sum(-1).clamp_min(1e-300)
     return float(err.max()), int(keep.sum())
+
+
+def reference_redirect(attn: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The reference's redirect of one head's attention A (B, N, N): in float32, column sink[b] of image b set to 0
+    and each row divided by its new sum clamped at `REF_REDIRECT_CLAMP`. Returns (the new A in A's dtype, the
+    number of rows whose new sum fell below the clamp: switched (nearly) off rather than redirected)."""
+    a = attn.float().clone()
+    a[torch.arange(len(a), device=a.device), :, sink] = 0.0
+    total = a.sum(-1, keepdim=True)
+    return (a / total.clamp_min(REF_REDIRECT_CLAMP)).to(attn.dtype), int((total < REF_REDIRECT_CLAMP).sum())
 
 
 def check_value_edit(attn: torch.Tensor, v: torch.Tensor, v_new: torch.Tensor, edit: ValueEdit,

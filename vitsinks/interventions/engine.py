@@ -11,8 +11,9 @@ the same block internals), where its sink sits, and the metrics of docs/fidelity
   sink token excluded;
 - `coherence`: the share of the change's energy common to all patches, ||mean_i dP_i||^2 / mean_i ||dP_i||^2
   (NaN for a change at float32 rounding level, rel. RMS < 1e-6: its direction means nothing);
-- `donor_cosine` (donor and shuffle edits): cosine between the mean patch change and (donor's mean final patch -
-  own);
+- `donor_cosine` (donor and shuffle edits): cosine between the mean patch change (sink excluded) and (donor's mean
+  final patch - own), those means over the patches except each image's sink by default, over all patches with
+  `intervene.reference_formulas` (the reference's form; `donor_cosine_form` names the one used);
 - with a classifier: `probe_agree`, `probe_kl` (KL(before || after)), `probe_ce`, `probe_correct`, and the
   unedited `probe_ce_base`, `probe_correct_base`.
 
@@ -48,6 +49,7 @@ from vitsinks.interventions.edits import (
     GATE_EDITS,
     MODEL_EDITS,
     REDIRECT_TOL,
+    REF_REDIRECT_CLAMP,
     REGISTER_EDITS,
     SHUFFLE_EDITS,
     VALUE_CHECK_TOL,
@@ -59,6 +61,7 @@ from vitsinks.interventions.edits import (
     check_value_edit,
     derangement,
     random_patch,
+    reference_redirect,
     register_control,
     value_edit,
 )
@@ -67,6 +70,8 @@ from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
 COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)
+# `donor_cosine_form` of the summary: the patches the donor direction averages over, by intervene.reference_formulas
+DONOR_COSINE_FORMS = {False: "sink patch left out", True: "all patches (the reference's)"}
 
 
 @dataclass
@@ -78,20 +83,24 @@ class Checks:
     value_edits_checked: int = 0
     redirect_error: float = 0.0
     redirect_rows_checked: int = 0
+    redirect_ref_rows: int = 0  # rows edited by redirect_sink_attention_ref
+    redirect_ref_rows_clamped: int = 0  # ... whose new sum fell below the reference's clamp (switched off)
 
     def as_dict(self) -> dict[str, Any]:
         return {"recompute_error_max": f"{self.recompute_error:.3e}", "recompute_tol": RECOMPUTE_TOL,
                 "value_edit_error_max": f"{self.value_edit_error:.3e}", "value_edit_tol": VALUE_CHECK_TOL,
                 "value_edits_checked": self.value_edits_checked,
                 "redirect_error_max": f"{self.redirect_error:.3e}", "redirect_tol": REDIRECT_TOL,
-                "redirect_rows_checked": self.redirect_rows_checked}
+                "redirect_rows_checked": self.redirect_rows_checked, "redirect_ref_rows": self.redirect_ref_rows,
+                "redirect_ref_rows_clamped": self.redirect_ref_rows_clamped, "redirect_ref_clamp": REF_REDIRECT_CLAMP}
 
 
 @dataclass
 class Plan:
     """What to edit: heads (block, head), edits, and the held-out mean sink value of each head that has held-out
     events (`mean_skipped`: the heads without, left out of `mean_sink_value`, and why); `register_means`: the
-    held-out mean register tokens (L, R, D) at every block input (`mean_registers`)."""
+    held-out mean register tokens (L, R, D) at every block input (`mean_registers`); `reference_formulas`: the
+    donor cosine in the reference's form (`intervene.reference_formulas`)."""
 
     heads: list[Head]
     edits: list[str]
@@ -100,6 +109,7 @@ class Plan:
     mean_skipped: dict[Head, str] = field(default_factory=dict)
     register_means: torch.Tensor | None = None
     register_mean_source: str = ""
+    reference_formulas: bool = False
 
     def blocks(self) -> list[int]:
         return sorted({b for b, _ in self.heads})
@@ -220,8 +230,10 @@ def _masked_mean(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sink: torch.Tensor | None,
-                  donor: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Metrics (B,) of a change of the final tokens (B, N, D), over patches (>= num_prefix) except the sink."""
+                  donor: torch.Tensor | None = None, donor_all_patches: bool = False) -> dict[str, torch.Tensor]:
+    """Metrics (B,) of a change of the final tokens (B, N, D), over patches (>= num_prefix) except the sink; the
+    donor direction's means leave each image's sink patch out too, or with `donor_all_patches` take every patch
+    (the reference's form)."""
     P, Pe = base[:, num_prefix:].double(), edited[:, num_prefix:].double()
     keep = torch.ones(P.shape[:2], dtype=P.dtype, device=P.device)
     if sink is not None:
@@ -237,7 +249,7 @@ def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sin
            "coherence": torch.where(energy > (COHERENCE_FLOOR**2) * base_energy,
                                     (mean_d**2).sum(-1) / energy.clamp_min(1e-300), torch.nan)}
     if donor is not None:
-        mean_p = _masked_mean(P, keep)
+        mean_p = P.mean(1) if donor_all_patches else _masked_mean(P, keep)
         out["donor_cosine"] = F.cosine_similarity(mean_d, mean_p[donor] - mean_p, dim=-1)
     return out
 
@@ -273,7 +285,8 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
                  draws: Draws | None, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
     """The final tokens after editing head `h` of block `b` (input `x_in`, internals `it`, head outputs
     `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form, the
-    redirect is computed from the head's scores (`SinkAttention.redirected`)."""
+    redirect is computed from the head's scores (`SinkAttention.redirected`), the reference's redirect from A
+    (`edits.reference_redirect`)."""
     blk = subject.blocks[b]
     out, gate = heads_out, it.gate
     if edit in VALUE_EDITS:
@@ -295,6 +308,11 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
             raise EditCheckFailed(f"redirect_sink_attention on head {b}:{h}: the attention rebuilt from the scores "
                                   f"differs by {err:.2e} from A's own rescaling where A holds it exactly (tolerance "
                                   f"{REDIRECT_TOL:.0e}): the scores are not the ones A was computed from")
+        new_head = red @ it.v[:, h]
+    elif edit == "redirect_sink_attention_ref":
+        red, clamped = reference_redirect(it.attn[:, h], sink)
+        checks.redirect_ref_rows += red.shape[0] * red.shape[1]
+        checks.redirect_ref_rows_clamped += clamped
         new_head = red @ it.v[:, h]
     elif edit in GATE_EDITS:
         gate, new_head = it.gate.clone(), None
@@ -349,7 +367,7 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
                 num_prefix: int) -> dict[str, torch.Tensor]:
         if not torch.isfinite(final).all():
             raise EditCheckFailed(f"an edit made the final tokens non-finite on images {first}..{first + B - 1}")
-        m = patch_metrics(before, final, num_prefix, sink, donor_of(edit)[0])
+        m = patch_metrics(before, final, num_prefix, sink, donor_of(edit)[0], plan.reference_formulas)
         if base_logits is not None:
             m.update(probe_metrics(base_logits, subject.classifier(final), labels))
         return m

@@ -176,6 +176,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
     if skipped:
         why = sorted(set(skipped.values()))
         lines += [f"mean_sink_value skipped for heads {', '.join(skipped)} ({'; '.join(why)}).", ""]
+    if "donor_cosine_form" in summary and any(e in DONOR_EDITS + SHUFFLE_EDITS for e in summary["edits"]):
+        lines += [f"donor_cosine: the donor direction (donor's mean final patch - own) averaged over "
+                  f"{summary['donor_cosine_form']}.", ""]
+    ch = summary["checks"]
+    if ch.get("redirect_ref_rows"):
+        lines += [f"redirect_sink_attention_ref (the reference's formula: A's sink column zeroed, rows divided by "
+                  f"their sum clamped at {ch['redirect_ref_clamp']:g}): {ch['redirect_ref_rows_clamped']} of "
+                  f"{ch['redirect_ref_rows']} rows fell below the clamp (switched off rather than redirected); "
+                  "redirect_sink_attention is the exact redirect from the scores.", ""]
     if summary.get("mean_registers_source"):
         lines += [f"mean_registers: the register tokens' mean at each block input over "
                   f"{summary['mean_registers_source']}.", ""]
@@ -200,7 +209,6 @@ def to_markdown(summary: dict[str, Any]) -> str:
                   *markdown_table(["block", "edit", "images", *cols],
                                   [[r["block"], r["edit"], r["n"], *(_fmt(r[m]) for m in cols)] for r in per_block]),
                   ""]
-    ch = summary["checks"]
     lines += [f"Built-in checks: block recomputation max rel. error {ch['recompute_error_max']} (< "
               f"{ch['recompute_tol']}), {ch['value_edits_checked']} value edits checked in float64, max rel. error "
               f"{ch['value_edit_error_max']} (< {ch['value_edit_tol']})"
@@ -324,7 +332,7 @@ def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(checks[0])
     for key in ("recompute_error_max", "value_edit_error_max", "redirect_error_max"):
         out[key] = f"{max(float(c.get(key, 0)) for c in checks):.3e}"
-    for key in ("value_edits_checked", "redirect_rows_checked"):
+    for key in ("value_edits_checked", "redirect_rows_checked", "redirect_ref_rows", "redirect_ref_rows_clamped"):
         out[key] = sum(c.get(key, 0) for c in checks)
     return out
 

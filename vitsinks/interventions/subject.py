@@ -37,6 +37,11 @@ class Subject:
     def gated(self) -> bool:
         return any(b.attn.gate is not None for b in self.blocks)
 
+    @property
+    def attn_kinds(self) -> tuple[str, ...]:
+        """The attention kinds of the blocks, each once, in block order."""
+        return tuple(dict.fromkeys(b.attn.attn_kind for b in self.blocks))
+
     def heads(self, block: int) -> int:
         return self.blocks[block].attn.num_heads
 
