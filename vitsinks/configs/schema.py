@@ -21,6 +21,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
+
 # The model's config and closed sets live with the model (their registries build them); re-exported here.
 from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # noqa: F401
 from vitsinks.models.mitigations.gate import Gate  # noqa: F401
@@ -105,7 +107,11 @@ class ObjectiveConfig:
     proj_layers: int = bounded(3, ge=2)
     projector_bn: BatchNormStats = BatchNormStats.global_batch  # the projector's BatchNorm statistics under DDP
     sigreg: SigregForm = SigregForm.per_view_global  # pooled_per_rank: the reference's (one statistic of V x N per GPU)
+    # lejepa: the loss computed inside the run's bf16 autocast on the bf16 projections (slices drawn in bf16: the
+    # reference's); false: in fp32 outside autocast. Needs sigreg=pooled_per_rank
+    loss_in_autocast: bool = False
     probe_lr: float = bounded(1e-3, ge=0)
+    probe_weight_decay: float = bounded(0.0, ge=0)  # the online probe's (the reference's: 1e-7)
     cm_penalty: float = bounded(0.0, ge=0)  # lambda_B of the common-mode penalty on every block's attention update
     cm_skip_blocks: int = bounded(0, ge=0)  # the first blocks the penalty leaves out
     cm_pre_gate: bool = False  # penalise the attention update before the attention gate
@@ -120,7 +126,9 @@ class TrainConfig:
     batch_size: int = bounded(64, ge=1)
     lr: float = bounded(5e-4, gt=0)
     weight_decay: float = bounded(0.05, ge=0)
+    decay_all_params: bool = False  # weight decay on every parameter (the reference's); false: on matrices only
     warmup_epochs: float = bounded(0.5, ge=0)
+    warmup_from_zero: bool = False  # warmup lr step / warmup, the first step at 0 (the reference's); false: step + 1
     min_lr_ratio: float = bounded(1e-3, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
     grad_clip: float = bounded(1.0, ge=0)
     precision: Precision = Precision.auto  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
@@ -217,38 +225,6 @@ class InterveneConfig:
     nshards: int = bounded(1, ge=1)
     merge: str | None = None  # a folder of shards to join into the final outputs
     out: str | None = None  # default: <run>/interventions/<checkpoint> (loose file: <runs_dir>/interventions/<model>)
-
-
-@dataclass
-class QuantConfig:
-    """Simulated quantization (`vitsinks.quantize`, docs/quantization.md): symmetric integer, per tensor, of the
-    weights of every linear layer of the blocks and of their inputs (static ranges calibrated on the first
-    `calib_images` TRAIN images of the `protocol` order; the measurements use the first `n_images` validation
-    images)."""
-
-    weight_bits: int = bounded(8, ge=2, le=16)
-    act_bits: int = bounded(8, ge=2, le=16)
-    calib_images: int = bounded(32, ge=1)
-    n_images: int = bounded(64, ge=1)
-    probes: bool = True  # re-run the run's linear / dense probes on the quantized backbone (their change)
-
-
-@dataclass
-class TrainFreeConfig:
-    """A training-free mitigation applied to a trained backbone (`vitsinks.trainfree`, docs/trainfree.md).
-
-    `method`: test_time_register | mean_massive | zero_massive (None: none). The edit is fitted on the first
-    `fit_images` images of the `protocol` order of the checkpoint's data.
-    """
-
-    method: str | None = None
-    fit_images: int = bounded(64, ge=1)
-    neurons: int = bounded(10, ge=1)  # test_time_register: how many of the top-ranked register neurons are moved
-    outlier_k: float = bounded(5.0, gt=1)  # test_time_register: outliers are patches above k x the median norm
-    massive: int = bounded(2, ge=1)  # mean_massive / zero_massive: how many of the largest activation channels
-    probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
-    overwrite: bool = False  # replace an existing derived run of the same source and method (else: refused)
-    source: str | None = None  # set by vitsinks.trainfree: the checkpoint the edit was fitted on
 
 
 @dataclass

@@ -54,6 +54,7 @@ class ArchitectureConfig:
     patch_embed: PatchEmbed = PatchEmbed.learned  # orthonormal: frozen isometry, no bias (sink tasks)
     pos_embed: PosEmbed = PosEmbed.learn  # learn | none
     layerscale_init: float | None = _field(None, gt=0)  # None: no LayerScale
+    norm_eps: float | None = _field(None, gt=0)  # every LayerNorm's eps; None: timm's 1e-6 (the reference's: 1e-5)
     drop_path: float = _field(0.0, arch=False, ge=0, le=0.999)  # stochastic depth (training only)
     registers: int = _field(0, ge=0)
     register_pos_embed: bool = False  # True: the position embedding covers [CLS], registers and patches (reference)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.layers import resample_abs_pos_embed, trunc_normal_
+from timm.layers import LayerNorm, resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -158,14 +158,18 @@ class SinkViT(VisionTransformer):
     parameters. `register_pos_embed=True` is the reference sweep's layout (timm's own): the position embedding covers
     [CLS], the registers and the patches. `load_timm_state_dict` converts timm's register layouts exactly.
     `prefix_init_std`: [CLS] and registers trunc-normal with this std (the reference: 0.02); None keeps timm's init.
+    `norm_eps`: the eps of every LayerNorm (the blocks' norm1 / norm2 and the final norm); None keeps timm's 1e-6.
     """
 
     def __init__(self, *, attn: str = DEFAULT_KIND, mlp: bool = True, patch_embed: str = "learned",
-                 register_pos_embed: bool = False, prefix_init_std: float | None = None, **kwargs: Any) -> None:
+                 register_pos_embed: bool = False, prefix_init_std: float | None = None,
+                 norm_eps: float | None = None, **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
         if not mlp:
             kwargs["mlp_layer"] = NoMLP
+        if norm_eps is not None:
+            kwargs["norm_layer"] = partial(LayerNorm, eps=float(norm_eps))
         # the canonical setting of every mitigation (None: off), passed to every block by its config name
         settings = {name: m.setting(kwargs.pop(name, None)) for name, m in MITIGATIONS.items()}
         super().__init__(block_fn=partial(SinkBlock, attn=attn, **settings), **kwargs)
@@ -265,6 +269,7 @@ def build_vit(
     patch_embed: str = "learned",
     pos_embed: str = "learn",
     layerscale_init: float | None = None,
+    norm_eps: float | None = None,
     drop_path: float = 0.0,
     registers: int = 0,
     register_pos_embed: bool = False,
@@ -284,7 +289,8 @@ def build_vit(
     `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
     position embedding (both for the sink tasks, whose targets live on the residual stream).
     `register_pos_embed`: the position embedding also covers the registers (the reference sweep's layout);
-    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init). `dynamic_img_size` lets
+    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init); `norm_eps`: every
+    LayerNorm's eps (None: timm's 1e-6; the reference sweep's `nn.LayerNorm` default is 1e-5). `dynamic_img_size` lets
     multi-crop views of other sizes through (the position embedding is resampled); it changes no parameter.
     """
     if size not in SIZES:
@@ -307,6 +313,7 @@ def build_vit(
         patch_embed=str(patch_embed),
         register_pos_embed=register_pos_embed,
         prefix_init_std=prefix_init_std,
+        norm_eps=norm_eps,
         pos_embed=str(pos_embed),
         proj_bias=proj_bias,
         img_size=img_size or spec.img_size,

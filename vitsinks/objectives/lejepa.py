@@ -44,17 +44,34 @@ class LeJEPALoss(nn.Module):
     under DDP) or `pooled_per_rank` (the reference's: the V x N projections of a rank pooled into one statistic of
     V x N samples, no all-reduce; DDP then averages the gradients). The statistic grows with its sample count,
     so the two differ in scale as well as in what must be Gaussian.
+
+    Precision: by default the loss is computed in fp32 outside any autocast (the projections cast to fp32).
+    `objective.loss_in_autocast` computes it as the reference's trainer does, in whatever autocast the caller runs
+    (bf16 in a bf16 run) on the projections as they come: bf16 projections get bf16 slices (`torch.randn` in their
+    dtype), a bf16 projection matmul, fp32 cos / sin, a bf16 quadrature matmul and a bf16 statistic. It needs
+    `pooled_per_rank` (the reference's form; lightly's all-reduced sample count would be a bf16 number too).
     """
 
     def __init__(self, cfg: ObjectiveConfig, gather_distributed: bool = False) -> None:
         super().__init__()
         self.lamb = cfg.lamb
         self.pooled = cfg.sigreg == "pooled_per_rank"
+        self.in_autocast = bool(cfg.loss_in_autocast)
+        if self.in_autocast and not self.pooled:
+            raise ConfigError(f"objective.loss_in_autocast=true is the reference's loss: it needs "
+                              f"objective.sigreg=pooled_per_rank (got {cfg.sigreg})")
         self.sigreg = SIGReg(knots=cfg.knots, num_vectors=cfg.slices,
                              gather_distributed=gather_distributed and not self.pooled)
 
     def forward(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None = None) -> LossTerms:
-        """`global_proj` (Vg, B, D) and optional `local_proj` (Vl, B, D) projections."""
+        """`global_proj` (Vg, B, D) and optional `local_proj` (Vl, B, D) projections; called inside the run's
+        autocast (see the class docstring for the precision)."""
+        if self.in_autocast:
+            return self._terms(global_proj, local_proj)
+        with torch.autocast(global_proj.device.type, enabled=False):
+            return self._terms(global_proj.float(), None if local_proj is None else local_proj.float())
+
+    def _terms(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None) -> LossTerms:
         all_proj = global_proj if local_proj is None else torch.cat([global_proj, local_proj], dim=0)
         sig = self.sigreg(all_proj.reshape(1, -1, all_proj.shape[-1]) if self.pooled else all_proj)
         inv = lejepa_invariance_loss(all_proj=all_proj, global_proj=global_proj)
@@ -186,7 +203,7 @@ class LeJEPA(Objective):
         labels = targets.to(self.runtime.device, non_blocking=True).repeat(n_global)
         with self.runtime.autocast():
             proj_g, proj_l, logits = net(views, n_global)
-        terms = self.loss(proj_g.float(), None if proj_l is None else proj_l.float())
+            terms = self.loss(proj_g, proj_l)  # in fp32 unless objective.loss_in_autocast
         probe_loss = F.cross_entropy(logits.float(), labels)
         acc = (logits.argmax(-1) == labels).float().mean()
         return terms.loss + probe_loss, {"loss": terms.loss, "sigreg": terms.sigreg, "invariance": terms.invariance,

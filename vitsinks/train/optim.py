@@ -1,5 +1,5 @@
-"""Optimizer and learning-rate schedule of a training run: AdamW with decoupled weight decay on matrices only,
-linear warmup then cosine."""
+"""Optimizer and learning-rate schedule of a training run: AdamW with decoupled weight decay on matrices only (or,
+`train.decay_all_params`, on every parameter as the reference does), linear warmup then cosine."""
 
 from __future__ import annotations
 
@@ -11,22 +11,27 @@ from omegaconf import DictConfig
 
 
 class WarmupCosine:
-    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`."""
+    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`. The warmup's step s (from 0)
+    has (s + 1) / warmup, so that its last step reaches 1; `from_zero`: s / warmup, the first step at 0 (the
+    reference's, `train.warmup_from_zero`)."""
 
-    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
-        self.warmup, self.total, self.min_ratio = warmup, max(total, 1), min_ratio
+    def __init__(self, warmup: int, total: int, min_ratio: float, from_zero: bool = False) -> None:
+        self.warmup, self.total, self.min_ratio, self.from_zero = warmup, max(total, 1), min_ratio, from_zero
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:
-            return (step + 1) / self.warmup
+            return (step + (0 if self.from_zero else 1)) / self.warmup
         t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
-                 probe_prefixes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on biases, norms, tokens or position embeddings); an online probe (the
-    parameters named with one of `probe_prefixes`) apart with its own learning rate; frozen parameters left out."""
+                 probe_prefixes: tuple[str, ...] = (), decay_all: bool = False,
+                 probe_wd: float = 0.0) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases, norms, tokens, position embeddings or LayerScale), or with
+    `decay_all` on every parameter (the reference's: its second group decays too, so checkpoints of either setting
+    have the same groups); an online probe (the parameters named with one of `probe_prefixes`) apart with its own
+    learning rate and weight decay `probe_wd`; frozen parameters left out."""
     decay, no_decay, probe = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -36,8 +41,9 @@ def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
             continue
         skip = p.ndim < 2 or name.removeprefix("backbone.") in ("cls_token", "reg_token", "pos_embed")
         (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "lr": lr, "weight_decay": wd}, {"params": no_decay, "lr": lr, "weight_decay": 0.0}]
-    return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": 0.0}] if probe else [])
+    groups = [{"params": decay, "lr": lr, "weight_decay": wd},
+              {"params": no_decay, "lr": lr, "weight_decay": wd if decay_all else 0.0}]
+    return groups + ([{"params": probe, "lr": probe_lr, "weight_decay": probe_wd}] if probe else [])
 
 
 def fused_adamw(device: torch.device) -> bool:
@@ -54,10 +60,12 @@ def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: in
     t = cfg.train
     if device is None:
         device = next(model.parameters()).device
-    groups = param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr, probe_prefixes)
+    groups = param_groups(model, t.lr, t.weight_decay, cfg.objective.probe_lr, probe_prefixes,
+                          decay_all=t.decay_all_params, probe_wd=cfg.objective.probe_weight_decay)
     optimizer = torch.optim.AdamW(groups, fused=True) if fused_adamw(device) else torch.optim.AdamW(groups)
     warmup = round(t.warmup_epochs * steps_per_epoch)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps, t.min_lr_ratio))
+    schedule = WarmupCosine(warmup, total_steps, t.min_lr_ratio, from_zero=t.warmup_from_zero)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
 # How an AdamW group runs on this machine, not what it learned: a checkpoint written with another implementation
