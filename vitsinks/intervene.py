@@ -133,7 +133,7 @@ def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tup
     settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
     protocol = to_container(cfg.protocol)
     key_src = json.dumps([src["id"], to_container(src["data"]), settings, protocol, rules.rule, rules.eps,
-                          rules.ratio, rules.use_stable_rank],
+                          rules.ratio, rules.use_stable_rank, rules.block0_policy],
                          sort_keys=True, default=str)
     meta = {"subject": f"{src['name']} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
             "protocol": protocol,

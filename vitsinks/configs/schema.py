@@ -47,6 +47,7 @@ SigregForm = StrEnum("SigregForm", "per_view_global pooled_per_rank", module=__n
 BatchNormStats = StrEnum("BatchNormStats", "global_batch per_rank", module=__name__)
 ImageOrder = StrEnum("ImageOrder", "permuted first", module=__name__)
 Interpolation = StrEnum("Interpolation", "bicubic bilinear", module=__name__)
+Block0Policy = StrEnum("Block0Policy", "one_block_counts always_apart", module=__name__)
 ViewsBackend = StrEnum("ViewsBackend", "cpu device", module=__name__)
 
 
@@ -187,6 +188,10 @@ class DiagnosticsConfig:
     ratio: SinkRatio = SinkRatio.ratio_out
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= 1.5
     block0: bool = False  # the reference-layout sink table (sink_table.md) also counts block 0
+    # Block 0 is counted and reported apart from blocks 1..L-1 (sinks per image, head selection, by_class scopes).
+    # one_block_counts: except in a one-block model, whose only block is the main scope | always_apart: the
+    # reference's rule (sink_table.py, select_heads.py): a one-block model's main scope is empty (0 sinks per image)
+    block0_policy: Block0Policy = Block0Policy.one_block_counts
     # The residual side (docs/residual.md): token norms, high-norm tokens, massive activations, register neurons.
     residual: bool = True
     high_norm_k: list[float] = bounded(factory=lambda: [2.0, 5.0, 10.0, 20.0], gt=1)  # x the block's median norm

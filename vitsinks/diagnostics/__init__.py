@@ -98,7 +98,8 @@ def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarr
     d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
     if image_index is not None:
         d["image_index"] = np.asarray(image_index, dtype=np.int64)
-    result = DiagnosticsSummary.from_json(summarize(d, SinkRules.from_config(st), residual=st.residual,
+    rules = SinkRules.from_config(st)
+    result = DiagnosticsSummary.from_json(summarize(d, rules, residual=st.residual,
                                                     high_norm_k=list(st.high_norm_k)))
     if st.residual and result.residual is not None:
         result.residual["register_neurons"] = summarize_neurons(model, None, st, neurons.got)
@@ -107,7 +108,8 @@ def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarr
     with files.atomic_open(out_dir / "per_image.npz", "wb") as f:
         np.savez_compressed(f, **{k: v for k, v in d.items() if k != "attn_col_mean"})
     result.write(out_dir / SUMMARY)
-    write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=result.protocol)
+    write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=result.protocol,
+                     block0_policy=rules.block0_policy)
     if st.plots:
         all_plots(d, summary, shown, out_dir, st.ratio)
     if st.report:

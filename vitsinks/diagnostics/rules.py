@@ -1,8 +1,8 @@
 """The sink rules: when a head's attention is a sink event, and whether the event is NOP-like or broadcast-like.
 
 `SinkRules` is the one representation of the rule settings (the `diagnostics` config group: rule, eps, ratio,
-use_stable_rank); the diagnostics summary, the intervention engine and the leaderboard read events and classes
-through it. The thresholds are named once here.
+use_stable_rank, block0_policy); the diagnostics summary, the intervention engine and the leaderboard read events and
+classes through it. The thresholds are named once here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,17 @@ CLASSES = ("nop", "broadcast", "unclassified")  # the values 0, 1, 2 of `classif
 ROUTED_MIN = 0.9  # relaxed rule: a sink event routes at least this share of the attention to one key
 DEF1_EPS_MAX = 0.5  # Definition 1: above this eps a head can have several sinks
 NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
+# Where block 0 is counted (`vitsinks.diagnostics.summary.block0_apart`): apart from blocks 1..L-1 except in a
+# one-block model (vitsinks' default), or always (the reference's: a one-block model has no main scope).
+BLOCK0_POLICIES = ("one_block_counts", "always_apart")
+DEFAULT_BLOCK0_POLICY = BLOCK0_POLICIES[0]
+
+
+def check_block0_policy(policy: str) -> str:
+    """`policy` if it is one of `BLOCK0_POLICIES`, else a `BadValue` naming them."""
+    if policy not in BLOCK0_POLICIES:
+        raise BadValue(f"unknown block-0 policy {policy!r}: use {' or '.join(BLOCK0_POLICIES)}")
+    return policy
 
 
 def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) -> np.ndarray:
@@ -51,16 +62,24 @@ class SinkRules:
     eps: float = 0.5  # def1 only
     ratio: str = "ratio_out"  # ratio_out | ratio_head
     use_stable_rank: bool = True  # broadcast-like also needs stable rank <= BROADCAST_MAX_RANK
+    block0_policy: str = DEFAULT_BLOCK0_POLICY  # see BLOCK0_POLICIES
+
+    def __post_init__(self) -> None:
+        check_block0_policy(self.block0_policy)
 
     @classmethod
     def from_config(cls, cfg: Any) -> SinkRules:
-        """The rules of a `DiagnosticsConfig` (or its DictConfig)."""
-        return cls(str(cfg.rule), float(cfg.eps), str(cfg.ratio), bool(cfg.use_stable_rank))
+        """The rules of a `DiagnosticsConfig` (or its DictConfig; one saved before `block0_policy` existed has the
+        default)."""
+        return cls(str(cfg.rule), float(cfg.eps), str(cfg.ratio), bool(cfg.use_stable_rank),
+                   str(getattr(cfg, "block0_policy", DEFAULT_BLOCK0_POLICY)))
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SinkRules:
-        """The rules stored in a summary (`record`'s keys, as in summary.json's `rule`)."""
-        return cls(str(record["events"]), float(record["eps"]), str(record["ratio"]), bool(record["use_stable_rank"]))
+        """The rules stored in a summary (`record`'s keys, as in summary.json's `rule`; a record without
+        `block0_policy`, the default's or one written before the policy existed, has the default)."""
+        return cls(str(record["events"]), float(record["eps"]), str(record["ratio"]), bool(record["use_stable_rank"]),
+                   str(record.get("block0_policy", DEFAULT_BLOCK0_POLICY)))
 
     def events(self, d: dict[str, np.ndarray]) -> np.ndarray:
         """Boolean sink events of arrays of fields (see `events`)."""
@@ -76,5 +95,10 @@ class SinkRules:
         return np.where(self.events(d), names[self.classify(d)], "none")
 
     def record(self) -> dict[str, Any]:
-        """The settings as stored in summary.json's and the interventions report's `rule`."""
-        return {"events": self.rule, "eps": self.eps, "ratio": self.ratio, "use_stable_rank": self.use_stable_rank}
+        """The settings as stored in summary.json's and the interventions report's `rule` (`block0_policy` only
+        when it is not the default, so that the default's records are those written before the policy existed)."""
+        out: dict[str, Any] = {"events": self.rule, "eps": self.eps, "ratio": self.ratio,
+                               "use_stable_rank": self.use_stable_rank}
+        if self.block0_policy != DEFAULT_BLOCK0_POLICY:
+            out["block0_policy"] = self.block0_policy
+        return out

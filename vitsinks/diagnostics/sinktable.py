@@ -4,9 +4,11 @@ It differs from the default summary in one respect: classes come from `ratio_hea
 `ratio_head >= 0.5`, NOP-like `<= 0.2`, no stable-rank test), as in the reference's tables. Events are counted
 under the relaxed rule (routed_frac >= 0.9) and under Definition 1 (min_a >= 1 - eps) at eps 0.5 / 0.3 / 0.2 / 0.1;
 eps above 0.5 is refused: only then is the dominant column, the one key the fields describe, the only key that can
-be a sink. Counts are summed over heads and the blocks of `scored_blocks` (1..L-1; every block with `block0`),
-averaged over images. Columns: `total`, `bc`, `nop`, each also restricted to sinks on a patch, on [CLS] and on a
-register (always present, zero for a model without registers).
+be a sink. Counts are summed over heads and the blocks of `scored_blocks` (1..L-1; every block with `block0`; a
+one-block model's only block under `block0_policy=one_block_counts`, none under `always_apart`, the reference's
+count), averaged over images; the header and every CSV row say which blocks were counted. Columns: `total`, `bc`,
+`nop`, each also restricted to sinks on a patch, on [CLS] and on a register (always present, zero for a model
+without registers).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from vitsinks.diagnostics.summary import (
     BROADCAST_MIN,
     DEF1_EPS,
+    DEFAULT_BLOCK0_POLICY,
     NOP_MAX,
     blocks_label,
     classify,
@@ -49,12 +52,12 @@ def check_eps(eps: Sequence[float]) -> None:
 
 
 def sink_table(d: dict[str, np.ndarray], eps: Sequence[float] = DEF1_EPS, block0: bool = False,
-               protocol: str | None = None) -> dict[str, Any]:
+               protocol: str | None = None, block0_policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
     """Rows of sinks per image (relaxed rule, then Definition 1 at each eps) from `diagnose`'s per-image arrays;
-    `protocol` names the image protocol in the header."""
+    `protocol` names the image protocol in the header, `block0_policy` decides a one-block model's count."""
     check_eps(eps)
     n_blocks = d["sink_idx"].shape[1]
-    blocks = scored_blocks(n_blocks, block0)
+    blocks = scored_blocks(n_blocks, block0, block0_policy)
     cls, loc = classify(d, RATIO, use_rank=False)[:, blocks], location(d)[:, blocks]
     rows = []
     for rule, e in [("relaxed", None), *(("def1", float(x)) for x in eps)]:
@@ -63,7 +66,8 @@ def sink_table(d: dict[str, np.ndarray], eps: Sequence[float] = DEF1_EPS, block0
                   for p, pname in PLACE_COLUMNS.items()}
         rows.append({"rule": rule, "eps": e, **counts})
     return {"images": int(d["sink_idx"].shape[0]), "registers": int(d["num_registers"]), "blocks": n_blocks,
-            "blocks_counted": blocks_label(n_blocks, block0), "block0": block0, "protocol": protocol, "rows": rows}
+            "blocks_counted": blocks_label(n_blocks, block0, block0_policy), "block0": block0, "protocol": protocol,
+            "rows": rows}
 
 
 def header(table: dict[str, Any]) -> str:
@@ -86,9 +90,10 @@ def to_markdown(table: dict[str, Any]) -> str:
 
 
 def write_sink_table(d: dict[str, np.ndarray], out_dir: Path, eps: Sequence[float] = DEF1_EPS,
-                     block0: bool = False, protocol: str | None = None) -> dict[str, Any]:
+                     block0: bool = False, protocol: str | None = None,
+                     block0_policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
     """Write `sink_table.md` and `sink_table.csv` (each row carrying its counting settings) into `out_dir`."""
-    table = sink_table(d, eps, block0, protocol)
+    table = sink_table(d, eps, block0, protocol, block0_policy)
     files.write_text(out_dir / "sink_table.md", to_markdown(table))
     write_csv(out_dir / "sink_table.csv",
               ["rule", "eps", "ratio", "stable_rank_test", "blocks_counted", "n_images", "protocol", *COLUMNS],

@@ -26,9 +26,11 @@ from vitsinks.diagnostics.rules import (  # noqa: F401 - re-exported: the rules'
     BROADCAST_MAX_RANK,
     BROADCAST_MIN,
     CLASSES,
+    DEFAULT_BLOCK0_POLICY,
     NOP_MAX,
     ROUTED_MIN,
     SinkRules,
+    check_block0_policy,
     classify,
     events,
 )
@@ -74,32 +76,36 @@ DEF1_EPS = (0.5, 0.3, 0.2, 0.1)  # the reference's sensitivity table
 MASS_SHARE_MIN = 0.3
 
 
-def block0_apart(n_blocks: int) -> bool:
+def block0_apart(n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> bool:
     """The block-0 rule, the one place it is decided: block 0 is counted and reported apart from blocks 1..L-1 (as
-    in the reference) in every model with more than one block; a one-block model's only block is its main scope."""
-    return n_blocks > 1
+    in the reference) in every model with more than one block. A one-block model's only block is its main scope
+    under `one_block_counts` (the default); under `always_apart` (the reference's `sink_table.py` count and
+    `select_heads.py`, chosen by the reference presets) it stays apart too, and the main scope is empty."""
+    return n_blocks > 1 or check_block0_policy(policy) == "always_apart"
 
 
-def main_blocks(n_blocks: int) -> range:
+def main_blocks(n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> range:
     """The blocks of the main scope: 1..L-1, or the only block of a one-block model (see `block0_apart`)."""
-    return range(1 if block0_apart(n_blocks) else 0, n_blocks)
+    return range(1 if block0_apart(n_blocks, policy) else 0, n_blocks)
 
 
-def scored_blocks(n_blocks: int, block0: bool = False) -> slice:
+def scored_blocks(n_blocks: int, block0: bool = False, policy: str = DEFAULT_BLOCK0_POLICY) -> slice:
     """The blocks that sinks per image count: the main scope (`main_blocks`), every block with `block0`."""
-    return slice(0 if block0 else main_blocks(n_blocks).start, None)
+    return slice(0 if block0 else main_blocks(n_blocks, policy).start, None)
 
 
-def blocks_label(n_blocks: int, block0: bool = False) -> str:
+def blocks_label(n_blocks: int, block0: bool = False, policy: str = DEFAULT_BLOCK0_POLICY) -> str:
     """How `scored_blocks` reads in a summary or a table header."""
-    if not block0_apart(n_blocks):
+    if block0:
+        return "0 (the only block)" if n_blocks == 1 else "0..L-1"
+    if not block0_apart(n_blocks, policy):
         return "0 (the only block)"
-    return "0..L-1" if block0 else "1..L-1"
+    return "1..L-1 (none: block 0 is the only block)" if n_blocks == 1 else "1..L-1"
 
 
 def rule_record(rules: SinkRules, n_blocks: int, block0: bool = False) -> dict[str, Any]:
     """The settings a sink count was made with, as stored in summary.json (`rule`) and read by the leaderboard."""
-    return {**rules.record(), "blocks_counted": blocks_label(n_blocks, block0)}
+    return {**rules.record(), "blocks_counted": blocks_label(n_blocks, block0, rules.block0_policy)}
 
 
 def describe_rule(r: dict[str, Any] | None) -> str:
@@ -137,7 +143,7 @@ def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None
     with mass >= 0.3, Definition-1 counts at several eps (sinks per image, by `rules`' class), and the mean gate."""
     rules = rules or SinkRules()
     cls = rules.classify(d)
-    blocks = scored_blocks(d["mass"].shape[1])
+    blocks = scored_blocks(d["mass"].shape[1], policy=rules.block0_policy)
     strong = d["mass"] >= MASS_SHARE_MIN
     def1 = {}
     for eps in DEF1_EPS:
@@ -228,7 +234,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
     rules = rules or SinkRules()
     ev, cls, loc = rules.events(d), rules.classify(d), location(d)
     n_img, n_blocks, n_heads = ev.shape
-    blocks = scored_blocks(n_blocks)
+    blocks = scored_blocks(n_blocks, policy=rules.block0_policy)
     massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
     sink_heads = ev.any(axis=0)
     return {

@@ -123,7 +123,8 @@ def select_heads(d: dict[str, np.ndarray], rules: SinkRules, min_events: int, to
                  top_k_block0: int) -> list[Head]:
     """docs/fidelity.md: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
     that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
-    block counts as blocks >= 1). Raises `NoSinkHeads` (a ValueError) when no head qualifies."""
+    block counts as blocks >= 1, except under `rules.block0_policy=always_apart`, the reference's `select_heads.py`,
+    where it is block 0). Raises `NoSinkHeads` (a ValueError) when no head qualifies."""
     cls = rules.event_class(d)  # (images, L, H)
     n_blocks = cls.shape[1]
     chosen: list[Head] = []
@@ -131,7 +132,9 @@ def select_heads(d: dict[str, np.ndarray], rules: SinkRules, min_events: int, to
     for name in ("nop", "broadcast"):
         counts = (cls == name).sum(axis=0)
         best[name] = int(counts.max())
-        groups = [(main_blocks(n_blocks), top_k)] + ([([0], top_k_block0)] if block0_apart(n_blocks) else [])
+        groups = [(main_blocks(n_blocks, rules.block0_policy), top_k)]
+        if block0_apart(n_blocks, rules.block0_policy):
+            groups.append(([0], top_k_block0))
         for blocks, k in groups:
             cand = [(int(counts[b, h]), b, h) for b in blocks for h in range(counts.shape[1])
                     if counts[b, h] >= min_events]

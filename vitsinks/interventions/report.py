@@ -1,14 +1,15 @@
 """Intervention outputs: `interventions.csv` (one row per image, head, edit), `by_head.csv`, `by_class.md`,
 `summary.json` and `interventions.png`; shards and their merge.
 
-Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then
-per class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of
-block 0 are reported apart in models with more than one block. NaN entries (a coherence of an exactly zero change,
-probe columns without a classifier) are left out of the means. The whole-model edits (head -1) form the scope
-"whole model", class "model": `drop_registers` once ("all"), each register control per block input it edited
-(`<block>:in`), averaged there over the inputs of blocks 1..L-1 (every block in a one-block model: block 0's
-registers are the same learned tokens in every image, so mean and shuffle do nothing there) and listed block by
-block, block 0 included, in `register_controls`.
+Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then per
+class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of block 0 are
+reported apart in models with more than one block (in every model under `diagnostics.block0_policy=always_apart`, the
+reference's rule, chosen by `protocol=kempner_causal`). NaN entries (a coherence of an exactly zero change, probe
+columns without a classifier) are left out of the means. The whole-model edits (head -1) form the scope "whole model",
+class "model": `drop_registers` once ("all"), each register control per block input it edited (`<block>:in`), averaged
+there over the inputs of blocks 1..L-1 (every block in a one-block model, none under `always_apart`: block 0's registers
+are the same learned tokens in every image, so mean and shuffle do nothing there) and listed block by block, block 0
+included, in `register_controls`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Literal
 import matplotlib
 import numpy as np
 
-from vitsinks.diagnostics.summary import block0_apart, main_blocks
+from vitsinks.diagnostics.summary import DEFAULT_BLOCK0_POLICY, block0_apart, main_blocks
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, empty_note, log_axis, save_figure
@@ -94,13 +95,14 @@ ScopeKind = Literal["main", "block0", "model"]
 MODEL_SCOPE, BLOCK0_SCOPE = "whole model", "block 0"  # the scope names in by_class.md and summary.json
 
 
-def scope_of(block: int, n_blocks: int) -> str:
-    """The name of the scope a head of `block` is reported in (-1: the whole-model edits), by the block-0 rule."""
+def scope_of(block: int, n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> str:
+    """The name of the scope a head of `block` is reported in (-1: the whole-model edits), by the block-0 rule
+    (`policy`: `vitsinks.diagnostics.summary.block0_apart`)."""
     if block < 0:
         return MODEL_SCOPE
-    if block not in main_blocks(n_blocks):
+    if block not in main_blocks(n_blocks, policy):
         return BLOCK0_SCOPE
-    return "blocks 1..L-1" if block0_apart(n_blocks) else "block 0 (only)"
+    return "blocks 1..L-1" if block0_apart(n_blocks, policy) else "block 0 (only)"
 
 
 def unit_label(block: int, head: int) -> str:
@@ -117,17 +119,18 @@ def scope_kind(name: str) -> ScopeKind:
     return "model" if name == MODEL_SCOPE else "block0" if name == BLOCK0_SCOPE else "main"
 
 
-def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int) -> dict[str, Any]:
+def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int,
+             policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
     """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events (the
-    register controls: over the inputs of blocks 1..L-1)."""
+    register controls: over the inputs of the main scope's blocks); scopes by the block-0 `policy`."""
     out: dict[str, Any] = {}
     for cls in ("nop", "broadcast", "model"):
         for r in head_rows:
             if r["event_class"] != cls or (cls != "model" and r["n"] < min_class_events):
                 continue
-            if r["head"] < 0 <= r["block"] and r["block"] not in main_blocks(n_blocks):
+            if r["head"] < 0 <= r["block"] and r["block"] not in main_blocks(n_blocks, policy):
                 continue  # a register control at block 0's input: in the per-block table only
-            scope = MODEL_SCOPE if r["head"] < 0 else scope_of(r["block"], n_blocks)
+            scope = MODEL_SCOPE if r["head"] < 0 else scope_of(r["block"], n_blocks, policy)
             cell = out.setdefault(scope, {}).setdefault(cls, {}).setdefault(
                 r["edit"], {"heads": [], "_vals": defaultdict(list)})
             cell["heads"].append(unit_label(r["block"], r["head"]))
@@ -270,13 +273,19 @@ def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path)
                                   f"over heads, dot: one head)")
 
 
+def block0_policy(meta: dict[str, Any]) -> str:
+    """The block-0 policy a report's heads were selected by (its `rule`; absent: the default)."""
+    return str((meta.get("rule") or {}).get("block0_policy", DEFAULT_BLOCK0_POLICY))
+
+
 def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """Every output file into `out`; returns the summary (also `summary.json`)."""
     out.mkdir(parents=True, exist_ok=True)
     heads = by_head(rows)
     per_block = register_controls(heads)
     report = InterventionsReport.from_json({**meta, **({"register_controls": per_block} if per_block else {}),
-                                            "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"])})
+                                            "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"],
+                                                                 block0_policy(meta))})
     summary = report.to_json()
     write_rows(rows, out / "interventions.csv")
     write_csv(out / "by_head.csv", ["block", "head", "edit", "event_class", "n", *METRICS], heads)
