@@ -7,6 +7,8 @@ checkpoints or by training, not from summaries alone, and are not regenerated he
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,12 @@ def test_a_changed_column_value_makes_the_leaderboard_stale(tmp_path: Path, monk
     monkeypatch.setattr(DiagnosticsSummary, "collect", classmethod(lambda cls, run: {
         **(row := collect(run)), key: row[key] + 1}))
     assert {"leaderboard.csv", "runs.csv"} <= set(stale(smallest_board(), tmp_path / "again"))
+
+
+def test_the_pathway_page_quotes_the_committed_pathway_study() -> None:
+    """docs/pathway.md's results table is what eval/pathway/table.py prints from eval/pathway/broadcast_pathway.json."""
+    spec = importlib.util.spec_from_file_location("pathway_table", ROOT / "eval" / "pathway" / "table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    quoted = module.table(json.loads((ROOT / "eval" / "pathway" / "broadcast_pathway.json").read_text()))
+    assert quoted in (ROOT / "docs" / "pathway.md").read_text(), "run python eval/pathway/table.py into docs/pathway.md"

@@ -5,7 +5,7 @@
 # of a seed. CPU setting: 1,000 steps of batch 256 at a constant lr 1e-2 (the reference: 5 seeds, 30k steps of
 # batch 1,024 at 5e-4, which is
 #   python -m vitsinks.synthetic task=broadcast_pathway n_seeds=5 steps=30000 batch=1024 lr=5e-4 device=cuda
-# on a GPU). About 26 minutes on 2 shared CPU cores with OMP_NUM_THREADS=1 (on a shared machine more threads than
+# on a GPU). About 22 minutes on 2 shared CPU cores with OMP_NUM_THREADS=1 (on a shared machine more threads than
 # free cores make every step several times slower). Writes eval/pathway/broadcast_pathway.{json,png}.
 #   bash eval/pathway/make_broadcast_pathway.sh
 set -euo pipefail
