@@ -10,13 +10,15 @@
 #   3. both studies' leaderboards regenerated (new columns), the embedded default's with the training-free rows into
 #      eval/residual/leaderboard; each seed-0 run's report page copied to eval/residual/reports/.
 #   RUNS_SINK=runs/sinktasks RUNS_LB=runs/leaderboard bash eval/residual/make_residual.sh   (~45 min on 2 CPU cores)
+#   RUNS_LB=none bash eval/residual/make_residual.sh     # the sink tasks only (after make_sinktask_leaderboard.sh)
 # The Fashion-MNIST runs get the same steps from eval/emergence/make_emergence.sh, each as soon as it is trained
 # (the steps are eval/residual/steps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS_SINK=${RUNS_SINK:-runs/sinktasks}
 RUNS_LB=${RUNS_LB:-runs/leaderboard}
-for runs in "$RUNS_SINK" "$RUNS_LB"; do
+[ "$RUNS_LB" = none ] && RUNS_LB=""
+for runs in "$RUNS_SINK" $RUNS_LB; do
   [ -d "$runs" ] || { echo "no runs at $runs: train them first (eval/sinktasks, make_leaderboard.sh)" >&2; exit 1; }
 done
 unset METHODS  # every training-free edit (steps.sh's default), whatever the caller's environment says
@@ -27,6 +29,7 @@ for run in $(trained "$RUNS_LB"); do derive "$run"; done
 # the two studies' own leaderboards gain the residual and W8A8 columns (same runs, same titles as their scripts) ...
 python -m vitsinks.leaderboard runs="$RUNS_SINK" out=eval/sinktasks/leaderboard \
   title="vitsinks sink tasks: attention-only ViT, 1 block, 2 heads, 256 steps (CPU)"
+[ -n "$RUNS_LB" ] || exit 0
 SWEEP=$(ls -dt "$RUNS_LB"/sweeps/sweep-* | head -n 1)
 python -m vitsinks.leaderboard runs="$SWEEP" out=eval/leaderboard \
   title="vitsinks leaderboard: embedded default (vit_cpu, synthetic, CPU)"
