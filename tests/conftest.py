@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from vitsinks.models import SinkViT, build_vit
 
 # The one tiny ViT of the tests (2 blocks, 3 heads, 32 px in 8 px patches: 16 patches + [CLS]); `TINY` is a tiny
 # run of it (config overrides), `tiny_vit` the model itself.
+FIDELITY_TEST_ID = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")  # a test named in docs/fidelity.md
 TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
 TINY = [
     "model=vit_cpu", *(f"model.{k}={v}" for k, v in TINY_VIT.items()),
@@ -254,3 +256,14 @@ def run_module(module: str, *args: str, idle_s: float = 300, **kwargs) -> subpro
     """`python -m module args...` through `run_command`."""
     return run_command([sys.executable, "-m", module, *args], idle_s=idle_s, **kwargs)
 
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `fidelity` every test that docs/fidelity.md's table names (`pytest -m fidelity`: the fidelity check, each
+    element of the table held against the reference's formula written out in its test)."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
+    text = page.read_text() if page.is_file() else ""
+    named = {f"{path}::{name}" for path, name in FIDELITY_TEST_ID.findall(text)}
+    for item in items:
+        if item.nodeid.split("[", 1)[0] in named:
+            item.add_marker(pytest.mark.fidelity)
