@@ -8,20 +8,29 @@ reference's protocol written here (KempnerInstitute/attention_sink, commit a83cd
 - the causal preset's numbers (`vit_causal/select_heads.py`, `analyze.py`, `interventions.py`, `common.py` defaults)
   and where head selection parts from `select_heads.py` (a tie exactly at the top-k cut);
 - the training recipe's numbers (`src/config.py` defaults, `runs/run_mitigation.sh`, `src/trainer.py`,
-  `src/sigreg.py`) and its view augmentations (`src/data.py` `MultiViewTransform`), whose differences the page names.
+  `src/sigreg.py`) and its view augmentations (`src/data.py` `MultiViewTransform`), bit for bit under the recipe,
+  and where the default's DINO views differ.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
 from torch import nn
+from torchvision import transforms
 
+from vitsinks.bench.data import natural_image
 from vitsinks.configs.schema import InterveneConfig, load_config
 from vitsinks.data.device_views import view_specs
+from vitsinks.data.views import SeededViews, sample_seed, seeded_rngs, view_transform
 from vitsinks.diagnostics import SinkRules, diagnose
 from vitsinks.diagnostics import rules as sink_rules
 from vitsinks.interventions import from_vit, intervene, stage_one
@@ -310,25 +319,78 @@ def test_the_paper_recipes_views_objective_and_optimiser_are_the_references() ->
     assert t.precision == "auto"  # bf16 autocast on CUDA, as --amp
 
 
-# src/data.py MultiViewTransform: the same transform for every view
-REFERENCE_VIEW = {"size": (224, 224), "scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": 0.5, "jitter": 0.8,
-                  "brightness": (0.2, 1.8), "contrast": (0.2, 1.8), "saturation": (0.2, 1.8), "hue": (-0.2, 0.2),
-                  "gray": 0.2, "blur": 0.5, "sigmas": (0.1, 2.0), "solarize": 0.2, "threshold": 128,
-                  "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+# src/data.py MultiViewTransform, written out: the same transform for every view, the views drawn in turn
+def reference_multiview(image_size: int = 224, num_views: int = 4) -> Callable[[Image.Image], torch.Tensor]:
+    normalize = transforms.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(image_size, scale=(0.08, 1.0)),
+        transforms.RandomApply([transforms.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([transforms.GaussianBlur(kernel_size=7, sigma=(0.1, 2.0))], p=0.5),
+        transforms.RandomApply([transforms.RandomSolarize(threshold=128)], p=0.2),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize,
+    ])
+    return lambda img: torch.stack([transform(img) for _ in range(num_views)])
 
 
-def test_the_paper_recipes_view_augmentations_differ_from_the_references_as_the_page_says() -> None:
-    """docs/fidelity.md's row "view augmentations": lightly's DINO views keep DINO's jitter strengths (ColorJitter
-    0.4, 0.4, 0.2, 0.1 where the reference's is 0.8, 0.8, 0.8, 0.2) and DINO's first global view (always blurred,
-    never solarised, where every reference view is blurred with p 0.5 and solarised with p 0.2); the rest of the
-    parameters are the reference's. (Beyond these parameters: lightly crops bicubic, torchvision's default bilinear
-    in the reference, and blurs with PIL's GaussianBlur(radius=sigma) where the reference uses a 7-px kernel.)"""
-    differs = {"brightness": (0.6, 1.4), "contrast": (0.6, 1.4), "saturation": (0.8, 1.2), "hue": (-0.1, 0.1)}
-    specs = view_specs(load_config(["recipe=paper"]).views)
-    assert len(specs) == 4
-    for i, spec in enumerate(specs):
-        want = {**REFERENCE_VIEW, **differs, **({"blur": 1.0, "solarize": 0.0} if i == 0 else {})}
-        got = {k: getattr(spec, k) for k in REFERENCE_VIEW}
-        assert got.keys() == want.keys()
+def test_the_paper_recipes_view_augmentations_are_the_references_bitwise() -> None:
+    """docs/fidelity.md's row "view augmentations": under `recipe=paper` (`views.style=kempner`) the views of a
+    photo drawn under a seed are bit for bit the reference's `MultiViewTransform` drawn after `torch.manual_seed` of
+    that seed (torchvision's transforms draw from torch's generator alone), directly and through the training set's
+    per-sample seeding (`SeededViews`: seed, epoch, index). The draws exercise every branch: each of jitter,
+    grayscale, blur, solarize and flip both fires and does not."""
+    v = load_config(["recipe=paper"]).views
+    assert (v.style, v.backend) == ("kempner", "cpu")
+    ours, reference = view_transform(v), reference_multiview()
+    images = [natural_image(i, w, h) for i, (w, h) in enumerate([(160, 120), (120, 200), (257, 131)])]
+    ops = ("adjust_hue", "rgb_to_grayscale", "gaussian_blur", "solarize", "hflip")  # one call per view that fires
+    views = 0
+    with contextlib.ExitStack() as stack:
+        spies = [stack.enter_context(mock.patch.object(TF, op, wraps=getattr(TF, op))) for op in ops]
+        for seed in range(6):
+            for img in images:
+                torch.manual_seed(seed)
+                want = reference(img)
+                with seeded_rngs(seed):
+                    got = torch.stack(ours(img))
+                assert got.dtype == want.dtype and torch.equal(got, want), (seed, img.size)
+                views += len(want)
+    fired = {op: spy.call_count // 2 for op, spy in zip(ops, spies, strict=True)}  # ours and the reference's
+    assert all(0 < n < views for n in fired.values()), (fired, views)
+    base = [(img, 0) for img in images]
+    train = SeededViews(base, ours, seed=7)
+    for epoch in (0, 3):
+        train.epoch = epoch
+        for i, img in enumerate(images):
+            torch.manual_seed(sample_seed(7, epoch, i))
+            assert torch.equal(torch.stack(train[i][0]), reference(img)), (epoch, i)
+
+
+def test_the_default_views_differ_from_the_references_as_the_page_says() -> None:
+    """docs/fidelity.md's row "view augmentations", the default column: lightly's DINO views (`views.style=dino`):
+    DINO's jitter strengths (ColorJitter 0.4, 0.4, 0.2, 0.1 where the reference's is 0.8, 0.8, 0.8, 0.2), DINO's
+    first global view (always blurred, never solarised) and local views (never solarised), the other global views
+    solarised with p 0.1 in one draw (the reference: RandomApply p 0.2 around RandomSolarize's own p 0.5, 0.1 in
+    effect), DINO's crop scales, bicubic crops (the reference: torchvision's default bilinear) and lightly's blur
+    (PIL's GaussianBlur of radius sigma, where the reference samples a 7-px kernel); jitter, grayscale and flip
+    probabilities, the blur's sigma range, the threshold and the normalisation are the reference's."""
+    v = load_config([]).views
+    assert (v.style, v.n_global, v.n_local) == ("dino", 2, 2)
+    reference = {"ratio": (3 / 4, 4 / 3), "hflip": 0.5, "jitter": 0.8, "gray": 0.2, "sigmas": (0.1, 2.0),
+                 "threshold": 128, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+    dino = {"brightness": (0.6, 1.4), "contrast": (0.6, 1.4), "saturation": (0.8, 1.2), "hue": (-0.1, 0.1)}
+    global_, local = (0.3, 1.0), (0.05, 0.3)
+    per_view = [{"blur": 1.0, "solarize": 0.0, "scale": global_}, {"blur": 0.5, "solarize": 0.1, "scale": global_},
+                {"blur": 0.5, "solarize": 0.0, "scale": local}, {"blur": 0.5, "solarize": 0.0, "scale": local}]
+    specs = view_specs(v)  # refuses any crop but bicubic
+    assert len(specs) == len(per_view)
+    for i, (spec, own) in enumerate(zip(specs, per_view, strict=True)):
+        want = {**reference, **dino, **own}
         for k in want:
-            assert np.allclose(got[k], want[k]), (i, k, got[k], want[k])
+            assert np.allclose(getattr(spec, k), want[k]), (i, k, getattr(spec, k), want[k])
+    for view in view_transform(v).transforms:
+        by_name = {type(t).__name__: t for t in view.transform.transforms}
+        assert by_name["RandomResizedCrop"].interpolation == transforms.InterpolationMode.BICUBIC
+        assert type(by_name["GaussianBlur"]).__module__ == "lightly.transforms.gaussian_blur"

@@ -49,6 +49,7 @@ ImageOrder = StrEnum("ImageOrder", "permuted first", module=__name__)
 Interpolation = StrEnum("Interpolation", "bicubic bilinear", module=__name__)
 Block0Policy = StrEnum("Block0Policy", "one_block_counts always_apart", module=__name__)
 ViewsBackend = StrEnum("ViewsBackend", "cpu device", module=__name__)
+ViewsStyle = StrEnum("ViewsStyle", "dino kempner", module=__name__)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class DataConfig:
 
 @dataclass
 class ViewsConfig:
-    """Multi-crop views (lightly transforms): `n_global` large crops and `n_local` small ones."""
+    """Multi-crop views (`style`: lightly's DINO views or the reference's): `n_global` large crops, `n_local` small."""
 
     n_global: int = bounded(2, ge=1)
     global_size: int = bounded(64, ge=1)
@@ -86,9 +87,14 @@ class ViewsConfig:
     blur: float = bounded(0.5, ge=0, le=1)
     solarize: float = bounded(0.1, ge=0, le=1)
     hflip: float = bounded(0.5, ge=0, le=1)
-    # cpu: lightly's transforms on PIL images in the loader workers; device: the workers crop and flip (uint8), the
-    # photometric ops run batched on the training device (docs/data.md); same distributions, other random draws
+    # cpu: the style's transforms on PIL images in the loader workers; device (style=dino only): the workers crop and
+    # flip (uint8), the photometric ops run batched on the training device (docs/data.md); same distributions, other
+    # random draws
     backend: ViewsBackend = ViewsBackend.cpu
+    # dino: lightly's DINO views (DINO's per-view asymmetry); kempner: the reference's src/data.py views (torchvision,
+    # the same pipeline for every view: ColorJitter(0.8, 0.8, 0.8, 0.2), 7-px blur, bilinear crops; `solarize` is its
+    # RandomApply's p around RandomSolarize(p=0.5), so half of it in effect). backend=cpu only
+    style: ViewsStyle = ViewsStyle.dino
 
 
 @dataclass
@@ -431,6 +437,9 @@ def check_config(cfg: DictConfig) -> None:
     st = cfg.intervene
     if st.shard is not None and st.nshards is not None and st.shard >= st.nshards:
         problems.append(f"intervene.shard={st.shard} (must be < intervene.nshards={st.nshards})")
+    if cfg.views.style == "kempner" and cfg.views.backend == "device":
+        problems.append("views.style=kempner with views.backend=device (the device path has the dino style only: set "
+                        "views.backend=cpu, or views.style=dino)")
     if problems:
         raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))
 

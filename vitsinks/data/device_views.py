@@ -96,6 +96,9 @@ def _spec(transforms: Sequence[Any]) -> ViewSpec:
 
 def view_specs(v: ViewsConfig) -> list[ViewSpec]:
     """Every view's settings (global views first), read from the CPU pipeline `view_transform(v)`."""
+    if v.style != "dino":
+        raise ConfigError(f"views.backend=device implements views.style=dino only, not {v.style}: set "
+                          f"views.backend=cpu, or views.style=dino")
     return [_spec(view.transform.transforms) for view in view_transform(v).transforms]
 
 

@@ -1,4 +1,5 @@
-"""Multi-crop views (lightly's transforms), per-sample seeded so that a resumed run sees the same views."""
+"""Multi-crop views (lightly's DINO transforms, or the reference's torchvision ones), per-sample seeded so that a
+resumed run sees the same views."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torchvision.transforms as T
 from lightly.transforms.dino_transform import DINOViewTransform
 from lightly.transforms.multi_view_transform import MultiViewTransform
 from torch.utils.data import Dataset, Sampler
@@ -16,9 +18,35 @@ from vitsinks.configs.schema import ViewsConfig
 from vitsinks.data.imagefolder import read_item
 from vitsinks.utils.errors import BadValue
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def kempner_view(size: int, scale: Sequence[float], v: ViewsConfig) -> T.Compose:
+    """One view of KempnerInstitute/attention_sink's `src/data.py` `MultiViewTransform` (commit a83cd59), its
+    transforms in its order, with its strengths: a bilinear random resized crop (torchvision's default), colour
+    jitter (0.8, 0.8, 0.8, 0.2), grayscale, a 7-px Gaussian blur (sigma 0.1-2), solarize at 128 (its RandomApply
+    wraps RandomSolarize's own p 0.5), flip, ToTensor, ImageNet normalisation. The probabilities are the run's
+    (`recipe=paper`: the reference's). Every draw is from torch's global generator."""
+    return T.Compose([
+        T.RandomResizedCrop(size, scale=tuple(scale)),
+        T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=v.color_jitter),
+        T.RandomGrayscale(p=v.grayscale),
+        T.RandomApply([T.GaussianBlur(kernel_size=7, sigma=(0.1, 2.0))], p=v.blur),
+        T.RandomApply([T.RandomSolarize(threshold=128)], p=v.solarize),
+        T.RandomHorizontalFlip(p=v.hflip),
+        T.ToTensor(),
+        T.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    ])
+
 
 def view_transform(v: ViewsConfig) -> MultiViewTransform:
-    """`n_global` global and `n_local` local DINO-style views (crop, flip, jitter, grey, blur, solarize)."""
+    """`n_global` global and `n_local` local views (crop, jitter, grey, blur, solarize, flip), applied in turn.
+
+    `style=dino`: lightly's DINO views; `style=kempner`: the reference's (`kempner_view`), the same pipeline for
+    every view (the reference has global views only; local ones take `local_size` / `local_scale`)."""
+    if v.style == "kempner":
+        return MultiViewTransform([kempner_view(v.global_size, v.global_scale, v) for _ in range(v.n_global)]
+                                  + [kempner_view(v.local_size, v.local_scale, v) for _ in range(v.n_local)])
 
     def one(size: int, scale: Sequence[float], blur: float, solarize: float) -> DINOViewTransform:
         return DINOViewTransform(
@@ -40,7 +68,9 @@ def sample_seed(*keys: int) -> int:
 
 @contextmanager
 def seeded_rngs(seed: int) -> Iterator[None]:
-    """Seed the RNGs lightly/torchvision transforms draw from (torch's CPU generator, numpy's global one).
+    """Seed the RNGs the view transforms draw from: torch's CPU generator (torchvision's transforms: every draw of
+    `style=kempner`, the crops, flips, jitter and grayscale of `style=dino`) and numpy's global one (lightly's
+    blur and solarize). Python's `random` is not drawn from by either.
 
     The torch generator is restored afterwards, so the training step's own draws (SIGReg slices, dropout) do
     not depend on how many images were loaded. numpy's global generator is left seeded: nothing but the
