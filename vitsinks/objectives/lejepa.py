@@ -3,6 +3,7 @@ model it trains (backbone + projector + online probe) and the probe's validation
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -68,7 +69,9 @@ class LeJEPALoss(nn.Module):
         autocast (see the class docstring for the precision)."""
         if self.in_autocast:
             return self._terms(global_proj, local_proj)
-        with torch.autocast(global_proj.device.type, enabled=False):
+        kind = global_proj.device.type
+        # out of the caller's autocast (a device without autocast, e.g. the meta tensors of `bench.flops`, has none)
+        with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext():
             return self._terms(global_proj.float(), None if local_proj is None else local_proj.float())
 
     def _terms(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None) -> LossTerms:
