@@ -89,3 +89,12 @@ def test_the_pathway_page_quotes_the_committed_pathway_study() -> None:
     spec.loader.exec_module(module)
     quoted = module.table(json.loads((ROOT / "eval" / "pathway" / "broadcast_pathway.json").read_text()))
     assert quoted in (ROOT / "docs" / "pathway.md").read_text(), "run python eval/pathway/table.py into docs/pathway.md"
+
+
+def test_the_studies_page_quotes_the_committed_sink_task_leaderboard() -> None:
+    """docs/studies.md's sink-task tables are what eval/sinktasks/tables.py writes from the committed leaderboard."""
+    spec = importlib.util.spec_from_file_location("sink_tables", ROOT / "eval" / "sinktasks" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "studies.md").read_text()
+    assert module.rewrite(page, module.BOARD.read_text()) == page, "run python eval/sinktasks/tables.py"

@@ -180,8 +180,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
         why = sorted(set(skipped.values()))
         lines += [f"mean_sink_value skipped for heads {', '.join(skipped)} ({'; '.join(why)}).", ""]
     if "donor_cosine_form" in summary and any(e in DONOR_EDITS + SHUFFLE_EDITS for e in summary["edits"]):
-        lines += [f"donor_cosine: the donor direction (donor's mean final patch - own) averaged over "
-                  f"{summary['donor_cosine_form']}.", ""]
+        lines += [f"donor_cosine: the donor direction (the donor's mean final patch - the image's own), its means "
+                  f"over the patches: {summary['donor_cosine_form']}.", ""]
     ch = summary["checks"]
     if ch.get("redirect_ref_rows"):
         lines += [f"redirect_sink_attention_ref (the reference's formula: A's sink column zeroed, rows divided by "
