@@ -205,5 +205,5 @@ def test_the_report_shows_both_redirects_the_clamped_rows_and_the_donor_cosine_f
         cells = next(iter(cells.values()))
         assert {"redirect_sink_attention", "redirect_sink_attention_ref"} <= set(cells)
         md = to_markdown(summary)
-        assert f"averaged over {form}." in md
+        assert f"its means over the patches: {form}." in md
         assert "redirect_sink_attention_ref (the reference's formula" in md and "136 of 136 rows" in md
