@@ -66,8 +66,8 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     read: dict[int, dict[str, Any]] = {}
     for step, path in summaries.items():
         try:
-            read[step] = files.read_json(path, f"delete {path.parent}, whose checkpoint is gone, to leave step {step} "
-                                               f"out")
+            read[step] = files.read_json(path, f"delete {path.parent} to leave step {step} out (its checkpoint is "
+                                               f"gone, so it cannot be diagnosed again)")
         except BadFile:
             if step not in ckpts:
                 raise

@@ -123,3 +123,22 @@ def test_a_run_killed_while_running_is_reported_killed_without_writing_to_it(
     (run / "status.json").write_text('{"status": "runn')  # torn: shown, not a crash
     assert launch_status(str(sweep)) == 0
     assert "k9: unreadable (" in capsys.readouterr().out
+
+
+def test_a_running_run_locked_on_another_node_is_never_called_killed(tmp_path: Path) -> None:
+    """flock may be local to a node: a `running` run whose lock records another host is reported as running."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"status": "running", "step": 7}))
+    (run / ".lock").write_text("pid 123 on some-other-node")
+    assert sw.run_state(run)["status"] == "running"
+    (run / ".lock").write_text(f"pid 123 on {__import__('socket').gethostname()}")  # here: the probe can tell
+    assert sw.run_state(run)["status"] == "killed"
+
+
+def test_a_failed_runs_step_is_its_last_saved_one_not_the_last_logged(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"status": "failed", "step": 8, "reached": 10}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (5, 10)))
+    assert sw.run_state(run)["step"] == 8

@@ -11,7 +11,7 @@ from tests.conftest import TINY, run_module, tiny_cfg
 from tests.fsfaults import fill, read_only, small_fs
 from vitsinks.train.checkpoint import load
 from vitsinks.train.trainer import Trainer
-from vitsinks.utils.files import DiskFault
+from vitsinks.utils.files import BadFile, DiskFault, FileLock
 from vitsinks.utils.rundir import RunDir
 
 
@@ -94,3 +94,27 @@ def test_failure_status_write_on_a_full_disk_is_a_warning_not_a_second_error(tmp
         run.write_status("failed", quiet=True, step=1)
         assert json.loads(run.status.read_text())["status"] == "running"
         assert "still says what it said before" in capsys.readouterr().err
+
+
+def test_a_diagnosis_that_cannot_be_made_is_a_warning_and_training_goes_on(runs: Path, capsys) -> None:
+    cfg = tiny_cfg(runs, "name=busy", "diagnostics.enabled=true", "diagnostics.plots=false", "diagnostics.n_images=4",
+                   "train.ckpt_every=2", "train.epochs=1")
+    run = RunDir(runs / "busy")
+    with FileLock(run.step_diagnostics(2) / ".lock", "", ""):  # another command diagnosing step 2 right now
+        out = Trainer(cfg).fit()
+    assert out["status"] == "finished"
+    said = capsys.readouterr().out
+    assert "warning: step_0000002 not diagnosed" in said and "is being written by" in said
+    assert sorted(run.diagnosed_steps()) == [4]
+
+
+def test_a_torn_metrics_file_fails_the_run_in_its_status(runs: Path) -> None:
+    cfg = tiny_cfg(runs, "name=torn", "train.max_steps=2")
+    Trainer(cfg).fit()
+    run = RunDir(runs / "torn")
+    lines = run.metrics.read_text().splitlines()
+    run.metrics.write_text("\n".join([lines[0][:10], *lines[1:]]) + "\n")  # a line torn in the middle
+    with pytest.raises(BadFile, match="metrics.jsonl is torn"):
+        Trainer(tiny_cfg(runs, "name=torn", "train.max_steps=3")).fit()
+    status = json.loads(run.status.read_text())
+    assert status["status"] == "failed" and "metrics.jsonl is torn" in status["error"]

@@ -106,3 +106,32 @@ def test_a_killed_generation_staging_folder_is_cleared_by_the_next(tmp_path: Pat
     with files.generation(folder) as stage:
         (stage / "a.txt").write_text("a")
     assert sorted(p.name for p in folder.iterdir()) == ["a.txt"]
+
+
+def test_a_table_of_no_rows_reads_as_no_rows(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("edit,block,head\n")  # a shard that had nothing to edit
+    assert files.read_csv(path, "rerun", needs=("edit",)) == []
+
+
+def test_a_refused_read_is_named_without_the_advice_for_writes() -> None:
+    import errno as errno_
+
+    read = files.fault(PermissionError(errno_.EACCES, "Permission denied", "/data/x.pt"), doing="access")
+    assert str(read).startswith("cannot access /data/x.pt: permission denied: check its permissions")
+    write = files.fault(PermissionError(errno_.EACCES, "Permission denied"), "/runs/r/last.pt")
+    assert str(write).startswith("cannot write /runs/r/last.pt: permission denied") and "runs_dir=" in str(write)
+    assert files.fault(FileNotFoundError(errno_.ENOENT, "No such file")) is None  # not a fault of the disk
+
+
+def test_a_lock_whose_file_was_removed_meanwhile_locks_the_new_file(tmp_path: Path) -> None:
+    path = tmp_path / "run" / ".lock"
+    first = files.FileLock(path, "the run", "wait").acquire()
+    path.unlink()  # as RunDir.locked removes it before letting go
+    first.release()
+    second = files.FileLock(path, "the run", "wait").acquire()  # a new file: held for real
+    try:
+        with pytest.raises(files.BadFile.__mro__[1], match="is being written by"):  # BadValue
+            files.FileLock(path, "the run", "wait").acquire()
+    finally:
+        second.release()

@@ -161,3 +161,16 @@ def test_a_loose_checkpoint_has_its_analyses_under_the_runs_folder_not_beside_th
     folder = analyses_dir(loose, "interventions", runs)
     assert folder == runs / "interventions" / "model" and holds(folder, str(loose))
     assert not (tmp_path / "interventions").exists()  # not <file's folder>/../interventions
+
+
+def test_a_refused_or_empty_locked_block_leaves_no_folder_behind(tmp_path: Path) -> None:
+    deep = RunDir(tmp_path / "quant" / "w8a8")
+    with deep.locked("wait"):
+        assert (tmp_path / "quant" / "w8a8" / ".lock").is_file()
+    assert not (tmp_path / "quant").exists()  # the folders the lock made, gone with it
+    model = tmp_path / "diagnostics" / "weights"
+    (model / "empty").mkdir(parents=True)
+    (model / ".lock").write_text("pid 1 on elsewhere")
+    (model / "source.json").write_text(json.dumps({"source": "/some/other/weights.pt"}))
+    (tmp_path / "weights.pt").write_bytes(b"")  # another file of the same name, whose attempt there wrote nothing
+    assert model_folder(tmp_path / "diagnostics", str(tmp_path / "weights.pt"), "weights") == model  # taken over

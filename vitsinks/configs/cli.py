@@ -58,7 +58,7 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
     except (UserError, CheckFailed) as err:
         fail(err, err.exit_code)
     except OSError as err:  # a write the file system refused outside vitsinks' own writers (a folder, a lock file)
-        named = fault(err)
+        named = fault(err, doing="access")
         if named is None:
             raise
         fail(named, named.exit_code)

@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import itertools
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,9 @@ def run_state(run_dir: Path) -> dict[str, Any]:
         losses, info["note"] = [], str(err)
     if losses:
         info["last_loss"] = losses[-1]["loss"]
-        info["step"] = max(info.get("step", 0), losses[-1]["step"])
-    if info["status"] == "running" and lock_held(run) is False:
+        if info["status"] in ("running", "pending"):  # a failed run's step is its last saved one: kept
+            info["step"] = max(info.get("step", 0), losses[-1]["step"])
+    if info["status"] == "running" and lock_held(run) is False and locked_here(run):
         step = last_checkpoint_step(run)
         info.update(status="killed", note="no process holds the run; " + (
             f"last checkpoint step {step}" if step is not None else "no checkpoint yet"))
@@ -117,6 +119,17 @@ def lock_held(run: RunDir) -> bool | None:
         return False  # never locked: no process trains it
     except OSError:
         return None
+
+
+def locked_here(run: RunDir) -> bool:
+    """Whether the run's last writer ran on this machine (its `.lock` records `pid N on <host>`), where the lock probe
+    can see it: flock may be local to a node (Lustre -o localflock), so a run of another node is never called killed
+    from here."""
+    try:
+        said = (run.path / ".lock").read_text().strip()
+    except OSError:
+        return True  # never locked: nothing can hold it anywhere
+    return not said or said.endswith(f" on {socket.gethostname()}")
 
 
 def last_checkpoint_step(run: RunDir) -> int | None:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.distributed import all_reduce_sum, gather_objects
+from vitsinks.utils.errors import BadValue, UserError
 from vitsinks.utils.progress import hidden
 from vitsinks.utils.rundir import SUMMARY
 
@@ -158,12 +159,19 @@ class Diagnostics(Callback):
             if not folder.is_dir() or (folder / SUMMARY).exists() or not (m := STEP_DIR.match(folder.name)):
                 continue
             step = int(m.group(1))
+            if step > trainer.progress.step:  # beyond the resumed step: reached (and diagnosed) again
+                continue
             if step == trainer.progress.step:
                 print(f"redoing the diagnosis of step {step}, which was interrupted", flush=True)
                 self.diagnose(trainer, trainer.model.backbone, folder)
             elif (path := run.step_checkpoint(step)).is_file():
                 print(f"redoing the diagnosis of step {step}, which was interrupted, from {path.name}", flush=True)
-                self.diagnose(trainer, load_backbone(path)[0], folder)
+                try:
+                    backbone = load_backbone(path)[0].to(trainer.device)
+                except UserError as err:  # a damaged periodic checkpoint: training goes on without it
+                    print(f"warning: step {step} stays undiagnosed: {err}", flush=True)
+                    continue
+                self.diagnose(trainer, backbone, folder)
             else:
                 print(f"warning: the diagnosis of step {step} was interrupted and its checkpoint was not kept "
                       f"(train.keep_periodic=false): step {step} is missing from {run.diagnostics_root}", flush=True)
@@ -174,13 +182,18 @@ class Diagnostics(Callback):
             self.diagnose(trainer, trainer.model.backbone, out)
 
     def diagnose(self, trainer: Trainer, backbone: torch.nn.Module, out: Path) -> None:
-        """Diagnose `backbone` into `out` on the run's fixed validation images."""
+        """Diagnose `backbone` into `out` on the run's fixed validation images. A diagnosis that cannot be made (its
+        folder held by another command, say) is a warning: training goes on, the step is left for `diagnose run=`."""
         d, cfg = trainer.cfg.diagnostics, trainer.cfg
         if self.images is None:
             self.images = fixed_images(trainer.val_set, d.n_images, cfg.views.global_size, cfg.data.on_bad_image,
                                        cfg.protocol)
         images, shown, index = self.images
-        run_diagnostics(backbone, images, shown, out, d, index, cfg.protocol)
+        try:
+            run_diagnostics(backbone, images, shown, out, d, index, cfg.protocol)
+        except BadValue as err:
+            print(f"warning: {out.name} not diagnosed: {err} (python -m vitsinks.diagnose run={trainer.run_dir} "
+                  f"diagnoses it later)", flush=True)
 
 
 class StatusFile(Callback):

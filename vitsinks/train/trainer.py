@@ -324,12 +324,12 @@ class Trainer:
         self.resume()
         self.rundir.start(self.cfg)
         self.write_status("running")
-        self.tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
-                               active=self.dist.is_main, resume_step=self.progress.step)
-        self.last_metrics, self.bad_local = last_logged(self.run_dir, self.progress.step), 0
         p = self.progress
         self._first_bad.fill_(ALL_FINITE)
         try:
+            self.tracker = Tracker(self.run_dir, self.cfg.wandb, self.cfg.name, to_container(self.cfg),
+                                   active=self.dist.is_main, resume_step=self.progress.step)
+            self.last_metrics, self.bad_local = last_logged(self.run_dir, self.progress.step), 0
             self._emit("on_fit_start")
             self.clock = LoopClock()
             self.clock.ready()
@@ -365,7 +365,8 @@ class Trainer:
             raise
         finally:
             self._emit("close")
-            self.tracker.finish()
+            if self.tracker is not None:
+                self.tracker.finish()
             self.tracker = None
         self.write_status(status)
         return {"status": status, "step": p.step, "run_dir": str(self.run_dir), "bad_images": self.bad_images(),

@@ -118,7 +118,9 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
     with torch.no_grad():
         images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
         state = on_cpu(m.fit(model, images, settings))
-    for p in old:  # refused above before any work; replaced only once the new edit is fitted (the lock stays)
+    # refused above before any work; replaced only once the new edit is fitted (the lock stays), its config last:
+    # a replacement cut short leaves a run still recognised as derived
+    for p in sorted(old, key=lambda q: q.name == "config.yaml"):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:

@@ -55,14 +55,19 @@ class BadFile(BadValue):
 
 def fault(err: OSError, path: Path | str | None = None, doing: str = "write") -> DiskFault | None:
     """The `DiskFault` of an `OSError` the file system raised while `doing` something to `path` (the error's own
-    file name when it has one), or None when the error is no write fault (a bug, or a missing file)."""
+    file name when it has one), or None when the error is no such fault (a bug, or a missing file). `doing="access"`:
+    not known to be a write (a read of someone else's file can be refused too), so a refused permission is named
+    without the advice for the runs folder."""
     if isinstance(err, DiskFault):
         return err
     if err.errno not in FAULTS:
         return None
     cause, fix = FAULTS[err.errno]
     where = path or err.filename  # the file meant, not its temp file
-    return DiskFault(f"cannot {doing} {where}: {cause}: {fix}; nothing earlier was overwritten", err.errno)
+    if doing != "write" and err.errno in (errno.EACCES, errno.EPERM):
+        return DiskFault(f"cannot access {where}: {cause}: check its permissions (vitsinks reads its inputs and "
+                         f"writes under runs_dir=)", err.errno)
+    return DiskFault(f"cannot write {where}: {cause}: {fix}; nothing earlier was overwritten", err.errno)
 
 
 @contextmanager
@@ -105,11 +110,17 @@ class FileLock:
             for attempt in range(LOCK_TRIES):  # a reader's probe (`launch status`) holds it for microseconds
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except BlockingIOError:
                     if attempt == LOCK_TRIES - 1:
                         raise
                     time.sleep(0.05)
+                    continue
+                if _same_file(f, self.path):
+                    break
+                f.close()  # its holder removed the file meanwhile (`RunDir.locked`): lock the one there now
+                with faults_named(self.path):
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    f = self.path.open("a+")
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
@@ -140,6 +151,14 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _same_file(f: IO, path: Path) -> bool:
+    """Whether the open file `f` is still the file at `path` (not one unlinked since it was opened)."""
+    try:
+        return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class _Recording:
@@ -203,7 +222,9 @@ def torch_save(obj: Any, path: Path) -> None:
 
 
 def _torn(path: Path, what: str, detail: str, rerun: str) -> BadFile:
-    return BadFile(f"{path} is torn or is not {what} ({detail}): {rerun} to write it again")
+    """`rerun` is the fix: a command ("rerun ...", "relaunch ...": it writes the file again) or another way out."""
+    again = " to write it again" if rerun.startswith(("rerun", "relaunch")) else ""
+    return BadFile(f"{path} is torn or is not {what} ({detail}): {rerun}{again}")
 
 
 def read_json(path: Path | str, rerun: str, what: str = "the JSON vitsinks writes") -> Any:
@@ -270,8 +291,9 @@ def read_csv(path: Path | str, rerun: str, needs: tuple[str, ...] = ()) -> list[
     path = Path(path)
     try:
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-            header = rows[0].keys() if rows else []
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or []  # a table of no rows still has its header
     except (UnicodeDecodeError, csv.Error) as err:
         raise _torn(path, "a CSV table", " ".join(str(err).split()), rerun) from err
     if missing := [c for c in needs if c not in header]:

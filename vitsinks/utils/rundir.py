@@ -126,6 +126,8 @@ class RunDir:
     def rediagnose(self, stem: str) -> str:
         """The fix for a torn file of checkpoint `stem`'s diagnosis: the command that writes it again."""
         ckpt = self.last if stem == FINAL else self.ckpt_dir / f"{stem}.pt"
+        if not ckpt.is_file():
+            return f"delete {self.diagnostics(stem)}: its checkpoint was not kept, so it cannot be diagnosed again"
         return f"rerun `python -m vitsinks.diagnose ckpt={ckpt}`"
 
     def over_training(self, suffix: str) -> Path:
@@ -185,16 +187,22 @@ class RunDir:
     def locked(self, fix: str) -> Iterator[RunDir]:
         """The run's lock around a block (`lock(fix)`); a lock this object holds already is kept past the block. A
         folder the lock made that holds nothing else afterwards (a refused or failed command) is removed."""
-        held, made = self._lock is not None, not self.path.exists()
+        held = self._lock is not None
+        made = [p for p in (self.path, *self.path.parents) if not p.exists()]  # the folders the lock will make
         self.lock(fix)
         try:
             yield self
         finally:
             if not held:
-                if made and self.is_main and [p.name for p in self.path.iterdir()] == [".lock"]:
-                    (self.path / ".lock").unlink()  # before the lock is let go: no one else can hold it meanwhile
-                    self.path.rmdir()
-                self.unlock()
+                try:
+                    if made and self.is_main and self.path.is_dir() and \
+                            [p.name for p in self.path.iterdir()] == [".lock"]:
+                        (self.path / ".lock").unlink()  # while held: a waiter sees the file gone and takes a new one
+                        for folder in made:
+                            if folder.is_dir() and not any(folder.iterdir()):
+                                folder.rmdir()
+                finally:
+                    self.unlock()
 
     def start(self, cfg: DictConfig) -> None:
         """Before training: remove the temp files of killed writes, write the resolved config."""
@@ -307,14 +315,23 @@ def holds(folder: Path, source: str | None, name: str = "") -> bool:
 def model_folder(base: Path | str, source: str | None, name: str) -> Path:
     """`<base>/<model_name>`, recorded (`source.json`) as holding the results of `source` (a file by its absolute
     path); `BadValue` when it holds another model's results, e.g. a second weights file of the same name, so that
-    neither overwrites the other's. A folder with the record alone (an attempt that wrote nothing) is taken over."""
+    neither overwrites the other's. A folder with the record alone (an attempt that wrote nothing: a lock, temp files
+    and empty folders at most) is taken over."""
     folder = Path(base) / model_name(source, name)
     held, held_by = _held(folder), _source_id(source, name)
-    if held not in (None, held_by) and any(p.name != SOURCE for p in folder.iterdir()):
+    if held not in (None, held_by) and any(_holds_results(p) for p in folder.iterdir()):
         raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")
     folder.mkdir(parents=True, exist_ok=True)
     files.write_json(folder / SOURCE, {"source": held_by})
     return folder
+
+
+def _holds_results(p: Path) -> bool:
+    """Whether `p`, in a model's folder, is a result: not the record, a lock, a temp file or an empty folder (what a
+    refused or failed attempt leaves)."""
+    if p.name in (SOURCE, ".lock") or p.name.endswith(files.TMP_SUFFIX):
+        return False
+    return not p.is_dir() or any(_holds_results(c) for c in p.iterdir())
 
 
 def in_run(ckpt: Path | str) -> bool:
