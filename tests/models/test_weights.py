@@ -38,8 +38,14 @@ def test_a_torn_or_foreign_weights_file_is_named_a_weights_file_not_a_run_checkp
     with pytest.raises(BadValue, match="is not a PyTorch weights file") as err:
         pretrained(notes)
     assert "written by vitsinks" not in str(err.value)
+    in_run = tmp_path / "run" / "checkpoints" / "last.pt"
+    in_run.parent.mkdir(parents=True)
+    in_run.write_bytes(torn.read_bytes())
     with pytest.raises(BadValue, match="resume from another checkpoint of the run"):  # a run's checkpoint: as before
+        load(in_run)
+    with pytest.raises(BadValue, match="copy it again from its run") as err:  # a checkpoint file outside any run
         load(torn)
+    assert "resume" not in str(err.value)
 
 
 def test_a_weights_file_with_nan_is_damaged_not_a_run_that_diverged(tmp_path: Path) -> None:

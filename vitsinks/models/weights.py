@@ -65,10 +65,13 @@ def load(path: Path, kind: Kind = "checkpoint") -> Any:
                                f"save it again") from err
             raise BadValue(f"{path} is not a PyTorch weights file ({type(err).__name__}): pass a state dict saved "
                            f"with torch.save (.pt, .pth, .bin), a {SAFETENSORS} file, or a timm model name") from err
-        if torn:
+        if torn and path.parent.name == "checkpoints":  # a run's own checkpoint
             raise BadValue(f"cannot read checkpoint {path} ({type(err).__name__}): it is truncated or corrupt; "
                            f"resume from another checkpoint of the run (checkpoints/step_*.pt) or delete it to "
                            f"start over") from err
+        if torn:  # a checkpoint file outside a run (copied, downloaded)
+            raise BadValue(f"cannot read checkpoint {path} ({type(err).__name__}): it is truncated or corrupt; "
+                           f"copy it again from its run (runs/<name>/checkpoints/)") from err
         raise BadValue(f"{path} is not a PyTorch checkpoint ({type(err).__name__}): pass a file written by "
                        f"vitsinks (runs/<name>/checkpoints/*.pt)") from err
 
