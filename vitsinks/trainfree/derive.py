@@ -14,7 +14,6 @@ of `protocol` (never the validation images the diagnostics and probes report on)
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from vitsinks.run.pipeline import probes as run_probes
 from vitsinks.train.checkpoint import load_backbone, save_state
 from vitsinks.trainfree.base import METHODS
 from vitsinks.trainfree.base import method as get_method
+from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import FINAL, RunDir, in_run, model_name
@@ -121,10 +121,7 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
     # refused above before any work; replaced only once the new edit is fitted (the lock stays), its config last:
     # a replacement cut short leaves a run still recognised as derived
     for p in sorted(old, key=lambda q: q.name == "config.yaml"):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+        files.remove(p)
     source = str(cfg.ckpt)
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
                                     m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -71,12 +72,12 @@ def fault(err: OSError, path: Path | str | None = None, doing: str = "write") ->
 
 
 @contextmanager
-def faults_named(path: Path | str, doing: str = "write") -> Iterator[None]:
+def faults_named(path: Path | str) -> Iterator[None]:
     """Turn the write faults (`FAULTS`) raised inside the block into a `DiskFault` naming `path`."""
     try:
         yield
     except OSError as err:
-        named = fault(err, path, doing)
+        named = fault(err, path)
         if named is None or named is err:
             raise
         raise named from err
@@ -95,10 +96,6 @@ class FileLock:
     def __init__(self, path: Path | str, what: str, fix: str) -> None:
         self.path, self.what, self.fix = Path(path), what, fix
         self._f: IO | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._f is not None
 
     def acquire(self) -> FileLock:
         if self._f is not None:
@@ -314,7 +311,7 @@ def generation(folder: Path | str, keep: tuple[str, ...] = (), last: str = "") -
     with faults_named(folder):
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob(f".gen-*{TMP_SUFFIX}"):  # a killed generation's staging folder
-            _remove(old)
+            remove(old)
         stage = Path(tempfile.mkdtemp(prefix=".gen-", suffix=TMP_SUFFIX, dir=folder))
     try:
         yield stage
@@ -326,16 +323,15 @@ def generation(folder: Path | str, keep: tuple[str, ...] = (), last: str = "") -
                 os.replace(stage / name, folder / name)
             for old in folder.iterdir():
                 if old.name not in new and old.name not in keep and old != stage:
-                    _remove(old)
+                    remove(old)
     finally:
-        _remove(stage)
+        remove(stage)
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Delete a file, or a folder with everything in it (a link as a file)."""
     if path.is_dir() and not path.is_symlink():
-        for child in path.iterdir():
-            _remove(child)
-        path.rmdir()
+        shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
 
@@ -359,5 +355,5 @@ def remove_leftovers(folder: Path) -> list[Path]:
     """Delete the temp files of writes that were killed (`.<name>.<random>.tmp`) in `folder`; return them."""
     found = sorted(Path(folder).glob(f".*{TMP_SUFFIX}")) if Path(folder).is_dir() else []
     for p in found:
-        _remove(p)
+        remove(p)
     return found
