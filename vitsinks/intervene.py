@@ -45,7 +45,7 @@ from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
-from vitsinks.utils.rundir import RunDir, analyses_dir, in_run, model_name
+from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -150,10 +150,10 @@ def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tup
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
     config = OmegaConf.to_yaml(cfg, resolve=True)
     if st.nshards > 1:
-        files.write_text(report.write_shard(out, st.shard, st.nshards, res.rows, meta) / "config.yaml", config)
+        files.write_text(report.write_shard(out, st.shard, st.nshards, res.rows, meta) / CONFIG, config)
         return meta, out
     summary = report.write_outputs(out, res.rows, meta)
-    files.write_text(out / "config.yaml", config)
+    files.write_text(out / CONFIG, config)
     return summary, out
 
 

@@ -29,6 +29,7 @@ from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.report import build, to_markdown
 from vitsinks.report.inputs import recorded_title
 from vitsinks.utils.errors import BadValue, ConfigError
+from vitsinks.utils.rundir import leaderboard_dir
 
 
 @dataclass
@@ -46,11 +47,8 @@ def leaderboard_command(argv: Sequence[str]) -> int:
     if not args.runs:
         raise ConfigError(f"no runs given; usage: {USAGE}")
     src = Path(args.runs)
-    if recorded_title(src) is not None:  # a leaderboard's inputs: the leaderboard is the folder around them
-        default = src.parent
-    else:
-        default = src.parent / "leaderboard" if args.runs.endswith(".json") else src / "leaderboard"
-    out = args.out or str(default)
+    # a leaderboard's inputs: the leaderboard is the folder around them
+    out = args.out or str(src.parent if recorded_title(src) is not None else leaderboard_dir(src))
     try:
         table = build(args.runs, out, args.title)
     except yaml.YAMLError as err:

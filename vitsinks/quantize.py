@@ -205,7 +205,7 @@ def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
     cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
     model, src, _ = source_model(cfg)
     out = result_run(cfg)  # before any work: a folder that holds another model's result is refused
-    with RunDir(out.path / "quant" / W8A8.name).locked(QUANTIZING) as derived:  # one writer of this result
+    with RunDir(out.quantized(W8A8.name)).locked(QUANTIZING) as derived:  # one writer of this result
         return _quantize(cfg, model, src, out, derived)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
+import typing
 from pathlib import Path
 
 import pytest
@@ -12,9 +15,9 @@ from tests.conftest import tiny_cfg
 from vitsinks.launch import status
 from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
-from vitsinks.utils import files
+from vitsinks.utils import files, rundir
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import RunDir, analyses_dir, holds, model_folder, model_name
+from vitsinks.utils.rundir import RunDir, analyses_dir, holds, leaderboard_dir, model_folder, model_name
 
 
 def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:
@@ -174,3 +177,107 @@ def test_a_refused_or_empty_locked_block_leaves_no_folder_behind(tmp_path: Path)
     (model / "source.json").write_text(json.dumps({"source": "/some/other/weights.pt"}))
     (tmp_path / "weights.pt").write_bytes(b"")  # another file of the same name, whose attempt there wrote nothing
     assert model_folder(tmp_path / "diagnostics", str(tmp_path / "weights.pt"), "weights") == model  # taken over
+
+
+def test_the_layouts_paths_are_rundirs(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    assert run.checkpoint("step_0000010") == run.step_checkpoint(10) == run.ckpt_dir / "step_0000010.pt"
+    assert run.last == run.checkpoint("last")
+    assert run.quantized("w8a8") == run.path / "quant" / "w8a8" and run.lock_file == run.path / ".lock"
+    for step in (10, 20):
+        run.step_diagnostics(step).mkdir(parents=True)
+    run.summary("step_0000010").write_text("{}")
+    (run.diagnostics_root / "step_x").mkdir()
+    run.over_training("json").write_text("{}")
+    assert run.step_diagnostics_dirs() == {10: run.step_diagnostics(10), 20: run.step_diagnostics(20)}
+    assert leaderboard_dir(tmp_path / "runs") == tmp_path / "runs" / "leaderboard"
+    assert leaderboard_dir(tmp_path / "sweep" / "sweep.json") == tmp_path / "sweep" / "leaderboard"
+
+
+# --- RunDir is the one owner of the layout ------------------------------------------------------------------------
+PACKAGE = Path(rundir.__file__).resolve().parents[1]
+SAMPLE = {int: 1234567, str: "SAMPLE"}  # the arguments RunDir's methods are called with; parts naming them are not
+PATH_CALLS = ("glob", "rglob", "joinpath", "with_name", "with_suffix", "Path", "PurePath", "join")
+# a layout name the package may spell out, with why: (file under vitsinks/, the literal)
+NOT_A_RUNS = {("configs/docs.py", "config.yaml"): "the package's own Hydra config (configs/config.yaml), not a run's"}
+
+
+def layout_names() -> set[str]:
+    """The fixed folder and file names of a run's layout, as RunDir makes them: the parts of every path a RunDir
+    property or method returns (under a sample run, with sample arguments) and rundir's named names (`SUMMARY`,
+    `LOCK`, ...)."""
+    root, names = Path("/RUN"), set()
+    for _, member in inspect.getmembers(RunDir):
+        fn = member.fget if isinstance(member, property) else member
+        if not inspect.isfunction(fn) or typing.get_type_hints(fn).get("return") is not Path:
+            continue
+        hints = typing.get_type_hints(fn)
+        args = [SAMPLE[hints.get(p, str)] for p in list(inspect.signature(fn).parameters)[1:]]
+        path = fn(RunDir(root), *args)
+        names |= {p for p in path.relative_to(root).parts if not any(str(a) in p for a in SAMPLE.values())}
+    return names | {v for k, v in vars(rundir).items() if k.isupper() and isinstance(v, str)}
+
+
+def _parts(node: ast.expr) -> list[str]:
+    """The whole path parts a literal spells: a string's, or its pieces' in an f-string (a part glued to a value
+    left out)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [p for p in node.value.split("/") if p]
+    if not isinstance(node, ast.JoinedStr):
+        return []
+    out, values = [], node.values
+    for i, v in enumerate(values):
+        if isinstance(v, ast.Constant):
+            parts = v.value.split("/")
+            out += [p for p in parts[1 if i > 0 else 0:len(parts) - (i < len(values) - 1)] if p]
+    return out
+
+
+def spelled_paths(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, literal) of each layout name in `source` built into a path (`x / "name"`, `glob("*/name")`,
+    `Path(x, "name")`, ...) or named as a constant (`LOCK = ".lock"`). Reading a path's name (`p.name == ...`) is
+    not building one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        literals: list[ast.expr] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            literals = [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")) in PATH_CALLS:
+                literals = list(node.args)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id.isupper() and isinstance(node.value, ast.Constant) and node.value.value in names:
+            literals = [node.value]
+        found += [(node.lineno, p) for lit in literals for p in _parts(lit) if p in names]
+    return found
+
+
+def test_the_layout_names_come_from_rundir() -> None:
+    names = layout_names()
+    assert {"config.yaml", "status.json", "metrics.jsonl", "checkpoints", "last.pt", "diagnostics", "interventions",
+            "results", "quant", "summary.json", "per_image.npz", ".lock"} <= names
+    assert not any(str(a) in n for n in names for a in SAMPLE.values())
+    source = """
+LOCK = ".lock"
+a = run / "checkpoints" / "last.pt"
+b = Path(run, "diagnostics")
+c = run.glob(f"*/{SUMMARY}") + run.glob("*/config.yaml")
+d = run / f"results/{kind}.json"
+fine = [p.name == "checkpoints", "a run's config.yaml", out / f".{name}.lock", out / "by_head.csv", kind == "quant"]
+"""
+    assert sorted(spelled_paths(source, names)) == [(2, ".lock"), (3, "checkpoints"), (3, "last.pt"),
+                                                    (4, "diagnostics"), (5, "config.yaml"), (6, "results")]
+
+
+def test_no_module_builds_a_run_path_from_a_literal() -> None:
+    """Every path of a run's layout is RunDir's (or rundir's names'): a module that spells one out again goes stale
+    the day the layout changes."""
+    names, found = layout_names(), []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "utils/rundir.py" or rel.startswith("configs/mmseg/"):
+            continue
+        found += [f"vitsinks/{rel}:{line}: {lit!r}" for line, lit in spelled_paths(path.read_text(), names)
+                  if (rel, lit) not in NOT_A_RUNS]
+    assert not found, "build these paths with RunDir (vitsinks/utils/rundir.py), not literals:\n" + "\n".join(found)

@@ -22,7 +22,7 @@ from vitsinks.diagnostics.sinktable import write_sink_table
 from vitsinks.diagnostics.summary import DiagnosticsSummary, classify, events, location, summarize
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import SOURCE, SUMMARY
+from vitsinks.utils.rundir import LOCK, PER_IMAGE, SOURCE, SUMMARY
 
 __all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "embed", "events",
            "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
@@ -87,7 +87,6 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
         return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree)
 
 
-LOCK = ".lock"  # held while a diagnosis writes its folder
 DIAGNOSING = "wait for it to finish: another command diagnoses this checkpoint into the same folder"
 
 
@@ -105,7 +104,7 @@ def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarr
         result.residual["register_neurons"] = summarize_neurons(model, None, st, neurons.got)
     result.protocol = str((protocol or ProtocolConfig()).name)
     summary = result.to_json()
-    with files.atomic_open(out_dir / "per_image.npz", "wb") as f:
+    with files.atomic_open(out_dir / PER_IMAGE, "wb") as f:
         np.savez_compressed(f, **{k: v for k, v in d.items() if k != "attn_col_mean"})
     result.write(out_dir / SUMMARY)
     write_sink_table(d, out_dir, block0=bool(getattr(st, "block0", False)), protocol=result.protocol,

@@ -28,7 +28,7 @@ from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, empty_note, log_axis, save_figure
 from vitsinks.utils.results import Column, Result, register_result
-from vitsinks.utils.rundir import SUMMARY, RunDir
+from vitsinks.utils.rundir import CONFIG, SUMMARY, RunDir
 from vitsinks.utils.stats import nan_mean_std
 from vitsinks.utils.tables import markdown_table, write_csv
 
@@ -331,9 +331,9 @@ def merge(out: Path) -> dict[str, Any]:
     meta["checks"] = _merge_checks([m["checks"] for _, m in ordered])
     meta["merged_shards"] = n
     summary = write_outputs(out, rows, meta)
-    config = ordered[0][0] / "config.yaml"
+    config = ordered[0][0] / CONFIG
     if config.is_file():  # the shards' settings (shard 0's copy)
-        files.write_text(out / "config.yaml", config.read_text())
+        files.write_text(out / CONFIG, config.read_text())
     return summary
 
 
@@ -400,7 +400,7 @@ class InterventionsReport(Result):
         if path is None:
             return out
         report = cls.from_json(files.read_json(path, f"rerun `python -m vitsinks.intervene "
-                                                     f"ckpt={run.ckpt_dir / path.parent.name}.pt`"))
+                                                     f"ckpt={run.checkpoint(path.parent.name)}`"))
         for key, _, event_class, edit in CAUSAL:
             cell = report.classes("model" if event_class == "model" else "main").get(event_class, {}).get(edit)
             if cell is not None:

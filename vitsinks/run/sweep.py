@@ -108,7 +108,7 @@ def lock_held(run: RunDir) -> bool | None:
     shared lock taken and dropped at once (nothing is written); None where it cannot tell (no flock there, no
     permission)."""
     try:
-        with (run.path / ".lock").open("rb") as f:
+        with run.lock_file.open("rb") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -126,7 +126,7 @@ def locked_here(run: RunDir) -> bool:
     can see it: flock may be local to a node (Lustre -o localflock), so a run of another node is never called killed
     from here."""
     try:
-        said = (run.path / ".lock").read_text().strip()
+        said = run.lock_file.read_text().strip()
     except OSError:
         return True  # never locked: nothing can hold it anywhere
     return not said or said.endswith(f" on {socket.gethostname()}")

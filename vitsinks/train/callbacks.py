@@ -9,7 +9,6 @@ a checkpoint was written.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +23,6 @@ from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.distributed import all_reduce_sum, gather_objects
 from vitsinks.utils.errors import BadValue, UserError
 from vitsinks.utils.progress import hidden
-from vitsinks.utils.rundir import SUMMARY
-
-STEP_DIR = re.compile(r"^step_(\d+)$")
 
 if TYPE_CHECKING:  # annotations only: the trainer imports this module
     from vitsinks.train.trainer import Trainer
@@ -155,10 +151,9 @@ class Diagnostics(Callback):
         if not trainer.cfg.diagnostics.enabled or not trainer.dist.is_main:
             return
         run = trainer.rundir
-        for folder in sorted(run.diagnostics_root.glob("step_*")):
-            if not folder.is_dir() or (folder / SUMMARY).exists() or not (m := STEP_DIR.match(folder.name)):
+        for step, folder in sorted(run.step_diagnostics_dirs().items()):
+            if run.summary(folder.name).exists():
                 continue
-            step = int(m.group(1))
             if step > trainer.progress.step:  # beyond the resumed step: reached (and diagnosed) again
                 continue
             if step == trainer.progress.step:
@@ -177,8 +172,9 @@ class Diagnostics(Callback):
                       f"(train.keep_periodic=false): step {step} is missing from {run.diagnostics_root}", flush=True)
 
     def on_save(self, trainer: Trainer) -> None:
-        out = trainer.rundir.step_diagnostics(trainer.progress.step)
-        if trainer.cfg.diagnostics.enabled and not (out / SUMMARY).exists():
+        run = trainer.rundir
+        out = run.step_diagnostics(trainer.progress.step)
+        if trainer.cfg.diagnostics.enabled and not run.summary(out.name).exists():
             self.diagnose(trainer, trainer.model.backbone, out)
 
     def diagnose(self, trainer: Trainer, backbone: torch.nn.Module, out: Path) -> None:

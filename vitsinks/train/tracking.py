@@ -11,6 +11,7 @@ from typing import Any
 
 from vitsinks.configs.schema import WandbConfig
 from vitsinks.utils import files
+from vitsinks.utils.rundir import RunDir
 
 RERUN = "delete it and relaunch the run (its curves then start at the resumed step)"  # the fix for a torn file
 
@@ -37,7 +38,7 @@ class Tracker:
     def __init__(self, run_dir: Path, cfg: WandbConfig, name: str, config: dict[str, Any], active: bool = True,
                  resume_step: int = 0) -> None:
         self.active = active
-        self.path = run_dir / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         self.run = None
         if not active:
             return
@@ -83,5 +84,5 @@ def _wandb_id(name: str, run_dir: Path) -> str:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All metric lines of a run (a torn last line, from a kill mid-append, dropped); a bad line elsewhere is a
     `files.BadFile`."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     return files.read_jsonl(path, RERUN) if path.exists() else []

@@ -9,6 +9,9 @@
                       diagnostics/over_training.*  sinks vs step
                       interventions/<checkpoint>/  the causal-intervention report
                       results/<kind>.json          evaluation results (linear probe, dense probes, ...)
+                      quant/<format>/              the quantized copy of the run's model, a derived run (quantize)
+                      eval_cache/                  cached evaluation features
+                      wandb/                       wandb's own files (`wandb.init(dir=<run>)` names this folder)
                       .lock                        held while a process trains the run
 
 A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`
@@ -40,6 +43,11 @@ STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
 SUMMARY = "summary.json"  # the summary of one diagnosis or of one interventions report
 SOURCE = "source.json"  # in an import or a loose checkpoint file's folder: which model its results are of
+CONFIG = "config.yaml"  # a run's resolved config; also beside an interventions report, the settings it was made with
+PER_IMAGE = "per_image.npz"  # in a diagnosis's folder: its per-image fields
+LOCK = ".lock"  # held while a process writes a run (or a diagnosis its folder)
+LEADERBOARD = "leaderboard"  # the default folder of a leaderboard of a runs folder, sweep or run
+STEP_DIR_RE = re.compile(r"^step_(\d+)$")  # a periodic checkpoint's diagnosis folder
 
 
 class RunDir:
@@ -61,7 +69,8 @@ class RunDir:
     # --- the layout -------------------------------------------------------------------------------------------
     @property
     def config(self) -> Path:
-        return self.path / "config.yaml"
+        """`config.yaml`: the resolved config of the latest launch (a folder with one is a run, `is_run`)."""
+        return self.path / CONFIG
 
     @property
     def status(self) -> Path:
@@ -77,10 +86,14 @@ class RunDir:
 
     @property
     def last(self) -> Path:
-        return self.ckpt_dir / "last.pt"
+        return self.checkpoint("last")
+
+    def checkpoint(self, stem: str) -> Path:
+        """`checkpoints/<stem>.pt` (`last`, `step_0000100`): the checkpoint whose analyses are named `stem`."""
+        return self.ckpt_dir / f"{stem}.pt"
 
     def step_checkpoint(self, step: int) -> Path:
-        return self.ckpt_dir / f"step_{step:07d}.pt"
+        return self.checkpoint(f"step_{step:07d}")
 
     def step_checkpoints(self) -> dict[int, Path]:
         """The periodic checkpoints on disk by step."""
@@ -106,13 +119,18 @@ class RunDir:
         """`summary.json` of every step's diagnosis on disk, by step."""
         return {int(p.parent.name[5:]): p for p in self.diagnostics_root.glob(f"step_*/{SUMMARY}")}
 
+    def step_diagnostics_dirs(self) -> dict[int, Path]:
+        """Every step's diagnosis folder on disk (`diagnostics/step_XXXXXXX/`, finished or not), by step."""
+        return {int(m.group(1)): p for p in self.diagnostics_root.glob("step_*")
+                if p.is_dir() and (m := STEP_DIR_RE.match(p.name))}
+
     def summary(self, stem: str) -> Path:
         """The diagnostics summary of checkpoint `stem`."""
         return self.diagnostics(stem) / SUMMARY
 
     def per_image(self, stem: str) -> Path:
         """The per-image diagnostics fields of checkpoint `stem`."""
-        return self.diagnostics(stem) / "per_image.npz"
+        return self.diagnostics(stem) / PER_IMAGE
 
     def latest_summary(self) -> Path | None:
         """The summary of the final checkpoint's newest diagnosis (`final`, written after training, or `last`, a
@@ -125,7 +143,7 @@ class RunDir:
 
     def rediagnose(self, stem: str) -> str:
         """The fix for a torn file of checkpoint `stem`'s diagnosis: the command that writes it again."""
-        ckpt = self.last if stem == FINAL else self.ckpt_dir / f"{stem}.pt"
+        ckpt = self.last if stem == FINAL else self.checkpoint(stem)
         if not ckpt.is_file():
             return f"delete {self.diagnostics(stem)}: its checkpoint was not kept, so it cannot be diagnosed again"
         return f"rerun `python -m vitsinks.diagnose ckpt={ckpt}`"
@@ -139,6 +157,7 @@ class RunDir:
         return self.path / "interventions"
 
     def interventions(self, stem: str) -> Path:
+        """The interventions report of checkpoint `stem` (`interventions/<stem>/`)."""
         return self.interventions_root / stem
 
     def latest_interventions(self) -> Path | None:
@@ -166,6 +185,16 @@ class RunDir:
         """Cached evaluation features (`vitsinks.eval.features`)."""
         return self.path / "eval_cache"
 
+    def quantized(self, fmt: str) -> Path:
+        """`quant/<fmt>/`: the derived run holding the run's model quantized in format `fmt` (`w8a8`), whose result
+        is the run's `results/quant.json` (`vitsinks.quantize`)."""
+        return self.path / "quant" / fmt
+
+    @property
+    def lock_file(self) -> Path:
+        """`.lock`: held while a process writes the run (`lock`); `launch status` reads its holder from it."""
+        return self.path / LOCK
+
     def is_run(self) -> bool:
         return self.config.is_file()
 
@@ -176,7 +205,7 @@ class RunDir:
         without `-o flock`)."""
         if not self.is_main or self._lock is not None:
             return
-        self._lock = files.FileLock(self.path / ".lock", f"run directory {self.path}", fix).acquire()
+        self._lock = files.FileLock(self.lock_file, f"run directory {self.path}", fix).acquire()
 
     def unlock(self) -> None:
         if self._lock is not None:
@@ -196,8 +225,8 @@ class RunDir:
             if not held:
                 try:
                     if made and self.is_main and self.path.is_dir() and \
-                            [p.name for p in self.path.iterdir()] == [".lock"]:
-                        (self.path / ".lock").unlink()  # while held: a waiter sees the file gone and takes a new one
+                            [p.name for p in self.path.iterdir()] == [LOCK]:
+                        self.lock_file.unlink()  # while held: a waiter sees the file gone and takes a new one
                         for folder in made:
                             if folder.is_dir() and not any(folder.iterdir()):
                                 folder.rmdir()
@@ -281,10 +310,17 @@ def _raise_stopped(signum: int, frame: Any) -> None:
 def find_runs(src: Path | str) -> list[RunDir]:
     """The runs under `src` (a runs folder or a sweep folder, one level deep), or `src` itself when it is a run."""
     src = Path(src)
-    found = sorted(p.parent for p in src.glob("*/config.yaml"))
-    if not found and (src / "config.yaml").is_file():
+    found = sorted(p.parent for p in src.glob(f"*/{CONFIG}"))
+    if not found and RunDir(src).is_run():
         found = [src]
     return [RunDir(p) for p in found]
+
+
+def leaderboard_dir(src: Path | str) -> Path:
+    """Where the leaderboard of `runs=src` goes by default: `<src>/leaderboard` (a runs folder, a sweep folder or a
+    run), or next to a sweep's manifest (`<sweep>/leaderboard` for `<sweep>/sweep.json`)."""
+    src = Path(src)
+    return src.parent / LEADERBOARD if src.suffix == ".json" else src / LEADERBOARD
 
 
 def model_name(source: str | None, name: str) -> str:
@@ -329,7 +365,7 @@ def model_folder(base: Path | str, source: str | None, name: str) -> Path:
 def _holds_results(p: Path) -> bool:
     """Whether `p`, in a model's folder, is a result: not the record, a lock, a temp file or an empty folder (what a
     refused or failed attempt leaves)."""
-    if p.name in (SOURCE, ".lock") or p.name.endswith(files.TMP_SUFFIX):
+    if p.name in (SOURCE, LOCK) or p.name.endswith(files.TMP_SUFFIX):
         return False
     return not p.is_dir() or any(_holds_results(c) for c in p.iterdir())
 
