@@ -19,7 +19,7 @@ from vitsinks.configs.schema import InterveneConfig, load_config
 from vitsinks.interventions import from_vit, intervene
 from vitsinks.interventions.edits import resolve_edits
 from vitsinks.interventions.report import to_markdown, write_outputs
-from vitsinks.models import SinkViT
+from vitsinks.models import ATTN_KINDS, SinkViT
 from vitsinks.utils.errors import BadValue
 
 C, PIXEL = 5, 40.0  # the planted channel; the sink patch's marked pixel
@@ -178,13 +178,13 @@ def test_the_donor_cosine_under_the_reference_preset_equals_its_transcription(ed
 def test_the_reference_redirect_runs_by_default_only_under_the_preset_and_only_for_softmax() -> None:
     assert load_config(["protocol=kempner_causal"]).intervene.reference_formulas is True
     assert load_config([]).intervene.reference_formulas is False
-    assert "redirect_sink_attention_ref" not in resolve_edits([], False, 0)
-    assert "redirect_sink_attention_ref" in resolve_edits([], False, 0, ("softmax",), reference=True)
-    assert "redirect_sink_attention_ref" not in resolve_edits([], False, 0, ("relu",), reference=True)
-    assert resolve_edits(["redirect_sink_attention_ref"], False, 0) == ["redirect_sink_attention_ref"]
-    for kind in ("relu", "sigmoid", "sink_logit", "softpick"):
+    assert "redirect_sink_attention_ref" not in resolve_edits([], (), 0)
+    assert "redirect_sink_attention_ref" in resolve_edits([], (), 0, ("softmax",), reference=True)
+    assert "redirect_sink_attention_ref" not in resolve_edits([], (), 0, ("relu",), reference=True)
+    assert resolve_edits(["redirect_sink_attention_ref"], (), 0) == ["redirect_sink_attention_ref"]
+    for kind in (k for k in ATTN_KINDS if k != "softmax"):  # every other kind
         with pytest.raises(BadValue, match=f"softmax attention .*this model's attention is {kind}") as err:
-            resolve_edits(["redirect_sink_attention_ref"], False, 0, (kind,), reference=True)
+            resolve_edits(["redirect_sink_attention_ref"], (), 0, (kind,), reference=True)
         assert "\n" not in str(err.value)
     with pytest.raises(BadValue, match="use redirect_sink_attention"):
         intervene(from_vit(tiny_vit(attn="relu")), torch.zeros(2, 3, 32, 32), None, torch.zeros(0, 3, 32, 32),

@@ -19,7 +19,9 @@ from vitsinks.diagnostics import (
     stable_rank,
     summarize,
 )
-from vitsinks.models import SinkBlock, build_vit
+from vitsinks.diagnostics.summary import mitigation_measures
+from vitsinks.models import ATTN_KINDS, MITIGATIONS, SinkBlock, build_vit
+from vitsinks.models.layout import KeyLayout
 
 
 def hand_block() -> tuple[SinkBlock, torch.Tensor]:
@@ -82,19 +84,23 @@ def test_qk_spectrum_matches_direct_svd_of_theta() -> None:
         assert abs(gap[h].item() - (sv[0] / sv[1]).item()) < 1e-4
 
 
-@pytest.mark.parametrize("kw", [{}, {"gate": "elementwise", "registers": 2}, {"gate": "headwise"},
-                                {"attn": "relu"}, {"attn": "sigmoid"}, {"attn": "sink_logit"}])
+VARIANTS = [*({"attn": k} for k in ATTN_KINDS), *({name: m.example} for name, m in MITIGATIONS.items()),
+            {"gate": "headwise"}, {"gate": "elementwise", "registers": 2}]  # every kind, every mitigation
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_diagnose_every_variant_shapes_and_recomputation(kw: dict) -> None:
     torch.manual_seed(0)
     model = build_vit("vit_cpu", img_size=32, depth=3, embed_dim=48, num_heads=3, layerscale_init=0.5, **kw)
     d = diagnose(model, torch.randn(5, 3, 32, 32), batch_size=2, keep_maps=3)
-    n_tok = model.tokens_per_image()
+    layout = model.key_layout()
+    assert layout.n_tokens == model.tokens_per_image() and KeyLayout.from_fields(d) == layout
     for k in ("sink_idx", "mass", "routed_frac", "min_a", "ratio_head", "ratio_out", "stable_rank"):
         assert d[k].shape == (5, 3, 3), k
-    assert d["attn_col_mean"].shape == (3, 3, 3, n_tok)
+    assert d["attn_col_mean"].shape == (3, 3, 3, layout.n_keys)  # every key: the tokens and any extra slot
     assert d["qk_sigma1_frac"].shape == (3, 3) and d["massive_ratio"].shape == (5, 3)
     assert d["recompute_error"].max() < 1e-5
-    assert ((d["sink_idx"] >= 0) & (d["sink_idx"] < n_tok)).all()
+    assert ((d["sink_idx"] >= 0) & (d["sink_idx"] < layout.n_keys)).all()
     assert (d["routed_frac"] <= 1).all() and (d["min_a"] <= d["mass"] + 1e-6).all()
     s = summarize(d)
     assert s["shape"] == {"images": 5, "blocks": 3, "heads": 3, "registers": kw.get("registers", 0)}
@@ -174,7 +180,8 @@ def test_continuous_measures_by_hand() -> None:
     def1 = m["def1_sinks_per_image"]
     assert [def1[e]["all"] for e in ("0.5", "0.3", "0.2", "0.1")] == [1.0, 0.5, 0.5, 0.0]
     assert def1["0.5"]["nop"] == 0.5  # only the 0.1-ratio event is NOP-like (0.3 is unclassified)
-    assert m["gate_mean_by_block"] == [0.25, 0.25]
+    assert "gate_mean_by_block" not in m  # the gate's summary is the gate's own (mitigation_measures)
+    assert mitigation_measures(d)["gate_mean_by_block"] == [0.25, 0.25]
 
 
 def test_the_recomputation_check_fails_loudly_and_writes_nothing(tmp_path, monkeypatch) -> None:

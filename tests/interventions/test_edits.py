@@ -90,10 +90,10 @@ def test_register_controls_edit_the_registers_only() -> None:
 def test_register_controls_need_registers_and_the_new_edits_are_defaults() -> None:
     for e in REGISTER_EDITS:
         with pytest.raises(ValueError, match="register tokens"):
-            resolve_edits([e], False, 0)
-    assert {"noise_sink_value", "shuffle_sink_value"} <= set(resolve_edits([], False, 0))
-    assert not set(REGISTER_EDITS) & set(resolve_edits([], False, 0))
-    assert set(REGISTER_EDITS) <= set(resolve_edits([], False, 2))
+            resolve_edits([e], (), 0)
+    assert {"noise_sink_value", "shuffle_sink_value"} <= set(resolve_edits([], (), 0))
+    assert not set(REGISTER_EDITS) & set(resolve_edits([], (), 0))
+    assert set(REGISTER_EDITS) <= set(resolve_edits([], (), 2))
 
 
 def _zero_value_sink_vit() -> SinkViT:

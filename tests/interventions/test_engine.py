@@ -68,18 +68,18 @@ def test_value_edits_take_the_values_they_name() -> None:
         value_edit("zero_random_nonsink_value", v, sink, donor, None, None)
 
 
-@pytest.mark.parametrize(("requested", "gated", "registers", "message"), [
-    (["nope"], False, 0, "unknown edit"), (["open_gate"], False, 4, "needs a gated model"),
-    (["drop_registers"], True, 0, "register tokens")])
-def test_edits_that_do_not_apply_are_refused(requested: list[str], gated: bool, registers: int,
+@pytest.mark.parametrize(("requested", "present", "registers", "message"), [
+    (["nope"], (), 0, "unknown edit"), (["open_gate"], (), 4, "needs a model with gate"),
+    (["drop_registers"], ("gate",), 0, "register tokens")])
+def test_edits_that_do_not_apply_are_refused(requested: list[str], present: tuple[str, ...], registers: int,
                                              message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        resolve_edits(requested, gated, registers)
+        resolve_edits(requested, present, registers)
 
 
 def test_default_edits_follow_the_model() -> None:
-    assert "open_gate" not in resolve_edits([], False, 0) and "drop_registers" not in resolve_edits([], False, 0)
-    assert {"open_gate", "close_gate", "drop_registers"} <= set(resolve_edits([], True, 4))
+    assert "open_gate" not in resolve_edits([], (), 0) and "drop_registers" not in resolve_edits([], (), 0)
+    assert {"open_gate", "close_gate", "drop_registers"} <= set(resolve_edits([], ("gate",), 4))
 
 
 def test_patch_metrics_against_hand_values() -> None:

@@ -39,13 +39,14 @@ def reference_rows(attn: SinkAttention, s: torch.Tensor, head: int, causal: bool
 def _redirect64(attn: SinkAttention, s: torch.Tensor, sink: torch.Tensor, causal: bool, head: int = 1) -> torch.Tensor:
     """float64 redirect from one head's scores s (B, N, N): the kind's attention (its naive formula), column sink[b]
     zeroed, the row's mass given back to the other keys in proportion: the old row sum (1 for softmax), shared with
-    the null key for kinds that have one. float64 holds these weights at leads of a few hundred nats."""
+    the null key (the layout's last key) for kinds that have one. float64 holds these weights at leads of a few
+    hundred nats."""
     a, p_null = reference_rows(attn, s, head, causal)
+    if KINDS[attn.attn_kind].null_key:  # the null key is the layout's last key: it takes its share like a token
+        a = torch.cat([a, p_null], dim=-1)
     off = a.clone()
     off[torch.arange(len(s)), :, sink] = 0.0
     kept = off.sum(-1, keepdim=True)
-    if KINDS[attn.attn_kind].null_key:
-        return torch.where(kept + p_null > 0, off / (kept + p_null), 0.0)
     return torch.where(kept > 0, off / kept * a.sum(-1, keepdim=True), 0.0)
 
 
@@ -102,7 +103,7 @@ def test_redirect_from_the_scores_matches_float64_under_a_150_nat_sink_lead(kind
     off32[torch.arange(3), :, sink] = 0.0
     if kind != "relu":  # relu has no exponential: nothing underflows
         assert (off32.sum(-1)[sees_sink] == 0).all()  # float32 A: every row that sees the sink is off elsewhere
-    assert ours.dtype == torch.float32 and ours.shape == (3, 6, 6)
+    assert ours.dtype == torch.float32 and ours.shape == (3, 6, 6 + KINDS[kind].null_key)
     rows = truth.sum(-1) > 1e-30  # rows whose mass float32 can hold (causal sigmoid rows before the sink cannot)
     err = (ours.double() - truth).abs().sum(-1) / truth.sum(-1).clamp_min(1e-300)
     assert (err[rows] < 1e-3).all(), float(err[rows].max())

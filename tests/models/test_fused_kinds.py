@@ -62,8 +62,9 @@ def naive_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 
 def explicit_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The explicit path's per-head outputs: the kind's matrix of the scores, times v."""
-    return attn.kind.matrix(attn, (q * attn.scale) @ k.transpose(-2, -1), None) @ v
+    """The explicit path's per-head outputs: the kind's matrix of the scores, times the values of every key (a null
+    key's is 0)."""
+    return attn.kind.matrix(attn, (q * attn.scale) @ k.transpose(-2, -1), None) @ attn.key_values(v)
 
 
 def tol(kind: str) -> float:

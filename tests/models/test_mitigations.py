@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
 from tests.conftest import TINY_VIT
 from vitsinks.configs.schema import load_config
 from vitsinks.models import MITIGATIONS, ModelConfig, arch_keys, build_vit, mitigation_columns, variant_name
+from vitsinks.models.layout import KeyLayout
 from vitsinks.train.checkpoint import ARCH_KEYS
 from vitsinks.utils.results import Column
 
-ON = {"gate": "elementwise", "global_pathway": {"enabled": True}}  # one "on" setting per mitigation
-
-
-def test_every_mitigation_has_an_on_setting_here() -> None:
-    assert set(ON) == set(MITIGATIONS)  # a new mitigation adds its "on" setting above
+ON = {name: m.example for name, m in MITIGATIONS.items()}  # each mitigation's own "on" setting
 
 
 @pytest.mark.parametrize("name", sorted(MITIGATIONS))
@@ -38,7 +36,7 @@ def test_a_mitigation_adds_its_module_at_its_attribute_to_every_block_and_nothin
     m = MITIGATIONS[name]
     base = build_vit("vit_cpu", **TINY_VIT)
     model = build_vit("vit_cpu", **TINY_VIT, **{name: ON[name]})
-    prefix = "attn." + m.attr if m.site == "heads" else m.attr
+    prefix = m.attr if m.site == "update" else "attn." + m.attr  # heads and keys: on the attention module
     added = set(model.state_dict()) - set(base.state_dict())
     assert added and all(k.split(".", 2)[2].startswith(prefix + ".") for k in added)
     assert {k.split(".")[1] for k in added} == {str(i) for i in range(TINY_VIT["depth"])}
@@ -63,11 +61,20 @@ def test_the_config_keys_users_type_are_kept() -> None:
     assert off.blocks[0].pathway is None
 
 
-def test_leaderboard_columns_come_from_the_registry_with_values_from_a_summary() -> None:
+@pytest.mark.parametrize("name", sorted(MITIGATIONS))
+def test_leaderboard_columns_come_from_the_registry_with_values_from_its_own_summary(name: str) -> None:
+    """A diagnosis holding a mitigation's fields (random values, fill values in one block without it) summarises
+    into a summary from which its columns take finite values; an empty summary gives none."""
+    m = MITIGATIONS[name]
     cols = mitigation_columns()
     assert all(isinstance(c, Column) for c in cols) and len({c.key for c in cols}) == len(cols)
-    assert {c.key for c in cols} == {"gate_mean", "pathway_share"}
-    summary = {"gate_mean_by_block": [0.5, 0.7], "pathway": {"share_by_block": [None, 0.2, 0.4]}}
-    values = {k: v for m in MITIGATIONS.values() for k, v in m.leaderboard_values(summary).items()}
-    assert values == pytest.approx({"gate_mean": 0.6, "pathway_share": 0.3})
-    assert all(m.leaderboard_values({}) == {} for m in MITIGATIONS.values())
+    rng = np.random.default_rng(0)
+    d = {k: rng.uniform(0.1, 0.9, (5, 3)) if not k.endswith("token") else rng.integers(0, 9, (5, 3)).astype(float)
+         for k in m.diagnostic_fields}
+    for k, fill in m.diagnostic_fields.items():
+        d[k][:, 0] = fill  # block 0 lacks it
+    summary = m.summarise(d, KeyLayout(registers=0, patches=8))
+    values = m.leaderboard_values(summary)
+    assert set(values) == {c.key for c in m.columns}
+    assert all(np.isfinite(v) for v in values.values())
+    assert m.leaderboard_values({}) == {}

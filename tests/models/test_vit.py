@@ -153,7 +153,9 @@ def test_sink_logit_rows_sum_below_one() -> None:
     with torch.no_grad():
         attn.sink_logit.copy_(torch.tensor([0.0, 2.0, -2.0]))
     a = attn.internals(torch.randn(2, 9, 48)).attn
-    rows = a.sum(-1)
+    assert a.shape[-1] == 10  # the tokens, then the null key (the key layout's last slot)
+    torch.testing.assert_close(a.sum(-1), torch.ones(2, 3, 9))
+    rows = a[..., :-1].sum(-1)  # on the tokens
     assert (rows < 1).all() and (rows > 0).all()
     # larger null logit -> less mass on real tokens
     assert rows[:, 1].mean() < rows[:, 0].mean() < rows[:, 2].mean()
@@ -208,15 +210,17 @@ def test_attention_matches_a_naive_reference(kind: str, gate: str, causal: bool)
 
 @pytest.mark.parametrize("kind", ATTN_KINDS)
 def test_rows_of_every_kind_sum_as_it_declares(kind: str) -> None:
-    """Normalised kinds: rows sum to 1 over the tokens, or to less with a null key (which takes the rest)."""
+    """Normalised kinds: rows sum to 1 over the keys; with a null key, to less over the tokens."""
     torch.manual_seed(0)
     attn = SinkAttention(12, 3, attn=kind, qkv_bias=True)
     for causal in (False, True):
-        rows = attn.internals(torch.randn(2, 7, 12), causal=causal).attn.sum(-1)
+        a = attn.internals(torch.randn(2, 7, 12), causal=causal).attn
+        assert a.shape[-1] == 7 + KINDS[kind].null_key  # the tokens, then a null key
+        rows = a.sum(-1)
         assert (rows >= 0).all() and torch.isfinite(rows).all()
         if KINDS[kind].null_key:
-            assert (rows < 1).all()
-        elif KINDS[kind].normalised:
+            assert (a[..., :-1].sum(-1) < 1).all()  # the null key takes the rest
+        if KINDS[kind].normalised:
             torch.testing.assert_close(rows, torch.ones_like(rows))
 
 

@@ -185,15 +185,15 @@ def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
     """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads);
     with `neurons` (a `NeuronCollector` of `model.blocks`) the register neurons are collected on the way.
 
-    Adds `num_prefix` and `num_registers` (scalars) so the sink location ([CLS], register, patch) can be read
-    from `sink_idx`, and `grid` (patch rows, columns) for the attention maps.
+    Adds the key layout (`KeyLayout.fields`: `num_prefix`, `num_registers`, `num_patches`, `extra_keys`) so the
+    sink location ([CLS], register, patch, an extra key slot) can be read from `sink_idx`, and `grid` (patch rows,
+    columns) for the attention maps.
     """
     with eval_mode(model) as device:
         result = diagnose_inputs(model.blocks, lambda batch: embed(model, batch.to(device)), images, batch_size,
                                  keep_maps=keep_maps, num_prefix=model.num_prefix_tokens, neurons=neurons)
     result.update(spectrum(model.blocks))
     ph, pw = model.patch_embed.patch_size
-    result["num_prefix"] = np.array(model.num_prefix_tokens)
-    result["num_registers"] = np.array(model.num_reg_tokens)
+    result.update(model.key_layout(tuple(images.shape[-2:])).fields())
     result["grid"] = np.array([images.shape[-2] // ph, images.shape[-1] // pw])
     return result

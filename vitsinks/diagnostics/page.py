@@ -35,7 +35,7 @@ from vitsinks.diagnostics.page_figures import (
     upscale,
 )
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
-from vitsinks.diagnostics.summary import LOCATIONS, describe_rule
+from vitsinks.diagnostics.summary import LOCATIONS, describe_rule, layout_of
 from vitsinks.models import NoMLP, SinkViT
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
@@ -74,12 +74,15 @@ def _prefix(col: np.ndarray, n_prefix: int, name: str, agg: Any) -> dict[str, An
 def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, Any]:
     """One image's maps per block: the strongest head's attention received per key (its prefix shares apart) and
     the token norms, each over the patch grid with the range it is coloured on."""
-    n_prefix, (gh, gw) = int(d["num_prefix"]), (int(g) for g in d["grid"])
+    layout, (gh, gw) = layout_of(d), (int(g) for g in d["grid"])
+    n_prefix = layout.num_prefix
     cols = [d["attn_col_mean"][i, b, h].astype(np.float64) for b, h in enumerate(heads)]
-    grids = [c[n_prefix:].reshape(gh, gw) for c in cols]
+    grids = [c[layout.patch_slice].reshape(gh, gw) for c in cols]
     top = max(float(g.max()) for g in grids)  # one colour scale for the image's blocks: comparable side by side
     attn = [{"block": b, "head": int(h), **_prefix(c, n_prefix, "registers_total", np.sum),
-             "patches": rounded(g.sum()), "max": rounded(g.max()), "map": rounded(g)}
+             "patches": rounded(g.sum()), "max": rounded(g.max()), "map": rounded(g),
+             **({"extra_keys": {name: rounded(c[layout.n_tokens + j]) for j, name in enumerate(layout.extra)}}
+                if layout.extra else {})}
             for b, (h, c, g) in enumerate(zip(heads, cols, grids, strict=True))]
     out: dict[str, Any] = {"image": i, "attention_scale": [0.0, rounded(top)], "attention": attn}
     if "image_index" in d:
@@ -181,7 +184,8 @@ def _quant(quant: dict[str, Any] | None) -> dict[str, Any] | None:
 
 # --- the checkpoint page's HTML ---------------------------------------------------------------------------------
 def _spi_table(spi: dict[str, dict[str, float]], table_id: str) -> str:
-    return table(["class", *LOCATIONS, "all"], [[c, *(num(spi[c][loc]) for loc in (*LOCATIONS, "all"))]
+    locations = [loc for loc in spi["all"] if loc != "all"]  # the layout's: the tokens', then any extra key slot
+    return table(["class", *locations, "all"], [[c, *(num(spi[c][loc]) for loc in (*locations, "all"))]
                                                for c in (*CLASSES, "all")], table_id)
 
 
@@ -223,10 +227,13 @@ def _bar(shares: list[tuple[str, float]], title: str) -> str:
 def _attn_tile(a: dict[str, Any], scale: list[float], size: tuple[int, int]) -> str:
     pic = png_uri(grid_picture(np.array(a["map"]), *scale, ATTN_CMAP, size))
     regs = a["registers"]
+    extra = a.get("extra_keys", {})  # the key layout's extra slots (a null key, attention biases)
     tip = f"[CLS] {num(a['cls'])}; " + "".join(f"register {j} {num(v)}; " for j, v in enumerate(regs)) + \
-        f"patches {num(a['patches'])}"
-    shares = [("cls", a["cls"]), *(("reg", v) for v in regs), ("patch", a["patches"])]
+        f"patches {num(a['patches'])}" + "".join(f"; {name} key {num(v)}" for name, v in extra.items())
+    shares = [("cls", a["cls"]), *(("reg", v) for v in regs), ("patch", a["patches"]),
+              *(("extra", v) for v in extra.values())]
     reg = f" · reg {num(a['registers_total'])}" if regs else ""
+    reg += "".join(f" · {name} key {num(v)}" for name, v in extra.items())
     return (f'<div class="tile"><div class="cap">head {num(a["head"])}: max {num(a["max"])}</div>'
             f'<img class="map" src="{pic}" alt="block {num(a["block"])} head {num(a["head"])} attention">'
             f'{_bar(shares, tip)}<div class="cap" title="{html.escape(tip)}">[CLS] {num(a["cls"])}{reg} · '

@@ -20,6 +20,7 @@ from vitsinks.utils.errors import NonFinite
 from vitsinks.utils.plotting import (
     CLASS_COLORS,
     CLASS_LABELS,
+    EXTRA_KEY_COLORS,
     LOCATION_COLORS,
     annotate_cells,
     empty_note,
@@ -58,7 +59,8 @@ img.fig{max-width:min(100%,900px);display:block;margin:.4em 0} img.fig.full{max-
 .wide{grid-column:span 4;align-self:center} #register-neurons td:nth-child(2){text-align:left}
 .swatches{font-size:.85em} .swatch{margin-right:1em}
 """ + (f".cls{{background:{LOCATION_COLORS['cls']}}} .reg{{background:{LOCATION_COLORS['register']};border-left:1px "
-       f"solid #fff}} .patch{{background:{LOCATION_COLORS['patch']}}}")  # one colour per location: the PNGs' too
+       f"solid #fff}} .patch{{background:{LOCATION_COLORS['patch']}}} .extra{{background:{EXTRA_KEY_COLORS[0]};"
+       f"border-left:1px solid #fff}}")  # one colour per location: the PNGs' too
 
 
 def page(title: str, meta: str, body: str, links: list[tuple[str, str]]) -> str:

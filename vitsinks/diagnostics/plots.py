@@ -10,11 +10,10 @@ import matplotlib
 from vitsinks.utils.plotting import (
     CLASS_COLORS,
     CLASS_LABELS,
-    LOCATION_COLORS,
-    LOCATION_LABELS,
     annotate_cells,
     empty_note,
     index_ticks,
+    location_style,
     log_axis,
     save_figure,
 )
@@ -26,7 +25,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, NOP_MAX, SinkRules  # noqa: E402
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, location  # noqa: E402
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, layout_of, location  # noqa: E402
 
 
 def rules_of(summary: dict[str, Any] | None, ratio: str = "ratio_out") -> SinkRules:
@@ -41,10 +40,13 @@ def rule_name(rules: SinkRules) -> str:
 
 
 def _where(d: dict[str, np.ndarray], i: int, blk: int, h: int) -> str:
-    """Where the dominant key of (image, block, head) sits: [CLS], register j or patch p."""
-    s, n_prefix = int(d["sink_idx"][i, blk, h]), int(d["num_prefix"])
+    """Where the dominant key of (image, block, head) sits: [CLS], register j, patch p or an extra key slot."""
+    layout = layout_of(d)
+    s = int(d["sink_idx"][i, blk, h])
     loc = int(location(d)[i, blk, h])
-    return ("[CLS]", f"register {s - 1}", f"patch {s - n_prefix}")[loc]
+    if loc >= len(LOCATIONS):
+        return f"{layout.locations[loc]} key"
+    return ("[CLS]", f"register {s - 1}", f"patch {s - layout.num_prefix}")[loc]
 
 
 def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rules: SinkRules | None = None,
@@ -53,14 +55,15 @@ def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rul
     the first `n_images` images, each image once: the image, then per head the mean attention each patch receives,
     on one colour scale (its colour bar). A head is called a sink only where the rule counts an event."""
     rules = rules or SinkRules()
-    maps = d["attn_col_mean"]  # (m, L, H, N)
+    maps = d["attn_col_mean"]  # (m, L, H, K): every key of the layout
     m = min(maps.shape[0], n_images, len(images))
     ev, cls = rules.events(d)[:m], rules.classify(d)[:m]
     mass = d["mass"][:m]
     score = ev.mean(0) * 10 + mass.mean(0)  # events first, then the mean mass
     heads = [np.unravel_index(f, score.shape) for f in np.argsort(score.reshape(-1), kind="stable")[::-1][:top]]
-    n_prefix, (gh, gw) = int(d["num_prefix"]), d["grid"]
-    heat = [[maps[i, b, h, n_prefix:].reshape(gh, gw) for b, h in heads] for i in range(m)]
+    layout, (gh, gw) = layout_of(d), d["grid"]
+    patches, n_prefix = layout.patch_slice, layout.num_prefix
+    heat = [[maps[i, b, h, patches].reshape(gh, gw) for b, h in heads] for i in range(m)]
     vmax = max(float(x.max()) for row in heat for x in row) or 1.0
     fig, axes = plt.subplots(m, len(heads) + 1, figsize=(1.9 * (len(heads) + 1) + 0.9, 2.15 * m + 0.7),
                              squeeze=False, layout="constrained")
@@ -154,8 +157,9 @@ def location_by_block(summary: dict[str, Any], path: Path) -> Path:
     x = np.arange(L)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     rules = rules_of(summary)
+    loc_colours, loc_labels = location_style(list(loc))
     for ax, groups, colors, labels, names, title in (
-            (axes[0], loc, LOCATION_COLORS, LOCATION_LABELS, LOCATIONS, "where the sink sits"),
+            (axes[0], loc, loc_colours, loc_labels, list(loc), "where the sink sits"),
             (axes[1], cls, CLASS_COLORS, CLASS_LABELS, CLASSES, "what the sink does")):
         bottom = np.zeros(L)
         for name in names:

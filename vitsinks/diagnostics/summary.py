@@ -35,11 +35,18 @@ from vitsinks.diagnostics.rules import (  # noqa: F401 - re-exported: the rules'
     events,
 )
 from vitsinks.models.common_mode import common_mode_ratio
+from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
+from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.utils import files
 from vitsinks.utils.results import Column, Result, register_result
 from vitsinks.utils.rundir import RunDir
 
-LOCATIONS = ("cls", "register", "patch")
+LOCATIONS = TOKEN_LOCATIONS  # the tokens' locations; a layout with extra key slots has more (`KeyLayout.locations`)
+
+
+def layout_of(d: dict[str, np.ndarray]) -> KeyLayout:
+    """The key layout of a diagnosis (its `num_registers`, patches and extra key slots)."""
+    return KeyLayout.from_fields(d, n_tokens=d["res_norm"].shape[-1] if "res_norm" in d else None)
 
 
 def token_location(index: np.ndarray, num_registers: int) -> np.ndarray:
@@ -48,20 +55,23 @@ def token_location(index: np.ndarray, num_registers: int) -> np.ndarray:
 
 
 def location(d: dict[str, np.ndarray]) -> np.ndarray:
-    """Where each dominant key sits: 0 [CLS], 1 register, 2 patch."""
-    return token_location(d["sink_idx"], int(d["num_registers"]))
+    """Where each dominant key sits: codes into the layout's `locations` (0 [CLS], 1 register, 2 patch, 3.. the
+    extra key slots)."""
+    return layout_of(d).location_code(d["sink_idx"])
 
 
 def _fmt(x: float) -> float:
     return float(np.round(x, 6))
 
 
-def sinks_per_image(ev: np.ndarray, cls: np.ndarray, loc: np.ndarray) -> dict[str, dict[str, float]]:
-    """Events summed over heads and the given blocks, averaged over images; split by class x location."""
+def sinks_per_image(ev: np.ndarray, cls: np.ndarray, loc: np.ndarray,
+                    locations: Sequence[str] = LOCATIONS) -> dict[str, dict[str, float]]:
+    """Events summed over heads and the given blocks, averaged over images; split by class x location (`loc`: codes
+    into `locations`)."""
     out: dict[str, dict[str, float]] = {}
     for ci, cname in enumerate((*CLASSES, "all")):
         row = {}
-        for li, lname in enumerate((*LOCATIONS, "all")):
+        for li, lname in enumerate((*locations, "all")):
             m = ev.copy()
             if cname != "all":
                 m &= cls == ci
@@ -127,10 +137,11 @@ def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[
     heads = mean_mass.argmax(axis=1)
     blocks = np.arange(len(heads))
     loc = location(d)[:, blocks, heads]  # (images, L)
+    names = layout_of(d).locations
     out = {
         "head": heads.tolist(),
         "mass": [_fmt(x) for x in mean_mass[blocks, heads]],
-        "location": [LOCATIONS[int(np.bincount(loc[:, b], minlength=3).argmax())] for b in blocks],
+        "location": [names[int(np.bincount(loc[:, b], minlength=len(names)).argmax())] for b in blocks],
         "ratio": [_fmt(x) for x in np.nanmedian(d[ratio][:, blocks, heads], axis=0)],
     }
     if "prefix_mass" in d:
@@ -140,7 +151,7 @@ def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[
 
 def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[str, Any]:
     """Measures that move before any sink event: the strongest head per block, the share of (image, head) pairs
-    with mass >= 0.3, Definition-1 counts at several eps (sinks per image, by `rules`' class), and the mean gate."""
+    with mass >= 0.3 and Definition-1 counts at several eps (sinks per image, by `rules`' class)."""
     rules = rules or SinkRules()
     cls = rules.classify(d)
     blocks = scored_blocks(d["mass"].shape[1], policy=rules.block0_policy)
@@ -157,30 +168,25 @@ def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None
         "mass_share": _fmt(strong.mean()),
         "def1_sinks_per_image": def1,
     }
-    if "gate_mean" in d and not np.isnan(d["gate_mean"]).all():
-        out["gate_mean_by_block"] = [_fmt(x) for x in d["gate_mean"].mean(axis=(0, 2))]
     return out
 
 
 def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Per block: the common-mode penalty of the attention update over the diagnosed images (docs/fidelity.md), and
-    for models with the global pathway its pooling entropy, where its top pooled token sits most often, its mean
-    recipient gate and its share of the block update's energy."""
+    """Per block: the common-mode penalty of the attention update over the diagnosed images (docs/fidelity.md)."""
     out: dict[str, Any] = {}
     if "cm_num" in d:
         ratio = common_mode_ratio(d["cm_num"].mean(0), d["cm_den"].mean(0))  # of the means over the images
         out["common_mode_by_block"] = [_fmt(x) for x in ratio]
-    if "pw_share" in d:
-        top = d["pw_top_token"]
-        loc = token_location(top, int(d["num_registers"]))
-        has = ~np.isnan(d["pw_share"]).all(axis=0)
-        out["pathway"] = {
-            "entropy_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_entropy"].mean(0), has, strict=True)],
-            "top_token_by_block": [LOCATIONS[int(np.bincount(loc[:, b], minlength=3).argmax())] if h else None
-                                   for b, h in enumerate(has)],
-            "gamma_mean_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_gamma"].mean(0), has, strict=True)],
-            "share_by_block": [_fmt(x) if h else None for x, h in zip(d["pw_share"].mean(0), has, strict=True)],
-        }
+    return out
+
+
+def mitigation_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Each registered mitigation's part of the summary (`BlockMitigation.summarise`) where the diagnosis holds its
+    fields."""
+    layout, out = layout_of(d), {}
+    for m in MITIGATIONS.values():
+        if any(k in d for k in m.diagnostic_fields):
+            out.update(m.summarise(d, layout))
     return out
 
 
@@ -197,7 +203,7 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
     rules = rules or SinkRules()
     norms = d["res_norm"].astype(np.float64)  # float32 rounds to noisy decimals in JSON
     n_reg = int(d["num_registers"])
-    token_loc = token_location(np.arange(norms.shape[2]), n_reg)
+    token_loc = token_location(np.arange(norms.shape[2]), n_reg)  # the residual side: tokens only
     is_sink = sink_tokens(d["sink_idx"], rules.events(d), norms.shape[2])
     entering = entering_norms(norms, d["res_norm_in"].astype(np.float64) if "res_norm_in" in d else None)
     edges, counts = norm_histogram(norms)
@@ -233,6 +239,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
     `res_*` arrays) it holds `residual` (`residual_measures`, thresholds `high_norm_k`)."""
     rules = rules or SinkRules()
     ev, cls, loc = rules.events(d), rules.classify(d), location(d)
+    names = layout_of(d).locations
     n_img, n_blocks, n_heads = ev.shape
     blocks = scored_blocks(n_blocks, policy=rules.block0_policy)
     massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
@@ -241,13 +248,13 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
         "rule": rule_record(rules, n_blocks),
         "shape": {"images": n_img, "blocks": n_blocks, "heads": n_heads,
                   "registers": int(d["num_registers"])},
-        "sinks_per_image": sinks_per_image(ev[:, blocks], cls[:, blocks], loc[:, blocks]),
-        "sinks_per_image_block0": sinks_per_image(ev[:, :1], cls[:, :1], loc[:, :1]),
+        "sinks_per_image": sinks_per_image(ev[:, blocks], cls[:, blocks], loc[:, blocks], names),
+        "sinks_per_image_block0": sinks_per_image(ev[:, :1], cls[:, :1], loc[:, :1], names),
         "block_frequency": [_fmt(x) for x in ev.mean(axis=(0, 2))],
         "max_mass_by_block": [_fmt(x) for x in d["mass"].max(axis=2).mean(axis=0)],  # strongest head, per image
         "head_frequency": [[_fmt(x) for x in row] for row in ev.mean(axis=0)],
         "location_by_block": {name: [_fmt(x) for x in ((loc == i) & ev).sum(axis=2).mean(axis=0)]
-                              for i, name in enumerate(LOCATIONS)},
+                              for i, name in enumerate(names)},
         "class_by_block": {name: [_fmt(x) for x in ((cls == i) & ev).sum(axis=2).mean(axis=0)]
                            for i, name in enumerate(CLASSES)},
         "spectrum": {
@@ -266,6 +273,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
         **({"residual": residual_measures(d, rules, high_norm_k)} if residual and "res_norm" in d else {}),
         **continuous_measures(d, rules),
         **update_measures(d),
+        **mitigation_measures(d),
         "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }
@@ -291,7 +299,8 @@ _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on 
 @dataclass
 class DiagnosticsSummary(Result):
     """`diagnostics/<checkpoint>/summary.json` (written by `run_diagnostics`). Fields a summary of an older version
-    lacks are None (left out of its JSON); keys this version does not know are kept in `extra`."""
+    lacks are None (left out of its JSON); the mitigations' parts (`BlockMitigation.summarise`) and keys this version
+    does not know are kept in `extra`."""
 
     kind = "diagnostics"
     rank = 50
@@ -311,9 +320,7 @@ class DiagnosticsSummary(Result):
     mass_share_by_block: list[float] | None = None
     mass_share: float | None = None
     def1_sinks_per_image: dict[str, dict[str, float]] | None = None
-    gate_mean_by_block: list[float] | None = None
     common_mode_by_block: list[float] | None = None
-    pathway: dict[str, list] | None = None
     recompute_error_max: float | None = None
     recompute_error_by_block: list[float] | None = None
     protocol: str | None = None
@@ -323,7 +330,7 @@ class DiagnosticsSummary(Result):
     _ORDER = ("rule", "shape", "sinks_per_image", "sinks_per_image_block0", "block_frequency", "max_mass_by_block",
               "head_frequency", "location_by_block", "class_by_block", "spectrum", "massive_activations",
               "residual", "strongest_head_by_block", "mass_share_by_block", "mass_share", "def1_sinks_per_image",
-              "gate_mean_by_block", "common_mode_by_block", "pathway", "recompute_error_max",
+              "common_mode_by_block", "recompute_error_max",
               "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
 
     def to_json(self) -> dict[str, Any]:

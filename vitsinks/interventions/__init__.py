@@ -113,7 +113,8 @@ def intervene(subject: Subject, images: torch.Tensor, labels: torch.Tensor | Non
     n_blocks = len(subject.blocks)
     ranges = batches(len(images), settings.batch_size)
     reference = bool(getattr(settings, "reference_formulas", False))
-    edits = resolve_edits(list(settings.edits), subject.gated, subject.num_registers, subject.attn_kinds, reference)
+    edits = resolve_edits(list(settings.edits), subject.mitigations, subject.num_registers, subject.attn_kinds,
+                          reference)
     reused = stage1 is not None
     d = stage1 if reused else stage_one(subject, images, settings.batch_size)
     if list(settings.heads):

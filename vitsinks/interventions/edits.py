@@ -36,17 +36,19 @@ from typing import NamedTuple
 import torch
 
 from vitsinks.models.kinds import KINDS
+from vitsinks.models.mitigations import brought_edits
 from vitsinks.utils.errors import BadValue, CheckFailed
 
+# the mitigations' own edits (`BlockMitigation.edits`: the gate's open_gate / close_gate) -> their mitigation
+MITIGATION_EDITS = brought_edits()
 EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
          "donor_nonsink_value", "redirect_sink_attention", "redirect_sink_attention_ref", "zero_random_nonsink_value",
-         "open_gate", "close_gate", "drop_registers", "zero_registers", "mean_registers",
+         *MITIGATION_EDITS, "drop_registers", "zero_registers", "mean_registers",
          "shuffle_registers")  # the order of every table
 REFERENCE_EDITS = ("redirect_sink_attention_ref",)  # the reference's own formulas: by default only with
 # intervene.reference_formulas (protocol=kempner_causal)
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
                "donor_nonsink_value", "zero_random_nonsink_value")
-GATE_EDITS = ("open_gate", "close_gate")
 REGISTER_EDITS = ("zero_registers", "mean_registers", "shuffle_registers")  # at the input of every block in turn
 # not one head: the whole model run without its register tokens, or its registers edited at one block's input
 MODEL_EDITS = ("drop_registers", *REGISTER_EDITS)
@@ -56,9 +58,7 @@ CONTROLS_SEED_OFFSET = 500  # the controls generator: seed + 1000 * shard + 500,
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
 # ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
-# to its precision; rows of a kind with a null key also need its share (1 - row sum) without cancellation
-REDIRECT_CHECK_SHARE_NULL_KEY = 1e-3
-REDIRECT_CHECK_SHARE_DEFAULT = 1e-30
+REDIRECT_CHECK_SHARE = 1e-30
 REF_REDIRECT_CLAMP = 1e-12  # the reference's clamp of the new row sum (vit_causal/interventions.py)
 
 
@@ -90,17 +90,18 @@ def reference_redirect_applies(kind: str) -> bool:
     return KINDS[kind].normalised and not KINDS[kind].null_key
 
 
-def resolve_edits(requested: list[str], gated: bool, registers: int, kinds: Collection[str] = ("softmax",),
-                  reference: bool = False) -> list[str]:
-    """The edits to run: `requested` checked against the model (its gate, registers and attention `kinds`), or
-    every edit that applies when it is empty (`REFERENCE_EDITS` only with `reference`)."""
+def resolve_edits(requested: list[str], mitigations: Collection[str], registers: int,
+                  kinds: Collection[str] = ("softmax",), reference: bool = False) -> list[str]:
+    """The edits to run: `requested` checked against the model (the block `mitigations` it has, its registers and
+    attention `kinds`), or every edit that applies when it is empty (`REFERENCE_EDITS` only with `reference`)."""
     unknown = [e for e in requested if e not in EDITS]
     if unknown:
         raise BadValue(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
     other = sorted(k for k in set(kinds) if not reference_redirect_applies(k))
     for e in requested:
-        if e in GATE_EDITS and not gated:
-            raise BadValue(f"edit {e} needs a gated model (model.gate=elementwise or headwise); this one has no gate")
+        if e in MITIGATION_EDITS and MITIGATION_EDITS[e].name not in mitigations:
+            raise BadValue(f"edit {e} needs a model with {MITIGATION_EDITS[e].name} (model.{MITIGATION_EDITS[e].name}"
+                           f"); this one has none")
         if e in MODEL_EDITS and not registers:
             raise BadValue(f"edit {e} needs a model with register tokens (model.registers > 0); this one has none")
         if e in REFERENCE_EDITS and other:
@@ -108,7 +109,8 @@ def resolve_edits(requested: list[str], gated: bool, registers: int, kinds: Coll
                            f"model's attention is {', '.join(other)}: use redirect_sink_attention")
     if requested:
         return list(dict.fromkeys(requested))
-    return [e for e in EDITS if (e not in GATE_EDITS or gated) and (e not in MODEL_EDITS or registers)
+    return [e for e in EDITS if (e not in MITIGATION_EDITS or MITIGATION_EDITS[e].name in mitigations)
+            and (e not in MODEL_EDITS or registers)
             and (e not in REFERENCE_EDITS or (reference and not other))]
 
 
@@ -202,20 +204,19 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
 
 
 def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor, kind: str) -> tuple[float, int]:
-    """The redirect from the scores against the same edit read off A (B, N, N), on the rows where A itself holds
-    enough attention off the sink (`REDIRECT_CHECK_SHARE` of the row) for the rescaling of A to be exact: a guard
-    that the scores are the ones A was computed from. Returns (largest relative L1 error, rows checked)."""
+    """The redirect from the scores against the same edit read off A (B, N, K: every key of the layout, a null key
+    last), on the rows where A itself holds enough attention off the sink (`REDIRECT_CHECK_SHARE` of the row) for
+    the rescaling of A to be exact: a guard that the scores are the ones A was computed from. Returns (largest
+    relative L1 error, rows checked)."""
     a = attn.double()
     off = a.clone()
     off[torch.arange(len(a), device=a.device), :, sink] = 0.0
     total, rest = a.sum(-1, keepdim=True), off.sum(-1, keepdim=True)
-    null_key = KINDS[kind].null_key
-    share = REDIRECT_CHECK_SHARE_NULL_KEY if null_key else REDIRECT_CHECK_SHARE_DEFAULT
+    share = REDIRECT_CHECK_SHARE
     keep = (rest.squeeze(-1) >= share * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
     if not keep.any():
         return 0.0, 0
-    # a null key (sink_logit's: 1 - the row sum) keeps its share; the other kinds: the row keeps its sum
-    expected = off / (rest + (1.0 - total)) if null_key else off / rest * total
+    expected = off / rest * total  # the row keeps its sum (a null key is a column of A: it takes its share)
     r = redirected.double()[keep]
     err = (r - expected[keep]).abs().sum(-1) / expected[keep].abs().sum(-1).clamp_min(1e-300)
     return float(err.max()), int(keep.sum())

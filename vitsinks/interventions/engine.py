@@ -46,7 +46,7 @@ from vitsinks.diagnostics.summary import LOCATIONS, block0_apart, main_blocks, t
 from vitsinks.interventions.edits import (
     CONTROLS_SEED_OFFSET,
     DONOR_EDITS,
-    GATE_EDITS,
+    MITIGATION_EDITS,
     MODEL_EDITS,
     REDIRECT_TOL,
     REF_REDIRECT_CLAMP,
@@ -66,6 +66,7 @@ from vitsinks.interventions.edits import (
     value_edit,
 )
 from vitsinks.interventions.subject import Subject
+from vitsinks.models.mitigations import SINK_VALUE_EDITS, slot_edits
 from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
@@ -241,7 +242,7 @@ def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sin
     keep = torch.ones(P.shape[:2], dtype=P.dtype, device=P.device)
     if sink is not None:
         idx = sink - num_prefix
-        rows = (idx >= 0).nonzero().squeeze(-1)
+        rows = ((idx >= 0) & (idx < P.shape[1])).nonzero().squeeze(-1)  # a sink on a patch (not a prefix or extra key)
         keep[rows, idx[rows]] = 0.0
     d = Pe - P
     n = keep.sum(1).clamp_min(1)
@@ -317,9 +318,9 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
         checks.redirect_ref_rows += red.shape[0] * red.shape[1]
         checks.redirect_ref_rows_clamped += clamped
         new_head = red @ it.v[:, h]
-    elif edit in GATE_EDITS:
-        gate, new_head = it.gate.clone(), None
-        gate[:, :, h] = 1.0 if edit == "open_gate" else 0.0
+    elif edit in MITIGATION_EDITS:  # the mitigation's own edit of the internals (the gate's open / close)
+        edited = MITIGATION_EDITS[edit].edit(edit, it, h)
+        gate, new_head = edited.gate, edited.attn[:, h] @ edited.v[:, h]
     else:
         raise ValueError(f"{edit!r} is not a head edit")
     if new_head is not None:
@@ -403,9 +404,13 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         f = _fields(blk, it)
         fn = {k: v.cpu().numpy() for k, v in f.items()}
         classes = rules.event_class(fn)  # (B, H)
-        loc_idx = token_location(fn["sink_idx"], subject.num_registers)
+        n_tokens = x_in.shape[1]  # the tokens; keys past them are the layout's extra slots
+        extra = blk.attn.extra_keys
+        on_slot = fn["sink_idx"] >= n_tokens
+        slot = np.clip(fn["sink_idx"] - n_tokens, 0, max(len(extra) - 1, 0))
+        loc_names = np.where(on_slot, np.array([*extra, ""], dtype=object)[slot],
+                             np.array(LOCATIONS, dtype=object)[token_location(fn["sink_idx"], subject.num_registers)])
         w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
-        n_tokens = it.v.shape[-2]
         for bb, h in plan.heads:  # sorted: the generator is consumed in the order of the sorted heads
             if bb != b:
                 continue
@@ -420,8 +425,11 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
                     continue
                 final = edited_final(subject, b, x_in, it, heads_out, h, sink, edit, donor,
                                      plan.mean_values.get((b, h)), draws, w_heads[h], checks)
-                rows += _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h],
-                              np.array(LOCATIONS)[loc_idx[:, h]],
-                              measure(base, final, sink, edit, subject.num_prefix), donor_of(edit)[1],
-                              drawn.get(edit))
+                new = _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h], loc_names[:, h],
+                            measure(base, final, sink, edit, subject.num_prefix), donor_of(edit)[1],
+                            drawn.get(edit))
+                # a sink-value edit of a sink on an extra key slot only where the slot's value can be changed by it
+                # (a null key's 0 or an image-independent bias: no donor's, mean or shuffled value differs)
+                rows += [r for r, s, i in zip(new, on_slot[:, h], slot[:, h], strict=True)
+                         if not (s and edit in SINK_VALUE_EDITS and edit not in slot_edits(extra[i]))]
     return rows

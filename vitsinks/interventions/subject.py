@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from vitsinks.models import SinkBlock, SinkViT
+from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.objectives.lejepa import online_probe
 from vitsinks.utils.errors import BadValue
 
@@ -34,8 +35,9 @@ class Subject:
     name: str = "model"
 
     @property
-    def gated(self) -> bool:
-        return any(b.attn.gate is not None for b in self.blocks)
+    def mitigations(self) -> tuple[str, ...]:
+        """The registered block mitigations some block has."""
+        return tuple(name for name, m in MITIGATIONS.items() if any(m.present(b) for b in self.blocks))
 
     @property
     def attn_kinds(self) -> tuple[str, ...]:

@@ -26,10 +26,12 @@ from timm.layers import use_fused_attn
 from torch import nn
 
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind
+from vitsinks.models.layout import NULL_SLOT
 from vitsinks.models.mitigations import at_site
 from vitsinks.utils.errors import BadValue
 
 HEAD_MITIGATIONS = at_site("heads")
+KEY_MITIGATIONS = at_site("keys")
 # model.fused_attention: auto = FlexAttention on CUDA, else SDPA, else explicit; flex = FlexAttention on any device
 # (CPU: no backward, so inference only); sdpa = SDPA where the kind has it; off = always the explicit computation
 FUSED_MODES: tuple[str, ...] = ("auto", "flex", "sdpa", "off")
@@ -55,8 +57,9 @@ def select_kernel(kind: type[AttentionKind], mode: str, device: str, *, causal: 
 class AttnInternals(NamedTuple):
     """Explicit internals of one attention call on a pre-normed input of N tokens.
 
-    attn: (B, heads, N, N) after the nonlinearity (rows of `sink_logit` sum to < 1: the null key is dropped).
-    v: (B, heads, N, head_dim) value vectors.
+    attn: (B, heads, N, K) after the nonlinearity, K keys in the module's key layout (`SinkAttention.extra_keys`:
+        the N tokens, then the extra key slots of the keys-site mitigations and of a kind's null key).
+    v: (B, heads, K, head_dim) value vectors of every key (a null key's is 0).
     gate: the heads-site gate values broadcastable to (B, N, heads, head_dim), i.e. (B, N, heads, head_dim) for the
         elementwise gate and (B, N, heads, 1) for the headwise gate; None without a gate.
     """
@@ -92,7 +95,7 @@ class SinkAttention(nn.Module):
             raise BadValue(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         if attn not in KINDS:
             raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
-        unknown = set(mitigations) - {m.name for m in HEAD_MITIGATIONS}
+        unknown = set(mitigations) - {m.name for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS)}
         if unknown:
             raise TypeError(f"SinkAttention got unknown arguments {sorted(unknown)}")
         if (qk_norm or scale_norm) and norm_layer is None:
@@ -110,7 +113,7 @@ class SinkAttention(nn.Module):
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
-        for m in HEAD_MITIGATIONS:
+        for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
             setting = m.setting(mitigations.get(m.name))
             module = None if setting is None else m.build(setting, dim, num_heads)
             if module is not None and (device is not None or dtype is not None):
@@ -127,10 +130,17 @@ class SinkAttention(nn.Module):
         """The G1 gate's mode: none | elementwise | headwise."""
         return "none" if self.gate is None else self.gate.mode
 
+    @property
+    def extra_keys(self) -> tuple[str, ...]:
+        """The names of the extra key slots after the tokens: the keys-site mitigations' (registry order), then the
+        kind's null key."""
+        slots = tuple(name for m in KEY_MITIGATIONS if getattr(self, m.attr) is not None for name in m.slots)
+        return (*slots, NULL_SLOT) if self.kind.null_key else slots
+
     def init_weights(self) -> None:
-        """Reference init of the heads-site mitigations (the gate: std 1e-6, bias 2) and of the kind's parameters.
-        timm's ViT init calls this after initialising the Linears."""
-        for m in HEAD_MITIGATIONS:
+        """Reference init of the heads- and keys-site mitigations (the gate: std 1e-6, bias 2) and of the kind's
+        parameters. timm's ViT init calls this after initialising the Linears."""
+        for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
             module = getattr(self, m.attr)
             if module is not None:
                 module.init_weights()
@@ -149,10 +159,28 @@ class SinkAttention(nn.Module):
         return self.kernel() != "explicit"
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, heads, N, hd) of the tokens; k, v (B, heads, N + E, hd) of the tokens and the keys-site
+        mitigations' E extra keys (after the key norm: an extra key is a parameter, not a token's projection)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        return self.q_norm(q), self.k_norm(k), v
+        q, k = self.q_norm(q), self.k_norm(k)
+        for m in KEY_MITIGATIONS:
+            module = getattr(self, m.attr)
+            if module is not None:
+                k_extra, v_extra = module.keys(B)
+                k, v = torch.cat([k, k_extra.to(k.dtype)], dim=2), torch.cat([v, v_extra.to(v.dtype)], dim=2)
+        return q, k, v
+
+    def key_values(self, v: torch.Tensor) -> torch.Tensor:
+        """v with the kind's null key's zero value appended (the values of every key of the layout)."""
+        return torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2) if self.kind.null_key else v
+
+    @staticmethod
+    def _future(n: int, k: int, device: torch.device) -> torch.Tensor:
+        """(n, k): the future tokens of a causal query (extra keys are never in the future)."""
+        return torch.ones(n, k, dtype=torch.bool, device=device).triu_(1).logical_and_(
+            torch.arange(k, device=device) < n)
 
     def _gate(self, x: torch.Tensor) -> torch.Tensor | None:
         gate = None
@@ -164,9 +192,8 @@ class SinkAttention(nn.Module):
         return gate
 
     def _attention_matrix(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        n = k.shape[-2]
         s = (q * self.scale) @ k.transpose(-2, -1)
-        future = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1) if causal else None
+        future = self._future(q.shape[-2], k.shape[-2], s.device) if causal else None
         return self.kind.matrix(self, s, future)
 
     def internals(self, x: torch.Tensor, causal: bool = False) -> AttnInternals:
@@ -175,22 +202,22 @@ class SinkAttention(nn.Module):
         `causal` masks future keys (used by the sequence tasks of `vitsinks.synthetic`; ViTs are bidirectional).
         """
         q, k, v = self._qkv(x)
-        return AttnInternals(self._attention_matrix(q, k, causal), v, self._gate(x))
+        return AttnInternals(self._attention_matrix(q, k, causal), self.key_values(v), self._gate(x))
 
     def redirected(self, x: torch.Tensor, head: int, sink: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """Head `head`'s attention (B, N, N) on the pre-normed input `x` with the attention to key `sink[b]` of
+        """Head `head`'s attention (B, N, K) on the pre-normed input `x` with the attention to key `sink[b]` of
         image b removed and given to the other keys, computed from the scores (not from A, whose entries off a
         strong sink underflow to exactly 0 in float32: a rescaled row would stay off instead of redirected). The
         kind says how (`AttentionKind.redirected`): normalised kinds renormalise over the other keys, the others
         keep the row's old sum. A row with no key left (a causal query that sees only the sink) is 0."""
         q, k, _ = self._qkv(x)
-        s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N), as in `_attention_matrix`
-        B, n = s.shape[0], s.shape[-1]
-        is_sink = torch.zeros_like(s, dtype=torch.bool)
+        s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N + E), as in `_attention_matrix`
+        B, n = s.shape[:2]
+        keys = s.shape[-1] + int(self.kind.null_key)  # every key of the layout
+        is_sink = torch.zeros(B, n, keys, dtype=torch.bool, device=s.device)
         is_sink[torch.arange(B, device=s.device), :, sink] = True
-        hidden = torch.zeros(n, n, dtype=torch.bool, device=s.device)  # future keys of a causal query
-        if causal:
-            hidden = hidden.logical_not_().triu_(1)
+        # future keys of a causal query
+        hidden = self._future(n, keys, s.device) if causal else torch.zeros(n, keys, dtype=torch.bool, device=s.device)
         return self.kind.redirected(self, s, head, is_sink, hidden)
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -206,7 +233,7 @@ class SinkAttention(nn.Module):
         kernel = self.kernel(x.device, is_causal)
         if kernel == "explicit":
             attn, v, gate = self.internals(x, causal=is_causal)
-            return self.attn_drop(attn) @ v, gate
+            return self.attn_drop(attn) @ v, gate  # a null key's zero value: its column adds nothing
         q, k, v = self._qkv(x)
         if kernel == "sdpa":
             return self.kind.fused_heads(self, q, k, v, self.attn_drop.p if self.training else 0.0), self._gate(x)

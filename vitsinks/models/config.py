@@ -20,7 +20,10 @@ from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
 from vitsinks.utils.fields import RANGE, Range
 
 ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not shape the architecture
-REGISTERS_RANK = 20  # where "reg" goes among the mitigations' tags in a variant name (gate 10, global 30)
+# The one order of the tags in a variant name, after the attention kind: fields of `ModelConfig` (`registers` and
+# the mitigations'); a mitigation not listed comes last, in registry order. Committed run names depend on it: a new
+# entry may go anywhere, the listed ones keep their order.
+TAG_ORDER: tuple[str, ...] = ("gate", "registers", "attn_bias", "global_pathway")
 
 Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)
 PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
@@ -94,20 +97,21 @@ def config_values(cfg: Any) -> dict[str, Any]:
 
 def variant_name(model: Any) -> str:
     """The one name of an architecture, from a model config (or any mapping with its fields; absent ones are the
-    schema defaults): the attention kind unless softmax, then the tags of registers and mitigations in rank
-    order: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `softpick+reg`, `reg+global`, ... (a
-    run's variant adds `+pen` with the common-mode penalty, see `run_variant`)."""
+    schema defaults): the attention kind unless softmax, then the tags of registers and mitigations in the order
+    of `TAG_ORDER`: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `softpick+reg`, `reg+global`,
+    ... (a run's variant adds `+pen` with the common-mode penalty, see `run_variant`)."""
     values = config_values(model)
     attn = str(values.get("attn") or DEFAULT_KIND)
     registers = int(values.get("registers") or 0)
-    tags: list[tuple[int, str]] = []
+    tags: dict[str, str] = {}
     if registers:
-        tags.append((REGISTERS_RANK, "reg" if registers == 4 else f"reg{registers}"))
+        tags["registers"] = "reg" if registers == 4 else f"reg{registers}"
     for name, m in MITIGATIONS.items():
         tag = m.tag(m.setting(values[name])) if name in values else None
         if tag:
-            tags.append((m.tag_rank, tag))
-    parts = ([] if attn == DEFAULT_KIND else [attn]) + [t for _, t in sorted(tags)]
+            tags[name] = tag
+    order = [*TAG_ORDER, *(name for name in MITIGATIONS if name not in TAG_ORDER)]
+    parts = ([] if attn == DEFAULT_KIND else [attn]) + [tags[name] for name in order if name in tags]
     return "+".join(parts) or "base"
 
 

@@ -20,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 from vitsinks.models.attention import AttnInternals, attention_layer, set_fused_attention
 from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, config_values, variant_name
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
+from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, at_site
 from vitsinks.models.weights import (
     DAMAGED,
@@ -35,7 +36,7 @@ from vitsinks.utils.errors import BadValue
 PATCH_EMBEDS: tuple[str, ...] = tuple(p.value for p in PatchEmbed)
 POS_EMBEDS: tuple[str, ...] = tuple(p.value for p in PosEmbed)
 UPDATE_MITIGATIONS = at_site("update")
-HEAD_MITIGATIONS = at_site("heads")
+ATTENTION_MITIGATIONS = at_site("heads", "keys")  # modules of the attention
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class SinkBlock(Block):
     def __init__(self, dim: int, num_heads: int, *, attn: str = DEFAULT_KIND, **kwargs: Any) -> None:
         values = {name: kwargs.pop(name) for name in MITIGATIONS if name in kwargs}
         kwargs.pop("attn_layer", None)  # a VisionTransformer passes timm's default Attention
-        heads = {m.name: m.setting(values.get(m.name)) for m in HEAD_MITIGATIONS}
+        heads = {m.name: m.setting(values.get(m.name)) for m in ATTENTION_MITIGATIONS}
         layer = attention_layer(attn, **{k: v for k, v in heads.items() if v is not None})
         super().__init__(dim, num_heads, attn_layer=layer, **kwargs)
         for m in UPDATE_MITIGATIONS:
@@ -247,6 +248,17 @@ class SinkViT(VisionTransformer):
         cls = self.cls_token.expand(B, -1, -1) + pos[:, :1]
         x = torch.cat([cls, self.reg_token.expand(B, -1, -1), x + pos[:, 1:]], dim=1)
         return self.pos_drop(x)
+
+    def key_layout(self, img_size: int | tuple[int, int] | None = None) -> KeyLayout:
+        """The key layout of the blocks' attention rows for images of `img_size` (default the model's): [CLS],
+        registers, patches, then the extra key slots (every block's attention has the same)."""
+        if img_size is None:
+            n = self.patch_embed.num_patches
+        else:
+            h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+            n = (h // self.patch_embed.patch_size[0]) * (w // self.patch_embed.patch_size[1])
+        extra = self.blocks[0].attn.extra_keys if len(self.blocks) else ()
+        return KeyLayout(self.num_reg_tokens, n, extra)
 
     def prefix_and_patches(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split (B, N, D) tokens into ([CLS] (B, D), registers (B, R, D), patches (B, P, D))."""

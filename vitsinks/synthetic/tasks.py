@@ -26,10 +26,14 @@ import torch
 
 from vitsinks.diagnostics import classify, diagnose_tokens, events, spectrum
 from vitsinks.diagnostics.fields import qk_singular_values
+from vitsinks.models.layout import KeyLayout
 from vitsinks.synthetic.model import SeqModel, train
 from vitsinks.synthetic.pathway_task import run_broadcast_pathway
 
 CONTENT = 8  # content dimension of every task
+# The trigger task's design, not a list of every kind: softmax must park its attention on BOS to output zero, ReLU
+# attention can attend to nothing (the module docstring); its `expected` outcome names these two.
+TRIGGER_KINDS: tuple[str, ...] = ("softmax", "relu")
 
 
 def trigger_batch(gen: torch.Generator, batch: int = 128, length: int = 16):
@@ -83,12 +87,13 @@ def _diagnose(model: SeqModel, x: torch.Tensor) -> dict[str, np.ndarray]:
     with torch.no_grad():
         d = diagnose_tokens(model.blocks, model.embed(x), causal=model.causal)
     d.update(spectrum(model.blocks))
-    d["num_registers"] = np.array(0)
+    d.update(KeyLayout(0, x.shape[1] - 1, model.blocks[0].attn.extra_keys).fields())  # a sequence: no registers
     return d
 
 
 def _attention(model: SeqModel, x: torch.Tensor) -> list[torch.Tensor]:
-    """Explicit attention of every block, (B, H, N, N) each, along the model's own forward."""
+    """Explicit attention of every block, (B, H, N, K) each (K keys: the tokens, then any extra key slot), along
+    the model's own forward."""
     maps, h = [], model.embed(x)
     with torch.no_grad():
         for blk in model.blocks:
@@ -114,7 +119,7 @@ def run_trigger(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
     """Softmax vs ReLU attention, one head and four heads, on the trigger task."""
     results: dict[str, Any] = {}
     for heads in (1, 4):
-        for attn in ("softmax", "relu"):
+        for attn in TRIGGER_KINDS:
             torch.manual_seed(seed)
             model = SeqModel(CONTENT + 2, CONTENT, dim=32, heads=heads, attn=attn, causal=True)
             curve = train(model, trigger_batch, steps, seed=seed)

@@ -26,6 +26,15 @@ CLASS_LABELS = {"nop": "NOP-like", "broadcast": "broadcast-like", "unclassified"
                 "other": "unclassified", "model": "whole model (register edits)", "all": "all sinks"}
 LOCATION_COLORS = {"cls": "#d62728", "register": "#9467bd", "patch": "#1f77b4"}
 LOCATION_LABELS = {"cls": "[CLS]", "register": "register", "patch": "patch"}
+EXTRA_KEY_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")  # the key layout's extra slots, in order
+
+
+def location_style(locations: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(colours, labels) of every location of a key layout (`KeyLayout.locations`): the tokens' fixed ones, then
+    one colour per extra key slot, labelled "<slot> key"."""
+    extra = [name for name in locations if name not in LOCATION_COLORS]
+    colors = {**LOCATION_COLORS, **{n: EXTRA_KEY_COLORS[i % len(EXTRA_KEY_COLORS)] for i, n in enumerate(extra)}}
+    return colors, {**LOCATION_LABELS, **{n: f"{n} key" for n in extra}}
 EMPTY_COLOR = "#444444"
 
 

@@ -63,7 +63,7 @@ class AttentionKind:
     normalised: ClassVar[bool] = True  # every row sums to 1 (the null key's share included)
     fused: ClassVar[bool] = False  # has a `scaled_dot_product_attention` path (`fused_heads`)
     flex: ClassVar[bool] = False  # has an exact FlexAttention path (`flex_heads`; CUDA for training)
-    null_key: ClassVar[bool] = False  # an implicit always-present key (rows sum to < 1) that keeps its share
+    null_key: ClassVar[bool] = False  # an always-present key of value 0: the last slot of the key layout
 
     @staticmethod
     def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
@@ -76,8 +76,9 @@ class AttentionKind:
 
     @staticmethod
     def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
-        """Attention (B, heads, N, N) from the scaled scores `s`; `future` (N, N) marks keys a causal query may not
-        see (None: bidirectional)."""
+        """Attention (B, heads, N, K) from the scaled scores `s` (B, heads, N, K'); `future` (N, K') marks keys a
+        causal query may not see (None: bidirectional). K = K' + 1 for a kind with a `null_key` (its column last,
+        in the key layout of `vitsinks.models.layout`), else K = K'."""
         raise NotImplementedError
 
     @staticmethod
@@ -95,9 +96,9 @@ class AttentionKind:
     @staticmethod
     def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """Head `head`'s attention (B, N, N) from its scores `s` with the sink key (`is_sink`, (B, N, N)) removed
-        and its share given to the other keys; `hidden` (N, N) marks future keys of a causal query. A row with no
-        key left is 0."""
+        """Head `head`'s attention (B, N, K) from its scores `s` (B, N, K') with the sink key (`is_sink`, (B, N, K),
+        every key of the layout: a null key's column last) removed and its share given to the other keys; `hidden`
+        (N, K) marks future keys of a causal query. A row with no key left is 0."""
         raise NotImplementedError
 
     @staticmethod

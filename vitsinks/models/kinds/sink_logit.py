@@ -1,5 +1,6 @@
-"""Softmax with one extra, always-present key of zero value and a learnable per-head logit c (softmax off by one):
-a head can put its mass on the null key instead of on a token.
+"""Softmax with one extra, always-present key of zero value and a learnable per-head logit c: a head can put its mass
+on the null key instead of on a token. The null key is the last slot of the key layout (`vitsinks.models.layout`):
+its column is part of the attention matrix, its value is 0.
 
 Fused, exactly: with lse_i = log sum_j exp(s_ij) over the tokens, A_ij = exp(s_ij) / (exp(c) + exp(lse_i)) =
 softmax_j(s_ij) * sigmoid(lse_i - c), so the heads' output is FlexAttention's plain softmax output times
@@ -31,40 +32,46 @@ class SinkLogit(AttentionKind):
         nn.init.zeros_(attn.sink_logit)
 
     @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
-        """Softmax over [scores, per-head null logit]; the null key has zero value, so its column is dropped."""
+    def null_logit(attn: nn.Module) -> torch.Tensor:
+        """The null key's logit per head, (heads,)."""
+        return attn.sink_logit
+
+    @classmethod
+    def matrix(cls, attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+        """Softmax over [scores, per-head null logit]: the null key's column last."""
         if future is not None:
             s = s.masked_fill(future, float("-inf"))
-        null = attn.sink_logit.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
-        return torch.cat([s, null], dim=-1).softmax(dim=-1)[..., :-1]
+        null = cls.null_logit(attn).to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        return torch.cat([s, null], dim=-1).softmax(dim=-1)
 
-    @staticmethod
-    def fused_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    @classmethod
+    def fused_heads(cls, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     dropout_p: float) -> torch.Tensor:
         # one extra key with zero value; q . 0 = 0, so an additive bias on that column sets its logit
         B, H, N, D = k.shape
         zeros = k.new_zeros(B, H, 1, D)
-        bias = torch.cat([k.new_zeros(1, H, 1, N), attn.sink_logit.to(k.dtype).view(1, H, 1, 1)], dim=-1)
+        bias = torch.cat([k.new_zeros(1, H, 1, N), cls.null_logit(attn).to(k.dtype).view(1, H, 1, 1)], dim=-1)
         return F.scaled_dot_product_attention(
             q, torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2), attn_mask=bias, dropout_p=dropout_p
         )
 
-    @staticmethod
-    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def flex_heads(cls, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, lse = flex_lse(q, k, v, attn.scale)
-        keep = torch.sigmoid(lse - attn.sink_logit.to(lse.dtype).view(1, -1, 1))  # 1 - the null key's share
+        keep = torch.sigmoid(lse - cls.null_logit(attn).to(lse.dtype).view(1, -1, 1))  # 1 - the null key's share
         return (out * keep.unsqueeze(-1)).to(v.dtype)
 
-    @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    @classmethod
+    def redirected(cls, attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """The softmax over [scores, null logit] with the sink key masked out; the null key stays (the model's own
-        off-switch takes its share) and its column is dropped."""
-        null = attn.sink_logit[head].to(s.dtype).expand(*s.shape[:-1], 1)
-        return torch.cat([s.masked_fill(is_sink | hidden, float("-inf")), null], dim=-1).softmax(dim=-1)[..., :-1]
+        """The softmax over [scores, null logit] with the sink key masked out: a token sink's share goes to the other
+        tokens and the null key (the model's own off-switch), the null key's (a sink on the null key) to the
+        tokens."""
+        null = cls.null_logit(attn)[head].to(s.dtype).expand(*s.shape[:-1], 1)
+        return torch.cat([s, null], dim=-1).masked_fill(is_sink | hidden, float("-inf")).softmax(dim=-1)
 
-    @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
-        full = torch.cat([s, attn.sink_logit[head : head + 1].to(s.dtype)])
+    @classmethod
+    def reference(cls, attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+        full = torch.cat([s, cls.null_logit(attn)[head : head + 1].to(s.dtype)])
         e = torch.exp(full - full.max())
         return e / e.sum()  # the null key's share last

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -51,11 +49,12 @@ class G1GateMitigation(BlockMitigation):
     name = "gate"
     site = "heads"
     attr = "gate"
-    tag_rank = 10
     columns = (Column("gate_mean", "mean gate", "mechanism", fmt=".2f",
                       doc="the attention gate's mean value, over tokens, heads and blocks"),)
     diagnostic_fields = {"gate_mean": math.nan}
     always_diagnosed = True
+    edits = ("open_gate", "close_gate")
+    example = "elementwise"
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:
@@ -87,6 +86,8 @@ class G1GateMitigation(BlockMitigation):
         return None if it.gate is None else {"gate_mean": it.gate.float().mean(dim=-1).mean(dim=1)}
 
     @classmethod
-    def leaderboard_values(cls, summary: Mapping[str, Any]) -> dict[str, float]:
-        by_block = summary.get("gate_mean_by_block")
-        return {"gate_mean": float(np.mean(by_block))} if by_block else {}
+    def edit(cls, name: str, it: Any, head: int) -> Any:
+        """`open_gate` / `close_gate`: head `head`'s gate set to 1 / 0 on every token (the gate's own effect)."""
+        gate = it.gate.clone()
+        gate[:, :, head] = 1.0 if name == "open_gate" else 0.0
+        return it._replace(gate=gate)

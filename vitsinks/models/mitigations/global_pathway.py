@@ -29,6 +29,7 @@ import torch
 from timm.layers import LayerScale, trunc_normal_
 from torch import nn
 
+from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import BlockMitigation, register_mitigation
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.fields import bounded
@@ -139,10 +140,10 @@ class GlobalPathwayMitigation(BlockMitigation):
     name = "global_pathway"
     site = "update"
     attr = "pathway"
-    tag_rank = 30
     columns = (Column("pathway_share", "pathway share of update", "mechanism", fmt=".2f",
                       doc="the pathway's update energy over the attention's plus its own, mean over blocks"),)
     diagnostic_fields = {"pw_entropy": math.nan, "pw_top_token": -1.0, "pw_gamma": math.nan, "pw_share": math.nan}
+    example = {"enabled": True}
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:
@@ -193,6 +194,27 @@ class GlobalPathwayMitigation(BlockMitigation):
         return {"pw_entropy": -(pw.pi * pw.pi.clamp_min(1e-30).log()).sum(-1),
                 "pw_top_token": pw.pi.argmax(-1).float(), "pw_gamma": pw.gamma.float().mean(dim=(1, 2)),
                 "pw_share": energy / (energy + attn_energy).clamp_min(1e-30)}
+
+    @classmethod
+    def summarise(cls, d: Mapping[str, np.ndarray], layout: KeyLayout) -> dict[str, Any]:
+        """`pathway`: per block its pooling entropy, where its top pooled token sits most often, its mean recipient
+        gate and its share of the block update's energy (None in a block without the pathway)."""
+        if "pw_share" not in d:
+            return {}
+        loc = layout.location_code(d["pw_top_token"].astype(int))
+        has = ~np.isnan(d["pw_share"]).all(axis=0)
+
+        def per_block(k: str) -> list[float | None]:
+            return [round(float(x), 6) if h else None for x, h in zip(d[k].mean(0), has, strict=True)]
+
+        names = layout.locations
+        return {"pathway": {
+            "entropy_by_block": per_block("pw_entropy"),
+            "top_token_by_block": [names[int(np.bincount(loc[:, b], minlength=len(names)).argmax())] if h else None
+                                   for b, h in enumerate(has)],
+            "gamma_mean_by_block": per_block("pw_gamma"),
+            "share_by_block": per_block("pw_share"),
+        }}
 
     @classmethod
     def leaderboard_values(cls, summary: Mapping[str, Any]) -> dict[str, float]:

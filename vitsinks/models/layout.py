@@ -1,0 +1,96 @@
+"""The key layout: where every key of an attention row sits, the one reading every consumer shares.
+
+A row of attention of a vitsinks ViT has the keys
+
+    [CLS] | registers (R) | patches (P) | extra key slots (E)
+
+The first three are the tokens (the residual stream's positions; queries are tokens only). The extra slots are keys
+that are no token: what a block mitigation of site `keys` appends (the explicit attention biases' k', v') and, last,
+an attention kind's null key (`AttentionKind.null_key`: sink_logit, softmax1; its value is 0). Diagnostics, plots,
+pages, interventions and the leaderboard take positions and locations from a `KeyLayout`; a sink on an extra slot is
+located there (its slot's name), never as a patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+TOKEN_LOCATIONS: tuple[str, ...] = ("cls", "register", "patch")
+NULL_SLOT = "null"  # the name of an attention kind's null key
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """[CLS] (one), `registers`, `patches`, then the named `extra` key slots, in this order."""
+
+    registers: int
+    patches: int
+    extra: tuple[str, ...] = ()
+
+    @property
+    def num_prefix(self) -> int:
+        """[CLS] and the registers."""
+        return 1 + self.registers
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens (queries): [CLS], registers, patches."""
+        return self.num_prefix + self.patches
+
+    @property
+    def n_keys(self) -> int:
+        """Keys: the tokens and the extra slots."""
+        return self.n_tokens + len(self.extra)
+
+    @property
+    def patch_slice(self) -> slice:
+        """The patches' key positions."""
+        return slice(self.num_prefix, self.n_tokens)
+
+    @property
+    def locations(self) -> tuple[str, ...]:
+        """Every location a key can have, in code order: [CLS], register, patch, then each distinct extra slot."""
+        return (*TOKEN_LOCATIONS, *dict.fromkeys(self.extra))
+
+    def location_code(self, index: np.ndarray | int) -> np.ndarray:
+        """Codes into `locations` of key positions: 0 [CLS], 1 register, 2 patch, 3.. the extra slots."""
+        index = np.asarray(index)
+        code = np.where(index == 0, 0, np.where(index <= self.registers, 1, 2))
+        for j, name in enumerate(self.extra):
+            code = np.where(index == self.n_tokens + j, self.locations.index(name), code)
+        return code
+
+    def location(self, index: np.ndarray | int) -> np.ndarray:
+        """Location names of key positions (see `locations`)."""
+        return np.asarray(self.locations, dtype=object)[self.location_code(index)]
+
+    def is_token(self, index: np.ndarray | int) -> np.ndarray:
+        """Whether key positions are tokens (not an extra slot)."""
+        return np.asarray(index) < self.n_tokens
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """The layout as arrays for a diagnostics file (`from_fields` reads them back)."""
+        return {"num_registers": np.array(self.registers), "num_prefix": np.array(self.num_prefix),
+                "num_patches": np.array(self.patches), "extra_keys": np.array(self.extra, dtype=str)}
+
+    @classmethod
+    def from_fields(cls, d: Mapping[str, Any], n_tokens: int | None = None) -> KeyLayout:
+        """The layout of a diagnostics file (`fields`); files written before extra slots existed hold none, their
+        patch count comes from `num_patches`, else the token count `n_tokens`, else `grid`."""
+        registers = int(d.get("num_registers", 0))
+        extra = tuple(str(e) for e in np.asarray(d["extra_keys"]).ravel()) if "extra_keys" in d else ()
+        if "num_patches" in d:
+            patches = int(d["num_patches"])
+        elif n_tokens is not None:
+            patches = n_tokens - 1 - registers
+        elif "grid" in d:
+            patches = int(np.prod(d["grid"]))
+        elif not extra and "sink_idx" in d:  # fields without a layout: every key past the registers is a patch
+            patches = max(0, int(np.max(d["sink_idx"], initial=0)) - registers)
+        else:
+            raise ValueError("the diagnostics hold no patch count (num_patches, res_norm, grid)")
+        return cls(registers, patches, extra)
