@@ -25,9 +25,11 @@ from vitsinks.diagnostics.summary import rule_record
 from vitsinks.quant.results import QuantResult
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
 from vitsinks.report.collect import quality as quality_columns
+from vitsinks.utils import results
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS
-from vitsinks.utils.results import SECTIONS, Column
+from vitsinks.utils.results import SECTIONS, Column, Result
+from vitsinks.utils.rundir import RunDir
 from vitsinks.utils.stats import welch_p
 
 # (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
@@ -308,3 +310,41 @@ def test_a_run_is_named_by_its_architecture_not_its_exp_config(tmp_path: Path) -
     (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["exp=base", "model.gate=elementwise"]),
                                                        resolve=True))
     assert collect(run)["variant"] == "gate"
+
+
+class _Throwaway(Result):
+    """A result registered by a test: one column no run has, one that one run has."""
+
+    kind, rank = "throwaway", 999
+
+    def to_json(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> _Throwaway:
+        return cls()
+
+    @classmethod
+    def columns(cls) -> list[Column]:
+        return [Column("throwaway_none", "no run has it", "mechanism"),
+                Column("throwaway_some", "one run has it", "mechanism")]
+
+    @classmethod
+    def collect(cls, run: RunDir) -> dict:
+        return {**cls.missing(), **({"throwaway_some": 7.0} if run.name == "base-s0" else {})}
+
+
+def test_a_column_no_run_has_is_not_in_the_csvs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newly registered column (a new result's, a new mitigation's) leaves the CSVs of runs without it as they
+    were: only a column some run has a value for is written."""
+    monkeypatch.setitem(results._REGISTRY, _Throwaway.kind, _Throwaway)
+    build(make_runs(tmp_path / "runs", {k: RUNS[k] for k in [("base", 0), ("gate+reg", 0)]}), tmp_path / "lb")
+    with (tmp_path / "lb" / "leaderboard.csv").open() as f:
+        board = list(csv.DictReader(f))
+    with (tmp_path / "lb" / "runs.csv").open() as f:
+        runs = {r["run"]: r for r in csv.DictReader(f)}
+    assert "throwaway_none_mean" not in board[0] and "throwaway_none" not in runs["base-s0"]
+    assert [r["throwaway_some_mean"] for r in board] == ["7.0000", "nan"]
+    assert [runs[r]["throwaway_some"] for r in ("base-s0", "gate+reg-s0")] == ["7.0", "nan"]
+    assert "linear_top1_mean" in board[0] and "dense_ade20k_mean" not in board[0]  # the registered ones alike
+    assert "source" in runs["base-s0"]  # a run's own fields stay, value or not

@@ -241,10 +241,11 @@ th{{background:#eee}} div.wide{{overflow-x:auto}} td.best{{font-weight:bold;back
 
 
 def write_table_csv(table: list[dict[str, Any]], path: Path) -> None:
-    """leaderboard.csv: per variant every column's mean and std (4 decimals, or 4 significant digits for a `g`
-    column; NOT_COMPARABLE in both for a derived row's value its source's cannot be read against) and the strongest
-    head's mass per block."""
-    cols = table_columns(table)
+    """leaderboard.csv: per variant the mean and std of every column some variant has a value for (`shown_columns`;
+    4 decimals, or 4 significant digits for a `g` column; NOT_COMPARABLE in both for a derived row's value its
+    source's cannot be read against) and the strongest head's mass per block. A registered column no run has a value
+    for is left out, so that a new column (a new mitigation's) does not change the CSV of runs that lack it."""
+    cols = shown_columns(table)
 
     def values(t: dict[str, Any], c: Column) -> list[str]:
         off = c.key in t.get("not_comparable", {})
@@ -256,9 +257,17 @@ def write_table_csv(table: list[dict[str, Any]], path: Path) -> None:
                 " ".join(f"{v:.4f}" for v in t["profile"])] for t in table])
 
 
+def _no_value(v: Any) -> bool:
+    """A collected cell without a value: absent (None) or NaN."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def write_runs_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """runs.csv: one row per run as collected, each run's own values (the profile as space-separated numbers; the
-    collector's private fields, `_*`, left out; a key only some runs have: nan in the others)."""
-    header = list(dict.fromkeys(k for r in rows for k in r if not k.startswith("_")))
+    collector's private fields, `_*`, left out; a key only some runs have: nan in the others). A leaderboard column
+    no run has a value for is left out, as in leaderboard.csv."""
+    keys = list(dict.fromkeys(k for r in rows for k in r if not k.startswith("_")))
+    empty = {c.key for c in columns(keys) if all(_no_value(r.get(c.key)) for r in rows)}
+    header = [k for k in keys if k not in empty]
     write_csv(path, header, [{**{k: r.get(k, math.nan) for k in header},
                               "profile": " ".join(f"{v:.4f}" for v in r["profile"])} for r in rows])
