@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/leaderboard}
-python -m vitsinks.launch -m exp=base,gate,reg,gate+reg seed=0,1 model=vit_cpu data.train_size=4096 data.num_workers=0 runs_dir="$RUNS" wandb.mode=disabled \
-  train.epochs=2 eval.after_train=true eval.max_train_images=1024 eval.max_val_images=512 \
-  eval.linear_epochs=5 eval.dense_epochs=5  # a failed run stops the script (set -e): no leaderboard of a partial sweep
+# the sweep is the study configs/study/vit_cpu_leaderboard.yaml (the runs and sweep folder of its overrides typed out);
+# a failed run stops the script (set -e): no leaderboard of a partial sweep
+python -m vitsinks.launch -m study=vit_cpu_leaderboard runs_dir="$RUNS" wandb.mode=disabled
 SWEEP=$(ls -dt "$RUNS"/sweeps/sweep-* | head -n 1)
 python -m vitsinks.leaderboard runs="$SWEEP" out=eval/leaderboard title="vitsinks leaderboard: embedded default (vit_cpu, synthetic, CPU)"

@@ -1,6 +1,7 @@
-"""The docs' links: every relative link (Markdown, reference-style or HTML) in README.md, docs/, slurm/ and eval/
-READMEs resolves to a file or folder inside the repository, an anchor to a heading of its page; no doc names a path
-outside the repository (a relative path that climbs above the checkout, or an absolute one under its parent folder)."""
+"""The docs' links: every relative link (Markdown, reference-style or HTML) in README.md, docs/, slurm/, eval/ and
+configs/ READMEs resolves to a file or folder inside the repository, an anchor to a heading of its page; no doc names a
+path outside the repository (a relative path that climbs above the checkout, or an absolute one under its parent
+folder)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted({ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "slurm").rglob("README.md"),
-               *(ROOT / "eval").rglob("README.md")})
+               *(ROOT / "eval").rglob("README.md"), *(ROOT / "configs").rglob("README.md")})
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")

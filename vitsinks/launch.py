@@ -2,6 +2,7 @@
 
     python -m vitsinks.launch exp=gate+reg [model=... data=... train=... cluster=...]     # one run
     python -m vitsinks.launch -m exp=base,gate,reg,gate+reg seed=0,1,2 cluster=slurm   # a sweep: one job array
+    python -m vitsinks.launch -m study=paper_gate_reg data.root=... cluster=<yours>     # a study: a named sweep
     python -m vitsinks.launch status sweep=runs/sweeps/sweep-<id>                        # where a sweep stands
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.cli import compose, guarded, hydra_command, parse_args
+from vitsinks.configs.cli import compose, fail, guarded, hydra_command, parse_args
 from vitsinks.configs.schema import to_container
 from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.models import run_variant
@@ -96,8 +97,28 @@ def single(cfg: DictConfig) -> None:
         run(cfg)
 
 
+def study_sweep(overrides: list[str]) -> list[str]:
+    """A sweep's overrides with `study=<name>` replaced by the study's sweep (its `hydra.sweeper.params`, in their
+    order; configs/README.md); as in Hydra, a key the command line also gives takes the command line's value."""
+    chosen = [o for o in overrides if o.split("=", 1)[0] == "study"]
+    if not chosen:
+        return list(overrides)
+    if len(chosen) > 1 or "," in chosen[0]:
+        raise ConfigError(f"one study per sweep, got {' '.join(chosen)}")
+    params = OmegaConf.select(compose(chosen, False, True), "hydra.sweeper.params") or {}
+    if not params:
+        raise ConfigError(f"{chosen[0]} sweeps nothing: a study sets hydra.sweeper.params (configs/README.md)")
+    merged = {str(k): f"{k}={v}" for k, v in params.items()}
+    for o in overrides:
+        if o not in chosen:
+            merged[o.split("=", 1)[0].lstrip("+~")] = o
+    return list(merged.values())
+
+
 def multirun(overrides: list[str]) -> int:
-    """Expand the sweep, skip finished runs, then run the rest here in turn or submit them as one job array."""
+    """Expand the sweep (a study's included), skip finished runs, then run the rest here in turn or submit them as one
+    job array."""
+    overrides = study_sweep(overrides)
     combos = sw.expand(overrides)
     cfgs = [_absolute(compose(o)) for o in combos]
     if len({c.cluster.name for c in cfgs}) != 1:
@@ -192,6 +213,9 @@ def cli(argv: Sequence[str]) -> None:
         sys.exit(guarded(status_command, argv[1:]))
     if "-m" in argv or "--multirun" in argv:
         sys.exit(guarded(multirun, [a for a in argv if a not in ("-m", "--multirun")]))
+    study = next((a for a in argv if a.startswith("study=")), None)
+    if study:  # a study is a sweep (Hydra's sweeper params): it runs under -m only
+        fail(ConfigError(f"{study} is a sweep: run it with -m (python -m vitsinks.launch -m {study} ...)"))
     hydra_command(single)(argv)
 
 

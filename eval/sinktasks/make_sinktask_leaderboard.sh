@@ -9,10 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/sinktasks}
-for task in sinktask_nop sinktask_broadcast; do
-  python -m vitsinks.launch -m exp=base,gate,reg,gate+reg,relu,softpick,global,global+pen,gate+global+pen,reg+global+pen \
-    seed=0,1 data="$task" model=vit_cpu runs_dir="$RUNS" wandb.mode=disabled objective.cm_skip_blocks=0  # run names as committed; one block: penalise it
-done
+# the study configs/study/sinktasks.yaml: both tasks x the variants x 2 seeds (run names as committed), one sweep
+python -m vitsinks.launch -m study=sinktasks runs_dir="$RUNS" wandb.mode=disabled
 for run in "$RUNS"/*-s[0-9]/; do
   run=${run%/}
   if ! out=$(python -m vitsinks.intervene run="$run" 2>&1); then

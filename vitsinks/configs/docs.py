@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from vitsinks.__main__ import commands
 from vitsinks.configs import cli
 from vitsinks.configs.schema import Config, compose_config, config_dir
+from vitsinks.configs.search import checkout_configs, options
 from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.models.vit import SIZES
 from vitsinks.utils.fields import range_of
@@ -210,24 +211,30 @@ def _flatten(tree: Any, prefix: str) -> list[str]:
     return [f"{prefix}={_default(tree)}"]
 
 
-SETTINGS_SHOWN = ("exp", "model")  # the groups whose table also lists every value the option sets
+SETTINGS_SHOWN = ("exp", "model", "study")  # the groups whose table also lists every value the option sets
 
 
 def group_options() -> list[tuple[str, list[list[str]]]]:
-    """Per config group, rows (option, what it is[, the values it sets]) of every YAML option."""
+    """Per config group, rows (option, what it is[, the values it sets]) of every YAML option: the package's and the
+    checkout's `configs/` (marked; not the user's other folders, so that the page is the same on every machine); a
+    study's values are its sweep's."""
     out = []
-    for group in sorted(p for p in config_dir().iterdir() if p.is_dir() and any(p.glob("*.yaml"))):
+    committed = [d for d in (checkout_configs(), config_dir()) if d is not None]
+    for group, found in options(committed).items():
         rows = []
-        for yml in sorted(group.glob("*.yaml")):
+        for stem, yml in sorted(found.items(), key=lambda item: item[1].name):  # the files' order
             text = yml.read_text()
-            row = [f"`{group.name}={yml.stem}`", _yaml_description(text)]
-            if group.name in SETTINGS_SHOWN:
+            where = "" if yml.is_relative_to(config_dir()) else " (configs/)"
+            row = [f"`{group}={stem}`{where}", _yaml_description(text)]
+            if group in SETTINGS_SHOWN:
                 tree = OmegaConf.to_container(OmegaConf.load(yml), resolve=False)
                 tree = {k: v for k, v in tree.items() if k not in ("defaults", "exp")}
-                prefix = "" if "@package _global_" in text else group.name
+                if group == "study":
+                    tree = tree.get("hydra", {}).get("sweeper", {}).get("params", {})
+                prefix = "" if "@package _global_" in text else group
                 row.append(", ".join(f"`{s}`" for s in _flatten(tree, prefix)))
             rows.append(row)
-        out.append((group.name, rows))
+        out.append((group, rows))
     return out
 
 
@@ -306,7 +313,9 @@ def render() -> str:
     picked = [f"`{k}={v}`" for d in OmegaConf.load(config_dir() / "config.yaml").defaults if OmegaConf.is_dict(d)
               for k, v in d.items() if v is not None and " " not in k]
     out += ["## Config groups", "", "Pick one option per group on the command line (`exp=gate+reg model=vit_small`); "
-            f"`config.yaml` picks the defaults ({', '.join(picked)}).", ""]
+            f"`config.yaml` picks the defaults ({', '.join(picked)}). An option marked (configs/) is a file of the "
+            "checkout's `configs/`, what a user edits ([README](../README.md#configs)); a user's own folders add "
+            "theirs (`--help` lists them).", ""]
     for group, rows in group_options():
         header = ["option", "what it is", *(["sets"] if group in SETTINGS_SHOWN else [])]
         out += [f"### `{group}=` options", "", *_table(header, rows), ""]

@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
+from vitsinks.configs.search import user_folders
 
 # The model's config and closed sets live with the model (their registries build them); re-exported here.
 from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # noqa: F401
@@ -325,9 +329,24 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
+class UserConfigs(SearchPathPlugin):
+    """Hydra's search path with the user's config folders (`search.user_folders`: `$VITSINKS_CONFIGS`, `./configs`,
+    the checkout's `configs/`) before the package's, so that their files win; only where the package's configs are
+    the primary ones (any other Hydra app of the process is left alone)."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        main = SearchPathQuery(provider="main", path=str(config_dir()))
+        if not any(e.provider == main.provider and e.path == main.path for e in search_path.get_path()):
+            return
+        for folder in user_folders(strict=False):  # compose_config has stopped on a missing $VITSINKS_CONFIGS
+            search_path.prepend(provider="vitsinks user configs", path=f"file://{folder}", anchor=main)
+
+
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (the `schema` entry of `config.yaml`)."""
+    """Register the schema with Hydra's ConfigStore (the `schema` entry of `config.yaml`) and the user's config
+    folders with its search path (`UserConfigs`)."""
     ConfigStore.instance().store(name="schema", node=Config)
+    Plugins.instance().register(UserConfigs)
 
 
 def config_dir() -> Path:
@@ -348,7 +367,9 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
 
 def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
     """The config of these overrides as Hydra composes it (not checked; `hydra=True` keeps the `hydra` node, which
-    carries the command line's overrides and the logging set-up)."""
+    carries the command line's overrides and the logging set-up), from the user's config folders over the package's
+    (`search`; a missing folder named by `$VITSINKS_CONFIGS` is an `InputNotFound`)."""
+    user_folders()
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []), return_hydra_config=hydra)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from vitsinks.__main__ import _runs_as_main  # the standard library only, as this module
+from vitsinks.configs.search import env_folders, options
+from vitsinks.utils.errors import UserError
 
 HELP_FLAGS = ("-h", "--help")
 FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
@@ -38,9 +40,13 @@ def wants_help(argv: Sequence[str]) -> bool:
 
 def help_text(doc: str | None, aliases: dict[str, str]) -> str:
     """A Hydra command's `--help`: its module docstring, the config groups with their options, and its aliases."""
-    groups = sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
-    lines = [(doc or "").strip(), "", "config groups (group=option):"]
-    lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
+    lines = [(doc or "").strip(), "", ("config groups (group=option; the package's and the user's: "
+                                     "$VITSINKS_CONFIGS, ./configs, the checkout's configs/):")]
+    lines += [f"  {group}: {', '.join(found)}" for group, found in options().items()]
+    try:
+        env_folders()
+    except UserError as err:  # help still answers; the command itself stops on it
+        lines.append(f"  note: {err}")
     if aliases:
         lines += ["", "short keys: " + ", ".join(f"{k}= ({v}=)" for k, v in aliases.items())]
     lines += ["", f"any field: key=value (e.g. train.lr=1e-3); options: {FLAGS_USAGE}"]
