@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ import pytest
 from vitsinks.__main__ import commands
 from vitsinks.configs import cli, docs
 from vitsinks.configs.schema import Config
+from vitsinks.models.kinds import KINDS, AttentionKind
+from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.utils.fields import bounded
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "commands-options.md"
@@ -40,9 +43,80 @@ def page() -> str:
 
 
 @pytest.mark.slow
-def test_committed_page_is_what_the_code_writes(page: str) -> None:
+def test_committed_page_is_what_the_code_writes() -> None:
+    """For the mitigations and attention kinds the page says it covers: one added since leaves it current."""
     assert PAGE.is_file(), f"run `{docs.GENERATOR}`"
-    assert PAGE.read_text() == page, f"docs/commands-options.md is stale: run `{docs.GENERATOR}`"
+    committed = PAGE.read_text()
+    assert docs.Plugins.of_page(committed) is not None, f"the page names no plugins: run `{docs.GENERATOR}`"
+    assert committed == docs.current(committed), f"docs/commands-options.md is stale: run `{docs.GENERATOR}`"
+
+
+class _Throwaway(BlockMitigation):
+    name = "throwaway"  # registered by a test only
+
+
+class _ThrowawayKind(AttentionKind):
+    name = "throwaway_kind"
+
+
+@pytest.mark.slow
+def test_the_generated_page_names_every_registered_plugin(page: str) -> None:
+    every = docs.Plugins.registered()
+    assert docs.Plugins.of_page(page) == every and every.line() in page.splitlines()
+    assert "gate" in every.mitigations and {"softmax", "relu"} <= set(every.kinds)
+    assert docs.Plugins.of_page(docs.Plugins((), ()).line()) == docs.Plugins((), ())
+
+
+@pytest.mark.slow
+def test_a_plugin_registered_after_the_page_was_written_leaves_it_current(page: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(MITIGATIONS, _Throwaway.name, _Throwaway)
+    monkeypatch.setitem(KINDS, _ThrowawayKind.name, _ThrowawayKind)
+    assert docs.current(page) == page
+    again = docs.render()  # the generator covers it
+    assert docs.Plugins.of_page(again) == docs.Plugins.registered() != docs.Plugins.of_page(page)
+    assert {"throwaway", "throwaway_kind"} <= set(re.findall(r"`([^`]+)`", docs.Plugins.registered().line()))
+
+
+def _sets(line: str) -> str:
+    """The `sets` cell of an exp option's row."""
+    return line.rstrip(" |").rsplit(" | ", 1)[1]
+
+
+def _switches_on_gate_or_relu(line: str) -> bool:
+    return "`model.attn=relu`" in _sets(line) or re.search(r"`model\.gate=(?!none`)", _sets(line)) is not None
+
+
+@pytest.mark.slow
+def test_a_page_without_a_plugin_has_no_trace_of_it(page: str) -> None:
+    """The page as it was before `gate` and `relu` were added: no `model.gate` row, no `relu` choice, no exp config
+    that switches either on, every other line as in the full page; and it is current."""
+    every = docs.Plugins.registered()
+    before = docs.Plugins(tuple(m for m in every.mitigations if m != "gate"),
+                          tuple(k for k in every.kinds if k != "relu"))
+    old = docs.render(before)
+    assert docs.current(old) == old
+    attn = next(ln for ln in page.splitlines() if ln.startswith(f"| `{docs.ATTN_KEY}` |"))
+    assert set(old.splitlines()) - set(page.splitlines()) == {before.line(), attn.replace(", relu", "")}
+    gone = set(page.splitlines()) - set(old.splitlines()) - {every.line(), attn}
+    exps = [ln for ln in gone if ln.startswith("| `exp=")]
+    assert exps and all(_switches_on_gate_or_relu(ln) for ln in exps)
+    assert gone - set(exps) == {next(ln for ln in page.splitlines() if ln.startswith("| `model.gate` |"))}
+    assert not [ln for ln in old.splitlines() if ln.startswith("| `exp=") and _switches_on_gate_or_relu(ln)]
+
+
+@pytest.mark.slow
+def test_any_other_change_makes_the_page_stale(page: str) -> None:
+    every = docs.Plugins.registered()
+    drifted = {"prose": page.replace("Pick one option per group", "Pick an option per group"),
+               "a row": page.replace("| int |", "| float |", 1),
+               "a removed plugin": page.replace(every.line(), docs.Plugins((*every.mitigations, "removed"),
+                                                                           every.kinds).line()),
+               "a plugin not said": page.replace(every.line(), docs.Plugins(every.mitigations[1:],
+                                                                            every.kinds).line()),
+               "no plugin line": page.replace(every.line() + "\n\n", "")}
+    assert not [why for why, text in drifted.items() if text == page]
+    assert [why for why, text in drifted.items() if docs.current(text) == text] == []
 
 
 def test_comments_are_read_from_the_source() -> None:

@@ -7,6 +7,10 @@ page with this output): the commands (`python -m vitsinks`'s listing) with their
 argument dataclasses, the config groups and their options (the first comment line of each YAML), and every field
 of the schema (`schema.Config`) with its type, its default as composed with no overrides, what it admits (the
 closed set or the declared range) and the comment beside it in the source.
+
+The page names the block mitigations (`model.<name>`) and attention kinds (`model.attn` choices) it covers (a
+`Plugins` line): the test writes it again for those plugins alone (`current`), so a mitigation or kind added since (its
+module and exp config) leaves the page current; the command above covers every registered one.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import dataclasses
 import importlib
 import inspect
 import io
+import re
 import sys
 import textwrap
 import tokenize
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from enum import Enum
 from typing import Any
 
@@ -32,10 +37,67 @@ from vitsinks.configs import cli
 from vitsinks.configs.schema import Config, compose_config, config_dir
 from vitsinks.configs.search import checkout_configs, options
 from vitsinks.configs.usage import command_help, wants_help
+from vitsinks.models.kinds import KINDS
+from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.models.vit import SIZES
 from vitsinks.utils.fields import range_of
 
 GENERATOR = "python -m vitsinks.configs.docs > docs/commands-options.md"
+ATTN_KEY = "model.attn"  # the field whose choices are the attention kinds (`vitsinks.models.kinds`)
+COVERS = ("Covers the block mitigations (`model.<name>`): {mitigations}; and the attention kinds (`{attn}`): "
+          "{kinds}. A mitigation or attention kind added since is on this page once it is generated again.")
+COVERS_RE = re.compile(r"^Covers the block mitigations \(`model\.<name>`\): (.*?); and the attention kinds "
+                       r"\(`model\.attn`\): (.*?)\. A mitigation", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plugins:
+    """The block mitigations (`model.<name>` fields) and attention kinds (`model.attn` choices) a page covers; a
+    registered one it does not cover is left out of it, with the options of the config files that switch it on."""
+
+    mitigations: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+    @classmethod
+    def registered(cls) -> Plugins:
+        """Every registered mitigation and kind: what the generator covers."""
+        return cls(tuple(sorted(MITIGATIONS)), tuple(sorted(KINDS)))
+
+    @classmethod
+    def of_page(cls, page: str) -> Plugins | None:
+        """The plugins a generated page says it covers (its `COVERS` line); None without the line."""
+        found = COVERS_RE.search(page)
+        if found is None:
+            return None
+        return cls(*(tuple(re.findall(r"`([^`]+)`", names)) for names in found.groups()))
+
+    def line(self) -> str:
+        """The page's line naming them."""
+        return COVERS.format(attn=ATTN_KEY, **{k: ", ".join(f"`{n}`" for n in v) or "none"
+                                               for k, v in dataclasses.asdict(self).items()})
+
+    def known(self) -> Plugins:
+        """Those of them still registered (a page naming a removed one is stale)."""
+        return Plugins(tuple(m for m in self.mitigations if m in MITIGATIONS),
+                       tuple(k for k in self.kinds if k in KINDS))
+
+    def left_out(self) -> tuple[set[str], set[str]]:
+        """(the registered mitigations, the registered kinds) not covered."""
+        return set(MITIGATIONS) - set(self.mitigations), set(KINDS) - set(self.kinds)
+
+    def leaves_out(self, key: str) -> bool:
+        """Whether config key `key` is (under) the field of a mitigation not covered."""
+        return any(key == f"model.{m}" or key.startswith(f"model.{m}.") for m in self.left_out()[0])
+
+    def switches_on_left_out(self, text: str) -> bool:
+        """Whether a config file's `text` (`@package _global_`: an exp config) switches on a mitigation or sets an
+        attention kind not covered: the plugin's own exp config, left out with it."""
+        if "@package _global_" not in text:
+            return False
+        mitigations, kinds = self.left_out()
+        model = OmegaConf.create(text).get("model") or {}
+        return str(model.get("attn")) in kinds or any(
+            m in model and MITIGATIONS[m].setting(model[m]) is not None for m in mitigations)
 
 
 def _cell(text: str) -> str:
@@ -119,12 +181,12 @@ def type_name(hint: Any) -> str:
     return f"{name} | None" if optional else name
 
 
-def admits(f: dataclasses.Field, hint: Any) -> str:
-    """What a field accepts beyond its type: the closed set's values or the declared range ('' when anything of
-    its type goes)."""
+def admits(f: dataclasses.Field, hint: Any, hidden: Collection[str] = ()) -> str:
+    """What a field accepts beyond its type: the closed set's values (but `hidden`) or the declared range ('' when
+    anything of its type goes)."""
     inner, optional = _unwrap_optional(hint)
     if isinstance(inner, type) and issubclass(inner, Enum):
-        text = ", ".join(m.value for m in inner)
+        text = ", ".join(m.value for m in inner if m.value not in hidden)
     elif (rng := range_of(f)) is not None:
         text = ("each " if typing.get_origin(inner) is list else "") + rng.describe()
     else:
@@ -169,8 +231,10 @@ def sections(cls: type = Config, key: str = "") -> Iterator[Section]:
             yield from sections(inner, f"{key}.{f.name}" if key else f.name)
 
 
-def field_rows(section: Section, defaults: Any) -> list[list[str]]:
-    """The table rows (key, type, default, admits, meaning) of one section's own (non-nested) fields."""
+def field_rows(section: Section, defaults: Any, plugins: Plugins | None = None) -> list[list[str]]:
+    """The table rows (key, type, default, admits, meaning) of one section's own (non-nested) fields; with
+    `plugins`, only the mitigations' fields and attention kinds it covers."""
+    plugins = plugins or Plugins.registered()
     hints = typing.get_type_hints(section.cls)
     notes = field_comments(section.cls)
     rows = []
@@ -179,10 +243,14 @@ def field_rows(section: Section, defaults: Any) -> list[list[str]]:
         if dataclasses.is_dataclass(_unwrap_optional(hint)[0]):
             continue
         key = f"{section.key}.{f.name}" if section.key else f.name
+        if plugins.leaves_out(key):
+            continue
         value = OmegaConf.select(defaults, key, default=None, throw_on_missing=False)
         if OmegaConf.is_config(value):
             value = OmegaConf.to_container(value, resolve=False)
-        rows.append([f"`{key}`", type_name(hint), f"`{_default(value)}`", admits(f, hint), notes.get(f.name, "")])
+        hidden = plugins.left_out()[1] if key == ATTN_KEY else ()
+        rows.append([f"`{key}`", type_name(hint), f"`{_default(value)}`", admits(f, hint, hidden),
+                     notes.get(f.name, "")])
     return rows
 
 
@@ -214,7 +282,7 @@ def _flatten(tree: Any, prefix: str) -> list[str]:
 SETTINGS_SHOWN = ("exp", "model", "study")  # the groups whose table also lists every value the option sets
 
 
-def group_options() -> list[tuple[str, list[list[str]]]]:
+def group_options(plugins: Plugins | None = None) -> list[tuple[str, list[list[str]]]]:
     """Per config group, rows (option, what it is[, the values it sets]) of every YAML option: the package's and the
     checkout's `configs/` (marked; not the user's other folders, so that the page is the same on every machine); a
     study's values are its sweep's."""
@@ -224,6 +292,8 @@ def group_options() -> list[tuple[str, list[list[str]]]]:
         rows = []
         for stem, yml in sorted(found.items(), key=lambda item: item[1].name):  # the files' order
             text = yml.read_text()
+            if plugins is not None and plugins.switches_on_left_out(text):  # a plugin the page does not cover
+                continue
             where = "" if yml.is_relative_to(config_dir()) else " (configs/)"
             row = [f"`{group}={stem}`{where}", _yaml_description(text)]
             if group in SETTINGS_SHOWN:
@@ -287,12 +357,13 @@ def _first_line(module: types.ModuleType, name: str) -> str:
     return lines[0] if lines else ""
 
 
-def render() -> str:
-    """The whole page."""
+def render(plugins: Plugins | None = None) -> str:
+    """The whole page, covering `plugins` (default: every registered mitigation and attention kind)."""
+    plugins = plugins or Plugins.registered()
     out = ["# Options of every command", "",
            f"Generated from the code by `{GENERATOR}`; do not edit by hand (`tests/configs/test_docs.py` fails when "
            "this page and the code differ). [commands.md](commands.md) explains each command, its outputs and exit "
-           "codes; this page lists what they accept.", ""]
+           "codes; this page lists what they accept.", "", plugins.line(), ""]
     mods = command_modules()
     rows = []
     for name, mod in mods.items():
@@ -316,7 +387,7 @@ def render() -> str:
             f"`config.yaml` picks the defaults ({', '.join(picked)}). An option marked (configs/) is a file of the "
             "checkout's `configs/`, what a user edits ([README](../README.md#configs)); a user's own folders add "
             "theirs (`--help` lists them).", ""]
-    for group, rows in group_options():
+    for group, rows in group_options(plugins):
         header = ["option", "what it is", *(["sets"] if group in SETTINGS_SHOWN else [])]
         out += [f"### `{group}=` options", "", *_table(header, rows), ""]
         if group == "model":
@@ -330,13 +401,21 @@ def render() -> str:
             "the group's default YAML where it sets the field). A number outside its range, or a value outside its "
             "closed set, stops the command before anything runs.", ""]
     for section in sections():
-        rows = field_rows(section, defaults)
+        rows = [] if plugins.leaves_out(section.key) else field_rows(section, defaults, plugins)
         if not rows:
             continue
         title = f"`{section.key}.*` fields" if section.key else "Top-level fields"
         out += [f"### {title}", "", _doc_paragraph(section.cls), "",
                 *_table(["key", "type", "default", "admits", "meaning"], rows), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def current(page: str) -> str:
+    """`page` as the code writes it for the plugins it says it covers (`Plugins.of_page`; every registered one
+    without the line): what tests/configs/test_docs.py compares the committed page with, so that a mitigation or
+    attention kind added since does not make it stale, and any other change does."""
+    said = Plugins.of_page(page)
+    return render(None if said is None else said.known())
 
 
 def main() -> int:
