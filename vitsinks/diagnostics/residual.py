@@ -83,10 +83,13 @@ def norm_histogram(norms: np.ndarray, bins: int = HIST_BINS) -> tuple[np.ndarray
 
 def sink_tokens(sink_idx: np.ndarray, events: np.ndarray, n_tokens: int) -> np.ndarray:
     """(images, L, N) bool: token t is a sink of block b on image i when it is the dominant key `sink_idx` of a
-    head of block b with a sink event on image i (`events`, (images, L, H))."""
+    head of block b with a sink event on image i (`events`, (images, L, H)); a sink on an extra key slot (index >=
+    `n_tokens`: no token of the residual stream) marks none."""
     out = np.zeros((*sink_idx.shape[:2], n_tokens), dtype=bool)
     i, b, h = np.nonzero(events)
-    out[i, b, sink_idx[i, b, h]] = True
+    s = sink_idx[i, b, h]
+    token = s < n_tokens
+    out[i[token], b[token], s[token]] = True
     return out
 
 

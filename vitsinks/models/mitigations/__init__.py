@@ -51,7 +51,7 @@ class BlockMitigation:
 
     name: ClassVar[str]  # the config field, model.<name>
     site: ClassVar[Site]
-    attr: ClassVar[str]  # attribute of the attention (heads) or block (update): its state-dict prefix
+    attr: ClassVar[str]  # attribute of the attention (heads, keys) or block (update): its state-dict prefix
     columns: ClassVar[tuple[Column, ...]] = ()
     diagnostic_fields: ClassVar[dict[str, float]] = {}  # field -> its value in a block without the mitigation
     always_diagnosed: ClassVar[bool] = False  # its fields are in every diagnosis (else only where a block has it)
@@ -97,7 +97,7 @@ class BlockMitigation:
     @classmethod
     def present(cls, block: nn.Module) -> bool:
         """Whether `block` has this mitigation's module."""
-        return getattr(block.attn if cls.site == "heads" else block, cls.attr, None) is not None
+        return getattr(block.attn if cls.site in ("heads", "keys") else block, cls.attr, None) is not None
 
     @classmethod
     def summarise(cls, d: Mapping[str, np.ndarray], layout: KeyLayout) -> dict[str, Any]:
