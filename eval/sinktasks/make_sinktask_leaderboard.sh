@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The ViT sink tasks x the variants base, gate, reg, gate+reg, relu, softpick and the global-pathway family (global,
-# global+pen, gate+global+pen, reg+global+pen), 2 seeds each (40 runs of 256 steps; about 17 minutes on 2 CPU
+# The ViT sink tasks x the variants of configs/study/sinktasks.yaml (base, gate, reg, gate+reg, relu, softpick,
+# softmax1, attn_bias and the global-pathway family), 2 seeds each (48 runs of 256 steps; about 20 minutes on 2 CPU
 # cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
 # of every final checkpoint (256 images, heads selected by docs/fidelity.md; a run without a qualifying head and
 # without registers has nothing to edit and is said so), then one leaderboard with a row per (task, variant), and

@@ -334,8 +334,12 @@ class DiagnosticsSummary(Result):
               "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self._ORDER if getattr(self, k) is not None}
-        return {**out, **self.extra}
+        """The summary in the order `summarize` writes it: the mitigations' parts (in `extra`) before the
+        recomputation error, as `mitigation_measures` sits there."""
+        typed = [k for k in self._ORDER if getattr(self, k) is not None]
+        cut = next((i for i, k in enumerate(typed) if k.startswith("recompute_error")), len(typed))
+        return {**{k: getattr(self, k) for k in typed[:cut]}, **self.extra,
+                **{k: getattr(self, k) for k in typed[cut:]}}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> DiagnosticsSummary:
@@ -356,6 +360,9 @@ class DiagnosticsSummary(Result):
     @classmethod
     def columns(cls) -> list[Column]:
         return [*(Column(k, label, "mechanism", section="sinks") for k, label, _, _ in _SPI),
+                Column("on_extra", "on an extra key", "mechanism", section="sinks",
+                       doc="sinks per image on a key that is no token (a null key, an attention bias); only models "
+                           "with such keys have a value"),
                 *(Column(f"def1_{e}", f"Def.1 eps {e}", "mechanism", section="sinks") for e in DEF1_EPS),
                 *(Column(k, label, "mechanism") for k, label in _STRONGEST),
                 Column("massive", "max / median token norm", "mechanism", section="residual"),
@@ -371,6 +378,8 @@ class DiagnosticsSummary(Result):
             return {**cls.missing(), "sink_rule": "-", "sink_at": "-", "profile": []}
         spi = s.sinks_per_image
         row: dict[str, Any] = {k: spi[c][loc] for k, _, c, loc in _SPI}
+        extra = [loc for loc in spi["all"] if loc not in (*LOCATIONS, "all")]  # the layout's extra key slots
+        row["on_extra"] = sum(spi["all"][loc] for loc in extra) if extra else math.nan
         row.update(massive=max(s.massive_activations["ratio_by_block"]), sink_rule=describe_rule(s.rule))
         row.update({k: math.nan for k, _ in _STRONGEST}, common_mode=math.nan,
                    **{f"def1_{e}": math.nan for e in DEF1_EPS}, sink_at="-", profile=[])

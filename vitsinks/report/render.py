@@ -10,6 +10,7 @@ from typing import Any
 
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import describe_rule, rule_record
+from vitsinks.models.mitigations import mitigation_columns
 from vitsinks.report.collect import NOT_COMPARABLE, columns, quality
 from vitsinks.utils.plotting import swatches_html
 from vitsinks.utils.results import SECTIONS, Column
@@ -45,8 +46,7 @@ SINK_REFERENCE_TITLE = (f"Reference sinks per image (Kempner, LeJEPA ViT-L, epoc
 DEFINITIONS = ("Strongest head: the (block, head) with the largest mean sink mass, where its dominant key sits most "
                "often, its mass on the prefix tokens and its value ratio. Share mass >= 0.3: of all (image, block, "
                "head) triples. Attn. common-mode share: the common-mode penalty of the attention update (energy of "
-               "the token-mean update over the update's energy), mean over blocks; pathway share: the global "
-               "pathway's share of the block update's energy.")
+               "the token-mean update over the update's energy), mean over blocks.")
 CAUSAL_NOTE = ("Causal columns (`python -m vitsinks.intervene`): final patch tokens' relative RMS change when one "
                "head's sink value is zeroed (or its sink attention redirected), mean over the head's events of that "
                "class, then over heads; drop registers: the whole model run without them.")
@@ -171,6 +171,13 @@ def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
             if any(not math.isnan(t[c.key][0]) or c.key in t.get("not_comparable", {}) for t in table)]
 
 
+def definitions(table: list[dict[str, Any]]) -> str:
+    """`DEFINITIONS`, then the docs line of every shown column a block mitigation declares (its module's words)."""
+    own = {c.key for c in mitigation_columns()}
+    return " ".join([DEFINITIONS, *(f"{c.label[:1].upper()}{c.label[1:]}: {c.doc}." for c in shown_columns(table)
+                                    if c.key in own and c.doc)])
+
+
 def sections(table: list[dict[str, Any]]) -> list[tuple[str, str, list[Column]]]:
     """The leaderboard's tables (SECTIONS order, empty ones left out): key, title and the shown columns of each."""
     cols = shown_columns(table)
@@ -197,7 +204,7 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
     lines += [f"Mean ± std over seeds. {mark_note(few)}", ""]
     lines += [note, ""] if (note := rows_note(table)) else []
     lines += [note, ""] if (note := comparable_note(table)) else []
-    lines += [" ".join(rule_notes(table)), "", DEFINITIONS]
+    lines += [" ".join(rule_notes(table)), "", definitions(table)]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
         lines += ["", CAUSAL_NOTE]
     lines += ["", "## Reference numbers", "", "Papers, ViT-L, not comparable in scale with CPU runs:", "",
@@ -218,7 +225,7 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
          for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
                                                  rows_note(table), comparable_note(table), " ".join(rule_notes(table)),
-                                                 DEFINITIONS] if n)
+                                                 definitions(table)] if n)
     foot += f"<p>The sink classes in the figure: {swatches_html(CLASSES)}</p>"
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])
     sinks = (f"<h2>{esc(SINK_REFERENCE_TITLE)}</h2>"
