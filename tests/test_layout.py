@@ -8,6 +8,7 @@ from pathlib import Path
 
 import vitsinks
 from vitsinks.configs.schema import config_dir, exp_names
+from vitsinks.configs.variants import STUDY_VARIANTS
 
 PACKAGE = Path(vitsinks.__file__).resolve().parent
 
@@ -89,4 +90,4 @@ def test_no_vitsinks_import_inside_a_function() -> None:
 
 def test_configs_are_inside_the_package_and_every_variant_composes() -> None:
     assert config_dir().is_relative_to(PACKAGE) and (config_dir() / "config.yaml").is_file()
-    assert {"base", "gate", "reg", "gate+reg", "softpick"} <= set(exp_names())
+    assert set(STUDY_VARIANTS) <= set(exp_names()) and len(exp_names()) > len(STUDY_VARIANTS)

@@ -25,6 +25,8 @@ from vitsinks.objectives.supervised import embed_targets, residual_stream
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
+# The runs whose outcome on the NOP task the tests below assert (a sink on [CLS] for base, moved by the registers,
+# none for the gate and relu): a choice of this test, not a list of every variant (each trains: slow).
 NOP_VARIANTS = ("base", "gate", "reg", "gate+reg", "relu")
 
 

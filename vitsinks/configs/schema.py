@@ -21,7 +21,7 @@ from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
@@ -307,7 +307,7 @@ class EvalConfig:
 class Config:
     """The whole run."""
 
-    exp: str = "base"
+    exp: str = "base"  # set at composition to the name of the exp file chosen (`exp=<name>`); in the run name
     name: str = MISSING
     seed: int = bounded(0, ge=0)
     runs_dir: str = "runs"
@@ -372,7 +372,20 @@ def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> D
     user_folders()
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides or []), return_hydra_config=hydra)
+        cfg = compose(config_name="config", overrides=list(overrides or []), return_hydra_config=True)
+    return _named_by_exp_file(cfg, hydra)
+
+
+def _named_by_exp_file(cfg: DictConfig, hydra: bool) -> DictConfig:
+    """`cfg` with `exp` set to the name of the exp file Hydra chose (`exp=<name>`: `exp/<name>.yaml`, so a file
+    needs no `exp:` key of its own; none chosen: the schema's default), and the `hydra` node only if `hydra`."""
+    choice = cfg.hydra.runtime.choices.get("exp")
+    with open_dict(cfg):
+        if choice is not None:
+            cfg.exp = choice
+        if not hydra:
+            del cfg["hydra"]
+    return cfg
 
 
 def load_config(overrides: list[str] | None = None) -> DictConfig:

@@ -29,7 +29,8 @@ from omegaconf import OmegaConf
 import vitsinks.eval.results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
 import vitsinks.report.training  # noqa: F401
-from vitsinks.configs.schema import exp_names, upgrade
+from vitsinks.configs.schema import upgrade
+from vitsinks.configs.variants import variant_order
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
@@ -42,14 +43,7 @@ from vitsinks.utils.results import GROUPS, Column, Probed, result_types
 from vitsinks.utils.rundir import RunDir, find_runs
 from vitsinks.utils.stats import nan_mean_std
 
-LEADING = ["base", "gate", "reg", "gate+reg"]  # the four variants of the study first, then the rest by name
 NOT_COMPARABLE = "not comparable"  # a derived row's cell that its source's probe cannot be read against
-
-
-def variant_order() -> list[str]:
-    """Every variant that has a config (`vitsinks/configs/exp/*.yaml`), the study's four first."""
-    names = exp_names()
-    return [v for v in LEADING if v in names] + [v for v in names if v not in LEADING]
 
 
 def columns(keys: Iterable[str] = ()) -> list[Column]:

@@ -37,6 +37,7 @@ from vitsinks.models import GlobalPathway, SinkBlock, common_mode_penalty
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.progress import hidden
 
+# The reference's three arms of the controlled broadcast task (its Section 5): a toy model's arms, not exp variants
 ARMS = ("attention", "global", "global+pen")
 DIM, LENGTH, STATE_DIM, DEPTH = 64, 32, 64, 2
 TASK_SEED, TRAIN_SEED, EVAL_SEED = 2000, 1000, 5000  # offsets added to the seed

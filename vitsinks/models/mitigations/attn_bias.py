@@ -48,7 +48,6 @@ class AttentionBiasMitigation(BlockMitigation):
     name = "attn_bias"
     site = "keys"
     attr = "attn_bias"
-    tag_rank = 25  # after reg (20), before global (30)
     slots = ("bias",)
     # v' is the same in every image: a donor's, a shuffled or a held-out mean v' is v' itself
     slot_edits = ("zero_sink_value", "noise_sink_value", "donor_nonsink_value")

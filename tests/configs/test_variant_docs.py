@@ -1,0 +1,49 @@
+"""The generated variant list of README.md and variant table of docs/variants.md (`python -m vitsinks.configs.docs
+variants`) against the exp config group they are generated from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vitsinks.configs import docs
+from vitsinks.configs.variants import variant_order
+from vitsinks.utils.errors import BadValue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def variant_blocks() -> dict[str, str]:
+    return docs.render_variants()
+
+
+def test_the_committed_variant_list_and_table_are_what_the_code_writes(variant_blocks: dict[str, str]) -> None:
+    assert sorted(variant_blocks) == sorted(docs.VARIANT_PAGES)
+    for page, block in variant_blocks.items():
+        text = (ROOT / page).read_text()
+        assert docs.replace_block(text, block, page) == text, f"{page}: stale variants: run `{docs.VARIANTS_GENERATOR}`"
+
+
+def test_the_variant_table_has_one_row_per_exp_file_in_order(variant_blocks: dict[str, str]) -> None:
+    rows = [line.split("|")[1].strip() for line in variant_blocks["docs/variants.md"].splitlines()
+            if line.startswith("| `")]
+    assert rows == [f"`{v}`" for v in variant_order()]
+    listed = " ".join(variant_blocks["README.md"].split())
+    assert [v for v in variant_order() if f"`{v}`" in listed] == variant_order()
+
+
+def test_the_variants_command_rewrites_only_the_marked_blocks(tmp_path: Path, variant_blocks: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docs, "render_variants", lambda: variant_blocks)
+    (tmp_path / "docs").mkdir()
+    for page in docs.VARIANT_PAGES:
+        (tmp_path / page).write_text(f"before\n{docs.START}\nstale\n{docs.END}\nafter\n")
+    assert docs.variants_command(tmp_path) == [tmp_path / p for p in docs.VARIANT_PAGES]
+    for page in docs.VARIANT_PAGES:
+        assert (tmp_path / page).read_text() == f"before\n{docs.START}\n{variant_blocks[page]}\n{docs.END}\nafter\n"
+    assert docs.variants_command(tmp_path) == []  # up to date: nothing written
+    (tmp_path / "README.md").write_text(f"{docs.END}\n{docs.START}\n")
+    with pytest.raises(BadValue, match=f"README.md needs one {docs.START} line"):
+        docs.variants_command(tmp_path)
