@@ -19,11 +19,28 @@ def variant_blocks() -> dict[str, str]:
     return docs.render_variants()
 
 
-def test_the_committed_variant_list_and_table_are_what_the_code_writes(variant_blocks: dict[str, str]) -> None:
-    assert sorted(variant_blocks) == sorted(docs.VARIANT_PAGES)
-    for page, block in variant_blocks.items():
+def test_the_committed_variant_list_and_table_are_what_the_code_writes() -> None:
+    """For the variants the committed table lists: an exp file added since (a researcher's new variant: its module
+    and exp file, nothing else) leaves the pages current; any other drift, or a listed variant gone, does not."""
+    listed = docs.listed_variants((ROOT / "docs/variants.md").read_text())
+    assert set(listed) <= set(variant_order()), f"listed variants without an exp file: run `{docs.VARIANTS_GENERATOR}`"
+    blocks = docs.render_variants(only=listed)
+    assert sorted(blocks) == sorted(docs.VARIANT_PAGES)
+    for page, block in blocks.items():
         text = (ROOT / page).read_text()
         assert docs.replace_block(text, block, page) == text, f"{page}: stale variants: run `{docs.VARIANTS_GENERATOR}`"
+
+
+def test_a_new_exp_file_leaves_the_pages_current_and_a_changed_one_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    order = variant_order()
+    full = docs.render_variants()
+    without = docs.render_variants(only=order[:-1])  # the pages as they were before the last variant existed
+    assert docs.listed_variants(f"{docs.START}\n{without['docs/variants.md']}\n{docs.END}") == order[:-1]
+    assert without != full  # regenerating adds it
+    two = docs.render_variants(only=order[:2])
+    rows = docs.variant_rows(order[:2])
+    monkeypatch.setattr(docs, "variant_rows", lambda o=None: [[*rows[0][:-1], "changed"], *rows[1:]])
+    assert docs.render_variants(only=order[:2]) != two  # a listed variant's row drifting is caught
 
 
 def test_the_variant_table_has_one_row_per_exp_file_in_order(variant_blocks: dict[str, str]) -> None:
