@@ -190,7 +190,7 @@ def findings(board: Path, tables: Path | None = None) -> str:
     unprobed = False
     for run in trained:
         r = rows[run]
-        cells = [run, _fmt(_num(r["linear_top1"])), _fmt(miou(r))]
+        cells = [run, _fmt(_num(r.get("linear_top1", ""))), _fmt(miou(r))]
         for m in methods:
             derived = edits[run].get(m)
             if derived is None:
@@ -198,7 +198,8 @@ def findings(board: Path, tables: Path | None = None) -> str:
             else:
                 e, ours, theirs = rows[derived], _probe_seeds(board, run, kinds), _probe_seeds(board, derived, kinds)
                 cells.append(" / ".join([
-                    _change(_num(e["linear_top1"]), _num(r["linear_top1"]), (ours["linear"], theirs["linear"])),
+                    _change(_num(e.get("linear_top1", "")), _num(r.get("linear_top1", "")),
+                            (ours["linear"], theirs["linear"])),
                     _change(miou(e), miou(r), (ours[dense], theirs[dense])) if dense else "-"]))
         err = _num(r.get("w8a8_cos_err", ""))
         cells += ["-" if math.isnan(err) else f"{err:.1e}",

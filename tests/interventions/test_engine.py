@@ -359,14 +359,14 @@ def test_a_head_without_held_out_events_gets_no_mean_sink_value_and_the_report_s
     d["routed_frac"][:, 0, 1] = 1.0  # 0:1 "has" events on the edited images, so it can be named
     st = InterveneConfig(n_images=4, heldout_images=4, heads=["0:0", "0:1"], batch_size=4)
     res = intervene(subject, x[:4], None, x[4:], st, stage1=d, progress=False)
-    assert res.mean_skipped == {"0:1": "no sink event among the 4 held-out images"}
+    assert res.mean_skipped == {"0:1": "no sink event on a token among the 4 held-out images"}
     assert res.mean_source == {"0:0": "4 held-out events"}
     mean_rows = [(r["block"], r["head"]) for r in res.rows if r["edit"] == "mean_sink_value"]
     assert mean_rows == [(0, 0)] * 4 and {(r["block"], r["head"]) for r in res.rows} == {(0, 0), (0, 1)}
     meta = {"subject": "cls sink", "n_images": 4, "n_blocks": 2, "selected": ["0:0", "0:1"], "edits": res.edits,
             "min_class_events": 1, "mean_sink_value_skipped": res.mean_skipped, "checks": res.checks.as_dict()}
     text = to_markdown(write_outputs(tmp_path, res.rows, meta))
-    assert "mean_sink_value skipped for heads 0:1 (no sink event among the 4 held-out images)" in text
+    assert "mean_sink_value skipped for heads 0:1 (no sink event on a token among the 4 held-out images)" in text
     with pytest.raises(ValueError, match="no head of this shard .0:1. has a sink event among the 4 held-out"):
         intervene(subject, x[:4], None, x[4:], InterveneConfig(n_images=4, heldout_images=4, heads=["0:1"],
                   edits=["mean_sink_value"]), stage1=d, progress=False)

@@ -16,6 +16,7 @@ from huggingface_hub import constants as hf_constants
 
 from tests.conftest import TINY_VIT, tiny_vit
 from vitsinks.models import model_from_config
+from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.models.weights import architecture, hub_reachable, load
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 
@@ -77,7 +78,8 @@ def test_weights_of_another_architecture_name_both_in_one_short_line(tmp_path: P
 def test_what_a_state_dict_holds_is_read_off_its_shapes() -> None:
     assert architecture(tiny_vit(gate="elementwise", attn="sink_logit").state_dict()) == {
         "width": 48, "depth": 2, "heads": 3, "registers": 0, "patch": 8, "gate": "elementwise", "mlp": 4.0,
-        "layerscale": False, "pathway": False}
+        "layerscale": False, **{name: False for name in MITIGATIONS if name != "gate"}}
+    assert architecture(tiny_vit(attn_bias=True, global_pathway={"enabled": True}).state_dict())["attn_bias"]
 
 
 def test_a_safetensors_weights_file_loads(tmp_path: Path) -> None:

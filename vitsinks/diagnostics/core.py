@@ -138,7 +138,7 @@ def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals,
     for m in mitigations:
         got = m.diagnostics(blk, z, it, den)
         if got is None:
-            shape = it.attn.shape[:2] if m.site == "heads" else den.shape
+            shape = it.attn.shape[:2] if m.site != "update" else den.shape  # on the attention: per head
             got = {k: torch.full(shape, fill, device=den.device) for k, fill in m.diagnostic_fields.items()}
         out.update(got)
     return out

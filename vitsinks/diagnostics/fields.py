@@ -11,11 +11,14 @@ import torch
 FIELDS = ("sink_idx", "mass", "routed_frac", "min_a", "ratio_head", "ratio_out", "stable_rank")
 
 
-def _ratio_to_others(norms: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """||x_s|| / mean_{j != s} ||x_j|| for norms (B, H, N) and sink indices s (B, H)."""
-    n = norms.shape[-1]
+def _ratio_to_others(norms: torch.Tensor, s: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """||x_s|| / mean_{j != s} ||x_j|| for norms (B, H, K) of every key and sink indices s (B, H), the others being
+    the `n_tokens` tokens (the first keys; extra key slots after them are no token: a sink there is measured
+    against the tokens' mean)."""
     at_s = norms.gather(-1, s.unsqueeze(-1)).squeeze(-1)
-    others = (norms.sum(-1) - at_s) / max(n - 1, 1)
+    on_token = s < n_tokens
+    n_others = (n_tokens - on_token.int()).clamp_min(1)
+    others = (norms[..., :n_tokens].sum(-1) - torch.where(on_token, at_s, 0.0)) / n_others
     return at_s / others
 
 
@@ -68,8 +71,8 @@ def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
         "mass": col.mean(-1),
         "routed_frac": (col >= 0.5).float().mean(-1),
         "min_a": col.amin(-1),
-        "ratio_head": _ratio_to_others(v.norm(dim=-1), s),
-        "ratio_out": _ratio_to_others(u_norm, s),
+        "ratio_head": _ratio_to_others(v.norm(dim=-1), s, attn.shape[-2]),  # queries are the tokens
+        "ratio_out": _ratio_to_others(u_norm, s, attn.shape[-2]),
         "stable_rank": _gram_stable_rank(m.transpose(-1, -2) @ m),  # the head update U = A u, before the gate
     }
 

@@ -272,8 +272,8 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
         },
         **({"residual": residual_measures(d, rules, high_norm_k)} if residual and "res_norm" in d else {}),
         **continuous_measures(d, rules),
-        **update_measures(d),
         **mitigation_measures(d),
+        **update_measures(d),
         "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
         "recompute_error_by_block": [float(x) for x in d["recompute_error"]],
     }
@@ -334,10 +334,10 @@ class DiagnosticsSummary(Result):
               "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
 
     def to_json(self) -> dict[str, Any]:
-        """The summary in the order `summarize` writes it: the mitigations' parts (in `extra`) before the
-        recomputation error, as `mitigation_measures` sits there."""
+        """The summary in the order `summarize` writes it: the mitigations' parts (in `extra`) before the common-mode
+        terms and the recomputation error, as `mitigation_measures` sits there."""
         typed = [k for k in self._ORDER if getattr(self, k) is not None]
-        cut = next((i for i, k in enumerate(typed) if k.startswith("recompute_error")), len(typed))
+        cut = next((i for i, k in enumerate(typed) if k.startswith(("common_mode", "recompute_error"))), len(typed))
         return {**{k: getattr(self, k) for k in typed[:cut]}, **self.extra,
                 **{k: getattr(self, k) for k in typed[cut:]}}
 

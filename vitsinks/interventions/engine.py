@@ -86,6 +86,9 @@ class Checks:
     redirect_rows_checked: int = 0
     redirect_ref_rows: int = 0  # rows edited by redirect_sink_attention_ref
     redirect_ref_rows_clamped: int = 0  # ... whose new sum fell below the reference's clamp (switched off)
+    # edit -> rows not written: a sink-value edit of a sink (or a donor's sink) on an extra key slot whose value it
+    # cannot change (a null key's 0, an attention bias's image-independent value)
+    rows_not_applicable: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"recompute_error_max": f"{self.recompute_error:.3e}", "recompute_tol": RECOMPUTE_TOL,
@@ -93,7 +96,8 @@ class Checks:
                 "value_edits_checked": self.value_edits_checked,
                 "redirect_error_max": f"{self.redirect_error:.3e}", "redirect_tol": REDIRECT_TOL,
                 "redirect_rows_checked": self.redirect_rows_checked, "redirect_ref_rows": self.redirect_ref_rows,
-                "redirect_ref_rows_clamped": self.redirect_ref_rows_clamped, "redirect_ref_clamp": REF_REDIRECT_CLAMP}
+                "redirect_ref_rows_clamped": self.redirect_ref_rows_clamped, "redirect_ref_clamp": REF_REDIRECT_CLAMP,
+                **({"rows_not_applicable": dict(self.rows_not_applicable)} if self.rows_not_applicable else {})}
 
 
 @dataclass
@@ -195,7 +199,8 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
                         continue
                     vs = it.v[torch.arange(len(x)), h, f["sink_idx"][:, h]].double()  # (B, hd)
                     acc = sums[(b, h)]
-                    m = torch.as_tensor(ev[:, h], device=vs.device)
+                    # events on a token only: an extra key's value (a null key's 0, a bias) is no token's sink value
+                    m = torch.as_tensor(ev[:, h], device=vs.device) & (f["sink_idx"][:, h] < x.shape[1])
                     acc[0] = vs[m].sum(0) + (0 if acc[0] is None else acc[0])
                     acc[1] += int(m.sum())
             if b == blocks[-1]:
@@ -206,7 +211,7 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
             plan.mean_values[hd] = (ev_sum / n_ev).float()
             plan.mean_source[hd] = f"{n_ev} held-out events"
         else:
-            plan.mean_skipped[hd] = f"no sink event among the {len(inputs)} held-out images"
+            plan.mean_skipped[hd] = f"no sink event on a token among the {len(inputs)} held-out images"
 
 
 @torch.no_grad()
@@ -320,7 +325,9 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
         new_head = red @ it.v[:, h]
     elif edit in MITIGATION_EDITS:  # the mitigation's own edit of the internals (the gate's open / close)
         edited = MITIGATION_EDITS[edit].edit(edit, it, h)
-        gate, new_head = edited.gate, edited.attn[:, h] @ edited.v[:, h]
+        gate = edited.gate
+        same = edited.attn is it.attn and edited.v is it.v
+        new_head = None if same else edited.attn[:, h] @ edited.v[:, h]
     else:
         raise ValueError(f"{edit!r} is not a head edit")
     if new_head is not None:
@@ -428,8 +435,14 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
                 new = _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h], loc_names[:, h],
                             measure(base, final, sink, edit, subject.num_prefix), donor_of(edit)[1],
                             drawn.get(edit))
-                # a sink-value edit of a sink on an extra key slot only where the slot's value can be changed by it
-                # (a null key's 0 or an image-independent bias: no donor's, mean or shuffled value differs)
-                rows += [r for r, s, i in zip(new, on_slot[:, h], slot[:, h], strict=True)
-                         if not (s and edit in SINK_VALUE_EDITS and edit not in slot_edits(extra[i]))]
+                # a sink-value edit of a sink on an extra key slot only where it can change the slot's value (a null
+                # key's 0, an image-independent bias: no donor's, mean or shuffled value differs), and a donor's or
+                # shuffled sink value only from a partner whose sink is a token
+                partner = {"donor_sink_value": donor, "shuffle_sink_value": pi}.get(edit)
+                mate = on_slot[partner.cpu().numpy(), h] if partner is not None else np.zeros(B, dtype=bool)
+                keep = [not ((s and edit in SINK_VALUE_EDITS and edit not in slot_edits(extra[i])) or m)
+                        for s, i, m in zip(on_slot[:, h], slot[:, h], mate, strict=True)]
+                rows += [r for r, k in zip(new, keep, strict=True) if k]
+                if not all(keep):
+                    checks.rows_not_applicable[edit] = checks.rows_not_applicable.get(edit, 0) + keep.count(False)
     return rows

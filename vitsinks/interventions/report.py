@@ -183,6 +183,10 @@ def to_markdown(summary: dict[str, Any]) -> str:
         lines += [f"donor_cosine: the donor direction (the donor's mean final patch - the image's own), its means "
                   f"over the patches: {summary['donor_cosine_form']}.", ""]
     ch = summary["checks"]
+    if ch.get("rows_not_applicable"):
+        lines += ["Rows not written (a sink, or a donor's sink, on an extra key whose value the edit cannot change: a "
+                  "null key's 0, an attention bias): " + ", ".join(f"{e} {n}" for e, n in
+                                                                  ch["rows_not_applicable"].items()) + ".", ""]
     if ch.get("redirect_ref_rows"):
         lines += [f"redirect_sink_attention_ref (the reference's formula: A's sink column zeroed, rows divided by "
                   f"their sum clamped at {ch['redirect_ref_clamp']:g}): {ch['redirect_ref_rows_clamped']} of "
@@ -343,6 +347,12 @@ def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
         out[key] = f"{max(float(c.get(key, 0)) for c in checks):.3e}"
     for key in ("value_edits_checked", "redirect_rows_checked", "redirect_ref_rows", "redirect_ref_rows_clamped"):
         out[key] = sum(c.get(key, 0) for c in checks)
+    skipped: dict[str, int] = {}
+    for c in checks:
+        for edit, n in c.get("rows_not_applicable", {}).items():
+            skipped[edit] = skipped.get(edit, 0) + n
+    if skipped:
+        out["rows_not_applicable"] = skipped
     return out
 
 

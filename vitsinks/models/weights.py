@@ -8,6 +8,7 @@ import socket
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -18,6 +19,7 @@ import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
+from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 
 Kind = Literal["checkpoint", "weights"]  # a run's checkpoint, or a pretrained weights file (model.pretrained=)
@@ -111,7 +113,8 @@ BLOCK = re.compile(r"^blocks\.(\d+)\.")
 def architecture(sd: dict[str, Any]) -> dict[str, Any]:
     """The ViT a (timm-layout) state dict holds, read off its keys and shapes: width, depth, heads (None unless a
     per-head tensor tells: a head-wise gate, a sink logit), registers, patch size, gate (None, `elementwise`,
-    `headwise`), and MLP ratio, LayerScale, global pathway. A field a state dict does not show is None."""
+    `headwise`), and MLP ratio, LayerScale and whether it has each other block mitigation (by its config name). A
+    field a state dict does not show is None."""
     shape = {k: tuple(v.shape) for k, v in sd.items() if torch.is_tensor(v)}
     width = next((s[-1] for k in ("cls_token", "pos_embed", "norm.weight") if (s := shape.get(k))), None)
     blocks = {int(m.group(1)) for k in shape if (m := BLOCK.match(k))}
@@ -124,14 +127,26 @@ def architecture(sd: dict[str, Any]) -> dict[str, Any]:
             "registers": shape.get("reg_token", (1, 0))[1], "patch": proj[-1] if proj and len(proj) == 4 else None,
             "gate": gate_kind, "mlp": round(fc1[0] / width, 3) if fc1 and width else None,
             "layerscale": "blocks.0.ls1.gamma" in shape,
-            "pathway": any(k.startswith("blocks.0.pathway.") for k in shape)}
+            **{m.name: any(k.startswith(_state_prefix(m)) for k in shape) for m in OTHER_MITIGATIONS}}
+
+
+OTHER_MITIGATIONS = tuple(m for m in MITIGATIONS.values() if m.name != "gate")  # the gate's kind is read above
+
+
+def _has(words: str, v: Any) -> str:
+    return words if v else f"no {words}"
+
+
+def _state_prefix(m: type[BlockMitigation]) -> str:
+    """Where a mitigation's parameters sit in block 0's state dict."""
+    return f"blocks.0.{'' if m.site == 'update' else 'attn.'}{m.attr}."
 
 
 # the secondary fields, shown only where the two architectures differ in them
 EXTRAS: dict[str, Callable[[Any], str]] = {
     "mlp": lambda v: f"MLP ratio {v:g}" if v else "no MLP",
     "layerscale": lambda v: "LayerScale" if v else "no LayerScale",
-    "pathway": lambda v: "a global pathway" if v else "no global pathway",
+    **{m.name: partial(_has, m.name.replace("_", " ")) for m in OTHER_MITIGATIONS},
 }
 
 

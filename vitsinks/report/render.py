@@ -172,10 +172,11 @@ def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
 
 
 def definitions(table: list[dict[str, Any]]) -> str:
-    """`DEFINITIONS`, then the docs line of every shown column a block mitigation declares (its module's words)."""
+    """`DEFINITIONS`, then the docs line of every shown column a block mitigation declares (in its module's words)
+    and of the sink columns that carry one (`on_extra`)."""
     own = {c.key for c in mitigation_columns()}
     return " ".join([DEFINITIONS, *(f"{c.label[:1].upper()}{c.label[1:]}: {c.doc}." for c in shown_columns(table)
-                                    if c.key in own and c.doc)])
+                                    if c.doc and (c.key in own or c.section == "sinks"))])
 
 
 def sections(table: list[dict[str, Any]]) -> list[tuple[str, str, list[Column]]]:

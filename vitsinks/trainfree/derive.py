@@ -104,7 +104,7 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
 
 def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrite: bool) -> None:
     """`derive`'s work, under the run's lock."""
-    old = [p for p in run.path.iterdir() if p.name != ".lock"] if run.path.is_dir() else []
+    old = [p for p in run.path.iterdir() if p != run.lock_file] if run.path.is_dir() else []
     if old:
         derived = run.config.is_file() and OmegaConf.load(run.config).get("trainfree", {}).get("method")
         if not derived or not overwrite:
@@ -120,7 +120,7 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
         state = on_cpu(m.fit(model, images, settings))
     # refused above before any work; replaced only once the new edit is fitted (the lock stays), its config last:
     # a replacement cut short leaves a run still recognised as derived
-    for p in sorted(old, key=lambda q: q.name == "config.yaml"):
+    for p in sorted(old, key=lambda q: q == run.config):
         files.remove(p)
     source = str(cfg.ckpt)
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,

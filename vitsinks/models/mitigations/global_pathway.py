@@ -205,7 +205,7 @@ class GlobalPathwayMitigation(BlockMitigation):
         has = ~np.isnan(d["pw_share"]).all(axis=0)
 
         def per_block(k: str) -> list[float | None]:
-            return [round(float(x), 6) if h else None for x, h in zip(d[k].mean(0), has, strict=True)]
+            return [float(np.round(x, 6)) if h else None for x, h in zip(d[k].mean(0), has, strict=True)]
 
         names = layout.locations
         return {"pathway": {
