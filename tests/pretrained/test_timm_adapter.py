@@ -16,7 +16,7 @@ from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.api import diagnose_fields
+from vitsinks.pretrained.api import diagnose_fields, intervene
 from vitsinks.utils.errors import BadValue
 
 SHAPE = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "qkv_bias": True,
@@ -156,6 +156,36 @@ def test_interventions_protocol() -> None:
     a[torch.arange(len(a)), :, sink] = 0
     torch.testing.assert_close(red, a / a.sum(-1, keepdim=True), rtol=1e-4, atol=1e-6)
     assert s.num_prefix == 5 and s.num_registers == 4 and len(s.without_registers(t)[0]) == t.shape[1] - 4
+
+
+def plant_sink(m: VisionTransformer, block: int, head: int, channel: int = 5) -> None:
+    """Head `head` of block `block` (no q/k norm) attends to [CLS] from every query: every query is one vector u,
+    and only [CLS] (massive in `channel`) has a key along u."""
+    a, dim = m.blocks[block].attn, m.embed_dim
+    rows = slice(head * a.head_dim, (head + 1) * a.head_dim)
+    u = torch.randn(a.head_dim, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    with torch.no_grad():
+        a.qkv.weight[rows] = 0
+        a.qkv.bias[rows] = 3 * u
+        k_rows = slice(dim + rows.start, dim + rows.stop)
+        a.qkv.weight[k_rows] = 0
+        a.qkv.weight[k_rows, channel] = 10 * u
+        a.qkv.bias[k_rows] = 0
+        m.cls_token[0, 0, channel] = 50.0
+
+
+def test_intervene_on_a_planted_sink() -> None:
+    m = timm_vit(CONFIGS["deit"])
+    plant_sink(m, 1, 0)
+    x = images(6)
+    got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value", "redirect_sink_attention"], heldout=x[4:],
+                    batch_size=4)
+    rows = got["rows"]
+    assert got["heads"] == [(1, 0)] and sorted(set(rows["edit"])) == ["redirect_sink_attention", "zero_sink_value"]
+    assert len(rows["edit"]) == 2 * 4 and set(rows["sink_loc"]) == {"cls"}
+    assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
+    assert all(np.isfinite(rows["final_patch_relrms"])) and max(rows["final_patch_relrms"]) > 0
 
 
 def test_registry() -> None:

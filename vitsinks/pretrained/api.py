@@ -1,4 +1,5 @@
-"""The notebook entry points: `diagnose(model, images)` -> tables, `diagnose_fields` -> the raw diagnostics arrays.
+"""The notebook entry points: `diagnose(model, images)` -> tables, `diagnose_fields` -> the raw diagnostics arrays,
+`intervene(model, images, heads=..., edits=...)` -> the interventions' rows as a table.
 
 Every block runs its real forward to move the residual stream on; the diagnosed blocks are also rebuilt from their
 explicit attention (the views), which must reproduce the real forward (`recompute_error` < `RECOMPUTE_TOL`, else
@@ -8,14 +9,19 @@ alive at a time: about `ATTN_COPIES` float32 (B, heads, N, N) arrays, which `bat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from vitsinks.configs.schema import InterveneConfig
 from vitsinks.diagnostics.core import RECOMPUTE_TOL, concat_fields, diagnose_tokens, spectrum
 from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import TOKEN_LOCATIONS
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
@@ -160,3 +166,28 @@ def diagnose(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[
     """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model): the
     `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`)."""
     return tables(diagnose_fields(model, images, blocks, batch_size), heads)
+
+
+def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Rows (dicts) as columns, every key of any row (None where a row lacks it)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def intervene(model: nn.Module | Foreign, images: torch.Tensor, heads: Sequence[tuple[int, int]] = (),
+              edits: Sequence[str] = (), heldout: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+              batch_size: int = 16, rules: SinkRules | None = None, **settings: Any) -> dict[str, Any]:
+    """The causal interventions (`vitsinks.interventions.intervene`, docs/interventions.md) on a pretrained model:
+    every edit of `edits` (default: every edit that applies) on every (block, head) of `heads` (default: selected by
+    their sink events, `InterveneConfig`'s `min_events`, `top_k`, ... passed as `settings`); `heldout` images are
+    the source of `mean_sink_value`. Returns `rows` (a table: one row per image, head and edit), `checks` (the
+    built-in checks' largest errors), `heads` (those edited) and `mean_skipped`."""
+    foreign = as_foreign(model)
+    heldout = images[:0] if heldout is None else heldout
+    cfg = InterveneConfig(**{"n_images": len(images), "heldout_images": len(heldout), "batch_size": batch_size,
+                             "heads": [f"{b}:{h}" for b, h in heads], "edits": list(edits), **settings})
+    with eval_mode(foreign.model) as device:
+        res = run_interventions(foreign.subject(), images.to(device), None if labels is None else labels.to(device),
+                                heldout.to(device), cfg, rules, progress=False)
+    return {"rows": columns(res.rows), "checks": res.checks.as_dict(), "heads": res.heads,
+            "mean_skipped": dict(res.mean_skipped), "settings": dataclasses.asdict(cfg)}
