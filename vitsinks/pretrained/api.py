@@ -46,7 +46,8 @@ def tokens_per_image(foreign: Foreign, img_size: tuple[int, int]) -> int:
 
 def batch_size_for(foreign: Foreign, img_size: tuple[int, int], budget: int = DEFAULT_BUDGET) -> int:
     """The largest batch whose attention matrices (`ATTN_COPIES` float32 (B, heads, N, N) per block) fit in `budget`
-    bytes (at least 1). ViT-L/14 at 224 px with 4 registers (16 heads, N = 261): 16.6 MiB per image, a batch of 61 in 1 GiB."""
+    bytes (at least 1). ViT-L/14 at 224 px with 4 registers (16 heads, N = 261): 16.6 MiB per image, a batch of
+    61 in 1 GiB; at 518 px (N = 1374): 461 MiB per image, a batch of 2."""
     n = tokens_per_image(foreign, img_size)
     heads = max(b.attn.num_heads for b in foreign.blocks)
     return max(1, budget // (ATTN_COPIES * 4 * heads * n * n))
