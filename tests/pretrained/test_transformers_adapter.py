@@ -157,6 +157,8 @@ def test_diagnose_wrapped_and_without_cls() -> None:
                                                  "intermediate_size": 64})).eval()
     f = adapt(clip)
     assert f.num_cls == 1 and len(f.blocks) == 2
+    classifier = T.Dinov2ForImageClassification(T.Dinov2Config(**SMALL, mlp_ratio=2, num_labels=3)).eval()
+    assert adapt(classifier).blocks[0].block is classifier.dinov2.encoder.layer[0]
     tabs = diagnose(build("siglip"), images(2))
     assert int(tabs["layout"]["num_prefix"][0]) == 0 and set(tabs["heads"]["sink_location"]) == {"patch"}
     assert tabs["checks"]["recompute_error"].max() < 1e-4
