@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 from torch import nn
 
+from vitsinks.diagnostics import core
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
-from vitsinks.models import SinkViT, load_timm_state_dict
+from vitsinks.models import SinkViT, build_vit, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.api import diagnose_fields, intervene
 from vitsinks.utils.errors import BadValue
@@ -196,3 +197,28 @@ def test_registry() -> None:
     post = VisionTransformer(**SHAPE, block_fn=ResPostBlock)
     with pytest.raises(BadValue, match="ResPostBlock"):
         adapt(post)
+
+
+@torch.no_grad()
+def test_native_model_equals_the_diagnostics_of_its_own() -> None:
+    """A `SinkViT` through `pretrained` gives `diagnostics.core.diagnose`'s fields, its extra key slot included."""
+    torch.manual_seed(0)
+    own = build_vit("vit_mini", img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, registers=2,
+                    attn="sink_logit").eval()
+    x = images(4)
+    got, want = diagnose_fields(own, x), core.diagnose(own, x, keep_maps=0)
+    assert tuple(got["extra_keys"]) == tuple(want["extra_keys"]) == ("null",)
+    for k, v in want.items():
+        if v.dtype.kind == "f":
+            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+    own.blocks[1].attn.sink_logit.fill_(20.0)  # every query of block 1 on its null key
+    tabs = diagnose(own, x)
+    assert set(tabs["heads"]["sink_location"][tabs["heads"]["block"] == 1]) == {"null"}
+
+
+def test_half_precision_is_refused() -> None:
+    m = timm_vit(CONFIGS["deit"]).to(torch.bfloat16)
+    with pytest.raises(BadValue, match="float32"):
+        diagnose(m, images(2))

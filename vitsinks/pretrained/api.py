@@ -22,7 +22,7 @@ from vitsinks.diagnostics.core import RECOMPUTE_TOL, concat_fields, diagnose_tok
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
-from vitsinks.models.layout import TOKEN_LOCATIONS
+from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
 from vitsinks.pretrained.views import Foreign
@@ -36,6 +36,14 @@ PER_BLOCK_ONLY = ("recompute_error", "res_norm_in")  # fields without an image-b
 def as_foreign(model: nn.Module | Foreign) -> Foreign:
     """`model` seen through its family's adapter (a `Foreign` is returned as is)."""
     return model if isinstance(model, Foreign) else adapt(model)
+
+
+def require_float32(foreign: Foreign) -> None:
+    """A `BadValue` unless the model computes in float32 (the recomputation checks' tolerances are float32 ones)."""
+    dtype = next(foreign.model.parameters()).dtype
+    if dtype != torch.float32:
+        raise BadValue(f"{foreign.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
+                       f"float32 copy (model.float())")
 
 
 def tokens_per_image(foreign: Foreign, img_size: tuple[int, int]) -> int:
@@ -84,6 +92,7 @@ def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: It
     with the token layout and the QK spectrum. `batch_size` None: `batch_size_for` under `DEFAULT_BUDGET`.
     A chosen subset still runs every block up to the last chosen (their real forward; a chosen block's twice)."""
     foreign = as_foreign(model)
+    require_float32(foreign)
     n_blocks = len(foreign.blocks)
     chosen = sorted({int(b) % n_blocks for b in blocks}) if blocks is not None else list(range(n_blocks))
     if not chosen:
@@ -108,8 +117,11 @@ def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: It
 
 
 def sink_location(d: dict[str, np.ndarray]) -> np.ndarray:
-    """Where each dominant key sits ("cls", "register", "patch"), from `sink_idx` and the layout fields."""
+    """Where each dominant key sits ("cls", "register", "patch", or an extra key slot's name), from `sink_idx` and
+    the layout fields."""
     idx, cls, reg = d["sink_idx"], int(d["num_cls"]), int(d["num_registers"])
+    if cls == 1:
+        return KeyLayout.from_fields(d).location(idx)
     code = np.where(idx < cls, 0, np.where(idx < cls + reg, 1, 2))
     return np.asarray(TOKEN_LOCATIONS, dtype=object)[code]
 
@@ -184,6 +196,7 @@ def intervene(model: nn.Module | Foreign, images: torch.Tensor, heads: Sequence[
     the source of `mean_sink_value`. Returns `rows` (a table: one row per image, head and edit), `checks` (the
     built-in checks' largest errors), `heads` (those edited) and `mean_skipped`."""
     foreign = as_foreign(model)
+    require_float32(foreign)
     heldout = images[:0] if heldout is None else heldout
     cfg = InterveneConfig(**{"n_images": len(images), "heldout_images": len(heldout), "batch_size": batch_size,
                              "heads": [f"{b}:{h}" for b, h in heads], "edits": list(edits), **settings})

@@ -187,11 +187,13 @@ class Foreign:
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
 
     def key_layout(self, img_size: tuple[int, int]) -> KeyLayout:
-        """The `KeyLayout` of the blocks' attention rows ([CLS] | registers | patches; no extra keys)."""
+        """The `KeyLayout` of the blocks' attention rows: [CLS] | registers | patches | the extra key slots (a
+        `SinkViT`'s; a foreign model has none)."""
         if self.num_cls != 1:
             raise BadValue(f"{self.name} has no [CLS] token: the key layout (models.layout.KeyLayout) assumes one "
                            f"(issue 34: a layout without [CLS])")
-        return KeyLayout(self.num_registers, int(np.prod(self.grid(img_size))))
+        extra = tuple(self.blocks[0].attn.extra_keys) if self.blocks else ()
+        return KeyLayout(self.num_registers, int(np.prod(self.grid(img_size))), extra)
 
     def layout_fields(self, img_size: tuple[int, int]) -> dict[str, np.ndarray]:
         """The layout as diagnostics fields (`KeyLayout.fields`, plus `num_cls`) and the patch `grid`."""
