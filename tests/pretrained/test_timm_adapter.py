@@ -133,6 +133,8 @@ def test_diagnose_tables_blocks_and_heads() -> None:
     last = diagnose_fields(m, x, blocks=[-1])
     np.testing.assert_array_equal(last["block"], [1])
     np.testing.assert_allclose(last["mass"], full["mass"][:, 1:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(BadValue, match="blocks"):
+        diagnose_fields(m, x, blocks=[2])
     tabs = diagnose(m, x, heads=[0, 2])
     heads = tabs["heads"]
     assert len(heads["mass"]) == 4 * 2 * 2 and set(heads["head"]) == {0, 2}

@@ -94,9 +94,12 @@ def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: It
     foreign = as_foreign(model)
     require_float32(foreign)
     n_blocks = len(foreign.blocks)
-    chosen = sorted({int(b) % n_blocks for b in blocks}) if blocks is not None else list(range(n_blocks))
-    if not chosen:
-        raise BadValue("no block chosen")
+    asked = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
+    wrong = [b for b in asked if not -n_blocks <= b < n_blocks]
+    if wrong or not asked:
+        raise BadValue(f"blocks {wrong or '[]'}: choose some of the model's {n_blocks} blocks (0..{n_blocks - 1}, "
+                       f"or negative from the last)")
+    chosen = sorted({b % n_blocks for b in asked})
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
     bs = batch_size or batch_size_for(foreign, img_size)
     parts = []
