@@ -16,8 +16,7 @@ from vitsinks.diagnostics import core
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, build_vit, load_timm_state_dict
-from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.api import diagnose_fields, intervene
+from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
 from vitsinks.utils.errors import BadValue
 
 SHAPE = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "qkv_bias": True,

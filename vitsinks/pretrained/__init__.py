@@ -1,14 +1,14 @@
-"""Any pretrained ViT: diagnose and intervene on unmodified timm (and, through more adapters, transformers and
-open_clip) models, from a notebook.
+"""Any pretrained ViT: diagnose and intervene on unmodified timm, transformers and open_clip models, from a notebook.
 
 `adapt(model)` views a model of an adapted family (`families`, one module per family) as vitsinks' own blocks
 (`views`), without converting a weight; `diagnose(model, images)` runs the diagnostics over the views and returns
-tables (dicts of columns, `pandas.DataFrame(...)`-ready). See docs/pretrained.md.
+tables (dicts of columns, `pandas.DataFrame(...)`-ready), `intervene(model, images, ...)` the causal interventions.
+See docs/pretrained.md.
 """
 
-from vitsinks.pretrained.api import diagnose, tables
+from vitsinks.pretrained.api import batch_size_for, diagnose, diagnose_fields, intervene, tables
 from vitsinks.pretrained.families import ADAPTERS, Adapter, adapt, adapter_for, register_adapter
 from vitsinks.pretrained.views import AttentionView, BlockView, Foreign, LayerScaleView
 
 __all__ = ["ADAPTERS", "Adapter", "AttentionView", "BlockView", "Foreign", "LayerScaleView", "adapt", "adapter_for",
-           "diagnose", "register_adapter", "tables"]
+           "batch_size_for", "diagnose", "diagnose_fields", "intervene", "register_adapter", "tables"]
