@@ -14,7 +14,7 @@ from torch import nn
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
-from vitsinks.pretrained import adapt, diagnose
+from vitsinks.pretrained import adapt, diagnose, intervene
 from vitsinks.pretrained.families.transformers_vit import SPECS
 
 T = pytest.importorskip("transformers")
@@ -162,3 +162,27 @@ def test_diagnose_wrapped_and_without_cls() -> None:
     tabs = diagnose(build("siglip"), images(2))
     assert int(tabs["layout"]["num_prefix"][0]) == 0 and set(tabs["heads"]["sink_location"]) == {"patch"}
     assert tabs["checks"]["recompute_error"].max() < 1e-4
+
+
+def test_intervene_on_a_planted_register_sink() -> None:
+    """Head 0 of layer 1 of a DINOv2 with registers attends to register 2 (massive in one channel) from every query;
+    the interventions run through the views, LayerScale included."""
+    m = build("dinov2_reg")
+    attn, hd, channel = m.encoder.layer[1].attention, 16, 5
+    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    with torch.no_grad():
+        attn.q_proj.weight[:hd] = 0
+        attn.q_proj.bias[:hd] = 3 * u
+        attn.k_proj.weight[:hd] = 0
+        attn.k_proj.weight[:hd, channel] = 10 * u
+        attn.k_proj.bias[:hd] = 0
+        m.embeddings.register_tokens[0, 2, channel] = 50.0
+    x = images(6)
+    got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value", "redirect_sink_attention", "drop_registers"],
+                    heldout=x[4:], batch_size=4)
+    rows = got["rows"]
+    on_head = [i for i, e in enumerate(rows["edit"]) if e != "drop_registers"]
+    assert {rows["sink_idx"][i] for i in on_head} == {1 + 2} and {rows["sink_loc"][i] for i in on_head} == {"register"}
+    assert rows["edit"].count("drop_registers") == 4
+    assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
