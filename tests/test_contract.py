@@ -31,6 +31,7 @@ from vitsinks.models.layout import NULL_SLOT, TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.mitigations import (
     SINK_VALUE_EDITS,
     BlockMitigation,
+    SwitchMitigation,
     at_site,
     brought_edits,
     mitigation_columns,
@@ -344,32 +345,16 @@ def test_every_kind_and_mitigation_is_in_the_config_schema() -> None:
         assert model.variant == variant_name(cfg.model)
 
 
-class _Throwaway(BlockMitigation):
+class _Throwaway(SwitchMitigation):
     """A mitigation that exists only inside a test."""
 
     name = "contract_throwaway"
+    tag_name = "throwaway"
     site = "update"
     attr = "contract_throwaway"
     columns = (Column("contract_throwaway_x", "throwaway x", "mechanism", doc="a test's column"),)
     diagnostic_fields = {"contract_throwaway_x": math.nan}
     edits = ("contract_throwaway_edit",)
-    example = True
-
-    @classmethod
-    def config_field(cls) -> tuple[Any, dataclasses.Field]:
-        return bool, dataclasses.field(default=False)
-
-    @classmethod
-    def setting(cls, value: Any) -> bool | None:
-        return True if value else None
-
-    @classmethod
-    def tag(cls, setting: bool | None) -> str | None:
-        return None if setting is None else "throwaway"
-
-    @classmethod
-    def arch(cls, value: Any) -> bool:
-        return cls.setting(value) is not None
 
 
 @pytest.fixture

@@ -106,6 +106,7 @@ def test_a_loose_checkpoint_files_analyses_go_under_the_runs_folder_by_its_name(
     diagnose_checkpoint(loose, cfg)
     page = json.loads((elsewhere / "diagnostics" / "model" / "report.json").read_text())
     assert page["quant"]["checkpoint"] == "model.pt"  # this file's W8A8 result, found by its record
+    assert page["checkpoint"] == "model"  # the page is titled by its folder, not by the staging folder it was built in
     assert not [p for p in tmp_path.iterdir() if p.name not in ("runs", "downloads", "elsewhere")]  # none beside it
     other = tmp_path / "other" / "model.pt"  # another file of that name: its page shows no foreign W8A8 result
     other.parent.mkdir()

@@ -220,7 +220,8 @@ def test_the_cache_key_of_a_checkpoint_changes_when_the_file_is_rewritten(tmp_pa
 
 @pytest.mark.parametrize(("override", "message"), [
     ("intervene.heads=[0:7]", "head 7 is out of range"), ("intervene.edits=[zap]", "unknown edit"),
-    ("intervene.edits=[open_gate]", "needs a gated model"), ("intervene.edits=[drop_registers]", "register tokens"),
+    ("intervene.edits=[open_gate]", "needs a model with the gate mitigation \\(e.g. model.gate=elementwise\\)"),
+    ("intervene.edits=[drop_registers]", "register tokens"),
     ("intervene.n_images=9999", "9999 \\+ 32 images were asked for but the split has 512")])
 @pytest.mark.slow
 def test_bad_input_is_refused_with_its_fix(task_runs: dict[str, Path], override: str, message: str) -> None:

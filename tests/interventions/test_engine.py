@@ -69,7 +69,7 @@ def test_value_edits_take_the_values_they_name() -> None:
 
 
 @pytest.mark.parametrize(("requested", "present", "registers", "message"), [
-    (["nope"], (), 0, "unknown edit"), (["open_gate"], (), 4, "needs a model with gate"),
+    (["nope"], (), 0, "unknown edit"), (["open_gate"], (), 4, "needs a model with the gate mitigation"),
     (["drop_registers"], ("gate",), 0, "register tokens")])
 def test_edits_that_do_not_apply_are_refused(requested: list[str], present: tuple[str, ...], registers: int,
                                              message: str) -> None:

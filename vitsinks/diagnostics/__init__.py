@@ -84,7 +84,7 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     st = settings or DiagnosticsConfig()
     with files.FileLock(out_dir / LOCK, f"the diagnosis in {out_dir}", DIAGNOSING), \
             files.generation(out_dir, keep=(SOURCE, LOCK), last=SUMMARY) as stage:  # nothing left of an older one
-        return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree)
+        return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree, out_dir.name)
 
 
 DIAGNOSING = "wait for it to finish: another command diagnoses this checkpoint into the same folder"
@@ -92,7 +92,8 @@ DIAGNOSING = "wait for it to finish: another command diagnoses this checkpoint i
 
 def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path, st: Any,
                    image_index: list[int] | None, protocol: Any, quant: dict[str, Any] | None,
-                   trainfree: dict[str, Any] | None) -> dict[str, Any]:
+                   trainfree: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """The diagnosis written into `out_dir` (the staging folder of `name`'s generation)."""
     neurons = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens) if st.residual else None
     d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
     if image_index is not None:
@@ -112,5 +113,6 @@ def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarr
     if st.plots:
         all_plots(d, summary, shown, out_dir, st.ratio)
     if st.report:
-        checkpoint_report(model, images, shown, d, summary, out_dir, st.report_images, quant=quant, trainfree=trainfree)
+        checkpoint_report(model, images, shown, d, summary, out_dir, st.report_images, quant=quant, trainfree=trainfree,
+                          name=name)
     return summary

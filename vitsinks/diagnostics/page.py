@@ -388,16 +388,17 @@ def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
 
 def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
                       summary: dict, out_dir: Path, n_images: int = 4, quant: dict | None = None,
-                      trainfree: dict | None = None) -> Path:
+                      trainfree: dict | None = None, name: str | None = None) -> Path:
     """Write `out_dir/report.html` and `out_dir/report.json` (every number the page shows) for one diagnosed
     checkpoint: `d` from `diagnose(model, images)`, `summary` from `summarize(d)`, `shown` the images as uint8 RGB
     (n, H, W, 3); the first `n_images` images are shown. `quant` is a results/quant.json, `trainfree` the
-    checkpoint's `trainfree` settings when it is an edited backbone. Returns the page's path."""
+    checkpoint's `trainfree` settings when it is an edited backbone; `name` titles the page (default the folder's
+    name). Returns the page's path."""
     out_dir, shown = Path(out_dir), np.asarray(shown)
     if shown.ndim != 4 or shown.shape[-1] != 3 or shown.dtype != np.uint8 or len(shown) < min(n_images, len(images)):
         raise BadValue(f"shown must hold the images as uint8 RGB (n, H, W, 3), one per image, got {shown.dtype} "
                        f"{shown.shape}: pass the `shown` of `fixed_images` / `images_of`")
-    data = checkpoint_data(model, images, d, summary, out_dir.name, n_images, quant, trainfree)
+    data = checkpoint_data(model, images, d, summary, name or out_dir.name, n_images, quant, trainfree)
     files.write_json(out_dir / REPORT_JSON, data)
     files.write_text(out_dir / REPORT, checkpoint_html(data, shown))
     return out_dir / REPORT

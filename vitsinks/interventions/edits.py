@@ -100,8 +100,9 @@ def resolve_edits(requested: list[str], mitigations: Collection[str], registers:
     other = sorted(k for k in set(kinds) if not reference_redirect_applies(k))
     for e in requested:
         if e in MITIGATION_EDITS and MITIGATION_EDITS[e].name not in mitigations:
-            raise BadValue(f"edit {e} needs a model with {MITIGATION_EDITS[e].name} (model.{MITIGATION_EDITS[e].name}"
-                           f"); this one has none")
+            m = MITIGATION_EDITS[e]
+            raise BadValue(f"edit {e} needs a model with the {m.name} mitigation (e.g. model.{m.name}={m.example}); "
+                           f"this one has none")
         if e in MODEL_EDITS and not registers:
             raise BadValue(f"edit {e} needs a model with register tokens (model.registers > 0); this one has none")
         if e in REFERENCE_EDITS and other:

@@ -72,7 +72,8 @@ def _mechanism(ax: plt.Axes, table: list[dict[str, Any]], ys: list[float]) -> No
     ax.xaxis.set_major_locator(MaxNLocator(4))
     ax.set_title("sink heads per image (rule: footnote)", fontsize=8)
     if total.any():
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+        # below the axis: inside, it would hide the bars of whichever rows sit under it
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=2, frameon=False)
     else:
         empty_note(ax, "no sink event in any variant", clear=False, size=8)
 

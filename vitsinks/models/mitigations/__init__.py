@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from vitsinks.models.layout import KeyLayout
+from vitsinks.utils.errors import BadValue
 from vitsinks.utils.results import Column
 
 Site = Literal["heads", "keys", "update"]
@@ -126,6 +127,34 @@ class BlockMitigation:
         """One of its `edits` applied to head `head` of a block's attention internals `it` (`AttnInternals`): the
         edited internals (copies of what changes)."""
         raise NotImplementedError(f"{cls.name} brings no edit {name!r}")
+
+
+class SwitchMitigation(BlockMitigation):
+    """A mitigation switched on or off (`model.<name>=true|false`, off by default), tagged `tag_name` (default its
+    name) in variant names: the config half of the contract written once."""
+
+    tag_name: ClassVar[str | None] = None
+    example = True
+
+    @classmethod
+    def config_field(cls) -> tuple[Any, dataclasses.Field]:
+        return bool, dataclasses.field(default=False)
+
+    @classmethod
+    def setting(cls, value: Any) -> bool | None:
+        if value is None or value is False or value == "false":
+            return None
+        if value is True or value == "true":
+            return True
+        raise BadValue(f"model.{cls.name} must be true or false, got {value!r}")
+
+    @classmethod
+    def tag(cls, setting: bool | None) -> str | None:
+        return None if setting is None else (cls.tag_name or cls.name)
+
+    @classmethod
+    def arch(cls, value: Any) -> bool:
+        return cls.setting(value) is not None
 
 
 MITIGATIONS: dict[str, type[BlockMitigation]] = {}

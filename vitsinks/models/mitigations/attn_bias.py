@@ -12,14 +12,10 @@ Config: `model.attn_bias=true|false`; state dict: `attn.attn_bias.{k,v}` (1, hea
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 from torch import nn
 
-from vitsinks.models.mitigations import BlockMitigation, register_mitigation
-from vitsinks.utils.errors import BadValue
+from vitsinks.models.mitigations import SwitchMitigation, register_mitigation
 
 INIT_STD = 0.02  # the paper's code: torch.nn.init.normal_(k_bias / v_bias, std=0.02)
 
@@ -44,34 +40,13 @@ class AttentionBias(nn.Module):
 
 
 @register_mitigation
-class AttentionBiasMitigation(BlockMitigation):
+class AttentionBiasMitigation(SwitchMitigation):
     name = "attn_bias"
     site = "keys"
     attr = "attn_bias"
     slots = ("bias",)
     # v' is the same in every image: a donor's, a shuffled or a held-out mean v' is v' itself
     slot_edits = ("zero_sink_value", "noise_sink_value", "donor_nonsink_value")
-    example = True
-
-    @classmethod
-    def config_field(cls) -> tuple[Any, dataclasses.Field]:
-        return bool, dataclasses.field(default=False)
-
-    @classmethod
-    def setting(cls, value: Any) -> bool | None:
-        if value is None or value is False or value == "false":
-            return None
-        if value is True or value == "true":
-            return True
-        raise BadValue(f"model.attn_bias must be true or false, got {value!r}")
-
-    @classmethod
-    def tag(cls, setting: bool | None) -> str | None:
-        return None if setting is None else "attn_bias"
-
-    @classmethod
-    def arch(cls, value: Any) -> bool:
-        return cls.setting(value) is not None
 
     @classmethod
     def build(cls, setting: bool, dim: int, num_heads: int) -> AttentionBias:
