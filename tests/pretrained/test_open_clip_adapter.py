@@ -8,12 +8,13 @@ import pytest
 import torch
 from torch import nn
 
+from tests.pretrained import require
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
 
-open_clip = pytest.importorskip("open_clip")
+open_clip = require("open_clip")
 
 TOWER = {"image_size": 32, "patch_size": 8, "width": 48, "layers": 2, "heads": 3, "mlp_ratio": 2.0}
 

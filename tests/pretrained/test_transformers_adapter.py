@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.pretrained import require
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose, intervene
 from vitsinks.pretrained.families.transformers_vit import SPECS
 
-T = pytest.importorskip("transformers")
+T = require("transformers")
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
 REGISTERS = 4

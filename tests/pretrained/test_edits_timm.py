@@ -1,0 +1,49 @@
+"""W8A8 and the test-time register through the timm views equal vitsinks' own methods (`quant.w8a8.W8A8`,
+`trainfree.TestTimeRegister`) on vitsinks' own ViT with the converted weights."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
+from vitsinks.pretrained import adapt, diagnose
+from vitsinks.pretrained.edits import add_test_time_register, apply_w8a8, block_linears, final_tokens, fit_w8a8
+from vitsinks.quant import W8A8
+from vitsinks.quant.stats import layer_paths
+from vitsinks.trainfree.test_time_register import TestTimeRegister
+
+
+@pytest.mark.parametrize("name", ["deit", "dinov2_reg"])
+@torch.no_grad()
+def test_w8a8_equals_vitsinks_own(name: str) -> None:
+    m = timm_vit(CONFIGS[name])
+    own = own_twin(m, CONFIGS[name])
+    x, calib = images(3), images(5)[3:]
+    before = final_tokens(adapt(m), x)
+    assert list(block_linears(adapt(m))) == list(layer_paths(own))
+    state = fit_w8a8(m, calib)
+    want = W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
+    torch.testing.assert_close(state["act_max"], want["act_max"], rtol=1e-5, atol=0)
+    got = final_tokens(apply_w8a8(m, state), x)
+    ref = W8A8.apply(own, want).forward_features(x)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m.forward_features(x), got)  # the hooks are on the model itself
+    assert 1e-4 < (got - before).norm() / before.norm() < 0.1  # quantised: changed, a little
+
+
+@torch.no_grad()
+def test_test_time_register_equals_vitsinks_own() -> None:
+    m = timm_vit(CONFIGS["deit"])
+    own = own_twin(m, CONFIGS["deit"])
+    x = images(3)
+    neurons = [(0, 3), (0, 17), (1, 5)]
+    f = add_test_time_register(m, neurons)
+    TestTimeRegister.apply(own, {"neurons": [list(n) for n in neurons]})
+    assert (f.num_registers, f.num_prefix) == (1, 2) == (own.num_reg_tokens, own.num_prefix_tokens)
+    torch.testing.assert_close(final_tokens(f, x), own.forward_features(x), rtol=1e-5, atol=1e-5)
+    t = diagnose(f, x)
+    assert t["layout"]["num_registers"][0] == 1 and t["checks"]["recompute_error"].max() < 1e-4
+    assert adapt(m).num_registers == 0  # the model keeps its layout; only the view has the register

@@ -1,0 +1,113 @@
+"""The post-hoc edits of `vitsinks.quant` (W8A8) and `vitsinks.trainfree` (the test-time register) on a pretrained
+model, through its views (docs/pretrained.md).
+
+- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every `nn.Linear` inside the model's blocks (the
+  blocks' own modules, `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The
+  weights are edited in place and the input hooks stay on the model: its own forward is quantised too.
+- `add_test_time_register`: one zero register after the prefix, without position embedding (`trainfree`'s
+  `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
+  (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
+  activation modules. Finding the neurons (`diagnostics.neurons`) still needs a `SinkViT`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitsinks.models.passes import eval_mode
+from vitsinks.pretrained.api import as_foreign, require_float32
+from vitsinks.pretrained.views import BlockView, Foreign
+from vitsinks.quant.stats import layer_input_maxima
+from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
+from vitsinks.trainfree.test_time_register import move_to_register
+from vitsinks.utils.errors import BadValue
+
+# a plain MLP (in -> activation -> out): the attribute names of its parts, per family
+MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
+
+
+def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
+    """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
+    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...)."""
+    return {f"blocks.{i}.{name}": mod for i, blk in enumerate(foreign.blocks) for name, mod in blk.block.named_modules()
+            if isinstance(mod, nn.Linear)}
+
+
+def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
+    """The model's final tokens through the views: embedding, every block's real forward, the readout."""
+    x = foreign.embed(images)
+    for blk in foreign.blocks:
+        x = blk(x)
+    return foreign.readout(x)
+
+
+@torch.no_grad()
+def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int = 8, act_bits: int = 8,
+             batch_size: int = 16) -> dict[str, Any]:
+    """`quant.w8a8.W8A8.fit`'s state for a pretrained model: the largest |input| of every block linear layer
+    (`block_linears`) over `images` run through the views."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    with eval_mode(foreign.model) as device:
+        ranges, _ = layer_input_maxima(block_linears(foreign), lambda x: final_tokens(foreign, x), images, device,
+                                       batch_size)
+    return w8a8_state(ranges, weight_bits, act_bits, len(images))
+
+
+def apply_w8a8(model: nn.Module | Foreign, state: dict[str, Any]) -> Foreign:
+    """Fake-quantise the model's block linear layers in place with a `fit_w8a8` state; returns its view."""
+    foreign = as_foreign(model)
+    quantize_layers(block_linears(foreign), state)
+    return foreign
+
+
+def mlp_parts(blk: BlockView) -> tuple[nn.Linear, nn.Module, nn.Linear]:
+    """(input Linear, activation module, output Linear) of a block's plain MLP (`MLP_PARTS`): the register neurons
+    are the activation's units; a `BadValue` for another MLP (gated: SwiGLU; a hidden-layer norm)."""
+    mlp = blk.mlp
+    for names in MLP_PARTS:
+        fc_in, act, fc_out = (getattr(mlp, a, None) for a in names)
+        if isinstance(fc_in, nn.Linear) and isinstance(act, nn.Module) and isinstance(fc_out, nn.Linear) \
+                and isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+            return fc_in, act, fc_out
+    raise BadValue(f"a {type(mlp).__name__} is no plain MLP (in -> activation -> out): register neurons need one")
+
+
+def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[int, int]] = ()) -> Foreign:
+    """The model's view with one more register (zero, no position embedding, after [CLS] and the model's registers)
+    and, for each register neuron (block, unit) of `neurons`, its activation moved from the patches onto that
+    register (`trainfree`'s `move_to_register`). The hooks stay on the model's MLP activations and refuse any other
+    token count, so the edited model runs through this view only (`diagnose`, `intervene`, `final_tokens`)."""
+    foreign = as_foreign(model)
+    register, base = foreign.num_prefix, foreign.embed
+    seen = {"n": -1}
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        x = base(images)
+        x = torch.cat([x[:, :register], x.new_zeros(x.shape[0], 1, x.shape[2]), x[:, register:]], dim=1)
+        seen["n"] = x.shape[1]
+        return x
+
+    by_block: dict[int, list[int]] = defaultdict(list)
+    for b, u in neurons:
+        by_block[int(b)].append(int(u))
+    acts = {}
+    for b, units in sorted(by_block.items()):
+        if not 0 <= b < len(foreign.blocks):
+            raise BadValue(f"register neuron block {b}: the model has {len(foreign.blocks)} blocks")
+        fc_in, act, _ = mlp_parts(foreign.blocks[b])
+        width = fc_in.out_features
+        if not all(0 <= u < width for u in units):
+            raise BadValue(f"register neuron units {units} of block {b}: its MLP has {width} units")
+        acts[b] = (act, units)
+    for act, units in acts.values():
+        act.register_forward_hook(move_to_register(units, register, register + 1, lambda: seen["n"]))
+    return dataclasses.replace(foreign, embed=embed, num_registers=foreign.num_registers + 1,
+                               name=f"{foreign.name} + test-time register")
+
