@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
+from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import add_test_time_register, apply_w8a8, block_linears, final_tokens, fit_w8a8
+from vitsinks.pretrained.edits import (
+    add_test_time_register,
+    apply_w8a8,
+    block_linears,
+    final_tokens,
+    fit_w8a8,
+    register_neurons,
+)
 from vitsinks.quant import W8A8
 from vitsinks.quant.stats import layer_paths
 from vitsinks.trainfree.test_time_register import TestTimeRegister
@@ -47,3 +55,15 @@ def test_test_time_register_equals_vitsinks_own() -> None:
     t = diagnose(f, x)
     assert t["layout"]["num_registers"][0] == 1 and t["checks"]["recompute_error"].max() < 1e-4
     assert adapt(m).num_registers == 0  # the model keeps its layout; only the view has the register
+
+
+@torch.no_grad()
+def test_register_neurons_equal_vitsinks_own() -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    own = own_twin(m, CONFIGS["dinov2_reg"])
+    x = images(4)
+    got = register_neurons(m, x, top=8, k=1.05)  # a low threshold: random weights have no real artifact
+    want = find_register_neurons(own, x, 8, 1.05)
+    assert [(b, u) for b, u, _ in got] == [(b, u) for b, u, _ in want]
+    torch.testing.assert_close(torch.tensor([s for *_, s in got]), torch.tensor([s for *_, s in want]), rtol=1e-5,
+                               atol=0)

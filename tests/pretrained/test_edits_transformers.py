@@ -4,6 +4,9 @@ the quantised weights and inputs on grids recomputed from the float model, and a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,7 +14,14 @@ from torch import nn
 from tests.pretrained import require
 from tests.pretrained.test_transformers_adapter import REGISTERS, SMALL, build, images
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import add_test_time_register, apply_w8a8, block_linears, final_tokens, fit_w8a8
+from vitsinks.pretrained.edits import (
+    add_test_time_register,
+    apply_w8a8,
+    block_linears,
+    final_tokens,
+    fit_w8a8,
+    register_neurons,
+)
 from vitsinks.utils.errors import BadValue
 
 T = require("transformers")
@@ -85,3 +95,28 @@ def test_register_neurons_moved_onto_the_test_time_register() -> None:
     assert t["layout"]["num_registers"][0] == REGISTERS + 1 and t["checks"]["recompute_error"].max() < 1e-4
     with pytest.raises(BadValue, match="cannot run without its registers"):
         m(pixel_values=x)  # the model's own forward has no test-time register: the hooks refuse it
+
+
+@torch.no_grad()
+def test_register_neurons_equal_a_recomputation_from_transformers_forward() -> None:
+    """The ranking recomputed in numpy from transformers' own forward: hidden states and hooked activations."""
+    m = build("dinov2_reg")
+    x, k, prefix = images(4), 1.05, 1 + REGISTERS
+    acts: dict[int, np.ndarray] = {}
+
+    def keep(b: int) -> Callable[..., None]:
+        return lambda _m, _i, out: acts.__setitem__(b, out.double().numpy())
+
+    for b, layer in enumerate(m.encoder.layer):
+        layer.mlp.activation_fn.register_forward_hook(keep(b))
+    last = m(pixel_values=x, output_hidden_states=True).hidden_states[-1].double().numpy()  # before the final norm
+    norms = np.linalg.norm(last, axis=-1)
+    mask = norms > k * np.median(norms, axis=-1, keepdims=True)
+    mask[:, :prefix] = False
+    hit = mask.any(-1)
+    scores = {(b, u): np.mean([np.abs(a[i, mask[i], u]).mean() for i in np.flatnonzero(hit)])
+              for b, a in acts.items() for u in range(a.shape[-1])}
+    want = sorted(scores.items(), key=lambda kv: -kv[1])[:8]
+    got = register_neurons(m, x, top=8, k=k)
+    assert [(b, u) for b, u, _ in got] == [bu for bu, _ in want]
+    np.testing.assert_allclose([s for *_, s in got], [s for _, s in want], rtol=1e-5)

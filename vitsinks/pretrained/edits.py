@@ -7,19 +7,21 @@ model, through its views (docs/pretrained.md).
 - `add_test_time_register`: one zero register after the prefix, without position embedding (`trainfree`'s
   `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
   (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
-  activation modules. Finding the neurons (`diagnostics.neurons`) still needs a `SinkViT`.
+  activation modules; `register_neurons` finds them (`diagnostics.neurons`' ranking, through the views).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.api import as_foreign, require_float32
 from vitsinks.pretrained.views import BlockView, Foreign
@@ -111,3 +113,49 @@ def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[i
     return dataclasses.replace(foreign, embed=embed, num_registers=foreign.num_registers + 1,
                                name=f"{foreign.name} + test-time register")
 
+
+
+class ViewNeuronCollector(NeuronCollector):
+    """`NeuronCollector` over block views: the activations are read at each plain MLP's activation module
+    (`mlp_parts`: timm `act`, transformers `activation_fn`, open_clip `gelu`); a block with another MLP has none."""
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        handles = []
+        for b, blk in enumerate(self.blocks):
+            try:
+                act = mlp_parts(blk)[1]
+            except BadValue:
+                continue
+            handles.append(act.register_forward_hook(lambda _m, _i, out, b=b: self._store.setdefault(b, out)))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@torch.no_grad()
+def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int, k: float = 5.0,
+                     batch_size: int = 16) -> list[tuple[int, int, float]]:
+    """The `top` register neurons (block, unit, score), highest score first, as `diagnostics.neurons`'
+    `find_register_neurons` ranks them, through the views: per unit, the mean over the images with a high-norm
+    patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    collector = ViewNeuronCollector(foreign.blocks, k, foreign.num_prefix)
+    with eval_mode(foreign.model) as device, collector.recording():
+        for lo in range(0, len(images), batch_size):
+            x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
+            for blk in foreign.blocks:
+                x = blk(x)
+                outs.append(x)
+            collector.add_batch(outs)
+    got = collector.got
+    if not got.images:
+        raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
+                       f"the last block): no artifact for register neurons to move")
+    ranked = [(b, u, float(s)) for b in range(len(foreign.blocks)) if (sc := got.scores(b)) is not None
+              for u, s in enumerate(sc.tolist())]
+    ranked.sort(key=lambda r: -r[2])
+    return ranked[:top]
