@@ -13,6 +13,8 @@ from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
+from vitsinks.pretrained.edits import fit_w8a8
+from vitsinks.utils.errors import BadValue
 
 open_clip = require("open_clip")
 
@@ -92,3 +94,8 @@ def test_clip_model_and_timm_tower() -> None:
                                            "timm_model_pretrained": False, "timm_pool": "", "timm_proj": "linear"},
                                       {"context_length": 8, "vocab_size": 50, "width": 32, "heads": 2, "layers": 1})
     assert adapt(timm_tower).family == "timm"
+
+
+def test_w8a8_refuses_the_fused_multihead_attention() -> None:
+    with pytest.raises(BadValue, match="nn.MultiheadAttention"):
+        fit_w8a8(tower(), images(2))

@@ -36,7 +36,14 @@ MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "g
 
 def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
     """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
-    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...)."""
+    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...). A `BadValue` for a block holding an
+    `nn.MultiheadAttention` (open_clip): its q, k, v projection is no `nn.Linear` and its fused path never calls
+    `out_proj`, so W8A8 would miss them."""
+    fused = [f"blocks.{i}.{name}" for i, blk in enumerate(foreign.blocks) for name, mod in blk.block.named_modules()
+             if isinstance(mod, nn.MultiheadAttention)]
+    if fused:
+        raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
+                       f"nn.Linear and its fused path never calls out_proj; W8A8 through the views does not cover it")
     return {f"blocks.{i}.{name}": mod for i, blk in enumerate(foreign.blocks) for name, mod in blk.block.named_modules()
             if isinstance(mod, nn.Linear)}
 
