@@ -67,3 +67,12 @@ def test_register_neurons_equal_vitsinks_own() -> None:
     assert [(b, u) for b, u, _ in got] == [(b, u) for b, u, _ in want]
     torch.testing.assert_close(torch.tensor([s for *_, s in got]), torch.tensor([s for *_, s in want]), rtol=1e-5,
                                atol=0)
+
+
+@torch.no_grad()
+def test_w8a8_of_a_sinkvit_through_the_views_is_its_own() -> None:
+    own = own_twin(timm_vit(CONFIGS["dinov2_reg"]), CONFIGS["dinov2_reg"])
+    calib = images(4)
+    state, want = fit_w8a8(own, calib), W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
+    assert state["layers"] == want["layers"] == list(layer_paths(own))
+    assert torch.equal(state["act_max"], want["act_max"])

@@ -34,18 +34,23 @@ from vitsinks.utils.errors import BadValue
 MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
 
 
+def block_modules(foreign: Foreign) -> list[nn.Module]:
+    """The model's own block modules (a view's `block`; a `SinkViT`'s blocks are their own views)."""
+    return [blk.block if isinstance(blk, BlockView) else blk for blk in foreign.blocks]
+
+
 def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
     """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
     (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...). A `BadValue` for a block holding an
     `nn.MultiheadAttention` (open_clip): its q, k, v projection is no `nn.Linear` and its fused path never calls
     `out_proj`, so W8A8 would miss them."""
-    fused = [f"blocks.{i}.{name}" for i, blk in enumerate(foreign.blocks) for name, mod in blk.block.named_modules()
-             if isinstance(mod, nn.MultiheadAttention)]
+    named = [(f"blocks.{i}.{name}", mod) for i, blk in enumerate(block_modules(foreign))
+             for name, mod in blk.named_modules()]
+    fused = [name for name, mod in named if isinstance(mod, nn.MultiheadAttention)]
     if fused:
         raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
                        f"nn.Linear and its fused path never calls out_proj; W8A8 through the views does not cover it")
-    return {f"blocks.{i}.{name}": mod for i, blk in enumerate(foreign.blocks) for name, mod in blk.block.named_modules()
-            if isinstance(mod, nn.Linear)}
+    return {name: mod for name, mod in named if isinstance(mod, nn.Linear)}
 
 
 def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
