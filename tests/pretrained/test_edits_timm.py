@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,14 +14,17 @@ from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import (
     add_test_time_register,
+    apply_massive,
     apply_w8a8,
     block_linears,
     final_tokens,
+    fit_massive,
     fit_w8a8,
     register_neurons,
 )
 from vitsinks.quant import W8A8
 from vitsinks.quant.stats import layer_paths
+from vitsinks.trainfree.massive import MeanMassive, ZeroMassive
 from vitsinks.trainfree.test_time_register import TestTimeRegister
 
 
@@ -76,3 +80,20 @@ def test_w8a8_of_a_sinkvit_through_the_views_is_its_own() -> None:
     state, want = fit_w8a8(own, calib), W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
     assert state["layers"] == want["layers"] == list(layer_paths(own))
     assert torch.equal(state["act_max"], want["act_max"])
+
+
+@pytest.mark.parametrize("method", [MeanMassive, ZeroMassive])
+@torch.no_grad()
+def test_massive_fix_equals_vitsinks_own(method: type[MeanMassive]) -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    own = own_twin(m, CONFIGS["dinov2_reg"])
+    x, fit = images(3), images(6)[3:]
+    state = fit_massive(m, fit, massive=3)
+    want = method.fit(own, fit, SimpleNamespace(massive=3))
+    assert (state["block"], state["channels"]) == (want["block"], want["channels"])
+    np.testing.assert_allclose(state["means"], want["means"], rtol=1e-5)
+    before = final_tokens(adapt(m), x)
+    got = final_tokens(apply_massive(m, state, zero=method is ZeroMassive), x)
+    torch.testing.assert_close(got, method.apply(own, want).forward_features(x), rtol=1e-5, atol=1e-5)
+    assert (got - before).abs().max() > 0
+    assert diagnose(m, x)["checks"]["recompute_error"].max() < 1e-4  # the views' recomputation sees the edit too

@@ -16,9 +16,11 @@ from tests.pretrained.test_transformers_adapter import REGISTERS, SMALL, build, 
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import (
     add_test_time_register,
+    apply_massive,
     apply_w8a8,
     block_linears,
     final_tokens,
+    fit_massive,
     fit_w8a8,
     register_neurons,
 )
@@ -120,3 +122,26 @@ def test_register_neurons_equal_a_recomputation_from_transformers_forward() -> N
     got = register_neurons(m, x, top=8, k=k)
     assert [(b, u) for b, u, _ in got] == [bu for bu, _ in want]
     np.testing.assert_allclose([s for *_, s in got], [s for _, s in want], rtol=1e-5)
+
+
+@torch.no_grad()
+def test_massive_fix_sets_the_layer_output_under_transformers_forward() -> None:
+    """After the edit, transformers' own forward puts the fitted mean at each channel's massive token of the massive
+    layer's output (its hidden state), the other tokens and channels of that layer as before."""
+    m = build("dinov2_reg")
+    x = images(3)
+    state = fit_massive(m, images(4), massive=2)
+    b, ch = state["block"], state["channels"]
+    h0 = m(pixel_values=x, output_hidden_states=True).hidden_states[b + 1].double()
+    token = h0[:, :, ch].abs().argmax(1)  # (B, K) each channel's massive token before the edit
+    apply_massive(m, state)
+    h1 = m(pixel_values=x, output_hidden_states=True).hidden_states[b + 1].double()
+    rows = torch.arange(len(x))[:, None]
+    torch.testing.assert_close(h1[rows, token, torch.tensor(ch)[None]],
+                               torch.tensor(state["means"], dtype=torch.float64).expand(len(x), -1), rtol=1e-5,
+                               atol=1e-5)
+    changed = (h1 - h0).abs() > 1e-5 * h0.abs().max()
+    edited = torch.zeros_like(changed)
+    edited[rows, token, torch.tensor(ch)[None]] = True
+    assert not (changed & ~edited).any() and changed.any()  # only those entries (one may already hold its mean)
+    assert diagnose(m, x)["checks"]["recompute_error"].max() < 1e-4

@@ -8,6 +8,8 @@ model, through its views (docs/pretrained.md).
   `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
   (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
   activation modules; `register_neurons` finds them (`diagnostics.neurons`' ranking, through the views).
+- `fit_massive` / `apply_massive`: `trainfree.massive`'s fix of the massive activations (their fitted mean, or 0)
+  at the massive block's output, by hooks on the block's own norm before the MLP and on its MLP.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from vitsinks.pretrained.api import as_foreign, require_float32
 from vitsinks.pretrained.views import BlockView, Foreign
 from vitsinks.quant.stats import layer_input_maxima
 from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
+from vitsinks.trainfree.massive import massive_state, peaks_of
 from vitsinks.trainfree.test_time_register import move_to_register
 from vitsinks.utils.errors import BadValue
 
@@ -171,3 +174,75 @@ def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int,
               for u, s in enumerate(sc.tolist())]
     ranked.sort(key=lambda r: -r[2])
     return ranked[:top]
+
+
+def block_outputs(foreign: Foreign, images: torch.Tensor, batch_size: int = 16) -> Iterator[list[torch.Tensor]]:
+    """Per batch of `images` (on the model's device), every block's output through the views (the caller sets
+    evaluation mode and no_grad)."""
+    device = next(foreign.model.parameters()).device
+    for lo in range(0, len(images), batch_size):
+        x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
+        for blk in foreign.blocks:
+            x = blk(x)
+            outs.append(x)
+        yield outs
+
+
+@torch.no_grad()
+def fit_massive(model: nn.Module | Foreign, images: torch.Tensor, massive: int = 2,
+                batch_size: int = 16) -> dict[str, Any]:
+    """`trainfree.massive.MassiveFix.fit`'s state through the views: the massive block, its `massive` largest
+    channels and their mean at the massive token."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    with eval_mode(foreign.model):
+        return massive_state(*peaks_of(block_outputs(foreign, images, batch_size)), massive)
+
+
+def mlp_branch(blk: BlockView) -> tuple[nn.Module, torch.Tensor | None]:
+    """The block's own norm before its MLP (timm `norm2`, transformers `norm2` / `layernorm_after` /
+    `layer_norm2`, open_clip `ln_2`) and the MLP branch's LayerScale gain (None without)."""
+    own = blk.block if isinstance(blk, BlockView) else blk
+    norm = next((m for m in (getattr(blk, "norm2", None), getattr(own, "norm2", None), getattr(own, "ln_2", None))
+                 if isinstance(m, nn.Module)), None)
+    if norm is None:
+        raise BadValue(f"a {type(own).__name__} has no norm before its MLP that this edit knows")
+    ls = next((m for m in (getattr(blk, "ls2", None), getattr(own, "ls2", None), getattr(own, "ls_2", None))
+               if m is not None), None)
+    return norm, getattr(ls, "gamma", None)
+
+
+def apply_massive(model: nn.Module | Foreign, state: dict[str, Any], zero: bool = False) -> Foreign:
+    """Set, per image, each fitted channel of the massive block's output at its massive token (largest |h|) to its
+    fitted mean (`zero`: to 0), as `trainfree.massive.fix_channels`: the MLP's output is edited, divided by the
+    branch's LayerScale gain, from the stream before the MLP (kept by a hook on the norm). Hooks on the model's own
+    modules: its own forward and the views' recomputation both see the edit."""
+    foreign = as_foreign(model)
+    block, channels = int(state["block"]), [int(c) for c in state["channels"]]
+    if not 0 <= block < len(foreign.blocks):
+        raise BadValue(f"the massive block {block} is not one of the model's {len(foreign.blocks)} blocks")
+    blk = foreign.blocks[block]
+    norm, gamma = mlp_branch(blk)
+    ch = torch.tensor(channels, dtype=torch.long)
+    gain = torch.ones(len(channels), dtype=torch.float64) if gamma is None else gamma.detach().double().cpu()[ch]
+    if (gain == 0).any():
+        raise BadValue(f"the LayerScale gain of block {block} is 0 at some of the channels {channels}: no edit reaches")
+    target = torch.tensor([0.0] * len(channels) if zero else [float(v) for v in state["means"]], dtype=torch.float64)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_mid(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen["x"] = args[0]
+
+    def edit(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        i, g = ch.to(out.device), gain.to(out)
+        h = seen.pop("x")[:, :, i] + out[:, :, i] * g  # (B, N, K) the block's output at the channels
+        token = h.abs().argmax(dim=1)  # (B, K)
+        current = h.gather(1, token[:, None]).squeeze(1)
+        out = out.clone()
+        rows = torch.arange(out.shape[0], device=out.device)[:, None]
+        out[rows, token, i[None, :]] += (target.to(out) - current) / g
+        return out
+
+    norm.register_forward_pre_hook(keep_mid)
+    blk.mlp.register_forward_hook(edit)
+    return foreign
