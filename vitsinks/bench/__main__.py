@@ -1,6 +1,7 @@
 """`python -m vitsinks.bench WHAT [size=NAME] [batch=N] [repeats=N]`.
 
-WHAT: models, train, diagnostics, eval, intervene, data, gpu, or first-run (README command 1, timed whole).
+WHAT: models, train, diagnostics, eval, intervene, data, pretrained, gpu, or first-run (README command 1, timed
+whole).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from vitsinks.utils.errors import ConfigError
 
 # benchmark -> its default model size (None: the benchmark takes none)
 BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu",
-              "data": None, "gpu": "vit_large,vit_base",  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
+              "data": None, "pretrained": "vit_small,vit_large",  # timm sizes, comma-separated (bench.pretrained)
+              "gpu": "vit_large,vit_base",  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
               "first-run": None}  # README command 1, timed whole (vitsinks.bench.first_run)
 
 

@@ -15,6 +15,7 @@ prefix: `qkv`, `proj`, `fc1`, `fc2`, `gate`, `pathway.inp`, ...
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,12 +93,20 @@ def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
     every image)) of the input of every block linear layer by its module path (`layer_paths`), over `images` run
     through `model` in batches on the model's device. A layer the forward never reached, or a non-finite input, is
     a `NonFinite` error."""
-    layers = layer_paths(model)
+    with eval_mode(model) as device:
+        return layer_input_maxima(layer_paths(model), model.forward_features, images, device, batch_size, kurtosis)
+
+
+@torch.no_grad()
+def layer_input_maxima(layers: dict[str, nn.Linear], forward: Callable[[torch.Tensor], Any], images: torch.Tensor,
+                       device: torch.device | str = "cpu", batch_size: int = 64,
+                       kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float | None]]:
+    """`input_maxima` of the given `layers` (by name) while `forward` runs on `images` in batches on `device` (the
+    model in evaluation mode: the caller's)."""
     rec = _Recorder(layers, kurtosis)
     try:
-        with eval_mode(model) as device:
-            for lo in range(0, len(images), batch_size):
-                model.forward_features(images[lo : lo + batch_size].to(device))
+        for lo in range(0, len(images), batch_size):
+            forward(images[lo : lo + batch_size].to(device))
     finally:
         rec.remove()
     missing = [n for n, c in rec.count.items() if c == 0]

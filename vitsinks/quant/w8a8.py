@@ -66,26 +66,35 @@ class W8A8(TrainFreeMethod):
     def fit(cls, model: SinkViT, images: torch.Tensor, settings: Any) -> dict[str, Any]:
         """The static input ranges of every block linear layer over `images` (a `QuantConfig` gives the bits)."""
         ranges, _ = input_maxima(model, images)
-        wb, ab = int(settings.weight_bits), int(settings.act_bits)
-        layers = list(ranges)
-        act_max = torch.tensor([ranges[n] for n in layers], dtype=torch.float64)
-        return {"weight_bits": wb, "act_bits": ab, "calib_images": len(images), "layers": layers,
-                "act_max": act_max, "act_scale": act_max / qmax(ab)}
+        return w8a8_state(ranges, settings.weight_bits, settings.act_bits, len(images))
 
     @classmethod
     def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
         """Quantise the block linear layers' weights in place and hook their inputs with the fitted scales."""
-        layers = layer_paths(model)
-        if list(layers) != list(state["layers"]):
-            raise BadValue(f"the W8A8 state was fitted on the linear layers {state['layers']}, this model has "
-                           f"{list(layers)}: quantise the model again (python -m vitsinks.quantize)")
-        wb, ab = int(state["weight_bits"]), int(state["act_bits"])
-        scales = [float(s) for s in state["act_scale"]]
-        if not all(math.isfinite(s) and s >= 0 for s in scales):
-            raise NonFinite("the W8A8 state holds non-finite activation scales: quantise the model again")
-        for (_, mod), s in zip(layers.items(), scales, strict=True):
-            with torch.no_grad():
-                w = mod.weight
-                w.copy_(fake_quant(w, scale_of(w.abs().amax(), wb), wb))
-            mod.register_forward_pre_hook(_input_hook(s, ab))
+        quantize_layers(layer_paths(model), state)
         return model
+
+
+def quantize_layers(layers: dict[str, nn.Linear], state: dict[str, Any]) -> None:
+    """Fake-quantise the weights of `layers` (by name, in the order `state` was fitted) in place and hook their inputs
+    with the fitted static scales (`W8A8.fit`'s state)."""
+    if list(layers) != list(state["layers"]):
+        raise BadValue(f"the W8A8 state was fitted on the linear layers {state['layers']}, this model has "
+                       f"{list(layers)}: quantise the model again (python -m vitsinks.quantize)")
+    wb, ab = int(state["weight_bits"]), int(state["act_bits"])
+    scales = [float(s) for s in state["act_scale"]]
+    if not all(math.isfinite(s) and s >= 0 for s in scales):
+        raise NonFinite("the W8A8 state holds non-finite activation scales: quantise the model again")
+    for mod, s in zip(layers.values(), scales, strict=True):
+        with torch.no_grad():
+            w = mod.weight
+            w.copy_(fake_quant(w, scale_of(w.abs().amax(), wb), wb))
+        mod.register_forward_pre_hook(_input_hook(s, ab))
+
+
+def w8a8_state(ranges: dict[str, float], weight_bits: int, act_bits: int, calib_images: int) -> dict[str, Any]:
+    """The W8A8 state of calibrated input ranges (`max |x|` by layer name)."""
+    layers = list(ranges)
+    act_max = torch.tensor([ranges[n] for n in layers], dtype=torch.float64)
+    return {"weight_bits": int(weight_bits), "act_bits": int(act_bits), "calib_images": int(calib_images),
+            "layers": layers, "act_max": act_max, "act_scale": act_max / qmax(act_bits)}

@@ -5,7 +5,7 @@ fit images (`mean_massive`) or to 0 (`zero_massive`). No existence threshold: th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -28,8 +28,14 @@ def block_peaks(model: SinkViT, images: torch.Tensor,
     median |h| (the lower middle value), both from `residual.block_stats` as the summary's `top_activations`, and per
     channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` (n, L, D) the signed h at that token (the
     channel's massive token)."""
+    return peaks_of(block_outputs_by_batch(model, images, batch_size))
+
+
+@torch.no_grad()
+def peaks_of(batches: Iterable[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`block_peaks` of the block outputs of each batch (a list of (B, N, D) per block)."""
     parts: list[tuple[torch.Tensor, ...]] = []
-    for outs in block_outputs_by_batch(model, images, batch_size):
+    for outs in batches:
         per_block = []
         for x in outs:
             h = x.float()
@@ -49,6 +55,17 @@ def massive_block(top: torch.Tensor, median: torch.Tensor) -> tuple[int, list[fl
     mt, mm = top.double().mean(0), median.double().mean(0)
     ratio = torch.where(mm > 0, mt / mm.clamp_min(torch.finfo(torch.float64).tiny), torch.inf)
     return int((ratio >= ONSET * ratio.max()).nonzero()[0]), ratio.tolist()
+
+
+def massive_state(top: torch.Tensor, median: torch.Tensor, peak_abs: torch.Tensor, peak: torch.Tensor,
+                  massive: int) -> dict[str, Any]:
+    """`MassiveFix.fit`'s state from `block_peaks`: the massive block, its `massive` channels with the largest mean
+    peak |h|, and the mean over images of h at each channel's massive token."""
+    block, ratios = massive_block(top, median)
+    n = min(int(massive), peak_abs.shape[-1])
+    channels = peak_abs[:, block].double().mean(0).topk(n).indices
+    means = peak[:, block][:, channels].double().mean(0)
+    return {"block": block, "channels": channels.tolist(), "means": means.tolist(), "ratio_by_block": ratios}
 
 
 ForwardHook = Callable[..., Any]
@@ -89,12 +106,7 @@ class MassiveFix(TrainFreeMethod):
 
     @classmethod
     def fit(cls, model: SinkViT, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
-        top, median, peak_abs, peak = block_peaks(model, images)
-        block, ratios = massive_block(top, median)
-        n = min(int(settings.massive), peak_abs.shape[-1])
-        channels = peak_abs[:, block].double().mean(0).topk(n).indices
-        means = peak[:, block][:, channels].double().mean(0)
-        return {"block": block, "channels": channels.tolist(), "means": means.tolist(), "ratio_by_block": ratios}
+        return massive_state(*block_peaks(model, images), int(settings.massive))
 
     @classmethod
     def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:

@@ -1,0 +1,99 @@
+"""W8A8 and the test-time register through the timm views equal vitsinks' own methods (`quant.w8a8.W8A8`,
+`trainfree.TestTimeRegister`) on vitsinks' own ViT with the converted weights."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
+from vitsinks.diagnostics.neurons import find_register_neurons
+from vitsinks.pretrained import adapt, diagnose
+from vitsinks.pretrained.edits import (
+    add_test_time_register,
+    apply_massive,
+    apply_w8a8,
+    block_linears,
+    final_tokens,
+    fit_massive,
+    fit_w8a8,
+    register_neurons,
+)
+from vitsinks.quant import W8A8
+from vitsinks.quant.stats import layer_paths
+from vitsinks.trainfree.massive import MeanMassive, ZeroMassive
+from vitsinks.trainfree.test_time_register import TestTimeRegister
+
+
+@pytest.mark.parametrize("name", ["deit", "dinov2_reg"])
+@torch.no_grad()
+def test_w8a8_equals_vitsinks_own(name: str) -> None:
+    m = timm_vit(CONFIGS[name])
+    own = own_twin(m, CONFIGS[name])
+    x, calib = images(3), images(5)[3:]
+    before = final_tokens(adapt(m), x)
+    assert list(block_linears(adapt(m))) == list(layer_paths(own))
+    state = fit_w8a8(m, calib)
+    want = W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
+    torch.testing.assert_close(state["act_max"], want["act_max"], rtol=1e-5, atol=0)
+    got = final_tokens(apply_w8a8(m, state), x)
+    ref = W8A8.apply(own, want).forward_features(x)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m.forward_features(x), got)  # the hooks are on the model itself
+    assert 1e-4 < (got - before).norm() / before.norm() < 0.1  # quantised: changed, a little
+
+
+@torch.no_grad()
+def test_test_time_register_equals_vitsinks_own() -> None:
+    m = timm_vit(CONFIGS["deit"])
+    own = own_twin(m, CONFIGS["deit"])
+    x = images(3)
+    neurons = [(0, 3), (0, 17), (1, 5)]
+    f = add_test_time_register(m, neurons)
+    TestTimeRegister.apply(own, {"neurons": [list(n) for n in neurons]})
+    assert (f.num_registers, f.num_prefix) == (1, 2) == (own.num_reg_tokens, own.num_prefix_tokens)
+    torch.testing.assert_close(final_tokens(f, x), own.forward_features(x), rtol=1e-5, atol=1e-5)
+    t = diagnose(f, x)
+    assert t["layout"]["num_registers"][0] == 1 and t["checks"]["recompute_error"].max() < 1e-4
+    assert adapt(m).num_registers == 0  # the model keeps its layout; only the view has the register
+
+
+@torch.no_grad()
+def test_register_neurons_equal_vitsinks_own() -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    own = own_twin(m, CONFIGS["dinov2_reg"])
+    x = images(4)
+    got = register_neurons(m, x, top=8, k=1.05)  # a low threshold: random weights have no real artifact
+    want = find_register_neurons(own, x, 8, 1.05)
+    assert [(b, u) for b, u, _ in got] == [(b, u) for b, u, _ in want]
+    torch.testing.assert_close(torch.tensor([s for *_, s in got]), torch.tensor([s for *_, s in want]), rtol=1e-5,
+                               atol=0)
+
+
+@torch.no_grad()
+def test_w8a8_of_a_sinkvit_through_the_views_is_its_own() -> None:
+    own = own_twin(timm_vit(CONFIGS["dinov2_reg"]), CONFIGS["dinov2_reg"])
+    calib = images(4)
+    state, want = fit_w8a8(own, calib), W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
+    assert state["layers"] == want["layers"] == list(layer_paths(own))
+    assert torch.equal(state["act_max"], want["act_max"])
+
+
+@pytest.mark.parametrize("method", [MeanMassive, ZeroMassive])
+@torch.no_grad()
+def test_massive_fix_equals_vitsinks_own(method: type[MeanMassive]) -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    own = own_twin(m, CONFIGS["dinov2_reg"])
+    x, fit = images(3), images(6)[3:]
+    state = fit_massive(m, fit, massive=3)
+    want = method.fit(own, fit, SimpleNamespace(massive=3))
+    assert (state["block"], state["channels"]) == (want["block"], want["channels"])
+    np.testing.assert_allclose(state["means"], want["means"], rtol=1e-5)
+    before = final_tokens(adapt(m), x)
+    got = final_tokens(apply_massive(m, state, zero=method is ZeroMassive), x)
+    torch.testing.assert_close(got, method.apply(own, want).forward_features(x), rtol=1e-5, atol=1e-5)
+    assert (got - before).abs().max() > 0
+    assert diagnose(m, x)["checks"]["recompute_error"].max() < 1e-4  # the views' recomputation sees the edit too

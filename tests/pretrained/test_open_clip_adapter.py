@@ -1,0 +1,101 @@
+"""The open_clip adapter (small random towers, no hub): views of open_clip's `VisionTransformer` reproduce it and
+give the same diagnostics as vitsinks' own ViT on the converted weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.pretrained import require
+from vitsinks.diagnostics.core import diagnose_tokens
+from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.models import SinkViT, load_timm_state_dict
+from vitsinks.pretrained import adapt, diagnose
+from vitsinks.pretrained.edits import fit_w8a8
+from vitsinks.utils.errors import BadValue
+
+open_clip = require("open_clip")
+
+TOWER = {"image_size": 32, "patch_size": 8, "width": 48, "layers": 2, "heads": 3, "mlp_ratio": 2.0}
+
+
+def tower(ls: float | None = 0.1) -> nn.Module:
+    torch.manual_seed(0)
+    v = open_clip.transformer.VisionTransformer(**TOWER, ls_init_value=ls, output_dim=16)
+    with torch.no_grad():
+        for blk in v.transformer.resblocks:
+            blk.attn.in_proj_weight[:48].mul_(4.0)
+            for s in (blk.ls_1, blk.ls_2):
+                if hasattr(s, "gamma"):
+                    s.gamma.uniform_(0.05, 1.0)
+        v.class_embedding.normal_(0, 1.0)
+    return v.eval()
+
+
+def images(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def timm_state_dict(v: nn.Module) -> dict[str, torch.Tensor]:
+    """An open_clip tower as a timm `VisionTransformer` (pre-norm) state dict."""
+    sd = v.state_dict()
+    out = {"cls_token": sd["class_embedding"].view(1, 1, -1), "pos_embed": sd["positional_embedding"][None],
+           "patch_embed.proj.weight": sd["conv1.weight"]}  # no bias: timm's pre-norm ViTs have none either
+    for w in ("weight", "bias"):
+        out[f"norm_pre.{w}"], out[f"norm.{w}"] = sd[f"ln_pre.{w}"], sd[f"ln_post.{w}"]
+        for i in range(TOWER["layers"]):
+            h, t = f"transformer.resblocks.{i}.", f"blocks.{i}."
+            out[t + f"attn.qkv.{w}"] = sd[h + f"attn.in_proj_{w}"]
+            for a, b in (("attn.out_proj", "attn.proj"), ("ln_1", "norm1"), ("ln_2", "norm2"), ("mlp.c_fc", "mlp.fc1"),
+                         ("mlp.c_proj", "mlp.fc2")):
+                out[t + f"{b}.{w}"] = sd[h + f"{a}.{w}"]
+    for i in range(TOWER["layers"]):
+        for a, b in (("ls_1", "ls1"), ("ls_2", "ls2")):
+            if f"transformer.resblocks.{i}.{a}.gamma" in sd:
+                out[f"blocks.{i}.{b}.gamma"] = sd[f"transformer.resblocks.{i}.{a}.gamma"]
+    return out
+
+
+@pytest.mark.parametrize("ls", (0.1, None))
+@torch.no_grad()
+def test_views_reproduce_and_equal_vitsinks_own(ls: float | None) -> None:
+    v = tower(ls)
+    f, x = adapt(v), images()
+    assert f.family == "open_clip" and (f.num_cls, f.num_registers) == (1, 0)
+    t = f.embed(x)
+    for blk in f.blocks:
+        out, _ = blk.forward_explicit(t)
+        t = blk(t)
+        assert (out - t).abs().max() <= 1e-5 * t.abs().max()
+    pooled = f.readout(t)[:, 0] @ v.proj
+    torch.testing.assert_close(pooled, v(x), rtol=1e-5, atol=1e-5)
+
+    own = SinkViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, qkv_bias=True,
+                  num_classes=0, pre_norm=True, init_values=ls, norm_eps=1e-5).eval()
+    load_timm_state_dict(own, timm_state_dict(v))
+    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
+    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
+    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=1)
+    want = diagnose_tokens(own.blocks, t_own, num_prefix=1)
+    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
+    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+@torch.no_grad()
+def test_clip_model_and_timm_tower() -> None:
+    clip = open_clip.model.CLIP(16, {"image_size": 32, "patch_size": 8, "width": 48, "layers": 2, "head_width": 16},
+                                {"context_length": 8, "vocab_size": 50, "width": 32, "heads": 2, "layers": 1}).eval()
+    tabs = diagnose(clip, images(2))
+    assert tabs["checks"]["recompute_error"].max() < 1e-4 and len(set(tabs["heads"]["block"])) == 2
+    timm_tower = open_clip.model.CLIP(16, {"image_size": 32, "timm_model_name": "vit_tiny_patch16_224",
+                                           "timm_model_pretrained": False, "timm_pool": "", "timm_proj": "linear"},
+                                      {"context_length": 8, "vocab_size": 50, "width": 32, "heads": 2, "layers": 1})
+    assert adapt(timm_tower).family == "timm"
+
+
+def test_w8a8_refuses_the_fused_multihead_attention() -> None:
+    with pytest.raises(BadValue, match="nn.MultiheadAttention"):
+        fit_w8a8(tower(), images(2))

@@ -1,0 +1,225 @@
+"""The timm adapter: views of an unmodified timm `VisionTransformer` reproduce its forward and give the same
+diagnostics as vitsinks' own ViT on the same (converted) weights, and the same attention as a float64 recomputation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import ResPostBlock, VisionTransformer
+from torch import nn
+
+from vitsinks.diagnostics import core
+from vitsinks.diagnostics.core import diagnose_tokens
+from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.models import SinkViT, build_vit, load_timm_state_dict
+from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
+from vitsinks.utils.errors import BadValue
+
+SHAPE = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "qkv_bias": True,
+         "num_classes": 5}
+CONFIGS = {
+    "dinov2_reg": {"reg_tokens": 4, "no_embed_class": True, "qk_norm": True, "init_values": 0.1},  # DINOv2-reg-like
+    "deit": {},  # [CLS] with its own position embedding, no registers, no LayerScale
+    "layerscale_reg_pos": {"reg_tokens": 2, "init_values": 1e-2},  # registers inside the position embedding
+}
+
+
+def timm_vit(cfg: dict[str, Any], seed: int = 0) -> VisionTransformer:
+    """A small randomly initialised timm ViT with sharpened attention and non-trivial prefix tokens and LayerScale."""
+    torch.manual_seed(seed)
+    m = VisionTransformer(**SHAPE, **cfg).eval()
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.qkv.weight.mul_(4.0)
+            for ls in (blk.ls1, blk.ls2):
+                if hasattr(ls, "gamma"):
+                    ls.gamma.uniform_(0.05, 1.0)
+        for token in (m.cls_token, m.reg_token):
+            if token is not None:
+                token.normal_(0, 1.0)
+    return m
+
+
+def own_twin(m: VisionTransformer, cfg: dict[str, Any]) -> SinkViT:
+    """vitsinks' own ViT of the same shape with `m`'s weights converted (`load_timm_state_dict`)."""
+    own_cfg = {k: v for k, v in cfg.items() if k != "no_embed_class"}
+    own = SinkViT(**SHAPE, **own_cfg, register_pos_embed=bool(cfg.get("reg_tokens")) and not cfg.get("no_embed_class"))
+    load_timm_state_dict(own, m.state_dict())
+    return own.eval()
+
+
+def images(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 3, SHAPE["img_size"], SHAPE["img_size"], generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@torch.no_grad()
+def test_views_reproduce_the_model(name: str) -> None:
+    m = timm_vit(CONFIGS[name])
+    f = adapt(m)
+    assert f.family == "timm" and f.num_cls == 1 and f.num_registers == CONFIGS[name].get("reg_tokens", 0)
+    x = images()
+    t = f.embed(x)
+    for blk in f.blocks:
+        out, _ = blk.forward_explicit(t)
+        t = blk(t)
+        assert (out - t).abs().max() <= 1e-5 * t.abs().max()
+    final = f.readout(t)
+    torch.testing.assert_close(final, m.forward_features(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f.classifier(final), m(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@torch.no_grad()
+def test_fields_equal_vitsinks_own_implementation(name: str) -> None:
+    m = timm_vit(CONFIGS[name])
+    own, f, x = own_twin(m, CONFIGS[name]), adapt(m), images()
+    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
+    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
+    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=f.num_prefix)
+    want = diagnose_tokens(own.blocks, t_own, num_prefix=own.num_prefix_tokens)
+    assert got["recompute_error"].max() < 1e-4
+    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
+    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+def reference_attention(blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Block `blk`'s attention (B, H, N, N) written out from its parameters in float64."""
+    a, H = blk.attn, blk.attn.num_heads
+    d = {k: v.double() for k, v in blk.state_dict().items()}
+    z = F.layer_norm(x.double(), (x.shape[-1],), d["norm1.weight"], d["norm1.bias"], blk.norm1.eps)
+    qkv = z @ d["attn.qkv.weight"].T + d["attn.qkv.bias"]
+    B, N, _ = qkv.shape
+    q, k, _ = qkv.view(B, N, 3, H, -1).permute(2, 0, 3, 1, 4)
+    if "attn.q_norm.weight" in d:
+        hd = q.shape[-1]
+        q = F.layer_norm(q, (hd,), d["attn.q_norm.weight"], d["attn.q_norm.bias"], a.q_norm.eps)
+        k = F.layer_norm(k, (hd,), d["attn.k_norm.weight"], d["attn.k_norm.bias"], a.k_norm.eps)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@torch.no_grad()
+def test_attention_equals_a_float64_recomputation(name: str) -> None:
+    m = timm_vit(CONFIGS[name])
+    f, x = adapt(m), images()
+    t = f.blocks[0](f.embed(x))  # block 1's input
+    it = f.blocks[1].attn.internals(f.blocks[1].norm1(t))
+    ref = reference_attention(m.blocks[1], t)
+    assert (it.attn.double() - ref).abs().max() < 1e-5
+    d = diagnose_tokens(f.blocks[1:], t, num_prefix=f.num_prefix)
+    col = ref.mean(-2)  # (B, H, N): mean attention each key receives
+    np.testing.assert_array_equal(d["sink_idx"][:, 0], col.argmax(-1).numpy())
+    np.testing.assert_allclose(d["mass"][:, 0], col.amax(-1).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d["prefix_mass"][:, 0], ref[..., : f.num_prefix].sum(-1).mean(-1).numpy(),
+                               rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_diagnose_tables_blocks_and_heads() -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    x = images(4)
+    full = diagnose_fields(m, x, batch_size=3)  # two batches
+    assert full["sink_idx"].shape == (4, 2, 3) and int(full["num_registers"]) == 4 and int(full["num_prefix"]) == 5
+    assert full["recompute_error"].max() < 1e-4
+    last = diagnose_fields(m, x, blocks=[-1])
+    np.testing.assert_array_equal(last["block"], [1])
+    np.testing.assert_allclose(last["mass"], full["mass"][:, 1:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(BadValue, match="blocks"):
+        diagnose_fields(m, x, blocks=[2])
+    tabs = diagnose(m, x, heads=[0, 2])
+    heads = tabs["heads"]
+    assert len(heads["mass"]) == 4 * 2 * 2 and set(heads["head"]) == {0, 2}
+    assert set(heads["sink_location"]) <= {"cls", "register", "patch"}
+    assert len(tabs["blocks"]["massive_ratio"]) == 4 * 2 and len(tabs["qk"]["head"]) == 2 * 2
+    pairs = diagnose(m, x, heads=[(1, 1)])["heads"]
+    assert set(zip(pairs["block"], pairs["head"], strict=True)) == {(1, 1)}
+
+
+@torch.no_grad()
+def test_interventions_protocol() -> None:
+    m = timm_vit(CONFIGS["dinov2_reg"])
+    f = adapt(m)
+    s, x = f.subject(), images()
+    t = s.embed(x)
+    blk = s.blocks[0]
+    it = blk.attn.internals(blk.norm1(t))
+    torch.testing.assert_close(blk.from_heads(t, it.attn @ it.v, it.gate), s.block(0, t), rtol=1e-5, atol=1e-5)
+    sink = it.attn[:, 1].mean(-2).argmax(-1)
+    red = blk.attn.redirected(blk.norm1(t), 1, sink)
+    a = it.attn[:, 1].clone()
+    a[torch.arange(len(a)), :, sink] = 0
+    torch.testing.assert_close(red, a / a.sum(-1, keepdim=True), rtol=1e-4, atol=1e-6)
+    assert s.num_prefix == 5 and s.num_registers == 4 and len(s.without_registers(t)[0]) == t.shape[1] - 4
+
+
+def plant_sink(m: VisionTransformer, block: int, head: int, channel: int = 5) -> None:
+    """Head `head` of block `block` (no q/k norm) attends to [CLS] from every query: every query is one vector u,
+    and only [CLS] (massive in `channel`) has a key along u."""
+    a, dim = m.blocks[block].attn, m.embed_dim
+    rows = slice(head * a.head_dim, (head + 1) * a.head_dim)
+    u = torch.randn(a.head_dim, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    with torch.no_grad():
+        a.qkv.weight[rows] = 0
+        a.qkv.bias[rows] = 3 * u
+        k_rows = slice(dim + rows.start, dim + rows.stop)
+        a.qkv.weight[k_rows] = 0
+        a.qkv.weight[k_rows, channel] = 10 * u
+        a.qkv.bias[k_rows] = 0
+        m.cls_token[0, 0, channel] = 50.0
+
+
+def test_intervene_on_a_planted_sink() -> None:
+    m = timm_vit(CONFIGS["deit"])
+    plant_sink(m, 1, 0)
+    x = images(6)
+    got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value", "redirect_sink_attention"], heldout=x[4:],
+                    batch_size=4)
+    rows = got["rows"]
+    assert got["heads"] == [(1, 0)] and sorted(set(rows["edit"])) == ["redirect_sink_attention", "zero_sink_value"]
+    assert len(rows["edit"]) == 2 * 4 and set(rows["sink_loc"]) == {"cls"}
+    assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
+    assert all(np.isfinite(rows["final_patch_relrms"])) and max(rows["final_patch_relrms"]) > 0
+
+
+def test_registry() -> None:
+    own = own_twin(timm_vit(CONFIGS["deit"]), CONFIGS["deit"])
+    assert adapt(own).family == "vitsinks"
+    with pytest.raises(BadValue, match="no adapter"):
+        adapt(nn.Linear(2, 2))
+    post = VisionTransformer(**SHAPE, block_fn=ResPostBlock)
+    with pytest.raises(BadValue, match="ResPostBlock"):
+        adapt(post)
+
+
+@torch.no_grad()
+def test_native_model_equals_the_diagnostics_of_its_own() -> None:
+    """A `SinkViT` through `pretrained` gives `diagnostics.core.diagnose`'s fields, its extra key slot included."""
+    torch.manual_seed(0)
+    own = build_vit("vit_mini", img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, registers=2,
+                    attn="sink_logit").eval()
+    x = images(4)
+    got, want = diagnose_fields(own, x), core.diagnose(own, x, keep_maps=0)
+    assert tuple(got["extra_keys"]) == tuple(want["extra_keys"]) == ("null",)
+    for k, v in want.items():
+        if v.dtype.kind == "f":
+            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+    own.blocks[1].attn.sink_logit.fill_(20.0)  # every query of block 1 on its null key
+    tabs = diagnose(own, x)
+    assert set(tabs["heads"]["sink_location"][tabs["heads"]["block"] == 1]) == {"null"}
+
+
+def test_half_precision_is_refused() -> None:
+    m = timm_vit(CONFIGS["deit"]).to(torch.bfloat16)
+    with pytest.raises(BadValue, match="float32"):
+        diagnose(m, images(2))

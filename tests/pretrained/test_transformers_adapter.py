@@ -1,0 +1,189 @@
+"""The transformers adapter (small random configs, no hub): views of `Dinov2Model`, `Dinov2WithRegistersModel`,
+`ViTModel`, `CLIPVisionModel` and `SiglipVisionModel` reproduce the model, give transformers' own (eager) attention
+probabilities and a float64 recomputation's, and, where the architecture is vitsinks' own, the same diagnostics as
+vitsinks' ViT on the converted weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.pretrained import require
+from vitsinks.diagnostics.core import diagnose_tokens
+from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.models import SinkViT, load_timm_state_dict
+from vitsinks.pretrained import adapt, diagnose, intervene
+from vitsinks.pretrained.families.transformers_vit import SPECS
+
+T = require("transformers")
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
+REGISTERS = 4
+
+
+def build(name: str) -> nn.Module:
+    """A small randomly initialised model with sharpened attention and non-trivial [CLS], registers and LayerScale."""
+    torch.manual_seed(0)
+    if name == "dinov2":
+        m = T.Dinov2Model(T.Dinov2Config(**SMALL, mlp_ratio=2))
+    elif name == "dinov2_reg":
+        m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2,
+                                                                    num_register_tokens=REGISTERS))
+    elif name == "vit":
+        m = T.ViTModel(T.ViTConfig(**SMALL, intermediate_size=64))
+    elif name == "clip":
+        m = T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL, intermediate_size=64))
+    else:
+        m = T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL, intermediate_size=64))
+    with torch.no_grad():
+        for name_, p in m.named_parameters():
+            if "q_proj.weight" in name_:
+                p.mul_(4.0)
+            elif "lambda1" in name_:
+                p.uniform_(0.05, 1.0)
+            elif name_.endswith(("cls_token", "register_tokens", "class_embedding")):
+                p.normal_(0, 1.0)
+    return m.eval()
+
+
+MODELS = ("dinov2", "dinov2_reg", "vit", "clip", "siglip")
+
+
+def images(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@torch.no_grad()
+def test_views_reproduce_the_model(name: str) -> None:
+    m = build(name)
+    f, x = adapt(m), images()
+    assert f.family == "transformers" and type(m).__name__ in SPECS
+    assert (f.num_cls, f.num_registers) == ((0, 0) if name == "siglip" else (1, REGISTERS * (name == "dinov2_reg")))
+    t = f.embed(x)
+    for blk in f.blocks:
+        out, _ = blk.forward_explicit(t)
+        t = blk(t)
+        assert (out - t).abs().max() <= 1e-5 * t.abs().max()
+    got = m(pixel_values=x)
+    if name == "clip":  # transformers norms the pooled [CLS] only
+        torch.testing.assert_close(t, got.last_hidden_state, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(f.readout(t)[:, 0], got.pooler_output, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(f.readout(t), got.last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@torch.no_grad()
+def test_attention_equals_transformers_eager(name: str) -> None:
+    m = build(name)
+    f, x = adapt(m), images()
+    m.set_attn_implementation("eager")
+    want = m(pixel_values=x, output_attentions=True).attentions
+    t = f.embed(x)
+    for blk, a in zip(f.blocks, want, strict=True):
+        torch.testing.assert_close(blk.attn.internals(blk.norm1(t)).attn, a, rtol=1e-5, atol=1e-6)
+        t = blk(t)
+
+
+@torch.no_grad()
+def test_attention_equals_a_float64_recomputation() -> None:
+    m = build("siglip")  # no [CLS]
+    f, x = adapt(m), images()
+    t = f.blocks[0](f.embed(x))
+    layer = m.encoder.layers[1]
+    d = {k: v.double() for k, v in layer.state_dict().items()}
+    z = F.layer_norm(t.double(), (t.shape[-1],), d["layer_norm1.weight"], d["layer_norm1.bias"],
+                     layer.layer_norm1.eps)
+    B, N, _ = z.shape
+    q, k = ((z @ d[f"self_attn.{p}.weight"].T + d[f"self_attn.{p}.bias"]).view(B, N, 2, -1).transpose(1, 2)
+            for p in ("q_proj", "k_proj"))
+    ref = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1)
+    it = f.blocks[1].attn.internals(f.blocks[1].norm1(t))
+    assert (it.attn.double() - ref).abs().max() < 1e-5
+    d1 = diagnose_tokens(f.blocks[1:], t, num_prefix=f.num_prefix)
+    np.testing.assert_array_equal(d1["sink_idx"][:, 0], ref.mean(-2).argmax(-1).numpy())
+    np.testing.assert_allclose(d1["mass"][:, 0], ref.mean(-2).amax(-1).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def timm_state_dict(m: nn.Module) -> dict[str, torch.Tensor]:
+    """A DINOv2 / ViT model of transformers as a timm `VisionTransformer` state dict."""
+    sd, spec = m.state_dict(), SPECS[type(m).__name__]
+    e = "embeddings."
+    out = {"cls_token": sd[e + "cls_token"], "pos_embed": sd[e + "position_embeddings"],
+           "patch_embed.proj.weight": sd[e + "patch_embeddings.projection.weight"],
+           "patch_embed.proj.bias": sd[e + "patch_embeddings.projection.bias"],
+           "norm.weight": sd[spec.readout + ".weight"], "norm.bias": sd[spec.readout + ".bias"]}
+    if e + "register_tokens" in sd:
+        out["reg_token"] = sd[e + "register_tokens"]
+    for i in range(m.config.num_hidden_layers):
+        h, t = f"{spec.layers}.{i}.", f"blocks.{i}."
+        for w in ("weight", "bias"):
+            out[t + f"attn.qkv.{w}"] = torch.cat([sd[h + f"{spec.attn}.{p}_proj.{w}"] for p in "qkv"])
+            out[t + f"attn.proj.{w}"] = sd[h + f"{spec.attn}.o_proj.{w}"]
+            out[t + f"norm1.{w}"], out[t + f"norm2.{w}"] = sd[h + f"{spec.norm1}.{w}"], sd[h + f"{spec.norm2}.{w}"]
+            out[t + f"mlp.fc1.{w}"], out[t + f"mlp.fc2.{w}"] = sd[h + f"mlp.fc1.{w}"], sd[h + f"mlp.fc2.{w}"]
+        if spec.ls1:
+            out[t + "ls1.gamma"], out[t + "ls2.gamma"] = sd[h + f"{spec.ls1}.lambda1"], sd[h + f"{spec.ls2}.lambda1"]
+    return out
+
+
+@pytest.mark.parametrize("name", ("dinov2", "dinov2_reg", "vit"))
+@torch.no_grad()
+def test_fields_equal_vitsinks_own_implementation(name: str) -> None:
+    m = build(name)
+    c = m.config
+    own = SinkViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, qkv_bias=True,
+                  num_classes=0, reg_tokens=getattr(c, "num_register_tokens", 0),
+                  init_values=1.0 if name != "vit" else None, norm_eps=c.layer_norm_eps).eval()
+    load_timm_state_dict(own, timm_state_dict(m))
+    f, x = adapt(m), images()
+    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
+    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
+    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=f.num_prefix)
+    want = diagnose_tokens(own.blocks, t_own, num_prefix=own.num_prefix_tokens)
+    assert got["recompute_error"].max() < 1e-4
+    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
+    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+@torch.no_grad()
+def test_diagnose_wrapped_and_without_cls() -> None:
+    clip = T.CLIPModel(T.CLIPConfig(vision_config={**SMALL, "intermediate_size": 64},
+                                    text_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                 "intermediate_size": 64})).eval()
+    f = adapt(clip)
+    assert f.num_cls == 1 and len(f.blocks) == 2
+    classifier = T.Dinov2ForImageClassification(T.Dinov2Config(**SMALL, mlp_ratio=2, num_labels=3)).eval()
+    assert adapt(classifier).blocks[0].block is classifier.dinov2.encoder.layer[0]
+    tabs = diagnose(build("siglip"), images(2))
+    assert int(tabs["layout"]["num_prefix"][0]) == 0 and set(tabs["heads"]["sink_location"]) == {"patch"}
+    assert tabs["checks"]["recompute_error"].max() < 1e-4
+
+
+def test_intervene_on_a_planted_register_sink() -> None:
+    """Head 0 of layer 1 of a DINOv2 with registers attends to register 2 (massive in one channel) from every query;
+    the interventions run through the views, LayerScale included."""
+    m = build("dinov2_reg")
+    attn, hd, channel = m.encoder.layer[1].attention, 16, 5
+    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    with torch.no_grad():
+        attn.q_proj.weight[:hd] = 0
+        attn.q_proj.bias[:hd] = 3 * u
+        attn.k_proj.weight[:hd] = 0
+        attn.k_proj.weight[:hd, channel] = 10 * u
+        attn.k_proj.bias[:hd] = 0
+        m.embeddings.register_tokens[0, 2, channel] = 50.0
+    x = images(6)
+    got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value", "redirect_sink_attention", "drop_registers"],
+                    heldout=x[4:], batch_size=4)
+    rows = got["rows"]
+    on_head = [i for i, e in enumerate(rows["edit"]) if e != "drop_registers"]
+    assert {rows["sink_idx"][i] for i in on_head} == {1 + 2} and {rows["sink_loc"][i] for i in on_head} == {"register"}
+    assert rows["edit"].count("drop_registers") == 4
+    assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0

@@ -1,0 +1,210 @@
+"""The notebook entry points: `diagnose(model, images)` -> tables, `diagnose_fields` -> the raw diagnostics arrays,
+`intervene(model, images, heads=..., edits=...)` -> the interventions' rows as a table.
+
+Every block runs its real forward to move the residual stream on; the diagnosed blocks are also rebuilt from their
+explicit attention (the views), which must reproduce the real forward (`recompute_error` < `RECOMPUTE_TOL`, else
+`CheckFailed`: the tables would describe another computation than the model's). One block's attention matrices are
+alive at a time: about `ATTN_COPIES` float32 (B, heads, N, N) arrays, which `batch_size_for` keeps under a budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitsinks.configs.schema import InterveneConfig
+from vitsinks.diagnostics.core import RECOMPUTE_TOL, concat_fields, diagnose_tokens, spectrum
+from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.interventions import intervene as run_interventions
+from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
+from vitsinks.models.passes import eval_mode
+from vitsinks.pretrained.families import adapt
+from vitsinks.pretrained.views import Foreign
+from vitsinks.utils.errors import BadValue, CheckFailed
+
+ATTN_COPIES = 4  # float32 (B, H, N, N) arrays alive at once in one block's diagnosis (scores, A, and the fields')
+DEFAULT_BUDGET = 2**30  # bytes of attention matrices per batch (`batch_size_for`)
+PER_BLOCK_ONLY = ("recompute_error", "res_norm_in")  # fields without an image-by-block layout
+
+
+def as_foreign(model: nn.Module | Foreign) -> Foreign:
+    """`model` seen through its family's adapter (a `Foreign` is returned as is)."""
+    return model if isinstance(model, Foreign) else adapt(model)
+
+
+def require_float32(foreign: Foreign) -> None:
+    """A `BadValue` unless the model computes in float32 (the recomputation checks' tolerances are float32 ones)."""
+    dtype = next(foreign.model.parameters()).dtype
+    if dtype != torch.float32:
+        raise BadValue(f"{foreign.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
+                       f"float32 copy (model.float())")
+
+
+def tokens_per_image(foreign: Foreign, img_size: tuple[int, int]) -> int:
+    """[CLS], registers and the patches of an image of `img_size`."""
+    rows, cols = foreign.grid(img_size)
+    return foreign.num_prefix + rows * cols
+
+
+def batch_size_for(foreign: Foreign, img_size: tuple[int, int], budget: int = DEFAULT_BUDGET) -> int:
+    """The largest batch whose attention matrices (`ATTN_COPIES` float32 (B, heads, N, N) per block) fit in `budget`
+    bytes (at least 1). ViT-L/14 at 224 px with 4 registers (16 heads, N = 261): 16.6 MiB per image, a batch of
+    61 in 1 GiB; at 518 px (N = 1374): 461 MiB per image, a batch of 2."""
+    n = tokens_per_image(foreign, img_size)
+    heads = max(b.attn.num_heads for b in foreign.blocks)
+    return max(1, budget // (ATTN_COPIES * 4 * heads * n * n))
+
+
+def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`diagnose_tokens` results of single blocks joined along the block axis (the input norms: the first's)."""
+    out = {"recompute_error": np.concatenate([p["recompute_error"] for p in parts]),
+           "res_norm_in": parts[0]["res_norm_in"]}
+    for k in parts[0]:
+        if k not in PER_BLOCK_ONLY:
+            out[k] = np.concatenate([p[k] for p in parts], axis=1)
+    return out
+
+
+@torch.no_grad()
+def _diagnose_batch(foreign: Foreign, x: torch.Tensor, chosen: list[int], keep_maps: int) -> dict[str, np.ndarray]:
+    if chosen == list(range(len(foreign.blocks))):
+        return diagnose_tokens(foreign.blocks, x, keep_maps=keep_maps, num_prefix=foreign.num_prefix)
+    parts = []
+    for b in range(chosen[-1] + 1):
+        blk = foreign.blocks[b]
+        if b in chosen:
+            parts.append(diagnose_tokens([blk], x, keep_maps=keep_maps, num_prefix=foreign.num_prefix))
+        x = blk(x)
+    return _join_blocks(parts)
+
+
+@torch.no_grad()
+def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[int] | None = None,
+                    batch_size: int | None = None, keep_maps: int = 0) -> dict[str, np.ndarray]:
+    """The diagnostics arrays (`diagnostics.core.diagnose`'s, (images, blocks, heads) for the per-head fields) of
+    the chosen `blocks` (default all; `block` holds their indices) of a pretrained model on `images` (n, 3, H, W),
+    with the token layout and the QK spectrum. `batch_size` None: `batch_size_for` under `DEFAULT_BUDGET`.
+    A chosen subset still runs every block up to the last chosen (their real forward; a chosen block's twice)."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    n_blocks = len(foreign.blocks)
+    asked = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
+    wrong = [b for b in asked if not -n_blocks <= b < n_blocks]
+    if wrong or not asked:
+        raise BadValue(f"blocks {wrong or '[]'}: choose some of the model's {n_blocks} blocks (0..{n_blocks - 1}, "
+                       f"or negative from the last)")
+    chosen = sorted({b % n_blocks for b in asked})
+    img_size = (int(images.shape[-2]), int(images.shape[-1]))
+    bs = batch_size or batch_size_for(foreign, img_size)
+    parts = []
+    with eval_mode(foreign.model) as device:
+        for lo in range(0, len(images), bs):
+            x = foreign.embed(images[lo : lo + bs].to(device))
+            parts.append(_diagnose_batch(foreign, x, chosen, max(0, keep_maps - lo)))
+    out = concat_fields(parts)
+    worst = int(np.argmax(out["recompute_error"]))
+    if out["recompute_error"][worst] > RECOMPUTE_TOL:
+        raise CheckFailed(f"the explicit recomputation of block {chosen[worst]} differs from {foreign.name}'s own "
+                          f"forward by {out['recompute_error'][worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): "
+                          f"the adapter ({foreign.family}) does not compute what the model does")
+    out.update(spectrum(foreign.blocks[b] for b in chosen))
+    out.update(foreign.layout_fields(img_size))
+    out["block"] = np.array(chosen)
+    return out
+
+
+def sink_location(d: dict[str, np.ndarray]) -> np.ndarray:
+    """Where each dominant key sits ("cls", "register", "patch", or an extra key slot's name), from `sink_idx` and
+    the layout fields."""
+    idx, cls, reg = d["sink_idx"], int(d["num_cls"]), int(d["num_registers"])
+    if cls == 1:
+        return KeyLayout.from_fields(d).location(idx)
+    code = np.where(idx < cls, 0, np.where(idx < cls + reg, 1, 2))
+    return np.asarray(TOKEN_LOCATIONS, dtype=object)[code]
+
+
+def _head_fields(d: dict[str, np.ndarray]) -> list[str]:
+    """The per-head fields: (images, blocks, heads) arrays beside the fixed ones (a mitigation's, e.g. `gate_mean`)."""
+    shape = d["sink_idx"].shape
+    extra = [k for k, v in d.items() if k not in (*FIELDS, "prefix_mass", "token_norms") and not k.startswith("res_")
+             and v.shape == shape]
+    return [*FIELDS, "prefix_mass", *extra]
+
+
+def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, int]] | None = None
+           ) -> dict[str, dict[str, np.ndarray]]:
+    """`diagnose_fields` arrays as tables (dicts of equally long columns):
+
+    - `heads`: one row per (image, block, head): every per-head field and `sink_location`;
+    - `blocks`: one row per (image, block): the residual stream's and the attention update's per-image fields;
+    - `qk`: one row per (block, head): the QK spectrum;
+    - `checks`: one row per block: `recompute_error`;
+    - `layout`: one row: [CLS], registers, patches, grid.
+
+    `heads`: keep only these heads (indices, in every block, or (block, head) pairs with model block indices)."""
+    n, L, H = d["sink_idx"].shape
+    block_ids = d["block"]
+    img, blk, head = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, np.arange(H), indexing="ij"))
+    keep = np.ones(img.shape, dtype=bool)
+    if heads is not None:
+        heads = list(heads)
+        if heads and isinstance(heads[0], tuple | list):
+            pairs = {(int(b), int(h)) for b, h in heads}
+            keep = np.array([(b, h) in pairs for b, h in zip(blk, head, strict=True)], dtype=bool)
+        else:
+            keep = np.isin(head, np.asarray(heads, dtype=int))
+    per_head = {"image": img, "block": blk, "head": head,
+                **{k: d[k].reshape(-1) for k in _head_fields(d)}, "sink_location": sink_location(d).reshape(-1)}
+    b_img, b_blk = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, indexing="ij"))
+    per_block = {"image": b_img, "block": b_blk,
+                 **{k: v.reshape(-1) for k, v in d.items() if v.shape == (n, L) and k not in PER_BLOCK_ONLY}}
+    q_blk, q_head = (a.ravel() for a in np.meshgrid(block_ids, np.arange(H), indexing="ij"))
+    qk = {"block": q_blk, "head": q_head,
+          **{k: d[k].reshape(-1) for k in ("qk_sigma1_frac", "qk_sigma1_over_sigma2")}}
+    if heads is not None:
+        qk_keep = np.isin(np.arange(len(q_blk)), np.flatnonzero(keep[: L * H]))  # image 0's rows: (block, head)
+        qk = {k: v[qk_keep] for k, v in qk.items()}
+    layout = {k: np.atleast_1d(d[k]) for k in ("num_cls", "num_registers", "num_prefix", "num_patches")}
+    layout["grid"] = np.array([tuple(int(g) for g in d["grid"])], dtype=object)
+    return {"heads": {k: v[keep] for k, v in per_head.items()}, "blocks": per_block, "qk": qk,
+            "checks": {"block": block_ids, "recompute_error": d["recompute_error"]}, "layout": layout}
+
+
+def diagnose(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[int] | None = None,
+             heads: Sequence[int] | Sequence[tuple[int, int]] | None = None,
+             batch_size: int | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model): the
+    `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`)."""
+    return tables(diagnose_fields(model, images, blocks, batch_size), heads)
+
+
+def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Rows (dicts) as columns, every key of any row (None where a row lacks it)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def intervene(model: nn.Module | Foreign, images: torch.Tensor, heads: Sequence[tuple[int, int]] = (),
+              edits: Sequence[str] = (), heldout: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+              batch_size: int = 16, rules: SinkRules | None = None, **settings: Any) -> dict[str, Any]:
+    """The causal interventions (`vitsinks.interventions.intervene`, docs/interventions.md) on a pretrained model:
+    every edit of `edits` (default: every edit that applies) on every (block, head) of `heads` (default: selected by
+    their sink events, `InterveneConfig`'s `min_events`, `top_k`, ... passed as `settings`); `heldout` images are
+    the source of `mean_sink_value`. Returns `rows` (a table: one row per image, head and edit), `checks` (the
+    built-in checks' largest errors), `heads` (those edited) and `mean_skipped`."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    heldout = images[:0] if heldout is None else heldout
+    cfg = InterveneConfig(**{"n_images": len(images), "heldout_images": len(heldout), "batch_size": batch_size,
+                             "heads": [f"{b}:{h}" for b, h in heads], "edits": list(edits), **settings})
+    with eval_mode(foreign.model) as device:
+        res = run_interventions(foreign.subject(), images.to(device), None if labels is None else labels.to(device),
+                                heldout.to(device), cfg, rules, progress=False)
+    return {"rows": columns(res.rows), "checks": res.checks.as_dict(), "heads": res.heads,
+            "mean_skipped": dict(res.mean_skipped), "settings": dataclasses.asdict(cfg)}

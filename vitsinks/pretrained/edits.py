@@ -1,0 +1,248 @@
+"""The post-hoc edits of `vitsinks.quant` (W8A8) and `vitsinks.trainfree` (the test-time register) on a pretrained
+model, through its views (docs/pretrained.md).
+
+- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every `nn.Linear` inside the model's blocks (the
+  blocks' own modules, `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The
+  weights are edited in place and the input hooks stay on the model: its own forward is quantised too.
+- `add_test_time_register`: one zero register after the prefix, without position embedding (`trainfree`'s
+  `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
+  (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
+  activation modules; `register_neurons` finds them (`diagnostics.neurons`' ranking, through the views).
+- `fit_massive` / `apply_massive`: `trainfree.massive`'s fix of the massive activations (their fitted mean, or 0)
+  at the massive block's output, by hooks on the block's own norm before the MLP and on its MLP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitsinks.diagnostics.neurons import NeuronCollector
+from vitsinks.models.passes import eval_mode
+from vitsinks.pretrained.api import as_foreign, require_float32
+from vitsinks.pretrained.views import BlockView, Foreign
+from vitsinks.quant.stats import layer_input_maxima
+from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
+from vitsinks.trainfree.massive import massive_state, peaks_of
+from vitsinks.trainfree.test_time_register import move_to_register
+from vitsinks.utils.errors import BadValue
+
+# a plain MLP (in -> activation -> out): the attribute names of its parts, per family
+MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
+
+
+def block_modules(foreign: Foreign) -> list[nn.Module]:
+    """The model's own block modules (a view's `block`; a `SinkViT`'s blocks are their own views)."""
+    return [blk.block if isinstance(blk, BlockView) else blk for blk in foreign.blocks]
+
+
+def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
+    """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
+    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...). A `BadValue` for a block holding an
+    `nn.MultiheadAttention` (open_clip): its q, k, v projection is no `nn.Linear` and its fused path never calls
+    `out_proj`, so W8A8 would miss them."""
+    named = [(f"blocks.{i}.{name}", mod) for i, blk in enumerate(block_modules(foreign))
+             for name, mod in blk.named_modules()]
+    fused = [name for name, mod in named if isinstance(mod, nn.MultiheadAttention)]
+    if fused:
+        raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
+                       f"nn.Linear and its fused path never calls out_proj; W8A8 through the views does not cover it")
+    return {name: mod for name, mod in named if isinstance(mod, nn.Linear)}
+
+
+def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
+    """The model's final tokens through the views: embedding, every block's real forward, the readout."""
+    x = foreign.embed(images)
+    for blk in foreign.blocks:
+        x = blk(x)
+    return foreign.readout(x)
+
+
+@torch.no_grad()
+def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int = 8, act_bits: int = 8,
+             batch_size: int = 16) -> dict[str, Any]:
+    """`quant.w8a8.W8A8.fit`'s state for a pretrained model: the largest |input| of every block linear layer
+    (`block_linears`) over `images` run through the views."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    with eval_mode(foreign.model) as device:
+        ranges, _ = layer_input_maxima(block_linears(foreign), lambda x: final_tokens(foreign, x), images, device,
+                                       batch_size)
+    return w8a8_state(ranges, weight_bits, act_bits, len(images))
+
+
+def apply_w8a8(model: nn.Module | Foreign, state: dict[str, Any]) -> Foreign:
+    """Fake-quantise the model's block linear layers in place with a `fit_w8a8` state; returns its view."""
+    foreign = as_foreign(model)
+    quantize_layers(block_linears(foreign), state)
+    return foreign
+
+
+def mlp_parts(blk: BlockView) -> tuple[nn.Linear, nn.Module, nn.Linear]:
+    """(input Linear, activation module, output Linear) of a block's plain MLP (`MLP_PARTS`): the register neurons
+    are the activation's units; a `BadValue` for another MLP (gated: SwiGLU; a hidden-layer norm)."""
+    mlp = blk.mlp
+    for names in MLP_PARTS:
+        fc_in, act, fc_out = (getattr(mlp, a, None) for a in names)
+        if isinstance(fc_in, nn.Linear) and isinstance(act, nn.Module) and isinstance(fc_out, nn.Linear) \
+                and isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+            return fc_in, act, fc_out
+    raise BadValue(f"a {type(mlp).__name__} is no plain MLP (in -> activation -> out): register neurons need one")
+
+
+def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[int, int]] = ()) -> Foreign:
+    """The model's view with one more register (zero, no position embedding, after [CLS] and the model's registers)
+    and, for each register neuron (block, unit) of `neurons`, its activation moved from the patches onto that
+    register (`trainfree`'s `move_to_register`). The hooks stay on the model's MLP activations and refuse any other
+    token count, so the edited model runs through this view only (`diagnose`, `intervene`, `final_tokens`)."""
+    foreign = as_foreign(model)
+    register, base = foreign.num_prefix, foreign.embed
+    seen = {"n": -1}
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        x = base(images)
+        x = torch.cat([x[:, :register], x.new_zeros(x.shape[0], 1, x.shape[2]), x[:, register:]], dim=1)
+        seen["n"] = x.shape[1]
+        return x
+
+    by_block: dict[int, list[int]] = defaultdict(list)
+    for b, u in neurons:
+        by_block[int(b)].append(int(u))
+    acts = {}
+    for b, units in sorted(by_block.items()):
+        if not 0 <= b < len(foreign.blocks):
+            raise BadValue(f"register neuron block {b}: the model has {len(foreign.blocks)} blocks")
+        fc_in, act, _ = mlp_parts(foreign.blocks[b])
+        width = fc_in.out_features
+        if not all(0 <= u < width for u in units):
+            raise BadValue(f"register neuron units {units} of block {b}: its MLP has {width} units")
+        acts[b] = (act, units)
+    for act, units in acts.values():
+        act.register_forward_hook(move_to_register(units, register, register + 1, lambda: seen["n"]))
+    return dataclasses.replace(foreign, embed=embed, num_registers=foreign.num_registers + 1,
+                               name=f"{foreign.name} + test-time register")
+
+
+
+class ViewNeuronCollector(NeuronCollector):
+    """`NeuronCollector` over block views: the activations are read at each plain MLP's activation module
+    (`mlp_parts`: timm `act`, transformers `activation_fn`, open_clip `gelu`); a block with another MLP has none."""
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        handles = []
+        for b, blk in enumerate(self.blocks):
+            try:
+                act = mlp_parts(blk)[1]
+            except BadValue:
+                continue
+            handles.append(act.register_forward_hook(lambda _m, _i, out, b=b: self._store.setdefault(b, out)))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@torch.no_grad()
+def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int, k: float = 5.0,
+                     batch_size: int = 16) -> list[tuple[int, int, float]]:
+    """The `top` register neurons (block, unit, score), highest score first, as `diagnostics.neurons`'
+    `find_register_neurons` ranks them, through the views: per unit, the mean over the images with a high-norm
+    patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    collector = ViewNeuronCollector(foreign.blocks, k, foreign.num_prefix)
+    with eval_mode(foreign.model) as device, collector.recording():
+        for lo in range(0, len(images), batch_size):
+            x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
+            for blk in foreign.blocks:
+                x = blk(x)
+                outs.append(x)
+            collector.add_batch(outs)
+    got = collector.got
+    if not got.images:
+        raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
+                       f"the last block): no artifact for register neurons to move")
+    ranked = [(b, u, float(s)) for b in range(len(foreign.blocks)) if (sc := got.scores(b)) is not None
+              for u, s in enumerate(sc.tolist())]
+    ranked.sort(key=lambda r: -r[2])
+    return ranked[:top]
+
+
+def block_outputs(foreign: Foreign, images: torch.Tensor, batch_size: int = 16) -> Iterator[list[torch.Tensor]]:
+    """Per batch of `images` (on the model's device), every block's output through the views (the caller sets
+    evaluation mode and no_grad)."""
+    device = next(foreign.model.parameters()).device
+    for lo in range(0, len(images), batch_size):
+        x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
+        for blk in foreign.blocks:
+            x = blk(x)
+            outs.append(x)
+        yield outs
+
+
+@torch.no_grad()
+def fit_massive(model: nn.Module | Foreign, images: torch.Tensor, massive: int = 2,
+                batch_size: int = 16) -> dict[str, Any]:
+    """`trainfree.massive.MassiveFix.fit`'s state through the views: the massive block, its `massive` largest
+    channels and their mean at the massive token."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    with eval_mode(foreign.model):
+        return massive_state(*peaks_of(block_outputs(foreign, images, batch_size)), massive)
+
+
+def mlp_branch(blk: BlockView) -> tuple[nn.Module, torch.Tensor | None]:
+    """The block's own norm before its MLP (timm `norm2`, transformers `norm2` / `layernorm_after` /
+    `layer_norm2`, open_clip `ln_2`) and the MLP branch's LayerScale gain (None without)."""
+    own = blk.block if isinstance(blk, BlockView) else blk
+    norm = next((m for m in (getattr(blk, "norm2", None), getattr(own, "norm2", None), getattr(own, "ln_2", None))
+                 if isinstance(m, nn.Module)), None)
+    if norm is None:
+        raise BadValue(f"a {type(own).__name__} has no norm before its MLP that this edit knows")
+    ls = next((m for m in (getattr(blk, "ls2", None), getattr(own, "ls2", None), getattr(own, "ls_2", None))
+               if m is not None), None)
+    return norm, getattr(ls, "gamma", None)
+
+
+def apply_massive(model: nn.Module | Foreign, state: dict[str, Any], zero: bool = False) -> Foreign:
+    """Set, per image, each fitted channel of the massive block's output at its massive token (largest |h|) to its
+    fitted mean (`zero`: to 0), as `trainfree.massive.fix_channels`: the MLP's output is edited, divided by the
+    branch's LayerScale gain, from the stream before the MLP (kept by a hook on the norm). Hooks on the model's own
+    modules: its own forward and the views' recomputation both see the edit."""
+    foreign = as_foreign(model)
+    block, channels = int(state["block"]), [int(c) for c in state["channels"]]
+    if not 0 <= block < len(foreign.blocks):
+        raise BadValue(f"the massive block {block} is not one of the model's {len(foreign.blocks)} blocks")
+    blk = foreign.blocks[block]
+    norm, gamma = mlp_branch(blk)
+    ch = torch.tensor(channels, dtype=torch.long)
+    gain = torch.ones(len(channels), dtype=torch.float64) if gamma is None else gamma.detach().double().cpu()[ch]
+    if (gain == 0).any():
+        raise BadValue(f"the LayerScale gain of block {block} is 0 at some of the channels {channels}: no edit reaches")
+    target = torch.tensor([0.0] * len(channels) if zero else [float(v) for v in state["means"]], dtype=torch.float64)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_mid(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen["x"] = args[0]
+
+    def edit(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        i, g = ch.to(out.device), gain.to(out)
+        h = seen.pop("x")[:, :, i] + out[:, :, i] * g  # (B, N, K) the block's output at the channels
+        token = h.abs().argmax(dim=1)  # (B, K)
+        current = h.gather(1, token[:, None]).squeeze(1)
+        out = out.clone()
+        rows = torch.arange(out.shape[0], device=out.device)[:, None]
+        out[rows, token, i[None, :]] += (target.to(out) - current) / g
+        return out
+
+    norm.register_forward_pre_hook(keep_mid)
+    blk.mlp.register_forward_hook(edit)
+    return foreign

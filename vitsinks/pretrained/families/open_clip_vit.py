@@ -1,0 +1,90 @@
+"""open_clip's image towers: `open_clip.transformer.VisionTransformer` of the default `ResidualAttentionBlock`s
+(`nn.MultiheadAttention` with a fused `in_proj_weight`, optional LayerScale `ls_1` / `ls_2`), alone or as the
+`visual` of a `CLIP` / `CustomTextCLIP`. A `TimmModel` tower (`visual.trunk`) is a timm model: the timm adapter views
+its trunk. open_clip is never imported here: a model is recognised by its class's module and name.
+
+Layout: a [CLS] (`class_embedding`) then the patches, no registers. The embedding is the tower's own `_embeds`
+(patches, [CLS], position embedding, `ln_pre`); the readout is `ln_post` over every token (open_clip pools first
+where `final_ln_after_pool`; then the [CLS] of the readout equals its pooled token before the projection).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitsinks.pretrained.families import Adapter, register_adapter
+from vitsinks.pretrained.families.timm_vit import TimmViT
+from vitsinks.pretrained.views import AttentionView, BlockView, Foreign
+from vitsinks.utils.errors import BadValue
+
+
+def _is(model: object, module: str, *names: str) -> bool:
+    return type(model).__module__ == module and type(model).__name__ in names
+
+
+def visual(model: nn.Module) -> nn.Module:
+    """The image tower: `model.visual` of a CLIP model, else `model`."""
+    return model.visual if _is(model, "open_clip.model", "CLIP", "CustomTextCLIP") else model
+
+
+class MHAView(AttentionView):
+    """`nn.MultiheadAttention` (self-attention, batch first): q, k, v from `in_proj_weight`, `out_proj` after."""
+
+    def __init__(self, mha: nn.MultiheadAttention) -> None:
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn or not mha.batch_first:
+            raise BadValue("an nn.MultiheadAttention with separate q/k/v weights, bias_k / bias_v, add_zero_attn or "
+                           "sequence-first inputs: no adapter for it yet")
+        super().__init__(mha.num_heads, mha.head_dim, mha.out_proj)
+        self.module = mha
+
+    def qkv_weight(self) -> torch.Tensor:
+        return self.module.in_proj_weight
+
+    def _qkv(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = nn.functional.linear(z, self.module.in_proj_weight, self.module.in_proj_bias)
+        q, k, v = qkv.chunk(3, dim=-1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+
+class ResidualBlockView(BlockView):
+    """open_clip's `ResidualAttentionBlock`: x + ls_1(attn(ln_1(x))), then x + ls_2(mlp(ln_2(x)))."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__(block, MHAView(block.attn), block.ln_1, block.ls_1, block.mlp)
+
+    def real_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        return x + b.ls_2(b.mlp(b.ln_2(x)))
+
+
+@register_adapter
+class OpenClipViT(Adapter):
+    family = "open_clip"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        v = visual(model)
+        return _is(v, "open_clip.transformer", "VisionTransformer") or _is(v, "open_clip.timm_model", "TimmModel")
+
+    @classmethod
+    def adapt(cls, model: nn.Module) -> Foreign:
+        v = visual(model)
+        if _is(v, "open_clip.timm_model", "TimmModel"):
+            if not TimmViT.matches(v.trunk):
+                raise BadValue(f"open_clip's timm tower is a {type(v.trunk).__name__}: no adapter for it yet")
+            return TimmViT.adapt(v.trunk)
+        if not getattr(v.transformer, "batch_first", True):
+            raise BadValue("an open_clip tower with sequence-first blocks: no adapter for it yet")
+        for i, blk in enumerate(v.transformer.resblocks):
+            if not _is(blk, "open_clip.transformer", "ResidualAttentionBlock") or hasattr(blk, "ln_1_kv"):
+                raise BadValue(f"block {i} is a {type(blk).__name__} (open_clip block_type='custom'?): no adapter "
+                               f"for it yet")
+        if v.attn_pool is not None:
+            raise BadValue("an open_clip tower with attentional pooling: no adapter for it yet")
+        patch = tuple(int(p) for p in v.conv1.kernel_size)
+        return Foreign(model, cls.family, [ResidualBlockView(b) for b in v.transformer.resblocks], v._embeds,
+                       v.ln_post, patch, 0, 1, None, type(model).__name__)

@@ -1,0 +1,159 @@
+"""Hugging Face transformers vision towers (the module layout of transformers >= 5): `Dinov2Model`,
+`Dinov2WithRegistersModel`, `ViTModel`, `CLIPVisionModel`, `SiglipVisionModel`, and the models that hold one
+(`vision_model`, `dinov2`, `vit`: `CLIPModel`, `Dinov2ForImageClassification`, ...; the classifier is not read yet).
+
+Each is a pre-norm encoder whose attention has separate `q_proj`, `k_proj`, `v_proj` Linears and an output `o_proj` /
+`out_proj`, with per-architecture names for the norms and LayerScale (`SPECS`). transformers is never imported here:
+a model is recognised by its class's module and name, so vitsinks does not depend on it (the `vitsinks[hf]` extra).
+
+The layout comes from the config: a [CLS] first except for SigLIP (none), `num_register_tokens` registers after it
+(DINOv2 with registers), then the patches. The readout is the model's final norm over every token (CLIP's
+`post_layernorm` is applied to the pooled [CLS] only by transformers; here to every token, [CLS] as transformers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vitsinks.pretrained.families import Adapter, register_adapter
+from vitsinks.pretrained.views import AttentionView, BlockView, Foreign, LayerScaleView
+from vitsinks.utils.errors import BadValue
+
+WRAPPED = ("vision_model", "dinov2", "vit")  # where a model that holds a vision tower keeps it
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Where one architecture keeps its parts: dotted paths from the tower (`layers`, `embed`, `readout`) or from a
+    layer (`attn`, `norm1`, `norm2`, LayerScale `ls1` / `ls2` (attribute `lambda1`), `mlp`)."""
+
+    layers: str
+    embed: tuple[str, ...]  # applied in order to the pixels
+    readout: str
+    attn: str
+    norm1: str
+    norm2: str
+    ls1: str | None = None
+    ls2: str | None = None
+    mlp: str = "mlp"
+    num_cls: int = 1
+
+
+DINOV2 = Spec("encoder.layer", ("embeddings",), "layernorm", "attention", "norm1", "norm2", "layer_scale1",
+              "layer_scale2")
+CLIP_LIKE = {"layers": "encoder.layers", "readout": "post_layernorm", "attn": "self_attn", "norm1": "layer_norm1",
+             "norm2": "layer_norm2"}
+SPECS: dict[str, Spec] = {
+    "Dinov2Model": DINOV2,
+    "Dinov2WithRegistersModel": DINOV2,
+    "ViTModel": Spec("layers", ("embeddings",), "layernorm", "attention", "layernorm_before", "layernorm_after"),
+    "CLIPVisionModel": Spec(embed=("embeddings", "pre_layrnorm"), **CLIP_LIKE),
+    "SiglipVisionModel": Spec(embed=("embeddings",), num_cls=0, **CLIP_LIKE),
+}
+
+
+def _get(module: nn.Module, path: str) -> nn.Module:
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _first(module: nn.Module, *names: str) -> object:
+    """The first of `names` that `module` has (a `BadValue` naming them when none)."""
+    for name in names:
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise BadValue(f"a {type(module).__name__} has none of {names}: a transformers layout this adapter does not know "
+                   f"(it reads transformers >= 5)")
+
+
+def tower(model: nn.Module) -> nn.Module:
+    """The vision tower of `model`: itself, or the one it holds (`WRAPPED`)."""
+    for _ in range(3):
+        if type(model).__name__ in SPECS:
+            return model
+        inner = next((getattr(model, n) for n in WRAPPED if isinstance(getattr(model, n, None), nn.Module)), None)
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+class HFAttention(AttentionView):
+    """Separate q, k, v projections (no q/k norm), softmax, then the output projection."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        heads = int(_first(attn, "num_attention_heads", "num_heads"))
+        super().__init__(heads, int(attn.head_dim), _first(attn, "o_proj", "out_proj"),
+                         float(_first(attn, "scaling", "scale")))
+        self.module = attn
+
+    def qkv_weight(self) -> torch.Tensor:
+        m = self.module
+        return torch.cat([m.q_proj.weight, m.k_proj.weight, m.v_proj.weight])
+
+    def _qkv(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.module
+        return self.split_heads(m.q_proj(z)), self.split_heads(m.k_proj(z)), self.split_heads(m.v_proj(z))
+
+
+class HFBlock(BlockView):
+    """x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))) (dropout and stochastic depth: off in evaluation)."""
+
+    def __init__(self, layer: nn.Module, spec: Spec) -> None:
+        ls1 = LayerScaleView(_get(layer, spec.ls1).lambda1) if spec.ls1 else None
+        super().__init__(layer, HFAttention(_get(layer, spec.attn)), _get(layer, spec.norm1), ls1,
+                         _get(layer, spec.mlp))
+        self.norm2 = _get(layer, spec.norm2)
+        self.ls2 = LayerScaleView(_get(layer, spec.ls2).lambda1) if spec.ls2 else nn.Identity()
+
+    def real_forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x, None)
+        return out[0] if isinstance(out, tuple) else out  # transformers < 5 returned a tuple
+
+    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+def _embed(model: nn.Module, spec: Spec) -> Callable[[torch.Tensor], torch.Tensor]:
+    steps = [_get(model, p) for p in spec.embed]
+    dtype = next(model.parameters()).dtype
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        """Tokens entering the first layer, as the model's forward computes them."""
+        x = images.to(dtype)
+        for step in steps:
+            x = step(x)
+        return x
+
+    return embed
+
+
+def _patch_size(config: object) -> tuple[int, int]:
+    p = config.patch_size
+    return (int(p), int(p)) if isinstance(p, int) else (int(p[0]), int(p[1]))
+
+
+@register_adapter
+class TransformersViT(Adapter):
+    family = "transformers"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        inner = tower(model)
+        return type(inner).__module__.startswith("transformers.") and type(inner).__name__ in SPECS
+
+    @classmethod
+    def adapt(cls, model: nn.Module) -> Foreign:
+        inner = tower(model)
+        spec = SPECS[type(inner).__name__]
+        config = inner.config
+        blocks = [HFBlock(layer, spec) for layer in _get(inner, spec.layers)]
+        registers = int(getattr(config, "num_register_tokens", 0) or 0)
+        name = getattr(config, "name_or_path", "") or type(inner).__name__
+        return Foreign(model, cls.family, blocks, _embed(inner, spec), _get(inner, spec.readout), _patch_size(config),
+                       registers, spec.num_cls, None, name)
