@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vitsinks.__main__ import commands
-from vitsinks.configs import cli, docs
+from vitsinks.configs import cli, command_docs, docs
 from vitsinks.configs.schema import Config
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation, mitigation_columns
@@ -139,10 +139,11 @@ def test_short_keys_are_read_from_a_hydra_command() -> None:
     module = types.ModuleType("fake_command")
     module.hydra_command = cli.hydra_command
     module.cli = cli.hydra_command(lambda cfg: None, aliases={"n": "intervene.n", "k": "intervene.k"})
-    assert docs.is_hydra(module)
-    assert docs.short_keys(module) == {"n": "intervene.n", "k": "intervene.k"}
-    assert docs.describe_short_keys(docs.short_keys(module)) == "`n=`, `k=` (each for `intervene.<key>=`)"
-    assert docs.describe_short_keys({"n": "a.n", "m": "b.m"}) == "`n=` (`a.n=`), `m=` (`b.m=`)"
+    assert command_docs.is_hydra(module)
+    assert command_docs.short_keys(module) == {"n": "intervene.n", "k": "intervene.k"}
+    described = command_docs.describe_short_keys(command_docs.short_keys(module))
+    assert described == "`n=`, `k=` (each for `intervene.<key>=`)"
+    assert command_docs.describe_short_keys({"n": "a.n", "m": "b.m"}) == "`n=` (`a.n=`), `m=` (`b.m=`)"
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

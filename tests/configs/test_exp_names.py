@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from vitsinks.configs import cli
-from vitsinks.configs.schema import compose_config, config_dir, exp_names, load_config, to_container, upgrade
+from vitsinks.configs.schema import compose_config, config_dir, exp_names, load_config, to_container
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.configs.variants import STUDY_VARIANTS, variant_order
 from vitsinks.models import run_variant
 from vitsinks.run.sweep import expand

@@ -133,6 +133,8 @@ def test_readme_install_commands_refresh_package_lists_and_stop_the_cluster() ->
 # ---- ranges as field metadata -------------------------------------------------------------------------------------
 
 from vitsinks.configs import schema  # noqa: E402
+from vitsinks.configs import upgrade as upgrade_module  # noqa: E402
+from vitsinks.configs.upgrade import upgrade  # noqa: E402
 from vitsinks.utils.errors import BadValue, ConfigError  # noqa: E402
 
 NUMERIC = list(schema.numeric_fields())
@@ -204,7 +206,7 @@ def test_an_old_config_gets_the_fields_added_since_at_their_defaults_and_keeps_i
     old = {"exp": "gate", "name": "gate-old", "seed": 3, "sweep": None,  # a retired field
            "model": {"size": "vit_cpu", "gate": "elementwise", "registers": 0, "attn": "softmax"},
            "train": {"lr": 1e-3}}
-    cfg = schema.upgrade(old)
+    cfg = upgrade(old)
     assert (cfg.name, cfg.seed, cfg.model.gate, cfg.train.lr) == ("gate-old", 3, "elementwise", 1e-3)
     assert cfg.model.gate is schema.Gate.elementwise  # typed as a composed config
     assert cfg.model.mlp is True and cfg.model.global_pathway.enabled is False and cfg.model.pos_embed == "learn"
@@ -213,17 +215,17 @@ def test_an_old_config_gets_the_fields_added_since_at_their_defaults_and_keeps_i
 
 def test_a_saved_config_round_trips_through_the_upgrade_unchanged() -> None:
     composed = load_config(["exp=gate+reg", "train.lr=0.002"])
-    assert schema.to_container(schema.upgrade(schema.to_container(composed))) == schema.to_container(composed)
+    assert schema.to_container(upgrade(schema.to_container(composed))) == schema.to_container(composed)
 
 
 def test_a_renamed_field_is_mapped_once(monkeypatch) -> None:
-    monkeypatch.setitem(schema.RENAMED, "train.learning_rate", "train.lr")
-    assert schema.upgrade({"name": "x", "train": {"learning_rate": 0.25}}).train.lr == 0.25
+    monkeypatch.setitem(upgrade_module.RENAMED, "train.learning_rate", "train.lr")
+    assert upgrade({"name": "x", "train": {"learning_rate": 0.25}}).train.lr == 0.25
 
 
 def test_a_key_the_schema_does_not_know_names_itself_and_the_source() -> None:
     with pytest.raises(BadValue, match=r"runs/x/config.yaml .*'nonsense'"):
-        schema.upgrade({"name": "x", "train": {"nonsense": 1}}, "runs/x/config.yaml")
+        upgrade({"name": "x", "train": {"nonsense": 1}}, "runs/x/config.yaml")
 
 
 FLOATS = [f for f in NUMERIC if f.kind is float]

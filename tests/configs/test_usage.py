@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_module
 from vitsinks.__main__ import commands
-from vitsinks.configs import docs, usage
+from vitsinks.configs import command_docs, usage
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP_CPU_S = 3.0  # the bound; the help path itself takes ~0.1 s
@@ -69,7 +69,7 @@ def test_in_process_help_is_the_same_text(cmd: list[str]) -> None:
 
 @pytest.mark.parametrize("name", [n for n in commands() if usage.Source.of(n).is_hydra])
 def test_short_keys_read_from_the_source_are_the_entry_points(name: str) -> None:
-    assert usage.Source.of(name).aliases() == docs.short_keys(docs.command_modules()[name])
+    assert usage.Source.of(name).aliases() == command_docs.short_keys(command_docs.command_modules()[name])
 
 
 def test_plain_arguments_show_type_default_and_comment() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import inspect
 import io
 import re
@@ -40,8 +39,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from vitsinks.__main__ import commands
 from vitsinks.configs import cli
+from vitsinks.configs.command_docs import (
+    argument_classes,
+    command_modules,
+    describe_short_keys,
+    first_line,
+    is_hydra,
+    short_keys,
+)
 from vitsinks.configs.schema import Config, compose_config, config_dir
 from vitsinks.configs.search import checkout_configs, options
 from vitsinks.configs.usage import command_help, wants_help
@@ -323,55 +329,6 @@ def group_options(plugins: Plugins | None = None) -> list[tuple[str, list[list[s
     return out
 
 
-def command_modules() -> dict[str, types.ModuleType]:
-    """`python -m` name -> the module that runs (a package's `__main__`), for every command `python -m vitsinks`
-    lists."""
-    out = {}
-    for name in commands():
-        try:
-            out[name] = importlib.import_module(f"{name}.__main__")
-        except ModuleNotFoundError:
-            out[name] = importlib.import_module(name)
-    return out
-
-
-def short_keys(module: types.ModuleType) -> dict[str, str]:
-    """The short keys of a Hydra command (`n_images=` for `diagnostics.n_images=`), read from its entry point."""
-    for obj in vars(module).values():
-        if inspect.isfunction(obj) and obj.__closure__:
-            free = inspect.getclosurevars(obj).nonlocals
-            if "fn" in free and "aliases" in free:
-                return dict(free["aliases"] or {})
-    return {}
-
-
-def describe_short_keys(keys: dict[str, str]) -> str:
-    """`n_images=` for `diagnostics.n_images=`, ...: one prefix said once where every key shares it."""
-    prefixes = {v.rsplit(".", 1)[0] for v in keys.values() if "." in v}
-    if len(prefixes) == 1 and all(v == f"{next(iter(prefixes))}.{k}" for k, v in keys.items()):
-        return ", ".join(f"`{k}=`" for k in keys) + f" (each for `{next(iter(prefixes))}.<key>=`)"
-    return ", ".join(f"`{k}=` (`{v}=`)" for k, v in keys.items())
-
-
-def is_hydra(module: types.ModuleType) -> bool:
-    """Whether the command composes the Hydra run config (its module uses `cli.hydra_command`)."""
-    return getattr(module, "hydra_command", None) is cli.hydra_command
-
-
-def argument_classes(module: types.ModuleType) -> list[type]:
-    """A plain command's argument dataclasses: those its module defines whose name ends in `Args`."""
-    return [obj for name, obj in vars(module).items() if name.endswith("Args") and dataclasses.is_dataclass(obj)
-            and obj.__module__ == module.__name__]
-
-
-def _first_line(module: types.ModuleType, name: str) -> str:
-    doc = module.__doc__ or ""
-    if module.__name__.endswith("__main__"):
-        doc = importlib.import_module(name).__doc__ or doc
-    lines = [ln.strip() for ln in doc.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else ""
-
-
 def render(plugins: Plugins | None = None) -> str:
     """The whole page, covering `plugins` (default: every registered mitigation and attention kind)."""
     plugins = plugins or Plugins.registered()
@@ -385,7 +342,7 @@ def render(plugins: Plugins | None = None) -> str:
         keys = short_keys(mod)
         kind = ("run config (`key=value`, `group=option`)" if is_hydra(mod)
                 else "own arguments (`key=value`)" if argument_classes(mod) else "nothing")
-        rows.append([f"`python -m {name}`", _first_line(mod, name), kind, describe_short_keys(keys)])
+        rows.append([f"`python -m {name}`", first_line(mod, name), kind, describe_short_keys(keys)])
     out += ["## Commands", "", *_table(["command", "what", "takes", "short keys"], rows), ""]
     out += ["Every command that takes the run config accepts any field below as `key=value` and any option of a "
             "config group as `group=option`; `--cfg job` prints the composed config, `--help` the groups.", ""]

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,7 +22,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
 from vitsinks.configs.search import user_folders
@@ -32,7 +31,7 @@ from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # no
 from vitsinks.models.mitigations.gate import Gate  # noqa: F401
 from vitsinks.models.mitigations.global_pathway import GlobalPathwayConfig, RecipientGate  # noqa: F401
 from vitsinks.models.vit import SIZES
-from vitsinks.utils.errors import BadValue, ConfigError
+from vitsinks.utils.errors import ConfigError
 from vitsinks.utils.fields import Range, bounded, range_of
 
 # Closed sets: a value outside them stops at composition with the allowed values (member names are the values).
@@ -476,43 +475,3 @@ def check_config(cfg: DictConfig) -> None:
                         "views.backend=cpu, or views.style=dino)")
     if problems:
         raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))
-
-
-# The one upgrade path of saved configs (checkpoints' `config`, runs' config.yaml) written by older versions.
-RENAMED: dict[str, str] = {}  # old dotted key -> its current key; add an entry when a field is renamed
-REMOVED: tuple[str, ...] = ("sweep",)  # retired fields, dropped (`sweep`: now `launch status sweep=...`'s argument)
-
-
-def _pop(tree: dict[str, Any], key: str) -> tuple[bool, Any]:
-    *parents, last = key.split(".")
-    for p in parents:
-        tree = tree.get(p)
-        if not isinstance(tree, dict):
-            return False, None
-    return (True, tree.pop(last)) if last in tree else (False, None)
-
-
-def _put(tree: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for p in parents:
-        tree = tree.setdefault(p, {})
-    tree[last] = value
-
-
-def upgrade(old: Mapping[str, Any] | DictConfig, source: str = "a saved config") -> DictConfig:
-    """A run's saved config on the current schema: renamed fields moved (`RENAMED`), retired ones dropped
-    (`REMOVED`), fields added since at the schema's defaults (the values older code had), typed like a composed
-    config, so code reads it by attribute without defaults. Ranges are not checked (an old run stays readable);
-    a key the schema does not know is a `BadValue` naming it and `source`."""
-    tree = OmegaConf.to_container(OmegaConf.create(old) if not isinstance(old, DictConfig) else old, resolve=True)
-    assert isinstance(tree, dict)
-    for before, now in RENAMED.items():
-        found, value = _pop(tree, before)
-        if found:
-            _put(tree, now, value)
-    for key in REMOVED:
-        _pop(tree, key)
-    try:
-        return OmegaConf.merge(OmegaConf.structured(Config), tree)  # type: ignore[return-value]
-    except OmegaConfBaseException as err:
-        raise BadValue(f"{source} does not fit this version's config schema: {str(err).splitlines()[0]}") from None

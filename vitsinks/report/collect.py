@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 import vitsinks.eval.results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
 import vitsinks.report.training  # noqa: F401
-from vitsinks.configs.schema import upgrade
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.configs.variants import variant_order
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant

@@ -2,7 +2,7 @@
 
 What defines a run's experiment (`defined`):
 
-- its resolved `config.yaml` (`configs.schema.upgrade`: an old one on today's schema), every key except the few that
+- its resolved `config.yaml` (`configs.upgrade.upgrade`: an old one on today's schema), every key except the few that
   do not change what is trained or measured (`BOOKKEEPING`: the seed, names, paths, logging, threads, where it ran,
   switches of outputs), so that a key new to the config splits rows by default;
 - what only the run's files know: the steps it trained (`TRAINED`: the last step of its metrics.jsonl; a derived

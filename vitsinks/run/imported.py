@@ -29,7 +29,8 @@ from typing import Any
 import timm
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.schema import exp_names, to_container, upgrade
+from vitsinks.configs.schema import exp_names, to_container
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.models import ATTN_KINDS, model_from_config
 from vitsinks.train.checkpoint import arch_of, save_state
 from vitsinks.utils import files

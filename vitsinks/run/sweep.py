@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.schema import upgrade
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
 from vitsinks.utils.errors import ConfigError, InputNotFound

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import vitsinks.quant  # noqa: F401 - registers the quantization's post-hoc edit (w8a8-derived checkpoints load)
-from vitsinks.configs.schema import upgrade
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.trainfree import method as trainfree_method
@@ -225,7 +225,7 @@ STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), 
 def check_compatible(ckpt_cfg: dict[str, Any], run_cfg: dict[str, Any], path: Path) -> None:
     """Raise `CheckpointMismatch` naming both sides when a checkpoint's run config differs from this run's in an
     architecture field or in a field that shapes the saved state (data, classes, projector). The checkpoint's config
-    is read through `schema.upgrade` (fields added since it was written take the schema defaults)."""
+    is read through `configs.upgrade.upgrade` (fields added since it was written take the schema defaults)."""
     ckpt_cfg = OmegaConf.to_container(upgrade(ckpt_cfg, str(path)), resolve=True, enum_to_str=True)  # type: ignore
     ckpt_model, run_model = _arch(ckpt_cfg["model"]), _arch(run_cfg["model"])
     diff = [(k, ckpt_model.get(k), run_model.get(k)) for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]

@@ -21,7 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.cli import data_overrides, pick_data
-from vitsinks.configs.schema import to_container, upgrade
+from vitsinks.configs.schema import to_container
+from vitsinks.configs.upgrade import upgrade
 from vitsinks.data import build_dataset
 from vitsinks.diagnose import diagnose_checkpoint
 from vitsinks.diagnostics import fixed_images
