@@ -103,13 +103,19 @@ class NeuronCollector:
         self.got = OutlierActivations([None] * n, [[] for _ in range(n)], [[] for _ in range(n)])
         self._store: dict[int, torch.Tensor] = {}
 
+    @staticmethod
+    def activation(blk: Any) -> nn.Module | None:
+        """The module whose output is a block's MLP activations (its units), None where it has none (`has_mlp`)."""
+        return blk.mlp.act if has_mlp(blk) else None
+
     @contextmanager
     def recording(self) -> Iterator[None]:
         """Keep each block's MLP activations of the batch that runs inside."""
         def keep(b: int) -> Any:
             return lambda _m, _i, out: self._store.setdefault(b, out)
 
-        handles = [blk.mlp.act.register_forward_hook(keep(b)) for b, blk in enumerate(self.blocks) if has_mlp(blk)]
+        acts = [(b, self.activation(blk)) for b, blk in enumerate(self.blocks)]
+        handles = [act.register_forward_hook(keep(b)) for b, act in acts if act is not None]
         try:
             yield
         finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -134,20 +133,12 @@ class ViewNeuronCollector(NeuronCollector):
     """`NeuronCollector` over block views: the activations are read at each plain MLP's activation module
     (`mlp_parts`: timm `act`, transformers `activation_fn`, open_clip `gelu`); a block with another MLP has none."""
 
-    @contextmanager
-    def recording(self) -> Iterator[None]:
-        handles = []
-        for b, blk in enumerate(self.blocks):
-            try:
-                act = mlp_parts(blk)[1]
-            except BadValue:
-                continue
-            handles.append(act.register_forward_hook(lambda _m, _i, out, b=b: self._store.setdefault(b, out)))
+    @staticmethod
+    def activation(blk: Any) -> nn.Module | None:
         try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+            return mlp_parts(blk)[1]
+        except BadValue:
+            return None
 
 
 @torch.no_grad()
