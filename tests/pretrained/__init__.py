@@ -7,7 +7,16 @@ import importlib
 import os
 from types import ModuleType
 
+import numpy as np
 import pytest
+import torch
+
+from vitsinks.diagnostics.core import diagnose_tokens
+from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.models import SinkViT
+from vitsinks.pretrained.views import Foreign
+
+COMPARED = (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio")
 
 
 def require(module: str) -> ModuleType:
@@ -19,3 +28,17 @@ def require(module: str) -> ModuleType:
             pytest.fail(f"{module} is missing ({e}); CI installs the extras: pip install -e '.[dev,hf,clip]'",
                         pytrace=False)
     return pytest.importorskip(module)
+
+
+def assert_fields_equal_own(foreign: Foreign, own: SinkViT, x: torch.Tensor) -> None:
+    """The views' tokens entering block 0 and every diagnostics field of `x` equal vitsinks' own ViT on the same
+    weights converted (`own`): sink indices exactly, the rest to 1e-4; the views rebuild every block within the
+    recomputation tolerance."""
+    t_foreign, t_own = foreign.embed(x), own.embed_tokens(x)
+    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
+    got = diagnose_tokens(foreign.blocks, t_foreign, num_prefix=foreign.num_prefix)
+    want = diagnose_tokens(own.blocks, t_own, num_prefix=own.num_prefix_tokens)
+    assert got["recompute_error"].max() < 1e-4
+    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
+    for k in COMPARED:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)

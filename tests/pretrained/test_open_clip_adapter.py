@@ -3,14 +3,11 @@ give the same diagnostics as vitsinks' own ViT on the converted weights."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from tests.pretrained import require
-from vitsinks.diagnostics.core import diagnose_tokens
-from vitsinks.diagnostics.fields import FIELDS
+from tests.pretrained import assert_fields_equal_own, require
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import fit_w8a8
@@ -75,13 +72,7 @@ def test_views_reproduce_and_equal_vitsinks_own(ls: float | None) -> None:
     own = SinkViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, qkv_bias=True,
                   num_classes=0, pre_norm=True, init_values=ls, norm_eps=1e-5).eval()
     load_timm_state_dict(own, timm_state_dict(v))
-    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
-    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
-    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=1)
-    want = diagnose_tokens(own.blocks, t_own, num_prefix=1)
-    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
-    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    assert_fields_equal_own(f, own, x)
 
 
 @torch.no_grad()

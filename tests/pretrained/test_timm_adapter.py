@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 from torch import nn
 
+from tests.pretrained import assert_fields_equal_own
 from vitsinks.diagnostics import core
 from vitsinks.diagnostics.core import diagnose_tokens
-from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, build_vit, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
 from vitsinks.utils.errors import BadValue
@@ -78,14 +78,7 @@ def test_views_reproduce_the_model(name: str) -> None:
 def test_fields_equal_vitsinks_own_implementation(name: str) -> None:
     m = timm_vit(CONFIGS[name])
     own, f, x = own_twin(m, CONFIGS[name]), adapt(m), images()
-    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
-    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
-    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=f.num_prefix)
-    want = diagnose_tokens(own.blocks, t_own, num_prefix=own.num_prefix_tokens)
-    assert got["recompute_error"].max() < 1e-4
-    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
-    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    assert_fields_equal_own(f, own, x)
 
 
 def reference_attention(blk: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.pretrained import require
+from tests.pretrained import assert_fields_equal_own, require
 from vitsinks.diagnostics.core import diagnose_tokens
-from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose, intervene
 from vitsinks.pretrained.families.transformers_vit import SPECS
@@ -141,14 +140,7 @@ def test_fields_equal_vitsinks_own_implementation(name: str) -> None:
                   init_values=1.0 if name != "vit" else None, norm_eps=c.layer_norm_eps).eval()
     load_timm_state_dict(own, timm_state_dict(m))
     f, x = adapt(m), images()
-    t_foreign, t_own = f.embed(x), own.embed_tokens(x)
-    torch.testing.assert_close(t_foreign, t_own, rtol=1e-6, atol=1e-6)
-    got = diagnose_tokens(f.blocks, t_foreign, num_prefix=f.num_prefix)
-    want = diagnose_tokens(own.blocks, t_own, num_prefix=own.num_prefix_tokens)
-    assert got["recompute_error"].max() < 1e-4
-    np.testing.assert_array_equal(got["sink_idx"], want["sink_idx"])
-    for k in (*FIELDS[1:], "prefix_mass", "cm_num", "cm_den", "token_norm_max", "massive_ratio"):
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    assert_fields_equal_own(f, own, x)
 
 
 @torch.no_grad()
