@@ -120,10 +120,10 @@ def test_the_redirect_check_passes_the_scores_of_a_and_catches_other_scores(kind
     sink = torch.tensor([0, 2, 5])
     with torch.no_grad():
         a = attn.internals(x).attn[:, 1]
-        err, rows = check_redirect(a, attn.redirected(x, 1, sink), sink, kind)
+        err, rows = check_redirect(a, attn.redirected(x, 1, sink), sink)
         assert err < 1e-5 and rows >= 15  # a diffuse head: (almost) every row is checked
         attn.qkv.weight[4:8] *= 1.5  # other queries than those A was computed from
-        assert check_redirect(a, attn.redirected(x, 1, sink), sink, kind)[0] > REDIRECT_TOL
+        assert check_redirect(a, attn.redirected(x, 1, sink), sink)[0] > REDIRECT_TOL
 
 
 def test_redirect_of_non_finite_scores_is_non_finite_not_zero() -> None:

@@ -204,7 +204,7 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
     return out
 
 
-def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor, kind: str) -> tuple[float, int]:
+def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor) -> tuple[float, int]:
     """The redirect from the scores against the same edit read off A (B, N, K: every key of the layout, a null key
     last), on the rows where A itself holds enough attention off the sink (`REDIRECT_CHECK_SHARE` of the row) for
     the rescaling of A to be exact: a guard that the scores are the ones A was computed from. Returns (largest
@@ -213,8 +213,7 @@ def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Ten
     off = a.clone()
     off[torch.arange(len(a), device=a.device), :, sink] = 0.0
     total, rest = a.sum(-1, keepdim=True), off.sum(-1, keepdim=True)
-    share = REDIRECT_CHECK_SHARE
-    keep = (rest.squeeze(-1) >= share * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
+    keep = (rest.squeeze(-1) >= REDIRECT_CHECK_SHARE * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
     if not keep.any():
         return 0.0, 0
     expected = off / rest * total  # the row keeps its sum (a null key is a column of A: it takes its share)

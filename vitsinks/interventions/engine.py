@@ -310,7 +310,7 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
         new_head = it.attn[:, h] @ v_new
     elif edit == "redirect_sink_attention":
         red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=subject.causal)
-        err, n_rows = check_redirect(it.attn[:, h], red, sink, blk.attn.attn_kind)
+        err, n_rows = check_redirect(it.attn[:, h], red, sink)
         checks.redirect_error = max(checks.redirect_error, err)
         checks.redirect_rows_checked += n_rows
         if not err < REDIRECT_TOL:
