@@ -13,7 +13,7 @@ sink thresholds are in those raw units.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 
 import numpy as np
@@ -171,12 +171,18 @@ def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tenso
                              keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix, neurons=neurons)
              for lo in range(0, len(inputs), batch_size)]
     out = concat_fields(parts)
-    worst = int(np.argmax(out["recompute_error"]))
-    if out["recompute_error"][worst] > RECOMPUTE_TOL:
-        raise CheckFailed(f"the explicit recomputation of block {worst} differs from the model's own forward by "
-                          f"{out['recompute_error'][worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): the "
-                          f"diagnostics would describe another computation than the model's, nothing was written")
+    check_recomputation(out["recompute_error"], range(len(blocks)), "the model",
+                        "the diagnostics would describe another computation than the model's, nothing was written")
     return out
+
+
+def check_recomputation(errors: np.ndarray, blocks: Sequence[int], model: str, consequence: str) -> None:
+    """Refuse a diagnosis whose explicit recomputation of some block (`errors` per block, `blocks` their indices)
+    differs from `model`'s own forward by more than `RECOMPUTE_TOL`; `consequence` says what that means."""
+    worst = int(np.argmax(errors))
+    if errors[worst] > RECOMPUTE_TOL:
+        raise CheckFailed(f"the explicit recomputation of block {blocks[worst]} differs from {model}'s own forward by "
+                          f"{errors[worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): {consequence}")
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vitsinks.configs.schema import InterveneConfig
-from vitsinks.diagnostics.core import RECOMPUTE_TOL, concat_fields, diagnose_tokens, spectrum
+from vitsinks.diagnostics.core import check_recomputation, concat_fields, diagnose_tokens, spectrum
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
@@ -26,7 +26,7 @@ from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
 from vitsinks.pretrained.views import Foreign
-from vitsinks.utils.errors import BadValue, CheckFailed
+from vitsinks.utils.errors import BadValue
 
 ATTN_COPIES = 4  # float32 (B, H, N, N) arrays alive at once in one block's diagnosis (scores, A, and the fields')
 DEFAULT_BUDGET = 2**30  # bytes of attention matrices per batch (`batch_size_for`)
@@ -108,11 +108,8 @@ def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: It
             x = foreign.embed(images[lo : lo + bs].to(device))
             parts.append(_diagnose_batch(foreign, x, chosen, max(0, keep_maps - lo)))
     out = concat_fields(parts)
-    worst = int(np.argmax(out["recompute_error"]))
-    if out["recompute_error"][worst] > RECOMPUTE_TOL:
-        raise CheckFailed(f"the explicit recomputation of block {chosen[worst]} differs from {foreign.name}'s own "
-                          f"forward by {out['recompute_error'][worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): "
-                          f"the adapter ({foreign.family}) does not compute what the model does")
+    check_recomputation(out["recompute_error"], chosen, foreign.name,
+                        f"the adapter ({foreign.family}) does not compute what the model does")
     out.update(spectrum(foreign.blocks[b] for b in chosen))
     out.update(foreign.layout_fields(img_size))
     out["block"] = np.array(chosen)
