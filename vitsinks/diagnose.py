@@ -3,6 +3,7 @@
     python -m vitsinks.diagnose ckpt=runs/<name>/checkpoints/last.pt [data=fashion_mnist] [n_images=32]
     python -m vitsinks.diagnose run=runs/<name>          # every checkpoint of a run + the over-training plot
     python -m vitsinks.diagnose model=vit_small model.pretrained=<timm name or file> data=imagenet data.root=...
+    python -m vitsinks.diagnose hub=hf:facebook/dinov2-small data=imagenet data.root=...   # read unmodified
 
 Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
 plots, the visual report `report.html`); `run=` adds `<run>/diagnostics/over_training.{png,json,csv}`, the
@@ -10,6 +11,8 @@ training curves `<run>/diagnostics/training_curves.png` and the run's page `<run
 `diagnostics.residual=false` / `diagnostics.report=false` leave the residual side / the pages out. A pretrained
 model is imported as a run first (`run.imported`: `<runs_dir>/<model>/`), so its outputs sit in that run as a trained
 run's do; a loose checkpoint file's go to `<runs_dir>/diagnostics/<model>/` (`utils.rundir.analyses_dir`).
+`hub=` reads a timm, transformers or open_clip model unmodified, through `vitsinks.pretrained` (docs/pretrained.md),
+with its own preprocessing; its outputs go to `<runs_dir>/diagnostics/<hub>/`.
 """
 
 from __future__ import annotations
@@ -20,22 +23,26 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+from PIL import Image
 from tqdm import tqdm
 
+from vitsinks import pretrained
 from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.configs.schema import to_container
 from vitsinks.data import build_dataset
+from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.diagnostics.run_page import run_report, training_curves
+from vitsinks.pretrained.load import load
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
-from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.files import BadFile
 from vitsinks.utils.progress import hidden
-from vitsinks.utils.rundir import RunDir, analyses_dir, quant_result
+from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder, quant_result
 from vitsinks.utils.tables import write_csv
 
 
@@ -90,7 +97,30 @@ def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, A
     return rows
 
 
+def diagnose_hub(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
+    """Diagnose the pretrained model `cfg.hub` (`pretrained.load`) unmodified, through `pretrained.report`, on
+    `diagnostics.n_images` validation images of `cfg.data` (in the order of `protocol`) through the model's own
+    preprocessing; the outputs go to `<runs_dir>/diagnostics/<hub>/` (`Loaded.folder_name`). Returns the folder
+    and the summary."""
+    loaded = load(cfg.hub)
+    loaded.model.to(resolve_device(cfg.cluster.device))
+    ((items, index),) = select_items(build_dataset(cfg.data, "val", cfg.seed), [cfg.diagnostics.n_images],
+                                     cfg.protocol, cfg.data.on_bad_image, up_to=True)
+    if not all(isinstance(it[0], Image.Image) for it in items):
+        raise BadValue(f"data={cfg.data.name} holds tensors, not images: a pretrained model takes images through "
+                       f"its own preprocessing (data=imagenet, fashion_mnist, ...)")
+    x = loaded.images([it[0] for it in items])
+    out = model_folder(Path(cfg.runs_dir) / "diagnostics", loaded.spec, loaded.spec, loaded.folder_name)
+    return out, pretrained.report(loaded.model, x, out, loaded.shown(x), cfg.diagnostics, image_index=index,
+                                  protocol=cfg.protocol)
+
+
 def main(cfg: DictConfig) -> None:
+    if cfg.hub:
+        out, s = diagnose_hub(cfg)
+        print(json.dumps(s["sinks_per_image"], indent=1))
+        print(f"outputs in {out}")
+        return
     if cfg.run:
         rows = over_training(Path(cfg.run), cfg)
         print(f"diagnosed {len(rows)} checkpoints; see {RunDir(cfg.run).over_training('png')}")

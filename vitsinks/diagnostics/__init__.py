@@ -12,7 +12,7 @@ from torchvision import transforms as T
 
 from vitsinks.configs.schema import DiagnosticsConfig, ProtocolConfig
 from vitsinks.data.selection import analysis_transform, select_items
-from vitsinks.diagnostics.core import diagnose, diagnose_tokens, embed, spectrum
+from vitsinks.diagnostics.core import Diagnosable, diagnose, diagnose_tokens, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.neurons import NeuronCollector, neuron_k, summarize_neurons
 from vitsinks.diagnostics.page import checkpoint_report
@@ -24,7 +24,7 @@ from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import LOCK, PER_IMAGE, SOURCE, SUMMARY
 
-__all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "embed", "events",
+__all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "events",
            "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
            "run_diagnostics", "spectrum", "stable_rank", "summarize"]
 
@@ -66,10 +66,12 @@ def fixed_images(dataset: Dataset, n: int, size: int, on_bad_image: str = "skip"
     return x, shown, idx
 
 
-def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path,
+def run_diagnostics(model: Diagnosable, images: torch.Tensor, shown: np.ndarray, out_dir: Path,
                     settings: Any = None, image_index: list[int] | None = None, protocol: Any = None,
-                    quant: dict[str, Any] | None = None, trainfree: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Diagnose `model` on `images`; write `per_image.npz`, `summary.json`, the sink table in the reference's
+                    quant: dict[str, Any] | None = None, trainfree: dict[str, Any] | None = None,
+                    batch_size: int = 16) -> dict[str, Any]:
+    """Diagnose `model` (a `SinkViT`, or a pretrained model's view: `core.Diagnosable`) on `images`, `batch_size` at
+    a time; write `per_image.npz`, `summary.json`, the sink table in the reference's
     layout (`sink_table.md`, `sink_table.csv`, block 0 counted with `block0`) and the PNG plots into `out_dir`.
 
     `settings` is a `DiagnosticsConfig` (rule, eps, ratio, use_stable_rank, plots); None means its defaults.
@@ -84,18 +86,19 @@ def run_diagnostics(model: torch.nn.Module, images: torch.Tensor, shown: np.ndar
     st = settings or DiagnosticsConfig()
     with files.FileLock(out_dir / LOCK, f"the diagnosis in {out_dir}", DIAGNOSING), \
             files.generation(out_dir, keep=(SOURCE, LOCK), last=SUMMARY) as stage:  # nothing left of an older one
-        return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree, out_dir.name)
+        return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree, out_dir.name,
+                              batch_size)
 
 
 DIAGNOSING = "wait for it to finish: another command diagnoses this checkpoint into the same folder"
 
 
-def _diagnose_into(model: torch.nn.Module, images: torch.Tensor, shown: np.ndarray, out_dir: Path, st: Any,
+def _diagnose_into(model: Diagnosable, images: torch.Tensor, shown: np.ndarray, out_dir: Path, st: Any,
                    image_index: list[int] | None, protocol: Any, quant: dict[str, Any] | None,
-                   trainfree: dict[str, Any] | None, name: str) -> dict[str, Any]:
+                   trainfree: dict[str, Any] | None, name: str, batch_size: int = 16) -> dict[str, Any]:
     """The diagnosis written into `out_dir` (the staging folder of `name`'s generation)."""
     neurons = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens) if st.residual else None
-    d = diagnose(model, images, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
+    d = diagnose(model, images, batch_size, keep_maps=max(4, st.report_images if st.report else 0), neurons=neurons)
     if image_index is not None:
         d["image_index"] = np.asarray(image_index, dtype=np.int64)
     rules = SinkRules.from_config(st)

@@ -13,8 +13,9 @@ sink thresholds are in those raw units.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -23,18 +24,14 @@ from torch import nn
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
 from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.diagnostics.residual import block_stats
-from vitsinks.models import AttnInternals, SinkBlock, SinkViT
+from vitsinks.models import AttnInternals, SinkBlock
 from vitsinks.models.common_mode import common_mode_terms_per_image
+from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.models.passes import eval_mode
-from vitsinks.utils.errors import CheckFailed, NonFinite
+from vitsinks.utils.errors import BadValue, CheckFailed, NonFinite
 
 RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
-
-
-def embed(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
-    """Tokens entering block 0: patches, position embedding, [CLS] and registers (as `forward_features`)."""
-    return model.embed_tokens(images)
 
 
 def layerscale(block: SinkBlock) -> torch.Tensor | None:
@@ -185,21 +182,84 @@ def check_recomputation(errors: np.ndarray, blocks: Sequence[int], model: str, c
                           f"{errors[worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): {consequence}")
 
 
+class Diagnosable(Protocol):
+    """What `diagnose` reads of a model: a `SinkViT`, or a pretrained model's `vitsinks.pretrained` view (`Foreign`),
+    which answers to the same names."""
+
+    blocks: Sequence[SinkBlock]
+    num_prefix_tokens: int
+    training: bool
+
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor: ...
+    def key_layout(self, img_size: tuple[int, int]) -> KeyLayout: ...
+    def grid(self, img_size: tuple[int, int]) -> tuple[int, int]: ...
+    def train(self, mode: bool = True) -> Any: ...
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+
+def chosen_blocks(n_blocks: int, blocks: Iterable[int] | None) -> list[int]:
+    """Sorted distinct block indices of `blocks` (negative ones from the last; None: every block); a `BadValue`
+    for an index outside the model or an empty choice."""
+    asked = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
+    wrong = [b for b in asked if not -n_blocks <= b < n_blocks]
+    if wrong or not asked:
+        raise BadValue(f"blocks {wrong or '[]'}: choose some of the model's {n_blocks} blocks (0..{n_blocks - 1}, "
+                       f"or negative from the last)")
+    return sorted({b % n_blocks for b in asked})
+
+
+def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`diagnose_tokens` results of single blocks joined along the block axis (the input norms: the first's)."""
+    out = {"recompute_error": np.concatenate([p["recompute_error"] for p in parts]),
+           "res_norm_in": parts[0]["res_norm_in"]}
+    for k in parts[0]:
+        if k not in out:
+            out[k] = np.concatenate([p[k] for p in parts], axis=1)
+    return out
+
+
+def diagnose_chosen(blocks: Sequence[SinkBlock], x: torch.Tensor, chosen: Sequence[int], keep_maps: int = 0,
+                    num_prefix: int = 1, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
+    """`diagnose_tokens` of the `chosen` blocks only: every block up to the last chosen runs its real forward (the
+    stream stays right), each chosen one is diagnosed alone (its real forward a second time)."""
+    if list(chosen) == list(range(len(blocks))):
+        return diagnose_tokens(blocks, x, keep_maps=keep_maps, num_prefix=num_prefix, neurons=neurons)
+    if neurons is not None:
+        raise BadValue("the register neurons are collected over every block: diagnose all blocks (blocks=None)")
+    parts = []
+    for b in range(chosen[-1] + 1):
+        if b in chosen:
+            parts.append(diagnose_tokens([blocks[b]], x, keep_maps=keep_maps, num_prefix=num_prefix))
+        x = blocks[b](x)
+    return _join_blocks(parts)
+
+
 @torch.no_grad()
-def diagnose(model: nn.Module, images: torch.Tensor, batch_size: int = 16,
-             keep_maps: int = 4, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
-    """All diagnostics of a `SinkViT` on `images` (n, 3, H, W), batched; arrays shaped (images, blocks, heads);
-    with `neurons` (a `NeuronCollector` of `model.blocks`) the register neurons are collected on the way.
+def diagnose(model: Diagnosable, images: torch.Tensor, batch_size: int = 16, keep_maps: int = 4,
+             neurons: NeuronCollector | None = None, blocks: Iterable[int] | None = None,
+             name: str = "the model") -> dict[str, np.ndarray]:
+    """All diagnostics of a `SinkViT` (or a pretrained model's view, `Diagnosable`) on `images` (n, 3, H, W),
+    batched; arrays shaped (images, blocks, heads); with `neurons` (a `NeuronCollector` of `model.blocks`) the
+    register neurons are collected on the way. `blocks`: diagnose only these (see `diagnose_chosen`; the arrays'
+    block axis then follows them).
 
     Adds the key layout (`KeyLayout.fields`: `num_prefix`, `num_registers`, `num_patches`, `extra_keys`) so the
     sink location ([CLS], register, patch, an extra key slot) can be read from `sink_idx`, and `grid` (patch rows,
-    columns) for the attention maps.
+    columns) for the attention maps. A recomputation that differs from `name`'s own forward is refused
+    (`check_recomputation`).
     """
-    with eval_mode(model) as device:
-        result = diagnose_inputs(model.blocks, lambda batch: embed(model, batch.to(device)), images, batch_size,
-                                 keep_maps=keep_maps, num_prefix=model.num_prefix_tokens, neurons=neurons)
-    result.update(spectrum(model.blocks))
-    ph, pw = model.patch_embed.patch_size
-    result.update(model.key_layout(tuple(images.shape[-2:])).fields())
-    result["grid"] = np.array([images.shape[-2] // ph, images.shape[-1] // pw])
+    chosen = chosen_blocks(len(model.blocks), blocks)
+    parts = []
+    with eval_mode(model) as device:  # type: ignore[arg-type]  # a Foreign passes its mode and device on
+        for lo in range(0, len(images), batch_size):
+            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
+            parts.append(diagnose_chosen(model.blocks, x, chosen, max(0, keep_maps - lo), model.num_prefix_tokens,
+                                         neurons))
+    result = concat_fields(parts)
+    check_recomputation(result["recompute_error"], chosen, name,
+                        "the diagnostics would describe another computation than the model's, nothing was written")
+    result.update(spectrum(model.blocks[b] for b in chosen))
+    img_size = (int(images.shape[-2]), int(images.shape[-1]))
+    result.update(model.key_layout(img_size).fields())
+    result["grid"] = np.array(model.grid(img_size))
     return result

@@ -249,6 +249,11 @@ class SinkViT(VisionTransformer):
         x = torch.cat([cls, self.reg_token.expand(B, -1, -1), x + pos[:, 1:]], dim=1)
         return self.pos_drop(x)
 
+    def grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """Patch rows and columns for images of `img_size` (H, W)."""
+        ph, pw = self.patch_embed.patch_size
+        return img_size[0] // ph, img_size[1] // pw
+
     def key_layout(self, img_size: int | tuple[int, int] | None = None) -> KeyLayout:
         """The key layout of the blocks' attention rows for images of `img_size` (default the model's): [CLS],
         registers, patches, then the extra key slots (every block's attention has the same)."""

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from vitsinks.configs.schema import InterveneConfig
-from vitsinks.diagnostics.core import check_recomputation, concat_fields, diagnose_tokens, spectrum
+from vitsinks.configs.schema import DiagnosticsConfig, InterveneConfig
+from vitsinks.diagnostics import run_diagnostics
+from vitsinks.diagnostics.core import chosen_blocks
+from vitsinks.diagnostics.core import diagnose as core_diagnose
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
+from vitsinks.pretrained.inputs import ImageSource, as_images, displayable
 from vitsinks.pretrained.views import Foreign
 from vitsinks.utils.errors import BadValue
 
@@ -61,56 +65,21 @@ def batch_size_for(foreign: Foreign, img_size: tuple[int, int], budget: int = DE
     return max(1, budget // (ATTN_COPIES * 4 * heads * n * n))
 
 
-def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """`diagnose_tokens` results of single blocks joined along the block axis (the input norms: the first's)."""
-    out = {"recompute_error": np.concatenate([p["recompute_error"] for p in parts]),
-           "res_norm_in": parts[0]["res_norm_in"]}
-    for k in parts[0]:
-        if k not in PER_BLOCK_ONLY:
-            out[k] = np.concatenate([p[k] for p in parts], axis=1)
-    return out
-
-
 @torch.no_grad()
-def _diagnose_batch(foreign: Foreign, x: torch.Tensor, chosen: list[int], keep_maps: int) -> dict[str, np.ndarray]:
-    if chosen == list(range(len(foreign.blocks))):
-        return diagnose_tokens(foreign.blocks, x, keep_maps=keep_maps, num_prefix=foreign.num_prefix)
-    parts = []
-    for b in range(chosen[-1] + 1):
-        blk = foreign.blocks[b]
-        if b in chosen:
-            parts.append(diagnose_tokens([blk], x, keep_maps=keep_maps, num_prefix=foreign.num_prefix))
-        x = blk(x)
-    return _join_blocks(parts)
-
-
-@torch.no_grad()
-def diagnose_fields(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[int] | None = None,
-                    batch_size: int | None = None, keep_maps: int = 0) -> dict[str, np.ndarray]:
-    """The diagnostics arrays (`diagnostics.core.diagnose`'s, (images, blocks, heads) for the per-head fields) of
-    the chosen `blocks` (default all; `block` holds their indices) of a pretrained model on `images` (n, 3, H, W),
-    with the token layout and the QK spectrum. `batch_size` None: `batch_size_for` under `DEFAULT_BUDGET`.
-    A chosen subset still runs every block up to the last chosen (their real forward; a chosen block's twice)."""
+def diagnose_fields(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[int] | None = None,
+                    batch_size: int | None = None, keep_maps: int = 0, n_images: int | None = None
+                    ) -> dict[str, np.ndarray]:
+    """The diagnostics arrays of a pretrained model on `images` (`as_images`): `vitsinks.diagnostics.core.diagnose`,
+    the code of `python -m vitsinks.diagnose`, run on the model's view, for the chosen `blocks` (default all;
+    `block` holds their indices), with the token layout (`num_cls` too) and the QK spectrum. `batch_size` None:
+    `batch_size_for` under `DEFAULT_BUDGET`."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    n_blocks = len(foreign.blocks)
-    asked = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
-    wrong = [b for b in asked if not -n_blocks <= b < n_blocks]
-    if wrong or not asked:
-        raise BadValue(f"blocks {wrong or '[]'}: choose some of the model's {n_blocks} blocks (0..{n_blocks - 1}, "
-                       f"or negative from the last)")
-    chosen = sorted({b % n_blocks for b in asked})
+    images = as_images(images, n_images)
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
-    bs = batch_size or batch_size_for(foreign, img_size)
-    parts = []
-    with eval_mode(foreign.model) as device:
-        for lo in range(0, len(images), bs):
-            x = foreign.embed(images[lo : lo + bs].to(device))
-            parts.append(_diagnose_batch(foreign, x, chosen, max(0, keep_maps - lo)))
-    out = concat_fields(parts)
-    check_recomputation(out["recompute_error"], chosen, foreign.name,
-                        f"the adapter ({foreign.family}) does not compute what the model does")
-    out.update(spectrum(foreign.blocks[b] for b in chosen))
+    chosen = chosen_blocks(len(foreign.blocks), blocks)
+    out = core_diagnose(foreign, images, batch_size or batch_size_for(foreign, img_size), keep_maps, blocks=chosen,
+                        name=f"{foreign.name} (seen by the {foreign.family} adapter)")
     out.update(foreign.layout_fields(img_size))
     out["block"] = np.array(chosen)
     return out
@@ -134,17 +103,19 @@ def _head_fields(d: dict[str, np.ndarray]) -> list[str]:
     return [*FIELDS, "prefix_mass", *extra]
 
 
-def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, int]] | None = None
-           ) -> dict[str, dict[str, np.ndarray]]:
+def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, int]] | None = None,
+           rules: SinkRules | None = None) -> dict[str, dict[str, np.ndarray]]:
     """`diagnose_fields` arrays as tables (dicts of equally long columns):
 
-    - `heads`: one row per (image, block, head): every per-head field and `sink_location`;
+    - `heads`: one row per (image, block, head): every per-head field, `sink_location`, and under `rules` (default
+      the CLI's: `SinkRules()`) `event` (a sink event) and `sink_class` (none, nop, broadcast or other);
     - `blocks`: one row per (image, block): the residual stream's and the attention update's per-image fields;
     - `qk`: one row per (block, head): the QK spectrum;
     - `checks`: one row per block: `recompute_error`;
     - `layout`: one row: [CLS], registers, patches, grid.
 
     `heads`: keep only these heads (indices, in every block, or (block, head) pairs with model block indices)."""
+    rules = rules or SinkRules()
     n, L, H = d["sink_idx"].shape
     block_ids = d["block"]
     img, blk, head = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, np.arange(H), indexing="ij"))
@@ -157,7 +128,8 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
         else:
             keep = np.isin(head, np.asarray(heads, dtype=int))
     per_head = {"image": img, "block": blk, "head": head,
-                **{k: d[k].reshape(-1) for k in _head_fields(d)}, "sink_location": sink_location(d).reshape(-1)}
+                **{k: d[k].reshape(-1) for k in _head_fields(d)}, "sink_location": sink_location(d).reshape(-1),
+                "event": rules.events(d).reshape(-1), "sink_class": rules.event_class(d).reshape(-1)}
     b_img, b_blk = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, indexing="ij"))
     per_block = {"image": b_img, "block": b_blk,
                  **{k: v.reshape(-1) for k, v in d.items() if v.shape == (n, L) and k not in PER_BLOCK_ONLY}}
@@ -173,12 +145,30 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
             "checks": {"block": block_ids, "recompute_error": d["recompute_error"]}, "layout": layout}
 
 
-def diagnose(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[int] | None = None,
-             heads: Sequence[int] | Sequence[tuple[int, int]] | None = None,
-             batch_size: int | None = None) -> dict[str, dict[str, np.ndarray]]:
-    """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model): the
-    `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`)."""
-    return tables(diagnose_fields(model, images, blocks, batch_size), heads)
+def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[int] | None = None,
+             heads: Sequence[int] | Sequence[tuple[int, int]] | None = None, batch_size: int | None = None,
+             rules: SinkRules | None = None, n_images: int | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model; or a
+    dataset or DataLoader, `as_images`): the `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`),
+    events and classes under `rules` (default `SinkRules()`, the CLI's)."""
+    return tables(diagnose_fields(model, images, blocks, batch_size, n_images=n_images), heads, rules)
+
+
+def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path, shown: np.ndarray | None = None,
+           settings: DiagnosticsConfig | None = None, n_images: int | None = None, batch_size: int | None = None,
+           image_index: list[int] | None = None, protocol: Any = None) -> dict[str, Any]:
+    """What `python -m vitsinks.diagnose` writes for a checkpoint, for a pretrained model, into `out_dir`:
+    `per_image.npz`, `summary.json` (events, NOP / broadcast classes, locations, the residual side), the sink table,
+    the PNG plots and the page `report.html` (docs/report.md), by the same code (`diagnostics.run_diagnostics`).
+    `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `displayable(images)`; `settings`: the
+    `diagnostics` config group (`DiagnosticsConfig`); `image_index` (each image's index in its dataset) and
+    `protocol` are recorded as the CLI records them. Returns the summary."""
+    foreign = as_foreign(model)
+    require_float32(foreign)
+    x = as_images(images, n_images)
+    bs = batch_size or batch_size_for(foreign, (int(x.shape[-2]), int(x.shape[-1])))
+    return run_diagnostics(foreign, x, displayable(x) if shown is None else np.asarray(shown), Path(out_dir),
+                           settings or DiagnosticsConfig(), image_index, protocol, batch_size=bs)
 
 
 def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:

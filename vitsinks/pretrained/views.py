@@ -19,7 +19,7 @@ stochastic depth off), as every analysis pass sets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -211,3 +211,44 @@ class Foreign:
         self.model.eval()
         return Subject(list(self.blocks), self.embed, self.readout, self.num_prefix, self.num_registers,
                        classifier=self.classifier, name=self.name)
+
+    # The names of a `SinkViT` that `vitsinks.diagnostics` reads (`core.Diagnosable`): the CLI's diagnosis, its
+    # files, plots and page take a Foreign as they take vitsinks' own ViT.
+    @property
+    def num_prefix_tokens(self) -> int:
+        """`num_prefix` under a `SinkViT`'s name."""
+        return self.num_prefix
+
+    @property
+    def variant(self) -> str:
+        """The model's name (the pages' title)."""
+        return self.name
+
+    @property
+    def training(self) -> bool:
+        """The model's training flag."""
+        return self.model.training
+
+    def train(self, mode: bool = True) -> Foreign:
+        """Set the model's training mode."""
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> Foreign:
+        """Evaluation mode (the views need it)."""
+        return self.train(False)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The model's parameters."""
+        return self.model.parameters()
+
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """The tokens entering block 0 (`embed`)."""
+        return self.embed(images)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """The final tokens: the embedding, every block's real forward, the readout."""
+        x = self.embed(images)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.readout(x)

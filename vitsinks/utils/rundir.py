@@ -348,12 +348,12 @@ def holds(folder: Path, source: str | None, name: str = "") -> bool:
     return _held(folder) == _source_id(source, name)
 
 
-def model_folder(base: Path | str, source: str | None, name: str) -> Path:
-    """`<base>/<model_name>`, recorded (`source.json`) as holding the results of `source` (a file by its absolute
-    path); `BadValue` when it holds another model's results, e.g. a second weights file of the same name, so that
-    neither overwrites the other's. A folder with the record alone (an attempt that wrote nothing: a lock, temp files
-    and empty folders at most) is taken over."""
-    folder = Path(base) / model_name(source, name)
+def model_folder(base: Path | str, source: str | None, name: str, folder_name: str | None = None) -> Path:
+    """`<base>/<model_name>` (or `<base>/<folder_name>`), recorded (`source.json`) as holding the results of `source`
+    (a file by its absolute path); `BadValue` when it holds another model's results, e.g. a second weights file of
+    the same name, so that neither overwrites the other's. A folder with the record alone (an attempt that wrote
+    nothing: a lock, temp files and empty folders at most) is taken over."""
+    folder = Path(base) / (folder_name or model_name(source, name))
     held, held_by = _held(folder), _source_id(source, name)
     if held not in (None, held_by) and any(_holds_results(p) for p in folder.iterdir()):
         raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")

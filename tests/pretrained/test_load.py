@@ -1,0 +1,100 @@
+"""`pretrained.load` by one string, and the command line's route for a pretrained model: `python -m vitsinks.diagnose
+hub=...` writes what `pretrained.report` writes, the same numbers as `pretrained.diagnose_fields` on the same images."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from tests.conftest import require_fashion_mnist, run_command
+from tests.pretrained import require
+from vitsinks.configs.schema import load_config
+from vitsinks.data import build_dataset
+from vitsinks.pretrained import diagnose_fields
+from vitsinks.pretrained.load import load
+from vitsinks.utils.errors import BadValue
+
+TIMM_NAME = "vit_tiny_patch16_224"  # 5.7M parameters: the smallest timm ViT with a pretrained configuration
+
+
+def timm_weights(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    torch.manual_seed(0)
+    m = timm.create_model(TIMM_NAME, pretrained=False)
+    path = tmp_path / "tiny.pth"
+    torch.save(m.state_dict(), path)
+    return m.eval(), path
+
+
+def picture(seed: int = 0, size: tuple[int, int] = (300, 260)) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+def test_load_timm_from_a_file(tmp_path: Path) -> None:
+    m, path = timm_weights(tmp_path)
+    got = load(f"timm:{TIMM_NAME}@{path}")
+    assert not got.model.training and got.spec == f"timm:{TIMM_NAME}@{path.resolve()}"
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(got.model.state_dict()[k], v, rtol=0, atol=0)
+    x = got.images([picture(0), picture(1).convert("L")])  # grey images go in as RGB
+    assert x.shape == (2, 3, 224, 224)
+    # `shown` undoes the normalisation: the model's input is the resized, cropped picture (bicubic: a few levels off)
+    cropped = timm.data.create_transform(**timm.data.resolve_data_config({}, model=m)).transforms[:2]
+    want = np.asarray(cropped[1](cropped[0](picture(0))), dtype=np.float64)
+    assert np.abs(got.shown(x)[0].astype(np.float64) - want).max() <= 1.0
+
+
+def test_load_a_transformers_folder(tmp_path: Path) -> None:
+    transformers = require("transformers")
+    cfg = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8)
+    model = transformers.Dinov2Model(cfg).eval()
+    model.save_pretrained(tmp_path / "dino")
+    proc = transformers.BitImageProcessor(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32},
+                                          image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3])
+    proc.save_pretrained(tmp_path / "dino")
+    got = load(f"hf:{tmp_path / 'dino'}")
+    assert type(got.model).__name__ == "Dinov2Model" and got.mean == (0.5, 0.4, 0.3)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got.model.state_dict()[k], v, rtol=0, atol=0)
+    assert got.images([picture(2)]).shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("dinov2", "names no pretrained model"), ("timm:", "names no pretrained model"),
+    ("torchhub:x", "names no pretrained model"), ("hf:some/model@v1", "no @"),
+    (f"timm:{TIMM_NAME}@/no/such/file.pth", "no such weights file"), ("open_clip:ViT-B-32", "name its weights"),
+])
+def test_bad_specs_get_one_line(spec: str, message: str) -> None:
+    if spec.startswith("open_clip"):
+        require("open_clip")
+    with pytest.raises(BadValue, match=message):
+        load(spec)
+
+
+def test_the_command_line_is_the_api(tmp_path: Path) -> None:
+    require_fashion_mnist()
+    _, path = timm_weights(tmp_path)
+    hub = f"timm:{TIMM_NAME}@{path}"
+    out = run_command([sys.executable, "-m", "vitsinks.diagnose", f"hub={hub}", "data=fashion_mnist", "n_images=3",
+                       f"runs_dir={tmp_path / 'runs'}", "diagnostics.report_images=2"])
+    assert out.returncode == 0, out.stderr
+    folder = tmp_path / "runs" / "diagnostics" / f"timm_{TIMM_NAME}@tiny"  # a weights file: by its stem
+    assert f"outputs in {folder}" in out.stdout
+    for name in ("summary.json", "report.html", "attention_maps.png", "sink_table.md"):
+        assert (folder / name).stat().st_size > 500, name
+    saved = np.load(folder / "per_image.npz")
+    # the same images through the model's own preprocessing, diagnosed from Python
+    loaded = load(hub)
+    data = build_dataset(load_config(["data=fashion_mnist"]).data, "val", 0)
+    x = loaded.images([data[int(i)][0] for i in saved["image_index"]])
+    d = diagnose_fields(loaded.model, x)
+    np.testing.assert_array_equal(saved["sink_idx"], d["sink_idx"])
+    for k in ("mass", "ratio_out", "stable_rank", "res_norm"):
+        np.testing.assert_allclose(saved[k], d[k], rtol=1e-4, atol=1e-5, err_msg=k)

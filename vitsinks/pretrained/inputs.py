@@ -1,0 +1,67 @@
+"""The images a notebook passes: a tensor, a dataset, or batches (a `DataLoader`), as one (n, 3, H, W) tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vitsinks.utils.errors import BadValue
+
+ImageSource = Union[torch.Tensor, Dataset, Iterable[Any]]  # noqa: UP007  (a runtime alias: the docs name it)
+
+
+def _image_of(item: Any, what: str) -> torch.Tensor:
+    """The image of a dataset item or the images of a batch: the item itself, or the first of a tuple / list
+    ((image, label), as torchvision's datasets give), or `pixel_values` of a dict (transformers' processors)."""
+    if isinstance(item, dict) and "pixel_values" in item:
+        item = item["pixel_values"]
+    elif isinstance(item, tuple | list) and item:
+        item = item[0]
+    if not isinstance(item, torch.Tensor):
+        raise BadValue(f"{what} is a {type(item).__name__}, not an image tensor: give the dataset a transform "
+                       f"that returns tensors normalised for the model (e.g. timm's create_transform)")
+    return item
+
+
+def as_images(images: ImageSource, n_images: int | None = None) -> torch.Tensor:
+    """`images` as one float tensor (n, 3, H, W): a tensor as is; a `Dataset` (items: an image, (image, label) or
+    {"pixel_values": ...}) by its first `n_images` items; any other iterable (a `DataLoader`) by its batches until
+    `n_images` images. `n_images` None: all of them."""
+    if n_images is not None and n_images < 1:
+        raise BadValue(f"n_images must be >= 1, got {n_images}")
+    if isinstance(images, torch.Tensor):
+        x = images[:n_images]
+    elif isinstance(images, Dataset) and hasattr(images, "__len__"):
+        n = len(images) if n_images is None else min(n_images, len(images))
+        x = torch.stack([_image_of(images[i], f"item {i} of the dataset") for i in range(n)])
+    elif isinstance(images, Iterable):
+        got, total = [], 0
+        for batch in images:
+            b = _image_of(batch, "a batch")
+            got.append(b if b.dim() == 4 else b.unsqueeze(0))
+            total += len(got[-1])
+            if n_images is not None and total >= n_images:
+                break
+        x = torch.cat(got)[:n_images] if got else torch.empty(0)
+    else:
+        raise BadValue(f"images is a {type(images).__name__}: give a tensor (n, 3, H, W), a dataset or a DataLoader")
+    if x.dim() != 4 or len(x) == 0:
+        raise BadValue(f"images must be a non-empty batch (n, 3, H, W), got shape {tuple(x.shape)}")
+    return x.float()
+
+
+def displayable(images: torch.Tensor) -> np.ndarray:
+    """Model-normalised images (n, 3, H, W) as uint8 RGB (n, H, W, 3) for the pages, each stretched to its own
+    range (the model's normalisation is not known here: colours are the image's, contrasts are not exact)."""
+    x = images.detach().float().cpu()
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = (x - lo) / (hi - lo).clamp_min(1e-12)
+    return (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+
+
+__all__ = ["ImageSource", "as_images", "displayable"]

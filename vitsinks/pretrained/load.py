@@ -1,0 +1,131 @@
+"""`load("timm:NAME")`: a pretrained model of an adapted family by one string, with its own preprocessing.
+
+    timm:<name>[@<file>]        timm.create_model(name, pretrained=True); @file: the weights from a local file
+    hf:<hub id or folder>       transformers' AutoModel and AutoImageProcessor (a folder of save_pretrained)
+    open_clip:<name>@<tag|file> open_clip.create_model_and_transforms(name, pretrained=tag or file)
+
+The model comes in float32 and evaluation mode, unmodified; `transform` is the library's evaluation preprocessing
+(a PIL image -> a normalised (3, H, W) tensor) and `mean` / `std` its normalisation, so that `shown` can draw the
+images the model saw. The libraries are imported here only, when their family is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitsinks.utils.errors import BadValue
+
+
+@dataclass
+class Loaded:
+    """A loaded pretrained model (`load`): the model, its evaluation transform and its normalisation; `spec` names
+    it (a local file or folder by its absolute path)."""
+
+    spec: str
+    model: nn.Module
+    transform: Callable[[Any], torch.Tensor]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def folder_name(self) -> str:
+        """A file name for the model's outputs: the spec with ':' and '/' as '_', a weights file by its stem."""
+        family, _, rest = self.spec.partition(":")
+        name, at, weights = rest.partition("@")
+        if at and Path(weights).suffix:
+            weights = Path(weights).stem
+        if Path(name).is_absolute():  # a save_pretrained folder
+            name = Path(name).name
+        return f"{family}_{name}{at}{weights}".replace("/", "_").replace(":", "_")
+
+    def shown(self, images: torch.Tensor) -> np.ndarray:
+        """Normalised images (n, 3, H, W) back as uint8 RGB (n, H, W, 3): what the model saw."""
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        x = (images.detach().float().cpu() * std + mean).clamp(0, 1)
+        return (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+
+    def images(self, pil_images: list[Any]) -> torch.Tensor:
+        """PIL images through the model's transform, as one batch (RGB first)."""
+        return torch.stack([self.transform(im.convert("RGB")) for im in pil_images])
+
+
+def _library(module: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BadValue(f"{module} is not installed ({e}): pip install 'vitsinks[{extra}]'") from e
+
+
+def _timm(name: str, weights: str | None) -> Loaded:
+    timm = _library("timm", "dev")
+    from timm.data import create_transform, resolve_data_config
+
+    if weights is not None and not Path(weights).expanduser().is_file():
+        raise BadValue(f"timm:{name}@{weights}: no such weights file")
+    overlay = {"file": str(Path(weights).expanduser())} if weights else None
+    try:
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
+    except RuntimeError as e:  # timm's message for an unknown name
+        raise BadValue(f"timm:{name}: {e}") from e
+    cfg = resolve_data_config({}, model=model)
+    spec = f"timm:{name}@{overlay['file']}" if overlay else f"timm:{name}"
+    return Loaded(spec, model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
+
+
+def _hf(name: str, weights: str | None) -> Loaded:
+    if weights is not None:
+        raise BadValue(f"hf:{name}@{weights}: a transformers model is a hub id or a save_pretrained folder, no @")
+    transformers = _library("transformers", "hf")
+    try:
+        model = transformers.AutoModel.from_pretrained(name)
+        proc = transformers.AutoImageProcessor.from_pretrained(name)
+    except OSError as e:
+        raise BadValue(f"hf:{name}: {str(e).splitlines()[0]}") from e
+
+    def transform(image: Any) -> torch.Tensor:
+        return proc(image, return_tensors="pt")["pixel_values"][0]
+
+    folder = Path(name).expanduser()
+    spec = f"hf:{folder.resolve() if folder.is_dir() else name}"
+    return Loaded(spec, model, transform, tuple(proc.image_mean), tuple(proc.image_std))
+
+
+def _open_clip(name: str, weights: str | None) -> Loaded:
+    open_clip = _library("open_clip", "clip")
+    if weights is None:
+        raise BadValue(f"open_clip:{name}: name its weights, open_clip:{name}@<tag> (open_clip.list_pretrained()) "
+                       f"or @<file>")
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights)
+    except RuntimeError as e:  # open_clip's message for an unknown name or tag
+        raise BadValue(f"open_clip:{name}@{weights}: {e}") from e
+    cfg = open_clip.get_model_preprocess_cfg(model)
+    if Path(weights).expanduser().is_file():
+        weights = str(Path(weights).expanduser().resolve())
+    return Loaded(f"open_clip:{name}@{weights}", model, preprocess, tuple(cfg["mean"]), tuple(cfg["std"]))
+
+
+LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip}
+
+
+def load(spec: str) -> Loaded:
+    """The pretrained model that `spec` names (see the module docstring), float32, in evaluation mode."""
+    family, sep, rest = spec.partition(":")
+    if not sep or family not in LOADERS or not rest:
+        raise BadValue(f"{spec!r} names no pretrained model: write {' or '.join(f'{f}:<name>' for f in LOADERS)}")
+    name, at, weights = rest.partition("@")
+    loaded = LOADERS[family](name, weights if at else None)
+    loaded.model = loaded.model.float().eval()
+    return loaded
+
+
+__all__ = ["LOADERS", "Loaded", "load"]
