@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
-from PIL import Image
 from tqdm import tqdm
 
 from vitsinks import pretrained
@@ -34,12 +33,12 @@ from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.diagnostics.run_page import run_report, training_curves
-from vitsinks.pretrained.load import load
+from vitsinks.pretrained.load import folder_name, load
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
-from vitsinks.utils.errors import BadValue, InputNotFound
+from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
 from vitsinks.utils.progress import hidden
 from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder, quant_result
@@ -106,11 +105,8 @@ def diagnose_hub(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
     loaded.model.to(resolve_device(cfg.cluster.device))
     ((items, index),) = select_items(build_dataset(cfg.data, "val", cfg.seed), [cfg.diagnostics.n_images],
                                      cfg.protocol, cfg.data.on_bad_image, up_to=True)
-    if not all(isinstance(it[0], Image.Image) for it in items):
-        raise BadValue(f"data={cfg.data.name} holds tensors, not images: a pretrained model takes images through "
-                       f"its own preprocessing (data=imagenet, fashion_mnist, ...)")
     x = loaded.images([it[0] for it in items])
-    out = model_folder(Path(cfg.runs_dir) / "diagnostics", loaded.spec, loaded.spec, loaded.folder_name)
+    out = model_folder(Path(cfg.runs_dir) / "diagnostics", loaded.spec, loaded.spec, folder_name(loaded.spec))
     return out, pretrained.report(loaded.model, x, out, loaded.shown(x), cfg.diagnostics, image_index=index,
                                   protocol=cfg.protocol)
 

@@ -3,6 +3,7 @@
     python -m vitsinks.intervene ckpt=runs/<name>/checkpoints/last.pt [data=...] [n_images=256]
     python -m vitsinks.intervene run=runs/<name> heads=[0:1,3:0] edits=[zero_sink_value,redirect_sink_attention]
     python -m vitsinks.intervene model=vit_small model.pretrained=<timm name or file> data=imagenet data.root=...
+    python -m vitsinks.intervene hub=hf:facebook/dinov2-small heads=9:2 data=imagenet data.root=...  # unmodified
     python -m vitsinks.intervene ckpt=... shard=0 nshards=4         # a quarter of the heads (then merge=...)
     python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
     python -m vitsinks.intervene merge=runs/<name>/interventions/last
@@ -13,9 +14,10 @@ images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` a
 `intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
 (and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
 `<run>/interventions/<checkpoint>/` (a pretrained model's run is its import, `<runs_dir>/<model>/`; a loose
-checkpoint file's folder is `<runs_dir>/interventions/<model>/`; or `intervene.out`): interventions.csv,
-by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml. Interventions run in float32
-on the configured device (`cluster.device`).
+checkpoint file's folder is `<runs_dir>/interventions/<model>/`; a `hub=` model, read unmodified through
+`vitsinks.pretrained` with its own preprocessing, `<runs_dir>/interventions/<hub>/`; or `intervene.out`):
+interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
+Interventions run in float32 on the configured device (`cluster.device`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import images_of
 from vitsinks.interventions import SinkRules, classifier_from_state, from_vit, intervene, report
+from vitsinks.interventions.subject import Subject
+from vitsinks.pretrained import adapt
+from vitsinks.pretrained.load import canonical, folder_name, load
 from vitsinks.run import slurm
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train import checkpoint as ckpt
@@ -45,7 +50,7 @@ from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
-from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_name
+from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_folder, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -57,14 +62,32 @@ def checkpoint_path(cfg: DictConfig) -> Path:
 
 def output_dir(cfg: DictConfig) -> Path:
     """`intervene.out`, else `<run>/interventions/<checkpoint>` (a loose checkpoint file:
-    `<runs_dir>/interventions/<model>`)."""
+    `<runs_dir>/interventions/<model>`; a `hub=` model: `<runs_dir>/interventions/<hub>`)."""
     if cfg.intervene.out:
         return Path(cfg.intervene.out)
+    if cfg.hub:
+        return model_folder(Path(cfg.runs_dir) / "interventions", canonical(cfg.hub), canonical(cfg.hub),
+                            folder_name(cfg.hub))
     return analyses_dir(checkpoint_path(cfg), "interventions", cfg.runs_dir)
 
 
+def _hub_source(cfg: DictConfig) -> dict[str, Any]:
+    """`_source` of a pretrained model read unmodified (`hub=`, `pretrained.load`): its view's `Subject` and its own
+    preprocessing; the data is `data=`'s."""
+    loaded = load(cfg.hub)
+
+    def subject(device: torch.device) -> Subject:
+        return adapt(loaded.model.to(device)).subject()
+
+    return {"subject": subject, "images": lambda items: loaded.images([it[0] for it in items]), "data": cfg.data,
+            "seed": cfg.seed, "name": loaded.spec, "npz": None, "id": loaded.spec}
+
+
 def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
-    """The model to edit, its classifier, data, image size, seed and reusable diagnostics of its checkpoint."""
+    """The model to edit (`subject(device)`), how items become its input (`images(items)`), its data, seed and
+    reusable diagnostics of its checkpoint."""
+    if cfg.hub:
+        return _hub_source(cfg)
     path = checkpoint_path(cfg)
     if not path.is_file():
         raise InputNotFound(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run else ""))
@@ -74,9 +97,13 @@ def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
     npz = RunDir.of_checkpoint(path).per_image(path.stem)  # its run's diagnostics of it, when fresh
     reusable = in_run(path) and not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
     name = f"{RunDir.of_checkpoint(path).name}/{path.stem}" if in_run(path) else model_name(str(path), "")
-    return {"model": model, "head": head, "data": pick_data(cfg.data, ccfg.data, data_keys),
-            "size": ccfg.views.global_size, "seed": ccfg.seed, "name": name, "npz": npz if reusable else None,
-            "id": _file_id(path)}
+
+    def subject(device: torch.device) -> Subject:
+        return from_vit(model.to(device), None if head is None else head.to(device))
+
+    return {"subject": subject, "images": lambda items: images_of(items, ccfg.views.global_size, cfg.protocol)[0],
+            "data": pick_data(cfg.data, ccfg.data, data_keys), "seed": ccfg.seed, "name": name,
+            "npz": npz if reusable else None, "id": _file_id(path)}
 
 
 def _file_id(path: Path) -> str:
@@ -119,13 +146,13 @@ def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tup
     (edited, index), (heldout, heldout_index) = select_items(build_dataset(src["data"], "val", src["seed"]),
                                                             [st.n_images, st.heldout_images], cfg.protocol,
                                                             src["data"].on_bad_image)
-    x, _ = images_of(edited, src["size"], cfg.protocol)
-    x_held = images_of(heldout, src["size"], cfg.protocol)[0] if heldout else x[:0]
+    x = src["images"](edited)
+    x_held = src["images"](heldout) if heldout else x[:0]
     labels = None
     if isinstance(edited[0][1], (int, np.integer)):
         labels = torch.tensor([int(it[1]) for it in edited])
     device = resolve_device(cfg.cluster.device)
-    subject = from_vit(src["model"].to(device), None if src["head"] is None else src["head"].to(device))
+    subject = src["subject"](device)
     rules = SinkRules.from_config(cfg.diagnostics)
     stage1 = _stage1(src["npz"], index)
     res = intervene(subject, x.to(device), None if labels is None else labels.to(device), x_held.to(device), st,
@@ -166,10 +193,11 @@ def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> s
 def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
     slurm.check_submittable(cfg)
-    path = checkpoint_path(cfg)  # a pretrained model is imported here, once, before its shards read it
-    if not path.is_file():
-        raise InputNotFound(f"checkpoint {path} not found")
-    cfg = cfg if cfg.run else OmegaConf.merge(cfg, {"ckpt": str(path)})
+    if not cfg.hub:
+        path = checkpoint_path(cfg)  # a pretrained model is imported here, once, before its shards read it
+        if not path.is_file():
+            raise InputNotFound(f"checkpoint {path} not found")
+        cfg = cfg if cfg.run else OmegaConf.merge(cfg, {"ckpt": str(path)})
     out = output_dir(cfg)
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))

@@ -3,6 +3,7 @@ hub=...` writes what `pretrained.report` writes, the same numbers as `pretrained
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from tests.conftest import require_fashion_mnist, run_command
 from tests.pretrained import require
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
-from vitsinks.pretrained import diagnose_fields
+from vitsinks.data.selection import select_items
+from vitsinks.pretrained import diagnose_fields, intervene
 from vitsinks.pretrained.load import load
 from vitsinks.utils.errors import BadValue
 
@@ -24,8 +26,16 @@ TIMM_NAME = "vit_tiny_patch16_224"  # 5.7M parameters: the smallest timm ViT wit
 
 
 def timm_weights(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    """Random vit_tiny weights saved to a file, with a [CLS] sink planted in head 1 of block 5 (every query the same
+    vector; keys read channel 0, where [CLS] stands out)."""
     torch.manual_seed(0)
     m = timm.create_model(TIMM_NAME, pretrained=False)
+    with torch.no_grad():
+        qkv, hd, dim = m.blocks[5].attn.qkv, m.blocks[5].attn.head_dim, m.embed_dim
+        q, k = slice(hd, 2 * hd), slice(dim + hd, dim + 2 * hd)
+        qkv.weight[q], qkv.bias[q], qkv.weight[k], qkv.bias[k] = 0.0, 1.0, 0.0, 0.0
+        qkv.weight[k, 0] = 1.0
+        m.cls_token[0, 0, 0] = 1e3
     path = tmp_path / "tiny.pth"
     torch.save(m.state_dict(), path)
     return m.eval(), path
@@ -98,3 +108,26 @@ def test_the_command_line_is_the_api(tmp_path: Path) -> None:
     np.testing.assert_array_equal(saved["sink_idx"], d["sink_idx"])
     for k in ("mass", "ratio_out", "stable_rank", "res_norm"):
         np.testing.assert_allclose(saved[k], d[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_the_intervene_command_is_the_api(tmp_path: Path) -> None:
+    require_fashion_mnist()
+    _, path = timm_weights(tmp_path)
+    hub, edits = f"timm:{TIMM_NAME}@{path}", ["zero_sink_value", "mean_sink_value"]
+    out = run_command([sys.executable, "-m", "vitsinks.intervene", f"hub={hub}", "data=fashion_mnist", "n_images=4",
+                       "heldout_images=2", "intervene.batch_size=2", "heads=5:1", f"edits=[{','.join(edits)}]",
+                       f"runs_dir={tmp_path / 'runs'}"])
+    assert out.returncode == 0, out.stderr
+    folder = tmp_path / "runs" / "interventions" / f"timm_{TIMM_NAME}@tiny"
+    rows = list(csv.DictReader((folder / "interventions.csv").open()))
+    assert sorted({r["edit"] for r in rows}) == sorted(edits) and len(rows) == 8
+    # the same images, head and edits from Python; the held-out images are the next two of the same order
+    loaded, cfg = load(hub), load_config(["data=fashion_mnist", "intervene.n_images=4", "intervene.heldout_images=2"])
+    (edited, index), (heldout, _) = select_items(build_dataset(cfg.data, "val", 0), [4, 2], cfg.protocol)
+    assert sorted({int(r["image_index"]) for r in rows}) == sorted(index)
+    got = intervene(loaded.model, loaded.images([it[0] for it in edited]), heads=[(5, 1)], edits=edits,
+                    heldout=loaded.images([it[0] for it in heldout]), batch_size=2)["rows"]
+    want = {(int(r["image"]), r["edit"]): float(r["final_patch_relrms"]) for r in rows}
+    assert len(got["edit"]) == len(want)
+    for i, e, v in zip(got["image"], got["edit"], got["final_patch_relrms"], strict=True):
+        assert v == pytest.approx(want[(int(i), e)], rel=1e-4)

@@ -312,8 +312,8 @@ class Config:
     runs_dir: str = "runs"
     ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
     run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
-    # vitsinks.diagnose: a pretrained model read unmodified (vitsinks.pretrained): timm:NAME[@FILE] | hf:ID or folder
-    # | open_clip:NAME@TAG or FILE
+    # vitsinks.diagnose / intervene: a pretrained model read unmodified (vitsinks.pretrained): timm:NAME[@FILE] |
+    # hf:ID or folder | open_clip:NAME@TAG or FILE
     hub: str | None = None
     imported: str | None = None  # set by vitsinks: the pretrained model this run holds, imported without training
     model: ModelConfig = field(default_factory=ModelConfig)

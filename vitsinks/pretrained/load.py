@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from vitsinks.utils.errors import BadValue
@@ -35,17 +36,6 @@ class Loaded:
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    @property
-    def folder_name(self) -> str:
-        """A file name for the model's outputs: the spec with ':' and '/' as '_', a weights file by its stem."""
-        family, _, rest = self.spec.partition(":")
-        name, at, weights = rest.partition("@")
-        if at and Path(weights).suffix:
-            weights = Path(weights).stem
-        if Path(name).is_absolute():  # a save_pretrained folder
-            name = Path(name).name
-        return f"{family}_{name}{at}{weights}".replace("/", "_").replace(":", "_")
-
     def shown(self, images: torch.Tensor) -> np.ndarray:
         """Normalised images (n, 3, H, W) back as uint8 RGB (n, H, W, 3): what the model saw."""
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
@@ -54,7 +44,12 @@ class Loaded:
         return (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
 
     def images(self, pil_images: list[Any]) -> torch.Tensor:
-        """PIL images through the model's transform, as one batch (RGB first)."""
+        """PIL images through the model's transform, as one batch (RGB first); a `BadValue` for anything else (a
+        dataset of tensors is no picture a model's own preprocessing takes)."""
+        wrong = [type(im).__name__ for im in pil_images if not isinstance(im, Image.Image)]
+        if wrong:
+            raise BadValue(f"{self.spec} takes PIL images through its own preprocessing, got a {wrong[0]}: use a "
+                           f"dataset of pictures (data=imagenet, fashion_mnist, ...)")
         return torch.stack([self.transform(im.convert("RGB")) for im in pil_images])
 
 
@@ -77,8 +72,7 @@ def _timm(name: str, weights: str | None) -> Loaded:
     except RuntimeError as e:  # timm's message for an unknown name
         raise BadValue(f"timm:{name}: {e}") from e
     cfg = resolve_data_config({}, model=model)
-    spec = f"timm:{name}@{overlay['file']}" if overlay else f"timm:{name}"
-    return Loaded(spec, model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
+    return Loaded(f"timm:{name}", model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
 def _hf(name: str, weights: str | None) -> Loaded:
@@ -94,9 +88,7 @@ def _hf(name: str, weights: str | None) -> Loaded:
     def transform(image: Any) -> torch.Tensor:
         return proc(image, return_tensors="pt")["pixel_values"][0]
 
-    folder = Path(name).expanduser()
-    spec = f"hf:{folder.resolve() if folder.is_dir() else name}"
-    return Loaded(spec, model, transform, tuple(proc.image_mean), tuple(proc.image_std))
+    return Loaded(f"hf:{name}", model, transform, tuple(proc.image_mean), tuple(proc.image_std))
 
 
 def _open_clip(name: str, weights: str | None) -> Loaded:
@@ -109,9 +101,30 @@ def _open_clip(name: str, weights: str | None) -> Loaded:
     except RuntimeError as e:  # open_clip's message for an unknown name or tag
         raise BadValue(f"open_clip:{name}@{weights}: {e}") from e
     cfg = open_clip.get_model_preprocess_cfg(model)
-    if Path(weights).expanduser().is_file():
-        weights = str(Path(weights).expanduser().resolve())
     return Loaded(f"open_clip:{name}@{weights}", model, preprocess, tuple(cfg["mean"]), tuple(cfg["std"]))
+
+
+def canonical(spec: str) -> str:
+    """`spec` with a local weights file or save_pretrained folder as its absolute path (what `Loaded.spec` holds)."""
+    family, _, rest = spec.partition(":")
+    name, at, weights = rest.partition("@")
+    if at and Path(weights).expanduser().is_file():
+        weights = str(Path(weights).expanduser().resolve())
+    if family == "hf" and Path(name).expanduser().is_dir():
+        name = str(Path(name).expanduser().resolve())
+    return f"{family}:{name}{at}{weights}"
+
+
+def folder_name(spec: str) -> str:
+    """A file name for a model's outputs: `spec` with ':' and '/' as '_', a weights file by its stem, a
+    save_pretrained folder by its name."""
+    family, _, rest = spec.partition(":")
+    name, at, weights = rest.partition("@")
+    if at and Path(weights).suffix:
+        weights = Path(weights).stem
+    if Path(name).is_absolute():
+        name = Path(name).name
+    return f"{family}_{name}{at}{weights}".replace("/", "_").replace(":", "_")
 
 
 LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip}
@@ -124,8 +137,9 @@ def load(spec: str) -> Loaded:
         raise BadValue(f"{spec!r} names no pretrained model: write {' or '.join(f'{f}:<name>' for f in LOADERS)}")
     name, at, weights = rest.partition("@")
     loaded = LOADERS[family](name, weights if at else None)
+    loaded.spec = canonical(spec)
     loaded.model = loaded.model.float().eval()
     return loaded
 
 
-__all__ = ["LOADERS", "Loaded", "load"]
+__all__ = ["LOADERS", "Loaded", "canonical", "folder_name", "load"]
