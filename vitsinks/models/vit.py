@@ -352,9 +352,15 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
 
     timm stores position embeddings either for [CLS] + registers + patches (`no_embed_class=False`) or for
     patches only (`no_embed_class=True`, DINOv2 and timm's register models). Both are mapped to our layout
-    ([CLS] + patches, registers without one) without changing the function the network computes.
+    ([CLS] + patches, registers without one) without changing the function the network computes. timm's
+    `Attention(gated=True)` is the elementwise gate (`attn.gate`); without a qkv bias it has no bias, ours a zero one.
     """
     sd = dict(state_dict)
+    own = model.state_dict()
+    for k, w in state_dict.items():
+        bias = k.removesuffix("weight") + "bias"
+        if k.endswith(".attn.gate.weight") and bias not in sd and bias in own:
+            sd[bias] = w.new_zeros(own[bias].shape)
     if isinstance(model.head, nn.Identity):
         sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
     pe = sd.get("pos_embed")
@@ -372,7 +378,6 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     try:
         model.load_state_dict(sd, strict=strict)
     except RuntimeError as err:
-        own = model.state_dict()
         asked = {**architecture(own), "heads": model.blocks[0].attn.num_heads if len(model.blocks) else None}
         keys = key_differences(sd, own)
         if not strict:
