@@ -1,9 +1,10 @@
 """The post-hoc edits of `vitsinks.quant` (W8A8) and `vitsinks.trainfree` (the test-time register) on a pretrained
 model, through its views (docs/pretrained.md).
 
-- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every `nn.Linear` inside the model's blocks (the
-  blocks' own modules, `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The
-  weights are edited in place and the input hooks stay on the model: its own forward is quantised too.
+- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every linear layer inside the model's blocks
+  (`BlockView.linears`: the blocks' own `nn.Linear`s, or open_clip's fused attention projections, by a `SinkViT`'s
+  names `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The weights are edited
+  in place and the input hooks stay on the model: its own forward is quantised too.
 - `add_test_time_register`: one zero register after the prefix, without position embedding (`trainfree`'s
   `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
   (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
@@ -25,8 +26,8 @@ from torch import nn
 from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.api import as_foreign, require_float32
-from vitsinks.pretrained.views import BlockView, Foreign
-from vitsinks.quant.stats import layer_input_maxima
+from vitsinks.pretrained.views import BlockView, Foreign, own_linears
+from vitsinks.quant.stats import LinearSite, layer_input_maxima
 from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
 from vitsinks.trainfree.massive import massive_state, peaks_of
 from vitsinks.trainfree.test_time_register import move_to_register
@@ -36,23 +37,12 @@ from vitsinks.utils.errors import BadValue
 MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
 
 
-def block_modules(foreign: Foreign) -> list[nn.Module]:
-    """The model's own block modules (a view's `block`; a `SinkViT`'s blocks are their own views)."""
-    return [blk.block if isinstance(blk, BlockView) else blk for blk in foreign.blocks]
-
-
-def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
-    """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
-    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...). A `BadValue` for a block holding an
-    `nn.MultiheadAttention` (open_clip): its q, k, v projection is no `nn.Linear` and its fused path never calls
-    `out_proj`, so W8A8 would miss them."""
-    named = [(f"blocks.{i}.{name}", mod) for i, blk in enumerate(block_modules(foreign))
-             for name, mod in blk.named_modules()]
-    fused = [name for name, mod in named if isinstance(mod, nn.MultiheadAttention)]
-    if fused:
-        raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
-                       f"nn.Linear and its fused path never calls out_proj; W8A8 through the views does not cover it")
-    return {name: mod for name, mod in named if isinstance(mod, nn.Linear)}
+def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
+    """Every linear layer inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
+    (`BlockView.linears`; timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...; open_clip's are given a
+    `SinkViT`'s names)."""
+    return {f"blocks.{i}.{name}": layer for i, blk in enumerate(foreign.blocks)
+            for name, layer in (blk.linears() if isinstance(blk, BlockView) else own_linears(blk)).items()}
 
 
 def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
