@@ -1,13 +1,16 @@
-"""W8A8 through the open_clip views (small random towers, no hub) equals `quant.w8a8.W8A8` on vitsinks' own ViT with
-the converted weights: the calibrated scales, the final tokens through the views and open_clip's own forward."""
+"""The edits and the register-neuron summary through the open_clip views (small random towers, no hub): W8A8 equals
+`quant.w8a8.W8A8` on vitsinks' own ViT with the converted weights (the calibrated scales, the final tokens through the
+views and open_clip's own forward); the neuron table equals a numpy recomputation from open_clip's own forward."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
+from tests.pretrained.neurons import assert_table_equals, summary_rows
 from tests.pretrained.test_open_clip_adapter import images, own_twin, tower
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import apply_w8a8, block_linears, final_tokens, fit_w8a8
@@ -45,3 +48,24 @@ def test_w8a8_equals_vitsinks_own(ls: float | None) -> None:
 def test_a_view_without_its_projections_refuses_the_multihead_attention() -> None:
     with pytest.raises(BadValue, match="nn.MultiheadAttention"):
         own_linears(tower().transformer.resblocks[0])
+
+
+@pytest.mark.parametrize("ls", (0.1, None))
+@torch.no_grad()
+def test_neuron_summary_equals_a_recomputation_from_open_clips_forward(ls: float | None) -> None:
+    v = tower(ls)
+    x, k = images(4), 1.05
+    blocks = v.transformer.resblocks
+    acts: dict[int, np.ndarray] = {}
+    outs: dict[int, np.ndarray] = {}
+    for b, blk in enumerate(blocks):
+        blk.mlp.gelu.register_forward_hook(lambda _m, _a, out, b=b: acts.__setitem__(b, out.double().numpy()))
+        blk.register_forward_hook(lambda _m, _a, out, b=b: outs.__setitem__(b, out.double().numpy()))
+    v(x)
+    gammas = [blk.ls_2.gamma.double().numpy() if ls else None for blk in blocks]
+    want = summary_rows([acts[b] for b in range(len(blocks))], [outs[b] for b in range(len(blocks))],
+                        [blk.mlp.c_proj.weight.double().numpy() for blk in blocks], gammas, k, 1, 10)
+    for blk in blocks:
+        blk.mlp.gelu._forward_hooks.clear()
+        blk._forward_hooks.clear()
+    assert_table_equals(diagnose(v, x, neurons=k)["neurons"], want)

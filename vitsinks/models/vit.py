@@ -22,6 +22,7 @@ from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, con
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, at_site
+from vitsinks.models.mlp import MLPParts, timm_mlp_parts
 from vitsinks.models.weights import (
     DAMAGED,
     architecture,
@@ -106,6 +107,10 @@ class SinkBlock(Block):
         handle = RemovableHandle(self._update_hooks)
         self._update_hooks[handle.id] = fn
         return handle
+
+    def mlp_parts(self) -> MLPParts | None:
+        """The MLP as the register neurons read it (`models.mlp`): timm's plain `Mlp` and `ls2`, else None."""
+        return timm_mlp_parts(self)
 
     def _update_modules(self) -> list[nn.Module]:
         return [mod for m in UPDATE_MITIGATIONS if (mod := getattr(self, m.attr, None)) is not None]

@@ -3,7 +3,8 @@
 `adapt(model)` views a model of an adapted family (`families`, one module per family) as vitsinks' own blocks
 (`views`), without converting a weight; `diagnose(model, images)` runs the diagnostics over the views and returns
 tables (dicts of columns, `pandas.DataFrame(...)`-ready), `intervene(model, images, ...)` the causal interventions.
-`vitsinks.pretrained.edits`: W8A8, the test-time register and the massive-activation fix through the views.
+`vitsinks.pretrained.edits`: W8A8, the test-time register and the massive-activation fix through the views;
+`vitsinks.pretrained.neurons`: the register-neuron summary (`diagnose(..., neurons=True)`).
 See docs/pretrained.md.
 """
 

@@ -25,6 +25,7 @@ from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
+from vitsinks.pretrained.neurons import NEURON_K, neuron_table
 from vitsinks.pretrained.views import Foreign
 from vitsinks.utils.errors import BadValue
 
@@ -174,11 +175,19 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
 
 
 def diagnose(model: nn.Module | Foreign, images: torch.Tensor, blocks: Iterable[int] | None = None,
-             heads: Sequence[int] | Sequence[tuple[int, int]] | None = None,
-             batch_size: int | None = None) -> dict[str, dict[str, np.ndarray]]:
+             heads: Sequence[int] | Sequence[tuple[int, int]] | None = None, batch_size: int | None = None,
+             neurons: bool | float = False) -> dict[str, dict[str, np.ndarray]]:
     """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model): the
-    `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`)."""
-    return tables(diagnose_fields(model, images, blocks, batch_size), heads)
+    `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`). `neurons`: also the `neurons` table (the
+    register-neuron summary, `pretrained.neurons.neuron_table`, of the chosen blocks; one more forward pass) at the
+    summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
+    foreign = as_foreign(model)
+    out = tables(diagnose_fields(foreign, images, blocks, batch_size), heads)
+    if neurons is not False:
+        t = neuron_table(foreign, images, NEURON_K if neurons is True else float(neurons))
+        keep = np.isin(t["block"], out["checks"]["block"])
+        out["neurons"] = {k: v[keep] for k, v in t.items()}
+    return out
 
 
 def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:

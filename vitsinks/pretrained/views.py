@@ -6,15 +6,16 @@ The diagnostics (`diagnostics.core.diagnose_tokens`) and the interventions (`int
 - `blk.forward_explicit(x)` -> (out, `AttnInternals`): the same block rebuilt from the explicit attention matrix
   A, the values v and the gate, recomputed from the module's own q, k, v parameters (a fused kernel never
   materialises A); `recompute_error` checks that `out` equals the real forward;
-- `blk.norm1`, `blk.ls1` (with `gamma` where the model has LayerScale), `blk.mlp` (the register neurons),
+- `blk.norm1`, `blk.ls1` (with `gamma` where the model has LayerScale), `blk.mlp`, `blk.norm2`, `blk.ls2`,
+  `blk.mlp_parts()` (the register neurons: `models.mlp.MLPParts`),
   `blk.from_heads(x, heads_out, gate)` (the block from edited head outputs);
 - `blk.attn`: `num_heads`, `head_dim`, `proj.weight` (dim, heads * head_dim), `qkv.weight` (3 * dim, dim: q rows,
   then k, then v; the QK spectrum), `extra_keys` (none), `attn_kind` ("softmax"), `internals`, `redirected`, `combine`.
 
 A family module (`vitsinks.pretrained.families`) subclasses `AttentionView` (`_qkv`, `qkv_weight`, optionally
-`_gate`) and `BlockView` (`real_forward`, `mlp_residual`, optionally `linears`) over its library's modules; nothing
-is copied or converted: the views call the model's own submodules and read their parameters. Views assume evaluation
-mode (dropout and stochastic depth off), as every analysis pass sets.
+`_gate`) and `BlockView` (`real_forward`, `mlp_residual`, `mlp_parts`, optionally `linears`; `norm2` and `ls2`)
+over its library's modules; nothing is copied or converted: the views call the model's own submodules and read their
+parameters. Views assume evaluation mode (dropout and stochastic depth off), as every analysis pass sets.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vitsinks.interventions.subject import Subject
 from vitsinks.models.attention import AttnInternals
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.layout import KeyLayout
+from vitsinks.models.mlp import MLPParts
 from vitsinks.quant.stats import LinearSite
 from vitsinks.utils.errors import BadValue
 
@@ -153,6 +155,11 @@ class BlockView(nn.Module):
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
         """x + the MLP branch (x: the stream after the attention residual)."""
         raise NotImplementedError
+
+    def mlp_parts(self) -> MLPParts | None:
+        """The MLP as the register neurons read it (`models.mlp.MLPParts`: input layer, activation, output layer,
+        LayerScale gain); None for an MLP that is no plain one (this default: a family gives its own)."""
+        return None
 
     def linears(self) -> dict[str, LinearSite]:
         """The block's linear layers for W8A8 by their path in the block, in module order: every `nn.Linear` of the

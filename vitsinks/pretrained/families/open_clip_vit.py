@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from vitsinks.models.mlp import MLPParts, plain_mlp
 from vitsinks.pretrained.families import Adapter, register_adapter
 from vitsinks.pretrained.families.timm_vit import TimmViT
 from vitsinks.pretrained.views import AttentionView, BlockView, Foreign
@@ -116,6 +117,10 @@ class ResidualBlockView(BlockView):
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__(block, MHAView(block.attn), block.ln_1, block.ls_1, block.mlp)
+        self.norm2, self.ls2 = block.ln_2, block.ls_2
+
+    def mlp_parts(self) -> MLPParts | None:
+        return plain_mlp(self.mlp, ("c_fc", "gelu", "c_proj"), getattr(self.ls2, "gamma", None))
 
     def linears(self) -> dict[str, LinearSite]:
         """W8A8's layers by a `SinkBlock`'s names: the fused q, k, v projection (its input: `ln_1`'s output), the
@@ -128,8 +133,7 @@ class ResidualBlockView(BlockView):
         return self.block(x)
 
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.block
-        return x + b.ls_2(b.mlp(b.ln_2(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 @register_adapter
