@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from timm.layers import GluMlp
+from timm.models.vision_transformer import VisionTransformer
 
-from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
+from tests.pretrained.test_timm_adapter import CONFIGS, SHAPE, images, own_twin, timm_vit
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.neurons import find_register_neurons, summarize_neurons
 from vitsinks.pretrained import adapt, diagnose
@@ -92,6 +94,15 @@ def test_neuron_summary_equals_vitsinks_own(name: str) -> None:
     assert "neurons" not in diagnose(m, x) and list(diagnose(m, x, neurons=True)["neurons"]) == list(got)
     with pytest.raises(BadValue, match="threshold k"):
         diagnose(m, x, neurons=0.5)
+
+
+@torch.no_grad()
+def test_a_gated_mlp_has_no_register_neurons_through_the_views() -> None:
+    """timm's GluMlp also names its parts fc1, act, fc2, but its `act` is only the gate: no units to rank or move."""
+    m = VisionTransformer(**SHAPE, mlp_layer=GluMlp).eval()
+    assert len(diagnose(m, images(2), neurons=1.05)["neurons"]["unit"]) == 0
+    with pytest.raises(BadValue, match="GluMlp is no plain MLP"):
+        add_test_time_register(m, [(0, 1)])
 
 
 @torch.no_grad()
