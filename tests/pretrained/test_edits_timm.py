@@ -8,9 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from timm.layers import GluMlp
+from timm.models.vision_transformer import VisionTransformer
 
-from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
-from vitsinks.diagnostics.neurons import find_register_neurons
+from tests.pretrained.test_timm_adapter import CONFIGS, SHAPE, images, own_twin, timm_vit
+from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.diagnostics.neurons import find_register_neurons, summarize_neurons
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import (
     add_test_time_register,
@@ -26,6 +29,7 @@ from vitsinks.quant import W8A8
 from vitsinks.quant.stats import layer_paths
 from vitsinks.trainfree.massive import MeanMassive, ZeroMassive
 from vitsinks.trainfree.test_time_register import TestTimeRegister
+from vitsinks.utils.errors import BadValue
 
 
 @pytest.mark.parametrize("name", ["deit", "dinov2_reg"])
@@ -71,6 +75,34 @@ def test_register_neurons_equal_vitsinks_own() -> None:
     assert [(b, u) for b, u, _ in got] == [(b, u) for b, u, _ in want]
     torch.testing.assert_close(torch.tensor([s for *_, s in got]), torch.tensor([s for *_, s in want]), rtol=1e-5,
                                atol=0)
+
+
+@pytest.mark.parametrize("name", ["dinov2_reg", "deit"])
+@torch.no_grad()
+def test_neuron_summary_equals_vitsinks_own(name: str) -> None:
+    """`diagnose(..., neurons=k)`'s table equals `summarize_neurons` (summary.json's `register_neurons`) on vitsinks'
+    own ViT with the converted weights."""
+    m = timm_vit(CONFIGS[name])
+    own = own_twin(m, CONFIGS[name])
+    x, k = images(4), 1.05  # a low threshold: random weights have no real artifact
+    got = diagnose(m, x, neurons=k)["neurons"]
+    want = summarize_neurons(own, x, DiagnosticsConfig(high_norm_k=[k], register_neurons=10))["by_block"]
+    assert [(b, u) for b, e in enumerate(want) for u in e["units"]] == list(zip(got["block"], got["unit"], strict=True))
+    np.testing.assert_allclose(got["score"], [s for e in want for s in e["scores"]], rtol=1e-5)
+    np.testing.assert_allclose(got["norm_share"], [e["norm_share"] for e in want for _ in e["units"]], rtol=1e-5)
+    assert len(got["unit"]) == 10 * len(m.blocks) and list(got["rank"][:3]) == [0, 1, 2]
+    assert "neurons" not in diagnose(m, x) and list(diagnose(m, x, neurons=True)["neurons"]) == list(got)
+    with pytest.raises(BadValue, match="threshold k"):
+        diagnose(m, x, neurons=0.5)
+
+
+@torch.no_grad()
+def test_a_gated_mlp_has_no_register_neurons_through_the_views() -> None:
+    """timm's GluMlp also names its parts fc1, act, fc2, but its `act` is only the gate: no units to rank or move."""
+    m = VisionTransformer(**SHAPE, mlp_layer=GluMlp).eval()
+    assert len(diagnose(m, images(2), neurons=1.05)["neurons"]["unit"]) == 0
+    with pytest.raises(BadValue, match="GluMlp is no plain MLP"):
+        add_test_time_register(m, [(0, 1)])
 
 
 @torch.no_grad()

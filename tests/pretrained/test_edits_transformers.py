@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tests.pretrained import require
+from tests.pretrained.neurons import assert_table_equals, outlier_patches, summary_rows, unit_scores
 from tests.pretrained.test_transformers_adapter import REGISTERS, SMALL, build, images
 from vitsinks.pretrained import adapt, diagnose
 from vitsinks.pretrained.edits import (
@@ -99,29 +100,48 @@ def test_register_neurons_moved_onto_the_test_time_register() -> None:
         m(pixel_values=x)  # the model's own forward has no test-time register: the hooks refuse it
 
 
-@torch.no_grad()
-def test_register_neurons_equal_a_recomputation_from_transformers_forward() -> None:
-    """The ranking recomputed in numpy from transformers' own forward: hidden states and hooked activations."""
-    m = build("dinov2_reg")
-    x, k, prefix = images(4), 1.05, 1 + REGISTERS
+def own_forward(m: nn.Module, x: torch.Tensor) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every layer's MLP activations (hooked) and output (`hidden_states`, before the final norm) under
+    transformers' own forward, in float64."""
     acts: dict[int, np.ndarray] = {}
 
     def keep(b: int) -> Callable[..., None]:
         return lambda _m, _i, out: acts.__setitem__(b, out.double().numpy())
 
-    for b, layer in enumerate(m.encoder.layer):
-        layer.mlp.activation_fn.register_forward_hook(keep(b))
-    last = m(pixel_values=x, output_hidden_states=True).hidden_states[-1].double().numpy()  # before the final norm
-    norms = np.linalg.norm(last, axis=-1)
-    mask = norms > k * np.median(norms, axis=-1, keepdims=True)
-    mask[:, :prefix] = False
-    hit = mask.any(-1)
-    scores = {(b, u): np.mean([np.abs(a[i, mask[i], u]).mean() for i in np.flatnonzero(hit)])
-              for b, a in acts.items() for u in range(a.shape[-1])}
+    hooks = [layer.mlp.activation_fn.register_forward_hook(keep(b)) for b, layer in enumerate(m.encoder.layer)]
+    hidden = m(pixel_values=x, output_hidden_states=True).hidden_states[1:]
+    for h in hooks:
+        h.remove()
+    return [acts[b] for b in range(len(acts))], [h.double().numpy() for h in hidden]
+
+
+@torch.no_grad()
+def test_register_neurons_equal_a_recomputation_from_transformers_forward() -> None:
+    """The ranking recomputed in numpy from transformers' own forward: hidden states and hooked activations."""
+    m = build("dinov2_reg")
+    x, k, prefix = images(4), 1.05, 1 + REGISTERS
+    acts, outs = own_forward(m, x)
+    mask = outlier_patches(outs[-1], k, prefix)
+    scores = {(b, u): s for b, a in enumerate(acts) for u, s in enumerate(unit_scores(a, mask))}
     want = sorted(scores.items(), key=lambda kv: -kv[1])[:8]
     got = register_neurons(m, x, top=8, k=k)
     assert [(b, u) for b, u, _ in got] == [bu for bu, _ in want]
     np.testing.assert_allclose([s for *_, s in got], [s for _, s in want], rtol=1e-5)
+
+
+@torch.no_grad()
+def test_neuron_summary_equals_a_recomputation_from_transformers_forward() -> None:
+    """`diagnose(..., neurons=k)`'s table (`summarize_neurons` through the views) equals the summary recomputed in
+    numpy from transformers' own forward (the layer scale `lambda2` in the share)."""
+    m = build("dinov2_reg")
+    x, k = images(4), 1.05
+    acts, outs = own_forward(m, x)
+    layers = m.encoder.layer
+    want = summary_rows(acts, outs, [la.mlp.fc2.weight.double().numpy() for la in layers],
+                        [la.layer_scale2.lambda1.double().numpy() for la in layers], k, 1 + REGISTERS, 10)
+    assert_table_equals(diagnose(m, x, neurons=k)["neurons"], want)
+    last = diagnose(m, x, blocks=[-1], neurons=k)["neurons"]
+    assert set(last["block"]) == {len(layers) - 1}  # the chosen blocks' rows only
 
 
 @torch.no_grad()

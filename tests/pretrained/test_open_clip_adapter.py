@@ -10,8 +10,6 @@ from torch import nn
 from tests.pretrained import assert_fields_equal_own, require
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import fit_w8a8
-from vitsinks.utils.errors import BadValue
 
 open_clip = require("open_clip")
 
@@ -55,6 +53,14 @@ def timm_state_dict(v: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def own_twin(v: nn.Module, ls: float | None) -> SinkViT:
+    """vitsinks' own (pre-norm) ViT with the tower `v`'s weights converted (`timm_state_dict`)."""
+    own = SinkViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, qkv_bias=True,
+                  num_classes=0, pre_norm=True, init_values=ls, norm_eps=1e-5)
+    load_timm_state_dict(own, timm_state_dict(v))
+    return own.eval()
+
+
 @pytest.mark.parametrize("ls", (0.1, None))
 @torch.no_grad()
 def test_views_reproduce_and_equal_vitsinks_own(ls: float | None) -> None:
@@ -69,10 +75,7 @@ def test_views_reproduce_and_equal_vitsinks_own(ls: float | None) -> None:
     pooled = f.readout(t)[:, 0] @ v.proj
     torch.testing.assert_close(pooled, v(x), rtol=1e-5, atol=1e-5)
 
-    own = SinkViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, qkv_bias=True,
-                  num_classes=0, pre_norm=True, init_values=ls, norm_eps=1e-5).eval()
-    load_timm_state_dict(own, timm_state_dict(v))
-    assert_fields_equal_own(f, own, x)
+    assert_fields_equal_own(f, own_twin(v, ls), x)
 
 
 @torch.no_grad()
@@ -85,8 +88,3 @@ def test_clip_model_and_timm_tower() -> None:
                                            "timm_model_pretrained": False, "timm_pool": "", "timm_proj": "linear"},
                                       {"context_length": 8, "vocab_size": 50, "width": 32, "heads": 2, "layers": 1})
     assert adapt(timm_tower).family == "timm"
-
-
-def test_w8a8_refuses_the_fused_multihead_attention() -> None:
-    with pytest.raises(BadValue, match="nn.MultiheadAttention"):
-        fit_w8a8(tower(), images(2))

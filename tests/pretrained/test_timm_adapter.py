@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.layers import Attention
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 from torch import nn
 
@@ -19,12 +20,22 @@ from vitsinks.models import SinkViT, build_vit, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
 from vitsinks.utils.errors import BadValue
 
+
+class GatedAttention(Attention):
+    """timm's `Attention(gated=True)`: a sigmoid gate of the heads' outputs, elementwise (`VisionTransformer` has no
+    flag for it; its `attn_layer` takes this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, gated=True, **kwargs)
+
+
 SHAPE = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "qkv_bias": True,
          "num_classes": 5}
 CONFIGS = {
     "dinov2_reg": {"reg_tokens": 4, "no_embed_class": True, "qk_norm": True, "init_values": 0.1},  # DINOv2-reg-like
     "deit": {},  # [CLS] with its own position embedding, no registers, no LayerScale
     "layerscale_reg_pos": {"reg_tokens": 2, "init_values": 1e-2},  # registers inside the position embedding
+    "gated": {"attn_layer": GatedAttention, "reg_tokens": 2, "init_values": 0.1},  # vitsinks' gate="elementwise"
 }
 
 
@@ -46,7 +57,9 @@ def timm_vit(cfg: dict[str, Any], seed: int = 0) -> VisionTransformer:
 
 def own_twin(m: VisionTransformer, cfg: dict[str, Any]) -> SinkViT:
     """vitsinks' own ViT of the same shape with `m`'s weights converted (`load_timm_state_dict`)."""
-    own_cfg = {k: v for k, v in cfg.items() if k != "no_embed_class"}
+    own_cfg = {k: v for k, v in cfg.items() if k not in ("no_embed_class", "attn_layer")}
+    if cfg.get("attn_layer") is GatedAttention:
+        own_cfg["gate"] = "elementwise"
     own = SinkViT(**SHAPE, **own_cfg, register_pos_embed=bool(cfg.get("reg_tokens")) and not cfg.get("no_embed_class"))
     load_timm_state_dict(own, m.state_dict())
     return own.eval()
@@ -181,6 +194,39 @@ def test_intervene_on_a_planted_sink() -> None:
     assert len(rows["edit"]) == 2 * 4 and set(rows["sink_loc"]) == {"cls"}
     assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
     assert all(np.isfinite(rows["final_patch_relrms"])) and max(rows["final_patch_relrms"]) > 0
+
+
+@pytest.mark.parametrize("qkv_bias", (True, False))
+@torch.no_grad()
+def test_gate_fields_and_edits_equal_vitsinks_own(qkv_bias: bool) -> None:
+    """timm's gated attention through the views: `gate_mean` (with every other per-head field, in
+    `test_fields_equal_vitsinks_own_implementation`) and the gate's edits equal vitsinks' own gated ViT on the
+    converted weights; without a qkv bias timm's gate has none either (converted as a zero bias)."""
+    shape = {**SHAPE, "qkv_bias": qkv_bias}
+    torch.manual_seed(0)
+    m = VisionTransformer(**shape, **CONFIGS["gated"]).eval()
+    own = SinkViT(**shape, gate="elementwise", reg_tokens=2, init_values=0.1, register_pos_embed=True)
+    load_timm_state_dict(own, m.state_dict())
+    own.eval()
+    if qkv_bias:
+        plant_sink(m, 1, 0)
+        load_timm_state_dict(own, m.state_dict())
+    x = images(4)
+    got, want = diagnose(m, x)["heads"], diagnose(own, x)["heads"]
+    np.testing.assert_allclose(got["gate_mean"], want["gate_mean"], rtol=1e-5, atol=1e-6)
+    assert 0.05 < got["gate_mean"].min() and got["gate_mean"].max() < 0.95  # a real gate: neither open nor shut
+    torch.testing.assert_close(m.forward_features(x), own.forward_features(x), rtol=1e-5, atol=1e-5)
+    if not qkv_bias:
+        return
+    edits = ["open_gate", "close_gate"]
+    rows, own_rows = (intervene(model, x, heads=[(1, 0)], edits=edits)["rows"] for model in (m, own))
+    assert sorted(set(rows["edit"])) == sorted(edits) and len(rows["edit"]) == 2 * len(x)
+    for k, v in own_rows.items():
+        if isinstance(v[0], float):
+            np.testing.assert_allclose(rows[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+        else:
+            assert list(rows[k]) == list(v), k
+    assert min(rows["final_patch_relrms"]) > 1e-4  # the edits move the model
 
 
 def test_registry() -> None:

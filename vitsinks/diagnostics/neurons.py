@@ -4,10 +4,12 @@ few MLP units whose activations put the high-norm artifacts on patch tokens.
 The outlier tokens of an image are its PATCH tokens whose residual-stream norm at the output of the model's last
 block exceeds `k` x the median norm of all its tokens at that block (`residual.high_norm`, the summary's test, at the
 last block). The score of unit u of block b is, averaged over the images with at least one outlier token, the mean of
-|a_u| over that image's outlier tokens, a_u being the unit's activation (the output of `blk.mlp.act`). The units are
-ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`). Only timm's plain
-`Mlp` (fc1 -> act -> fc2, no hidden-layer norm) has register neurons here (`has_mlp`): in a gated MLP (GluMlp,
-SwiGLU) `act` is only the gate, and a hidden-layer norm makes a unit's contribution non-linear.
+|a_u| over that image's outlier tokens, a_u being the unit's activation (the output of the MLP's activation module).
+The units are ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`). A block
+is read through `blk.mlp_parts()` (`models.mlp.MLPParts`: input layer, activation, output layer, LayerScale gain),
+which `SinkBlock` and every `vitsinks.pretrained` view give; only a plain MLP (in -> act -> out, no hidden-layer
+norm) has register neurons here (`has_mlp`): in a gated MLP (GluMlp, SwiGLU) `act` is only the gate, and a
+hidden-layer norm makes a unit's contribution non-linear.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ def neuron_k(ks: Sequence[float]) -> float:
 
 
 def has_mlp(blk: SinkBlock) -> bool:
-    """Whether a block has units register neurons can be among: a plain timm `Mlp` (exactly that class) without a
-    hidden-layer norm. `NoMLP` (`model.mlp=false`) has no units; another MLP (GluMlp, SwiGLU, a hidden norm) is not
-    supported (`unsupported_mlp`)."""
-    return type(blk.mlp) is Mlp and isinstance(blk.mlp.norm, nn.Identity)
+    """Whether a block has units register neurons can be among: a plain MLP (`blk.mlp_parts()`; for a `SinkBlock`, a
+    timm `Mlp`, exactly that class, without a hidden-layer norm). `NoMLP` (`model.mlp=false`) has no units; another
+    MLP (GluMlp, SwiGLU, a hidden norm) is not supported (`unsupported_mlp`)."""
+    return blk.mlp_parts() is not None
 
 
 def unsupported_mlp(blk: SinkBlock) -> str | None:
     """The name of the block's MLP when it has one that `has_mlp` does not support, else None."""
-    if has_mlp(blk) or isinstance(blk.mlp, NoMLP):
+    if has_mlp(blk) or blk.mlp is None or isinstance(blk.mlp, NoMLP):
         return None
     norm = getattr(blk.mlp, "norm", None)
     if type(blk.mlp) is Mlp and norm is not None:
@@ -57,12 +59,13 @@ def unsupported_mlp(blk: SinkBlock) -> str | None:
 
 def mlp_update(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
     """The direct part of `units` (K,) of the block's MLP update at tokens with hidden activations `acts` (n, H):
-    gamma * W2[:, units] a_units (n, D), gamma the MLP LayerScale (1 without); in float64. The fc2 bias is no
-    unit's. Only for a block with `has_mlp` (no hidden-layer norm between act and fc2)."""
-    w2 = blk.mlp.fc2.weight.detach().double()[:, units.to(blk.mlp.fc2.weight.device)]  # (D, K)
+    gamma * W_out[:, units] a_units (n, D), gamma the MLP LayerScale gain (1 without); in float64. The output
+    layer's bias is no unit's. Only for a block with `has_mlp` (nothing between the activation and the output)."""
+    parts = blk.mlp_parts()
+    w = parts.fc_out.weight
+    w2 = w.detach().double()[:, units.to(w.device)]  # (D, K)
     out = acts[:, units].double().to(w2.device) @ w2.T
-    gamma = getattr(blk.ls2, "gamma", None)
-    return out * gamma.detach().double() if gamma is not None else out
+    return out * parts.gamma.detach().double() if parts.gamma is not None else out
 
 
 @dataclass
@@ -106,7 +109,8 @@ class NeuronCollector:
     @staticmethod
     def activation(blk: Any) -> nn.Module | None:
         """The module whose output is a block's MLP activations (its units), None where it has none (`has_mlp`)."""
-        return blk.mlp.act if has_mlp(blk) else None
+        parts = blk.mlp_parts()
+        return None if parts is None else parts.act
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -193,13 +197,13 @@ def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: to
     return float(share.mean())
 
 
-def summarize_neurons(model: SinkViT, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
+def summarize_neurons(model: SinkViT | Any, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
                       got: OutlierActivations | None = None) -> dict[str, Any]:
     """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
     and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`, from `got` (what a
     `NeuronCollector` kept during the diagnosis) or else a pass of its own over `images`. A block without an MLP or
     with an unsupported one (`has_mlp`), or a model without any outlier token on the images, gets empty lists and a
-    null share."""
+    null share. With `got`, `model` is anything with the `blocks` it was kept from (a pretrained model's views)."""
     if got is None:
         if images is None:
             raise ValueError("summarize_neurons needs the images or what a NeuronCollector kept")

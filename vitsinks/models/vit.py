@@ -22,6 +22,7 @@ from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, con
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, at_site
+from vitsinks.models.mlp import MLPParts, timm_mlp_parts
 from vitsinks.models.weights import (
     DAMAGED,
     architecture,
@@ -106,6 +107,10 @@ class SinkBlock(Block):
         handle = RemovableHandle(self._update_hooks)
         self._update_hooks[handle.id] = fn
         return handle
+
+    def mlp_parts(self) -> MLPParts | None:
+        """The MLP as the register neurons read it (`models.mlp`): timm's plain `Mlp` and `ls2`, else None."""
+        return timm_mlp_parts(self)
 
     def _update_modules(self) -> list[nn.Module]:
         return [mod for m in UPDATE_MITIGATIONS if (mod := getattr(self, m.attr, None)) is not None]
@@ -357,9 +362,15 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
 
     timm stores position embeddings either for [CLS] + registers + patches (`no_embed_class=False`) or for
     patches only (`no_embed_class=True`, DINOv2 and timm's register models). Both are mapped to our layout
-    ([CLS] + patches, registers without one) without changing the function the network computes.
+    ([CLS] + patches, registers without one) without changing the function the network computes. timm's
+    `Attention(gated=True)` is the elementwise gate (`attn.gate`); without a qkv bias it has no bias, ours a zero one.
     """
     sd = dict(state_dict)
+    own = model.state_dict()
+    for k, w in state_dict.items():
+        bias = k.removesuffix("weight") + "bias"
+        if k.endswith(".attn.gate.weight") and bias not in sd and bias in own:
+            sd[bias] = w.new_zeros(own[bias].shape)
     if isinstance(model.head, nn.Identity):
         sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
     pe = sd.get("pos_embed")
@@ -377,7 +388,6 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     try:
         model.load_state_dict(sd, strict=strict)
     except RuntimeError as err:
-        own = model.state_dict()
         asked = {**architecture(own), "heads": model.blocks[0].attn.num_heads if len(model.blocks) else None}
         keys = key_differences(sd, own)
         if not strict:

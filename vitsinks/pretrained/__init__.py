@@ -4,7 +4,8 @@
 (`views`), without converting a weight; `diagnose(model, images)` runs the diagnostics over the views and returns
 tables (dicts of columns, `pandas.DataFrame(...)`-ready), `report(model, images, out_dir)` the CLI's files, plots and
 page, `intervene(model, images, ...)` the causal interventions.
-`vitsinks.pretrained.edits`: W8A8, the test-time register and the massive-activation fix through the views.
+`vitsinks.pretrained.edits`: W8A8, the test-time register and the massive-activation fix through the views;
+`vitsinks.pretrained.neurons`: the register-neuron summary (`diagnose(..., neurons=True)`).
 See docs/pretrained.md.
 """
 

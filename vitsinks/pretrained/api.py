@@ -29,6 +29,7 @@ from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
 from vitsinks.pretrained.inputs import ImageSource, as_images, displayable
+from vitsinks.pretrained.neurons import NEURON_K, neuron_table
 from vitsinks.pretrained.views import Foreign
 from vitsinks.utils.errors import BadValue
 
@@ -147,11 +148,21 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
 
 def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[int] | None = None,
              heads: Sequence[int] | Sequence[tuple[int, int]] | None = None, batch_size: int | None = None,
-             rules: SinkRules | None = None, n_images: int | None = None) -> dict[str, dict[str, np.ndarray]]:
+             rules: SinkRules | None = None, n_images: int | None = None,
+             neurons: bool | float = False) -> dict[str, dict[str, np.ndarray]]:
     """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model; or a
     dataset or DataLoader, `as_images`): the `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`),
-    events and classes under `rules` (default `SinkRules()`, the CLI's)."""
-    return tables(diagnose_fields(model, images, blocks, batch_size, n_images=n_images), heads, rules)
+    events and classes under `rules` (default `SinkRules()`, the CLI's). `neurons`: also the `neurons` table (the
+    register-neuron summary, `pretrained.neurons.neuron_table`, of the chosen blocks; one more forward pass) at the
+    summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
+    foreign = as_foreign(model)
+    x = as_images(images, n_images)
+    out = tables(diagnose_fields(foreign, x, blocks, batch_size), heads, rules)
+    if neurons is not False:
+        t = neuron_table(foreign, x, NEURON_K if neurons is True else float(neurons))
+        keep = np.isin(t["block"], out["checks"]["block"])
+        out["neurons"] = {k: v[keep] for k, v in t.items()}
+    return out
 
 
 def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path, shown: np.ndarray | None = None,

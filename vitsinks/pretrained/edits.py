@@ -1,9 +1,10 @@
 """The post-hoc edits of `vitsinks.quant` (W8A8) and `vitsinks.trainfree` (the test-time register) on a pretrained
 model, through its views (docs/pretrained.md).
 
-- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every `nn.Linear` inside the model's blocks (the
-  blocks' own modules, `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The
-  weights are edited in place and the input hooks stay on the model: its own forward is quantised too.
+- `fit_w8a8` / `apply_w8a8`: `quant.w8a8`'s fake quantisation of every linear layer inside the model's blocks
+  (`BlockView.linears`: the blocks' own `nn.Linear`s, or open_clip's fused attention projections, by a `SinkViT`'s
+  names `blocks.<i>.<path>`), static input scales calibrated on images run through the views. The weights are edited
+  in place and the input hooks stay on the model: its own forward is quantised too.
 - `add_test_time_register`: one zero register after the prefix, without position embedding (`trainfree`'s
   `add_register`), added by the view's embedding (the model is not edited), and, for given register neurons
   (block, unit), their activations moved onto it by `trainfree`'s `move_to_register` hooks on the blocks' MLP
@@ -16,43 +17,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.api import as_foreign, require_float32
-from vitsinks.pretrained.views import BlockView, Foreign
-from vitsinks.quant.stats import layer_input_maxima
+from vitsinks.pretrained.neurons import block_outputs, collect_neurons
+from vitsinks.pretrained.views import BlockView, Foreign, own_linears
+from vitsinks.quant.stats import LinearSite, layer_input_maxima
 from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
 from vitsinks.trainfree.massive import massive_state, peaks_of
 from vitsinks.trainfree.test_time_register import move_to_register
 from vitsinks.utils.errors import BadValue
 
-# a plain MLP (in -> activation -> out): the attribute names of its parts, per family
-MLP_PARTS = (("fc1", "act", "fc2"), ("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
 
-
-def block_modules(foreign: Foreign) -> list[nn.Module]:
-    """The model's own block modules (a view's `block`; a `SinkViT`'s blocks are their own views)."""
-    return [blk.block if isinstance(blk, BlockView) else blk for blk in foreign.blocks]
-
-
-def block_linears(foreign: Foreign) -> dict[str, nn.Linear]:
-    """Every `nn.Linear` inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
-    (timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...). A `BadValue` for a block holding an
-    `nn.MultiheadAttention` (open_clip): its q, k, v projection is no `nn.Linear` and its fused path never calls
-    `out_proj`, so W8A8 would miss them."""
-    named = [(f"blocks.{i}.{name}", mod) for i, blk in enumerate(block_modules(foreign))
-             for name, mod in blk.named_modules()]
-    fused = [name for name, mod in named if isinstance(mod, nn.MultiheadAttention)]
-    if fused:
-        raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
-                       f"nn.Linear and its fused path never calls out_proj; W8A8 through the views does not cover it")
-    return {name: mod for name, mod in named if isinstance(mod, nn.Linear)}
+def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
+    """Every linear layer inside the model's blocks by its path, `blocks.<i>.<path in the block>`, in module order
+    (`BlockView.linears`; timm's names are a `SinkViT`'s: `blocks.0.attn.qkv`, ...; open_clip's are given a
+    `SinkViT`'s names)."""
+    return {f"blocks.{i}.{name}": layer for i, blk in enumerate(foreign.blocks)
+            for name, layer in (blk.linears() if isinstance(blk, BlockView) else own_linears(blk)).items()}
 
 
 def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
@@ -83,18 +70,6 @@ def apply_w8a8(model: nn.Module | Foreign, state: dict[str, Any]) -> Foreign:
     return foreign
 
 
-def mlp_parts(blk: BlockView) -> tuple[nn.Linear, nn.Module, nn.Linear]:
-    """(input Linear, activation module, output Linear) of a block's plain MLP (`MLP_PARTS`): the register neurons
-    are the activation's units; a `BadValue` for another MLP (gated: SwiGLU; a hidden-layer norm)."""
-    mlp = blk.mlp
-    for names in MLP_PARTS:
-        fc_in, act, fc_out = (getattr(mlp, a, None) for a in names)
-        if isinstance(fc_in, nn.Linear) and isinstance(act, nn.Module) and isinstance(fc_out, nn.Linear) \
-                and isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
-            return fc_in, act, fc_out
-    raise BadValue(f"a {type(mlp).__name__} is no plain MLP (in -> activation -> out): register neurons need one")
-
-
 def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[int, int]] = ()) -> Foreign:
     """The model's view with one more register (zero, no position embedding, after [CLS] and the model's registers)
     and, for each register neuron (block, unit) of `neurons`, its activation moved from the patches onto that
@@ -117,28 +92,18 @@ def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[i
     for b, units in sorted(by_block.items()):
         if not 0 <= b < len(foreign.blocks):
             raise BadValue(f"register neuron block {b}: the model has {len(foreign.blocks)} blocks")
-        fc_in, act, _ = mlp_parts(foreign.blocks[b])
-        width = fc_in.out_features
+        parts = foreign.blocks[b].mlp_parts()
+        if parts is None:
+            raise BadValue(f"block {b}'s {type(foreign.blocks[b].mlp).__name__} is no plain MLP (in -> activation -> "
+                           f"out): register neurons need one")
+        width = parts.fc_in.out_features
         if not all(0 <= u < width for u in units):
             raise BadValue(f"register neuron units {units} of block {b}: its MLP has {width} units")
-        acts[b] = (act, units)
+        acts[b] = (parts.act, units)
     for act, units in acts.values():
         act.register_forward_hook(move_to_register(units, register, register + 1, lambda: seen["n"]))
     return dataclasses.replace(foreign, embed=embed, num_registers=foreign.num_registers + 1,
                                name=f"{foreign.name} + test-time register")
-
-
-
-class ViewNeuronCollector(NeuronCollector):
-    """`NeuronCollector` over block views: the activations are read at each plain MLP's activation module
-    (`mlp_parts`: timm `act`, transformers `activation_fn`, open_clip `gelu`); a block with another MLP has none."""
-
-    @staticmethod
-    def activation(blk: Any) -> nn.Module | None:
-        try:
-            return mlp_parts(blk)[1]
-        except BadValue:
-            return None
 
 
 @torch.no_grad()
@@ -149,15 +114,8 @@ def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int,
     patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    collector = ViewNeuronCollector(foreign.blocks, k, foreign.num_prefix)
-    with eval_mode(foreign.model) as device, collector.recording():
-        for lo in range(0, len(images), batch_size):
-            x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
-            for blk in foreign.blocks:
-                x = blk(x)
-                outs.append(x)
-            collector.add_batch(outs)
-    got = collector.got
+    with eval_mode(foreign.model):
+        got = collect_neurons(foreign, images, k, batch_size)
     if not got.images:
         raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
                        f"the last block): no artifact for register neurons to move")
@@ -165,18 +123,6 @@ def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int,
               for u, s in enumerate(sc.tolist())]
     ranked.sort(key=lambda r: -r[2])
     return ranked[:top]
-
-
-def block_outputs(foreign: Foreign, images: torch.Tensor, batch_size: int = 16) -> Iterator[list[torch.Tensor]]:
-    """Per batch of `images` (on the model's device), every block's output through the views (the caller sets
-    evaluation mode and no_grad)."""
-    device = next(foreign.model.parameters()).device
-    for lo in range(0, len(images), batch_size):
-        x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
-        for blk in foreign.blocks:
-            x = blk(x)
-            outs.append(x)
-        yield outs
 
 
 @torch.no_grad()
@@ -191,16 +137,9 @@ def fit_massive(model: nn.Module | Foreign, images: torch.Tensor, massive: int =
 
 
 def mlp_branch(blk: BlockView) -> tuple[nn.Module, torch.Tensor | None]:
-    """The block's own norm before its MLP (timm `norm2`, transformers `norm2` / `layernorm_after` /
-    `layer_norm2`, open_clip `ln_2`) and the MLP branch's LayerScale gain (None without)."""
-    own = blk.block if isinstance(blk, BlockView) else blk
-    norm = next((m for m in (getattr(blk, "norm2", None), getattr(own, "norm2", None), getattr(own, "ln_2", None))
-                 if isinstance(m, nn.Module)), None)
-    if norm is None:
-        raise BadValue(f"a {type(own).__name__} has no norm before its MLP that this edit knows")
-    ls = next((m for m in (getattr(blk, "ls2", None), getattr(own, "ls2", None), getattr(own, "ls_2", None))
-               if m is not None), None)
-    return norm, getattr(ls, "gamma", None)
+    """The block's own norm before its MLP (`norm2`: timm `norm2`, transformers `norm2` / `layernorm_after` /
+    `layer_norm2`, open_clip `ln_2`) and the MLP branch's LayerScale gain (`ls2`'s; None without)."""
+    return blk.norm2, getattr(blk.ls2, "gamma", None)
 
 
 def apply_massive(model: nn.Module | Foreign, state: dict[str, Any], zero: bool = False) -> Foreign:

@@ -6,15 +6,16 @@ The diagnostics (`diagnostics.core.diagnose_tokens`) and the interventions (`int
 - `blk.forward_explicit(x)` -> (out, `AttnInternals`): the same block rebuilt from the explicit attention matrix
   A, the values v and the gate, recomputed from the module's own q, k, v parameters (a fused kernel never
   materialises A); `recompute_error` checks that `out` equals the real forward;
-- `blk.norm1`, `blk.ls1` (with `gamma` where the model has LayerScale), `blk.mlp` (the register neurons),
+- `blk.norm1`, `blk.ls1` (with `gamma` where the model has LayerScale), `blk.mlp`, `blk.norm2`, `blk.ls2`,
+  `blk.mlp_parts()` (the register neurons: `models.mlp.MLPParts`),
   `blk.from_heads(x, heads_out, gate)` (the block from edited head outputs);
 - `blk.attn`: `num_heads`, `head_dim`, `proj.weight` (dim, heads * head_dim), `qkv.weight` (3 * dim, dim: q rows,
   then k, then v; the QK spectrum), `extra_keys` (none), `attn_kind` ("softmax"), `internals`, `redirected`, `combine`.
 
 A family module (`vitsinks.pretrained.families`) subclasses `AttentionView` (`_qkv`, `qkv_weight`, optionally
-`_gate`) and `BlockView` (`real_forward`, `mlp_residual`) over its library's modules; nothing is copied or converted:
-the views call the model's own submodules and read their parameters. Views assume evaluation mode (dropout and
-stochastic depth off), as every analysis pass sets.
+`_gate`) and `BlockView` (`real_forward`, `mlp_residual`, `mlp_parts`, optionally `linears`; `norm2` and `ls2`)
+over its library's modules; nothing is copied or converted: the views call the model's own submodules and read their
+parameters. Views assume evaluation mode (dropout and stochastic depth off), as every analysis pass sets.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from vitsinks.interventions.subject import Subject
 from vitsinks.models.attention import AttnInternals
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.layout import KeyLayout
+from vitsinks.models.mlp import MLPParts
+from vitsinks.quant.stats import LinearSite
 from vitsinks.utils.errors import BadValue
 
 
@@ -123,6 +126,18 @@ class AttentionView(nn.Module):
         return self.proj(y)
 
 
+def own_linears(block: nn.Module) -> dict[str, nn.Linear]:
+    """Every `nn.Linear` inside a block by its path in it, in module order (W8A8's layers). A `BadValue` for a block
+    holding an `nn.MultiheadAttention` whose view does not give its projections (`BlockView.linears`): its q, k, v
+    projection is no `nn.Linear` and its fused path never calls `out_proj`."""
+    named = list(block.named_modules())
+    fused = [name for name, mod in named if isinstance(mod, nn.MultiheadAttention)]
+    if fused:
+        raise BadValue(f"{fused[0]} is an nn.MultiheadAttention: its q, k, v projection (in_proj_weight) is no "
+                       f"nn.Linear and its fused path never calls out_proj; this view does not give them to W8A8")
+    return {name: mod for name, mod in named if isinstance(mod, nn.Linear)}
+
+
 class BlockView(nn.Module):
     """A foreign pre-norm block x + ls1(attn(norm1(x))), then its MLP residual, seen as a `SinkBlock`. Subclasses
     give the real forward (`real_forward`) and the second residual branch (`mlp_residual`)."""
@@ -140,6 +155,16 @@ class BlockView(nn.Module):
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
         """x + the MLP branch (x: the stream after the attention residual)."""
         raise NotImplementedError
+
+    def mlp_parts(self) -> MLPParts | None:
+        """The MLP as the register neurons read it (`models.mlp.MLPParts`: input layer, activation, output layer,
+        LayerScale gain); None for an MLP that is no plain one (this default: a family gives its own)."""
+        return None
+
+    def linears(self) -> dict[str, LinearSite]:
+        """The block's linear layers for W8A8 by their path in the block, in module order: every `nn.Linear` of the
+        model's block (`own_linears`). A family whose projections are no `nn.Linear` overrides it (open_clip)."""
+        return own_linears(self.block)
 
     def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
         if is_causal:

@@ -16,14 +16,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from vitsinks.models import SinkViT
 from vitsinks.models.passes import eval_mode
 from vitsinks.utils.errors import NonFinite
+
+
+class LinearSite(Protocol):
+    """What the W8A8 fit and edit read of a linear layer: its `weight`, and a forward pre-hook on its input that may
+    replace it. An `nn.Linear` is one; `vitsinks.pretrained` gives one for a projection a module computes without
+    calling an `nn.Linear` (`nn.MultiheadAttention`'s `in_proj_weight`)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle: ...
 
 
 def layer_key(path: str) -> str:
@@ -57,7 +69,7 @@ class _Recorder:
     """Forward pre-hooks on layers accumulating the sum and count of the defined per-image kurtoses, the image count
     and max |x|."""
 
-    def __init__(self, layers: dict[str, nn.Linear], kurtosis: bool) -> None:
+    def __init__(self, layers: dict[str, LinearSite], kurtosis: bool) -> None:
         self.kurt_sum = dict.fromkeys(layers, 0.0)
         self.kurt_count = dict.fromkeys(layers, 0)
         self.count = dict.fromkeys(layers, 0)
@@ -98,7 +110,7 @@ def input_maxima(model: SinkViT, images: torch.Tensor, batch_size: int = 64,
 
 
 @torch.no_grad()
-def layer_input_maxima(layers: dict[str, nn.Linear], forward: Callable[[torch.Tensor], Any], images: torch.Tensor,
+def layer_input_maxima(layers: dict[str, LinearSite], forward: Callable[[torch.Tensor], Any], images: torch.Tensor,
                        device: torch.device | str = "cpu", batch_size: int = 64,
                        kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float | None]]:
     """`input_maxima` of the given `layers` (by name) while `forward` runs on `images` in batches on `device` (the

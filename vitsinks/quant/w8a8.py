@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vitsinks.models import SinkViT
-from vitsinks.quant.stats import input_maxima, layer_paths
+from vitsinks.quant.stats import LinearSite, input_maxima, layer_paths
 from vitsinks.trainfree.base import TrainFreeMethod, register_method
 from vitsinks.utils.errors import BadValue, NonFinite
 
@@ -75,7 +75,7 @@ class W8A8(TrainFreeMethod):
         return model
 
 
-def quantize_layers(layers: dict[str, nn.Linear], state: dict[str, Any]) -> None:
+def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> None:
     """Fake-quantise the weights of `layers` (by name, in the order `state` was fitted) in place and hook their inputs
     with the fitted static scales (`W8A8.fit`'s state)."""
     if list(layers) != list(state["layers"]):

@@ -10,12 +10,19 @@ where `final_ln_after_pool`; then the [CLS] of the readout equals its pooled tok
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
+from vitsinks.models.mlp import MLPParts, plain_mlp
 from vitsinks.pretrained.families import Adapter, register_adapter
 from vitsinks.pretrained.families.timm_vit import TimmViT
 from vitsinks.pretrained.views import AttentionView, BlockView, Foreign
+from vitsinks.quant.stats import LinearSite
 from vitsinks.utils.errors import BadValue
 
 
@@ -47,18 +54,86 @@ class MHAView(AttentionView):
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
 
+    def through_proj(self, _mha: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     _out: Any) -> tuple[torch.Tensor, None]:
+        """A forward hook on the `nn.MultiheadAttention`: its output recomputed (SDPA, as the softmax kind's fused
+        path) with `out_proj` called as a module, so that a hook on `out_proj` sees its input; the fused path
+        applies its weight functionally."""
+        q, k, v = (args[i] if i < len(args) else kwargs.get(name) for i, name in enumerate(("query", "key", "value")))
+        if not (k is q and v is q) or kwargs.get("attn_mask") is not None or kwargs.get("key_padding_mask") is not None:
+            raise BadValue("W8A8 on an open_clip block covers its self-attention without masks only")
+        heads = self.kind.fused_heads(self, *self._qkv(q), 0.0)
+        return self.combine(heads, None), None
+
+
+class Handles:
+    """Several hook handles, removed together."""
+
+    def __init__(self, *handles: RemovableHandle) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@dataclass(frozen=True)
+class InProj:
+    """`nn.MultiheadAttention`'s q, k, v projection (`in_proj_weight`) as a linear layer for W8A8: its input is the
+    output of the block's `ln_1`, hooked there (what the block's attention and the views' recomputation both read)."""
+
+    attn: MHAView
+    norm: nn.Module
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.attn.module.in_proj_weight
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        def on_output(module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor | None:
+            new = hook(module, (out,))
+            return None if new is None else new[0]
+        return self.norm.register_forward_hook(on_output)
+
+
+@dataclass(frozen=True)
+class OutProj:
+    """`nn.MultiheadAttention.out_proj` as a linear layer for W8A8: while its input is hooked, the attention's output
+    is recomputed through it (`MHAView.through_proj`; the attention runs twice in the model's own forward)."""
+
+    attn: MHAView
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.attn.proj.weight
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any]) -> Handles:
+        return Handles(self.attn.proj.register_forward_pre_hook(hook),
+                       self.attn.module.register_forward_hook(self.attn.through_proj, with_kwargs=True))
+
+
 class ResidualBlockView(BlockView):
     """open_clip's `ResidualAttentionBlock`: x + ls_1(attn(ln_1(x))), then x + ls_2(mlp(ln_2(x)))."""
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__(block, MHAView(block.attn), block.ln_1, block.ls_1, block.mlp)
+        self.norm2, self.ls2 = block.ln_2, block.ls_2
+
+    def mlp_parts(self) -> MLPParts | None:
+        return plain_mlp(self.mlp, ("c_fc", "gelu", "c_proj"), getattr(self.ls2, "gamma", None))
+
+    def linears(self) -> dict[str, LinearSite]:
+        """W8A8's layers by a `SinkBlock`'s names: the fused q, k, v projection (its input: `ln_1`'s output), the
+        output projection (called as a module while hooked), the MLP's `c_fc` and `c_proj`."""
+        mlp = self.block.mlp
+        return {"attn.qkv": InProj(self.attn, self.block.ln_1), "attn.proj": OutProj(self.attn), "mlp.fc1": mlp.c_fc,
+                "mlp.fc2": mlp.c_proj}
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(x)
 
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.block
-        return x + b.ls_2(b.mlp(b.ln_2(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 @register_adapter

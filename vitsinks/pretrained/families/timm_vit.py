@@ -13,6 +13,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
 from vitsinks.models import SinkViT
+from vitsinks.models.mlp import MLPParts, timm_mlp_parts
 from vitsinks.pretrained.families import Adapter, register_adapter
 from vitsinks.pretrained.views import AttentionView, BlockView, Foreign
 from vitsinks.utils.errors import BadValue
@@ -47,6 +48,10 @@ class TimmBlock(BlockView):
 
     def __init__(self, block: Block) -> None:
         super().__init__(block, TimmAttention(block.attn), block.norm1, block.ls1, block.mlp)
+        self.norm2, self.ls2 = block.norm2, block.ls2
+
+    def mlp_parts(self) -> MLPParts | None:
+        return timm_mlp_parts(self.block)
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(x)

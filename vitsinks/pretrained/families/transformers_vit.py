@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vitsinks.models.mlp import MLPParts, plain_mlp
 from vitsinks.pretrained.families import Adapter, register_adapter
 from vitsinks.pretrained.views import AttentionView, BlockView, Foreign, LayerScaleView
 from vitsinks.utils.errors import BadValue
@@ -110,6 +111,9 @@ class HFBlock(BlockView):
                          _get(layer, spec.mlp))
         self.norm2 = _get(layer, spec.norm2)
         self.ls2 = LayerScaleView(_get(layer, spec.ls2).lambda1) if spec.ls2 else nn.Identity()
+
+    def mlp_parts(self) -> MLPParts | None:
+        return plain_mlp(self.mlp, ("fc1", "activation_fn", "fc2"), getattr(self.ls2, "gamma", None))
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.block(x, None)
