@@ -37,6 +37,7 @@ from vitsinks.diagnostics.page_figures import (
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
 from vitsinks.diagnostics.summary import LOCATIONS, describe_rule, layout_of
 from vitsinks.models import NoMLP, SinkViT
+from vitsinks.models.layout import KeyLayout
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.plotting import swatches_html
@@ -65,21 +66,22 @@ def final_patches(model: SinkViT, images: torch.Tensor) -> np.ndarray:
     return out.float().cpu().numpy()
 
 
-def _prefix(col: np.ndarray, n_prefix: int, name: str, agg: Any) -> dict[str, Any]:
-    """[CLS]'s value, each register's, and (with registers) `agg` of the registers' under `name`."""
-    regs = col[1:n_prefix]
-    return {"cls": rounded(col[0]), "registers": rounded(regs), **({name: rounded(agg(regs))} if len(regs) else {})}
+def _prefix(col: np.ndarray, layout: KeyLayout, name: str, agg: Any) -> dict[str, Any]:
+    """[CLS]'s value (None without a [CLS]), each register's, and (with registers) `agg` of the registers' under
+    `name`."""
+    regs = col[layout.register_slice]
+    return {"cls": rounded(col[0]) if layout.cls else None, "registers": rounded(regs),
+            **({name: rounded(agg(regs))} if len(regs) else {})}
 
 
 def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, Any]:
     """One image's maps per block: the strongest head's attention received per key (its prefix shares apart) and
     the token norms, each over the patch grid with the range it is coloured on."""
     layout, (gh, gw) = layout_of(d), (int(g) for g in d["grid"])
-    n_prefix = layout.num_prefix
     cols = [d["attn_col_mean"][i, b, h].astype(np.float64) for b, h in enumerate(heads)]
     grids = [c[layout.patch_slice].reshape(gh, gw) for c in cols]
     top = max(float(g.max()) for g in grids)  # one colour scale for the image's blocks: comparable side by side
-    attn = [{"block": b, "head": int(h), **_prefix(c, n_prefix, "registers_total", np.sum),
+    attn = [{"block": b, "head": int(h), **_prefix(c, layout, "registers_total", np.sum),
              "patches": rounded(g.sum()), "max": rounded(g.max()), "map": rounded(g),
              **({"extra_keys": {name: rounded(c[layout.n_tokens + j]) for j, name in enumerate(layout.extra)}}
                 if layout.extra else {})}
@@ -91,8 +93,8 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
         out["token_norm"] = []
         for b in range(d["token_norms"].shape[1]):
             norms = d["token_norms"][i, b].astype(np.float64)
-            grid = norms[n_prefix:].reshape(gh, gw)
-            out["token_norm"].append({"block": b, **_prefix(norms, n_prefix, "registers_max", np.max),
+            grid = norms[layout.patch_slice].reshape(gh, gw)
+            out["token_norm"].append({"block": b, **_prefix(norms, layout, "registers_max", np.max),
                                       "vmin": rounded(grid.min()), "vmax": rounded(grid.max()), "map": rounded(grid)})
     return out
 
@@ -228,15 +230,18 @@ def _attn_tile(a: dict[str, Any], scale: list[float], size: tuple[int, int]) -> 
     pic = png_uri(grid_picture(np.array(a["map"]), *scale, ATTN_CMAP, size))
     regs = a["registers"]
     extra = a.get("extra_keys", {})  # the key layout's extra slots (a null key, attention biases)
-    tip = f"[CLS] {num(a['cls'])}; " + "".join(f"register {j} {num(v)}; " for j, v in enumerate(regs)) + \
+    has_cls = a["cls"] is not None  # None: a model without [CLS]
+    cls_tip = f"[CLS] {num(a['cls'])}; " if has_cls else ""
+    tip = cls_tip + "".join(f"register {j} {num(v)}; " for j, v in enumerate(regs)) + \
         f"patches {num(a['patches'])}" + "".join(f"; {name} key {num(v)}" for name, v in extra.items())
-    shares = [("cls", a["cls"]), *(("reg", v) for v in regs), ("patch", a["patches"]),
+    shares = [*([("cls", a["cls"])] if has_cls else []), *(("reg", v) for v in regs), ("patch", a["patches"]),
               *(("extra", v) for v in extra.values())]
     reg = f" · reg {num(a['registers_total'])}" if regs else ""
     reg += "".join(f" · {name} key {num(v)}" for name, v in extra.items())
+    caption = f"[CLS] {num(a['cls'])}{reg} · " if has_cls else f"{reg[3:]} · " if reg else ""
     return (f'<div class="tile"><div class="cap">head {num(a["head"])}: max {num(a["max"])}</div>'
             f'<img class="map" src="{pic}" alt="block {num(a["block"])} head {num(a["head"])} attention">'
-            f'{_bar(shares, tip)}<div class="cap" title="{html.escape(tip)}">[CLS] {num(a["cls"])}{reg} · '
+            f'{_bar(shares, tip)}<div class="cap" title="{html.escape(tip)}">{caption}'
             f'patches {num(a["patches"])}</div></div>')
 
 
@@ -244,11 +249,14 @@ def _norm_tile(t: dict[str, Any], size: tuple[int, int]) -> str:
     pic = png_uri(grid_picture(np.array(t["map"]), t["vmin"], t["vmax"], NORM_CMAP, size))
     regs = t["registers"]
     reg = f" · reg max {num(t['registers_max'])}" if regs else ""
-    tip = f"[CLS] {num(t['cls'])}" + "".join(f"; register {j} {num(v)}" for j, v in enumerate(regs))
-    top = max([t["cls"], *regs]) > t["vmax"]
+    prefix = [*([t["cls"]] if t["cls"] is not None else []), *regs]  # no [CLS] value without a [CLS]
+    tip = "; ".join([*([f"[CLS] {num(t['cls'])}"] if t["cls"] is not None else []),
+                     *(f"register {j} {num(v)}" for j, v in enumerate(regs))])
+    top = bool(prefix) and max(prefix) > t["vmax"]
+    caption = f"[CLS] {num(t['cls'])}{reg}" if t["cls"] is not None else reg[3:]
     return (f'<div class="tile"><div class="cap">{num(t["vmin"])} to {num(t["vmax"])}</div>'
             f'<img class="map" src="{pic}" alt="block {num(t["block"])} token norms">'
-            f'<div class="cap{" hot" if top else ""}" title="{html.escape(tip)}">[CLS] {num(t["cls"])}{reg}</div>'
+            f'<div class="cap{" hot" if top else ""}" title="{html.escape(tip)}">{caption}</div>'
             f"</div>")
 
 

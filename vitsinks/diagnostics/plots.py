@@ -46,7 +46,7 @@ def _where(d: dict[str, np.ndarray], i: int, blk: int, h: int) -> str:
     loc = int(location(d)[i, blk, h])
     if loc >= len(LOCATIONS):
         return f"{layout.locations[loc]} key"
-    return ("[CLS]", f"register {s - 1}", f"patch {s - layout.num_prefix}")[loc]
+    return ("[CLS]", f"register {s - layout.cls}", f"patch {s - layout.num_prefix}")[loc]
 
 
 def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rules: SinkRules | None = None,

@@ -49,9 +49,10 @@ def layout_of(d: dict[str, np.ndarray]) -> KeyLayout:
     return KeyLayout.from_fields(d, n_tokens=d["res_norm"].shape[-1] if "res_norm" in d else None)
 
 
-def token_location(index: np.ndarray, num_registers: int) -> np.ndarray:
-    """Where token indices sit: 0 [CLS] (or a sequence's first token), 1 register, 2 patch."""
-    return np.where(index == 0, 0, np.where(index <= num_registers, 1, 2))
+def token_location(index: np.ndarray, num_registers: int, num_cls: int = 1) -> np.ndarray:
+    """Where token indices sit: 0 [CLS] (or a sequence's first token), 1 register, 2 patch; without a [CLS]
+    (`num_cls` 0) the registers come first and no index is code 0."""
+    return KeyLayout(num_registers, 0, cls=num_cls).location_code(index)
 
 
 def location(d: dict[str, np.ndarray]) -> np.ndarray:
@@ -202,8 +203,8 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
     its sinks under `rules`) and the largest activation magnitudes against the median."""
     rules = rules or SinkRules()
     norms = d["res_norm"].astype(np.float64)  # float32 rounds to noisy decimals in JSON
-    n_reg = int(d["num_registers"])
-    token_loc = token_location(np.arange(norms.shape[2]), n_reg)  # the residual side: tokens only
+    layout = layout_of(d)
+    token_loc = layout.location_code(np.arange(norms.shape[2]))  # the residual side: tokens only
     is_sink = sink_tokens(d["sink_idx"], rules.events(d), norms.shape[2])
     entering = entering_norms(norms, d["res_norm_in"].astype(np.float64) if "res_norm_in" in d else None)
     edges, counts = norm_histogram(norms)
@@ -216,7 +217,7 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
             "sink_share_by_block": [_opt(x) for x in hn["sink_share"]],
         }
     top = top_activation_stats(d["res_top"].astype(np.float64), d["res_abs_median"].astype(np.float64),
-                               d["res_top_channel"], token_location(d["res_top_token"], n_reg))
+                               d["res_top_channel"], layout.location_code(d["res_top_token"]))
     return {
         "sink_share_of": SINK_SHARE_OF,
         "norm_quantiles_by_block": {name: [_fmt(x) for x in q] for name, q in norm_quantiles(norms).items()},
@@ -239,10 +240,11 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
     `res_*` arrays) it holds `residual` (`residual_measures`, thresholds `high_norm_k`)."""
     rules = rules or SinkRules()
     ev, cls, loc = rules.events(d), rules.classify(d), location(d)
-    names = layout_of(d).locations
+    layout = layout_of(d)
+    names = layout.locations
     n_img, n_blocks, n_heads = ev.shape
     blocks = scored_blocks(n_blocks, policy=rules.block0_policy)
-    massive_loc = token_location(d["massive_token"], int(d["num_registers"]))
+    massive_loc = layout.location_code(d["massive_token"])
     sink_heads = ev.any(axis=0)
     return {
         "rule": rule_record(rules, n_blocks),

@@ -24,8 +24,8 @@ shared by `shuffle_sink_value` and `shuffle_registers`), then per head in sorted
 draw (`noise_sink_value`: rescaled per image to ||v_s||, `noise_value`).
 
 The register controls (`zero_registers`, `mean_registers`, `shuffle_registers`) edit the residual stream entering a
-block, not one head: the R register tokens (positions 1..R, after [CLS]) set to 0, to their held-out mean at that
-block input, or to image pi(b)'s (`register_control`).
+block, not one head: the R register tokens (positions 1..R, after [CLS]; 0..R-1 in a model without one) set to 0,
+to their held-out mean at that block input, or to image pi(b)'s (`register_control`).
 """
 
 from __future__ import annotations
@@ -145,10 +145,10 @@ def noise_value(v_sink: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def register_control(name: str, x: torch.Tensor, registers: int, mean: torch.Tensor | None = None,
-                     perm: torch.Tensor | None = None) -> torch.Tensor:
-    """The residual stream x (B, N, D) entering a block with its register tokens (positions 1..R) edited (a copy):
-    `zero_registers` 0, `mean_registers` `mean` (R, D), `shuffle_registers` image perm[b]'s registers."""
-    reg = slice(1, 1 + registers)
+                     perm: torch.Tensor | None = None, num_cls: int = 1) -> torch.Tensor:
+    """The residual stream x (B, N, D) entering a block with its register tokens (positions num_cls..num_cls+R-1)
+    edited (a copy): `zero_registers` 0, `mean_registers` `mean` (R, D), `shuffle_registers` image perm[b]'s."""
+    reg = slice(num_cls, num_cls + registers)
     out = x.clone()
     if name == "zero_registers":
         out[:, reg] = 0.0

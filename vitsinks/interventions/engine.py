@@ -217,15 +217,15 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
 @torch.no_grad()
 def mean_register_tokens(subject: Subject, inputs: torch.Tensor, plan: Plan, batch_size: int) -> None:
     """Fill `plan.register_means`: the float64 mean over the held-out `inputs` of the register tokens (positions
-    1..R) of the residual stream entering every block, (L, R, D) in float32."""
+    1..R, after [CLS]; 0..R-1 without one) of the residual stream entering every block, (L, R, D) in float32."""
     if len(inputs) == 0:
         raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
-    r, total = subject.num_registers, None
+    c, r, total = subject.num_cls, subject.num_registers, None
     for lo in range(0, len(inputs), batch_size):
         x = subject.embed(inputs[lo : lo + batch_size])
         sums = []
         for b in range(len(subject.blocks)):
-            sums.append(x[:, 1 : 1 + r].double().sum(0))
+            sums.append(x[:, c : c + r].double().sum(0))
             if b + 1 < len(subject.blocks):
                 x = subject.block(b, x)
         batch_sum = torch.stack(sums)
@@ -387,12 +387,12 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
     model = np.full(B, "model")
     if model_edits and "drop_registers" in plan.edits:
         final = subject.readout(subject.run(subject.without_registers(xs[0])))
-        m = measure(subject.without_registers(base), final, None, "drop_registers", 1)
+        m = measure(subject.without_registers(base), final, None, "drop_registers", subject.num_cls)
         rows += _rows(first, index_np, -1, -1, "drop_registers", model, np.full(B, -1), model, m)
     for edit in [e for e in plan.edits if e in REGISTER_EDITS] if model_edits else []:
         for b in range(len(subject.blocks)):
             mean = None if plan.register_means is None else plan.register_means[b]
-            x_edit = register_control(edit, xs[b], subject.num_registers, mean, pi)
+            x_edit = register_control(edit, xs[b], subject.num_registers, mean, pi, subject.num_cls)
             final = subject.readout(subject.run(x_edit, b))
             rows += _rows(first, index_np, b, -1, edit, model, np.full(B, -1), model,
                           measure(base, final, None, edit, subject.num_prefix), donor_of(edit)[1])
@@ -415,8 +415,9 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         extra = blk.attn.extra_keys
         on_slot = fn["sink_idx"] >= n_tokens
         slot = np.clip(fn["sink_idx"] - n_tokens, 0, max(len(extra) - 1, 0))
+        token_loc = token_location(fn["sink_idx"], subject.num_registers, subject.num_cls)
         loc_names = np.where(on_slot, np.array([*extra, ""], dtype=object)[slot],
-                             np.array(LOCATIONS, dtype=object)[token_location(fn["sink_idx"], subject.num_registers)])
+                             np.array(LOCATIONS, dtype=object)[token_loc])
         w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
         for bb, h in plan.heads:  # sorted: the generator is consumed in the order of the sorted heads
             if bb != b:

@@ -2,8 +2,9 @@
 
 A `Subject` is the model seen as: inputs -> tokens entering block 0 (`embed`), a list of `SinkBlock`s, the last
 residual stream -> the final tokens the metrics read (`readout`: the final norm of a ViT), how many leading
-tokens are not patches (`num_prefix`: [CLS] + registers, or a sequence's BOS), and optionally a classifier on
-the final tokens (a checkpoint's online probe or supervised head).
+tokens are not patches (`num_prefix`: [CLS] + registers, or a sequence's BOS), how many of them are [CLS]
+(`num_cls`: 1, or 0 for a model without one, whose registers come first), and optionally a classifier on the final
+tokens (a checkpoint's online probe or supervised head; a pretrained model's own head, with its own pooling).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class Subject:
     causal: bool = False
     classifier: Callable[[torch.Tensor], torch.Tensor] | None = None
     name: str = "model"
+    num_cls: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_cls not in (0, 1):
+            raise BadValue(f"{self.name}: a model has 0 or 1 [CLS] tokens, not {self.num_cls}")
 
     @property
     def mitigations(self) -> tuple[str, ...]:
@@ -59,8 +65,9 @@ class Subject:
         return x
 
     def without_registers(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens entering block 0 with the registers (positions 1..R, after [CLS]) removed."""
-        return torch.cat([tokens[:, :1], tokens[:, 1 + self.num_registers :]], dim=1)
+        """Tokens entering block 0 with the registers (positions C..C+R-1, after the C = `num_cls` [CLS]) removed."""
+        c = self.num_cls
+        return torch.cat([tokens[:, :c], tokens[:, c + self.num_registers :]], dim=1)
 
 
 def from_vit(model: SinkViT, head: nn.Module | None = None) -> Subject:

@@ -2,13 +2,15 @@
 
 A row of attention of a vitsinks ViT has the keys
 
-    [CLS] | registers (R) | patches (P) | extra key slots (E)
+    [CLS] (C: 1, or 0 for a model without one, e.g. SigLIP) | registers (R) | patches (P) | extra key slots (E)
 
 The first three are the tokens (the residual stream's positions; queries are tokens only). The extra slots are keys
 that are no token: what a block mitigation of site `keys` appends (the explicit attention biases' k', v') and, last,
 an attention kind's null key (`AttentionKind.null_key`: sink_logit, softmax1; its value is 0). Diagnostics, plots,
 pages, interventions and the leaderboard take positions and locations from a `KeyLayout`; a sink on an extra slot is
-located there (its slot's name), never as a patch.
+located there (its slot's name), never as a patch. Without a [CLS] the registers start at key 0 and the location
+codes keep their meaning (code 0 stays "cls" and simply never occurs), so counts of models with and without one
+line up.
 """
 
 from __future__ import annotations
@@ -19,26 +21,33 @@ from typing import Any
 
 import numpy as np
 
+from vitsinks.utils.errors import BadValue
+
 TOKEN_LOCATIONS: tuple[str, ...] = ("cls", "register", "patch")
 NULL_SLOT = "null"  # the name of an attention kind's null key
 
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """[CLS] (one), `registers`, `patches`, then the named `extra` key slots, in this order."""
+    """`cls` [CLS] tokens (1, or 0), `registers`, `patches`, then the named `extra` key slots, in this order."""
 
     registers: int
     patches: int
     extra: tuple[str, ...] = ()
+    cls: int = 1
+
+    def __post_init__(self) -> None:
+        if self.cls not in (0, 1):
+            raise BadValue(f"a key layout has 0 or 1 [CLS] tokens, not {self.cls}")
 
     @property
     def num_prefix(self) -> int:
-        """[CLS] and the registers."""
-        return 1 + self.registers
+        """[CLS] (if any) and the registers."""
+        return self.cls + self.registers
 
     @property
     def n_tokens(self) -> int:
-        """Tokens (queries): [CLS], registers, patches."""
+        """Tokens (queries): [CLS] (if any), registers, patches."""
         return self.num_prefix + self.patches
 
     @property
@@ -47,19 +56,28 @@ class KeyLayout:
         return self.n_tokens + len(self.extra)
 
     @property
+    def register_slice(self) -> slice:
+        """The registers' key positions (after the [CLS], if any)."""
+        return slice(self.cls, self.num_prefix)
+
+    @property
     def patch_slice(self) -> slice:
         """The patches' key positions."""
         return slice(self.num_prefix, self.n_tokens)
 
     @property
     def locations(self) -> tuple[str, ...]:
-        """Every location a key can have, in code order: [CLS], register, patch, then each distinct extra slot."""
+        """The location names in code order: [CLS], register, patch, then each distinct extra slot ("cls" is kept
+        without a [CLS], where no key has it, so that codes mean the same in every layout)."""
         return (*TOKEN_LOCATIONS, *dict.fromkeys(self.extra))
 
     def location_code(self, index: np.ndarray | int) -> np.ndarray:
-        """Codes into `locations` of key positions: 0 [CLS], 1 register, 2 patch, 3.. the extra slots."""
+        """Codes into `locations` of key positions: 0 [CLS] (none without one), 1 register, 2 patch, 3.. the extra
+        slots."""
         index = np.asarray(index)
-        code = np.where(index == 0, 0, np.where(index <= self.registers, 1, 2))
+        code = np.where(index < self.num_prefix, 1, 2)
+        if self.cls:
+            code = np.where(index == 0, 0, code)
         for j, name in enumerate(self.extra):
             code = np.where(index == self.n_tokens + j, self.locations.index(name), code)
         return code
@@ -73,24 +91,28 @@ class KeyLayout:
         return np.asarray(index) < self.n_tokens
 
     def fields(self) -> dict[str, np.ndarray]:
-        """The layout as arrays for a diagnostics file (`from_fields` reads them back)."""
+        """The layout as arrays for a diagnostics file (`from_fields` reads them back); `num_cls` only when it is
+        not 1, so the files of models with a [CLS] stay as they were."""
         return {"num_registers": np.array(self.registers), "num_prefix": np.array(self.num_prefix),
-                "num_patches": np.array(self.patches), "extra_keys": np.array(self.extra, dtype=str)}
+                "num_patches": np.array(self.patches), "extra_keys": np.array(self.extra, dtype=str),
+                **({"num_cls": np.array(self.cls)} if self.cls != 1 else {})}
 
     @classmethod
     def from_fields(cls, d: Mapping[str, Any], n_tokens: int | None = None) -> KeyLayout:
         """The layout of a diagnostics file (`fields`); files written before extra slots existed hold none, their
-        patch count comes from `num_patches`, else the token count `n_tokens`, else `grid`."""
+        patch count comes from `num_patches`, else the token count `n_tokens`, else `grid`. Without `num_cls` the
+        layout has one [CLS]."""
+        num_cls = int(d.get("num_cls", 1))
         registers = int(d.get("num_registers", 0))
         extra = tuple(str(e) for e in np.asarray(d["extra_keys"]).ravel()) if "extra_keys" in d else ()
         if "num_patches" in d:
             patches = int(d["num_patches"])
         elif n_tokens is not None:
-            patches = n_tokens - 1 - registers
+            patches = n_tokens - num_cls - registers
         elif "grid" in d:
             patches = int(np.prod(d["grid"]))
         elif not extra and "sink_idx" in d:  # fields without a layout: every key past the registers is a patch
-            patches = max(0, int(np.max(d["sink_idx"], initial=0)) - registers)
+            patches = max(0, int(np.max(d["sink_idx"], initial=0)) + 1 - num_cls - registers)
         else:
             raise ValueError("the diagnostics hold no patch count (num_patches, res_norm, grid)")
-        return cls(registers, patches, extra)
+        return cls(registers, patches, extra, num_cls)

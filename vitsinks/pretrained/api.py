@@ -25,7 +25,7 @@ from vitsinks.diagnostics.core import diagnose as core_diagnose
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
-from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
+from vitsinks.models.layout import KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.families import adapt
 from vitsinks.pretrained.inputs import ImageSource, as_images, displayable
@@ -89,11 +89,7 @@ def diagnose_fields(model: nn.Module | Foreign, images: ImageSource, blocks: Ite
 def sink_location(d: dict[str, np.ndarray]) -> np.ndarray:
     """Where each dominant key sits ("cls", "register", "patch", or an extra key slot's name), from `sink_idx` and
     the layout fields."""
-    idx, cls, reg = d["sink_idx"], int(d["num_cls"]), int(d["num_registers"])
-    if cls == 1:
-        return KeyLayout.from_fields(d).location(idx)
-    code = np.where(idx < cls, 0, np.where(idx < cls + reg, 1, 2))
-    return np.asarray(TOKEN_LOCATIONS, dtype=object)[code]
+    return KeyLayout.from_fields(d).location(d["sink_idx"])
 
 
 def _head_fields(d: dict[str, np.ndarray]) -> list[str]:

@@ -212,30 +212,21 @@ class Foreign:
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
 
     def key_layout(self, img_size: tuple[int, int]) -> KeyLayout:
-        """The `KeyLayout` of the blocks' attention rows: [CLS] | registers | patches | the extra key slots (a
-        `SinkViT`'s; a foreign model has none)."""
-        if self.num_cls != 1:
-            raise BadValue(f"{self.name} has no [CLS] token: the key layout (models.layout.KeyLayout) assumes one "
-                           f"(issue 34: a layout without [CLS])")
+        """The `KeyLayout` of the blocks' attention rows: [CLS] (if the model has one) | registers | patches | the
+        extra key slots (a `SinkViT`'s; a foreign model has none)."""
         extra = tuple(self.blocks[0].attn.extra_keys) if self.blocks else ()
-        return KeyLayout(self.num_registers, int(np.prod(self.grid(img_size))), extra)
+        return KeyLayout(self.num_registers, int(np.prod(self.grid(img_size))), extra, self.num_cls)
 
     def layout_fields(self, img_size: tuple[int, int]) -> dict[str, np.ndarray]:
-        """The layout as diagnostics fields (`KeyLayout.fields`, plus `num_cls`) and the patch `grid`."""
-        if self.num_cls == 1:
-            fields = self.key_layout(img_size).fields()
-        else:
-            fields = {"num_registers": np.array(self.num_registers), "num_prefix": np.array(self.num_prefix),
-                      "num_patches": np.array(int(np.prod(self.grid(img_size)))), "extra_keys": np.array([], dtype=str)}
-        return {**fields, "num_cls": np.array(self.num_cls), "grid": np.array(self.grid(img_size))}
+        """The layout as diagnostics fields (`KeyLayout.fields`, with `num_cls` always) and the patch `grid`."""
+        return {**self.key_layout(img_size).fields(), "num_cls": np.array(self.num_cls),
+                "grid": np.array(self.grid(img_size))}
 
     def subject(self) -> Subject:
-        """The model as an interventions `Subject` (a [CLS] first; the model in evaluation mode)."""
-        if self.num_cls != 1:
-            raise BadValue(f"{self.name} has no [CLS] token: the interventions read it (issue 34)")
+        """The model as an interventions `Subject` (its [CLS], if any, first; the model in evaluation mode)."""
         self.model.eval()
         return Subject(list(self.blocks), self.embed, self.readout, self.num_prefix, self.num_registers,
-                       classifier=self.classifier, name=self.name)
+                       classifier=self.classifier, name=self.name, num_cls=self.num_cls)
 
     # The names of a `SinkViT` that `vitsinks.diagnostics` reads (`core.Diagnosable`): the CLI's diagnosis, its
     # files, plots and page take a Foreign as they take vitsinks' own ViT.
