@@ -13,9 +13,13 @@ from torch import nn
 
 from tests.pretrained import assert_fields_equal_own, require
 from vitsinks.diagnostics.core import diagnose_tokens
+from vitsinks.diagnostics.rules import SinkRules
+from vitsinks.diagnostics.summary import summarize
 from vitsinks.models import SinkViT, load_timm_state_dict
-from vitsinks.pretrained import adapt, diagnose, intervene
+from vitsinks.models.layout import KeyLayout
+from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
 from vitsinks.pretrained.families.transformers_vit import SPECS
+from vitsinks.utils.errors import BadValue
 
 T = require("transformers")
 
@@ -179,3 +183,95 @@ def test_intervene_on_a_planted_register_sink() -> None:
     assert {rows["sink_idx"][i] for i in on_head} == {1 + 2} and {rows["sink_loc"][i] for i in on_head} == {"register"}
     assert rows["edit"].count("drop_registers") == 4
     assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
+
+
+SINK_CHANNEL = 5
+
+
+def planted_siglip() -> nn.Module:
+    """The small SigLIP (no [CLS], no registers) whose head 0 of layer 1 attends to key 0, the first patch, from every
+    query: that patch is massive in one channel (its position embedding), which head 0's keys read alone."""
+    m = build("siglip")
+    attn, hd = m.encoder.layers[1].self_attn, SMALL["hidden_size"] // SMALL["num_attention_heads"]
+    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    with torch.no_grad():
+        attn.q_proj.weight[:hd] = 0
+        attn.q_proj.bias[:hd] = 3 * u
+        attn.k_proj.weight[:hd] = 0
+        attn.k_proj.weight[:hd, SINK_CHANNEL] = 10 * u
+        attn.k_proj.bias[:hd] = 0
+        m.embeddings.position_embedding.weight[0, SINK_CHANNEL] = 50.0
+    return m
+
+
+@torch.no_grad()
+def zeroed_value_relrms(m: nn.Module, x: torch.Tensor, layer: int, head: int, key: int) -> np.ndarray:
+    """Per image: the relative RMS change of transformers' own final tokens (`last_hidden_state`) over the patches
+    but `key`, when head `head` of layer `layer` gets a zero value at `key` by a hook on its `v_proj` (float64)."""
+    v_proj, hd = m.encoder.layers[layer].self_attn.v_proj, SMALL["hidden_size"] // SMALL["num_attention_heads"]
+
+    def zero_value(_m: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[:, key, head * hd : (head + 1) * hd] = 0.0
+        return out
+
+    keep = [j for j in range((SMALL["image_size"] // SMALL["patch_size"]) ** 2) if j != key]
+    base = m(pixel_values=x).last_hidden_state[:, keep].double()
+    handle = v_proj.register_forward_hook(zero_value)
+    try:
+        edited = m(pixel_values=x).last_hidden_state[:, keep].double()
+    finally:
+        handle.remove()
+    energy = ((edited - base) ** 2).sum(-1).mean(1)
+    return (energy / (base**2).sum(-1).mean(1)).sqrt().numpy()
+
+
+def test_a_patch_sink_of_siglip_is_diagnosed_and_intervened_on() -> None:
+    """Without a [CLS], key 0 is a patch: `diagnose` places the planted sink there, and zeroing its value through
+    the views moves the final patches exactly as transformers' own forward with a hook on `v_proj` does."""
+    m, x = planted_siglip(), images(6)
+    heads = diagnose(m, x[:4])["heads"]
+    planted = (heads["block"] == 1) & (heads["head"] == 0)
+    assert (heads["routed_frac"][planted] > 0.99).all() and set(heads["sink_idx"][planted]) == {0}
+    assert set(heads["sink_location"][planted]) == {"patch"} and "cls" not in set(heads["sink_location"])
+    got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value"], batch_size=4)
+    rows = got["rows"]
+    assert rows["edit"] == ["zero_sink_value"] * 4 and set(rows["sink_loc"]) == {"patch"}
+    assert set(rows["sink_idx"]) == {0} and "probe_agree" not in rows  # transformers' heads are not read
+    want = zeroed_value_relrms(m, x[:4], 1, 0, 0)
+    assert want.min() > 1e-3  # the edit moves the patches: the comparison is not 0 against 0
+    np.testing.assert_allclose(rows["final_patch_relrms"], want, rtol=1e-4)
+    assert float(got["checks"]["recompute_error_max"]) < 1e-4
+
+
+def test_every_edit_that_applies_runs_without_cls() -> None:
+    """The default edits of a model without [CLS] or registers: every head edit, no register edit; the random
+    control draws patches other than the sink, key 0 included among the candidates."""
+    m, x = planted_siglip(), images(6)
+    got = intervene(m, x[:4], heads=[(1, 0)], heldout=x[4:], batch_size=4)
+    rows = got["rows"]
+    assert set(rows["edit"]) == {"zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value",
+                                 "shuffle_sink_value", "donor_nonsink_value", "redirect_sink_attention",
+                                 "zero_random_nonsink_value"}
+    drawn = [t for e, t in zip(rows["edit"], rows["random_token"], strict=True) if e == "zero_random_nonsink_value"]
+    assert all(0 < t < 16 for t in drawn)  # the sink is key 0; the 16 patches are keys 0..15
+    with pytest.raises(BadValue, match="register tokens"):
+        intervene(m, x[:4], heads=[(1, 0)], edits=["drop_registers"], batch_size=4)
+
+
+def test_the_summary_of_siglip_counts_its_sinks_as_patches() -> None:
+    """`diagnostics.summary.summarize` on SigLIP's fields: every event is on a patch (none on [CLS] or a register),
+    the planted head's in layer 1, and the massive token (key 0) is a patch too."""
+    m, x = planted_siglip(), images(4)
+    d = diagnose_fields(m, x)
+    assert int(d["num_cls"]) == 0 and KeyLayout.from_fields(d) == KeyLayout(0, 16, cls=0)
+    rules = SinkRules()
+    s = summarize(d, rules)
+    ev = rules.events(d)
+    assert ev[:, 1, 0].all() and (d["sink_idx"][:, 1, 0] == 0).all()
+    assert s["location_by_block"]["patch"] == pytest.approx(ev.sum(2).mean(0).tolist())
+    assert s["location_by_block"]["cls"] == [0.0, 0.0] and s["location_by_block"]["register"] == [0.0, 0.0]
+    assert s["sinks_per_image"]["all"]["cls"] == 0.0 and s["sinks_per_image"]["all"]["patch"] > 0
+    assert (d["massive_token"] == 0).all()
+    assert s["massive_activations"]["location_share_by_block"]["patch"] == [1.0, 1.0]
