@@ -166,9 +166,9 @@ def test_interventions_protocol() -> None:
     assert s.num_prefix == 5 and s.num_registers == 4 and len(s.without_registers(t)[0]) == t.shape[1] - 4
 
 
-def plant_sink(m: VisionTransformer, block: int, head: int, channel: int = 5) -> None:
-    """Head `head` of block `block` (no q/k norm) attends to [CLS] from every query: every query is one vector u,
-    and only [CLS] (massive in `channel`) has a key along u."""
+def plant_sink(m: VisionTransformer, block: int, head: int, channel: int = 5, token: str = "cls") -> None:
+    """Head `head` of block `block` (no q/k norm) attends to [CLS] (`token` "reg": to register 0) from every query:
+    every query is one vector u, and only that token (massive in `channel`) has a key along u."""
     a, dim = m.blocks[block].attn, m.embed_dim
     rows = slice(head * a.head_dim, (head + 1) * a.head_dim)
     u = torch.randn(a.head_dim, generator=torch.Generator().manual_seed(2))
@@ -180,7 +180,7 @@ def plant_sink(m: VisionTransformer, block: int, head: int, channel: int = 5) ->
         a.qkv.weight[k_rows] = 0
         a.qkv.weight[k_rows, channel] = 10 * u
         a.qkv.bias[k_rows] = 0
-        m.cls_token[0, 0, channel] = 50.0
+        (m.cls_token if token == "cls" else m.reg_token)[0, 0, channel] = 50.0
 
 
 def test_intervene_on_a_planted_sink() -> None:
@@ -227,6 +227,51 @@ def test_gate_fields_and_edits_equal_vitsinks_own(qkv_bias: bool) -> None:
         else:
             assert list(rows[k]) == list(v), k
     assert min(rows["final_patch_relrms"]) > 1e-4  # the edits move the model
+
+
+@torch.no_grad()
+def own_forward_with_zero_value(m: VisionTransformer, x: torch.Tensor, block: int, head: int, key: int
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's own final tokens and logits when head `head` of block `block` gets a zero value at token `key`, by a
+    hook on its fused qkv Linear."""
+    a, dim = m.blocks[block].attn, m.embed_dim
+    rows = slice(2 * dim + head * a.head_dim, 2 * dim + (head + 1) * a.head_dim)
+
+    def zero_value(_m: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[:, key, rows] = 0.0
+        return out
+
+    handle = a.qkv.register_forward_hook(zero_value)
+    try:
+        final = m.forward_features(x)
+        return final, m.forward_head(final)
+    finally:
+        handle.remove()
+
+
+def test_intervene_without_cls_reads_the_models_own_pooled_head() -> None:
+    """A timm ViT without [CLS] (2 registers first, average pooling, a head): the planted sink on register 0 is key 0
+    and a register, and zeroing its value moves the final patches and the head's logits (timm's own pooling) as
+    timm's forward with a hook on the value does."""
+    m = timm_vit({"class_token": False, "global_pool": "avg", "reg_tokens": 2})
+    plant_sink(m, 1, 0, token="reg")
+    f, x, labels = adapt(m), images(4), torch.tensor([0, 1, 2, 3])
+    assert (f.num_cls, f.num_registers, f.num_prefix) == (0, 2, 2)
+    got = intervene(m, x, heads=[(1, 0)], edits=["zero_sink_value"], labels=labels, batch_size=4)
+    rows = got["rows"]
+    assert set(rows["sink_idx"]) == {0} and set(rows["sink_loc"]) == {"register"}
+    with torch.no_grad():
+        base, base_logits = m.forward_features(x), m(x)
+    final, logits = own_forward_with_zero_value(m, x, 1, 0, 0)
+    p, pe = base[:, 2:].double(), final[:, 2:].double()  # the patches: every token after the 2 registers
+    relrms = (((pe - p) ** 2).sum(-1).mean(1) / (p**2).sum(-1).mean(1)).sqrt()
+    assert relrms.min() > 1e-3
+    np.testing.assert_allclose(rows["final_patch_relrms"], relrms.numpy(), rtol=1e-4)
+    lp0, lp = F.log_softmax(base_logits.double(), -1), F.log_softmax(logits.double(), -1)
+    np.testing.assert_allclose(rows["probe_kl"], (lp0.exp() * (lp0 - lp)).sum(-1).numpy(), rtol=1e-3, atol=1e-9)
+    np.testing.assert_allclose(rows["probe_ce"], (-lp[torch.arange(4), labels]).numpy(), rtol=1e-5)
+    np.testing.assert_array_equal(rows["probe_agree"], (logits.argmax(-1) == base_logits.argmax(-1)).double().numpy())
 
 
 def test_registry() -> None:
