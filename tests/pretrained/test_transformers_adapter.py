@@ -5,6 +5,9 @@ vitsinks' ViT on the converted weights."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +20,7 @@ from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import summarize
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.models.layout import KeyLayout
-from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene
+from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene, report
 from vitsinks.pretrained.families.transformers_vit import SPECS
 from vitsinks.utils.errors import BadValue
 
@@ -275,3 +278,17 @@ def test_the_summary_of_siglip_counts_its_sinks_as_patches() -> None:
     assert s["sinks_per_image"]["all"]["cls"] == 0.0 and s["sinks_per_image"]["all"]["patch"] > 0
     assert (d["massive_token"] == 0).all()
     assert s["massive_activations"]["location_share_by_block"]["patch"] == [1.0, 1.0]
+
+
+def test_the_report_of_siglip_has_no_cls_share(tmp_path: Path) -> None:
+    """`pretrained.report` (the CLI's files and page) on SigLIP: the page's maps give no [CLS] value, the sum of the
+    patch map is the whole attention (no prefix), and the strongest head of layer 1 sits on a patch."""
+    m, x = planted_siglip(), images(4)
+    summary = report(m, x, tmp_path)
+    assert summary["location_by_block"]["cls"] == [0.0, 0.0]
+    page = json.loads((tmp_path / "report.json").read_text())
+    assert page["strongest_head_by_block"]["location"][1] == "patch"
+    for card in page["images"]:
+        for a, t in zip(card["attention"], card["token_norm"], strict=True):
+            assert a["cls"] is None and a["registers"] == [] and t["cls"] is None
+            assert a["patches"] == pytest.approx(1.0, abs=1e-4)  # every key is a patch
