@@ -13,7 +13,7 @@ import torch
 from tests.pretrained.neurons import assert_table_equals, summary_rows
 from tests.pretrained.test_open_clip_adapter import images, own_twin, tower
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import apply_w8a8, block_linears, final_tokens, fit_w8a8
+from vitsinks.pretrained.edits import apply_w8a8, block_linears, fit_w8a8
 from vitsinks.pretrained.views import own_linears
 from vitsinks.quant import W8A8
 from vitsinks.quant.stats import layer_paths
@@ -27,14 +27,14 @@ def test_w8a8_equals_vitsinks_own(ls: float | None) -> None:
     own = own_twin(v, ls)
     x, calib = images(3), images(5)[3:]
     f = adapt(v)
-    before = final_tokens(f, x)
+    before = f.forward_features(x)
     assert list(block_linears(f)) == list(layer_paths(own))  # a SinkViT's names: blocks.<i>.attn.qkv, ...
     state = fit_w8a8(v, calib)
     want = W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
     assert state["layers"] == want["layers"]
     torch.testing.assert_close(state["act_max"], want["act_max"], rtol=1e-5, atol=0)
     assert not v.transformer.resblocks[0].attn._forward_hooks  # the calibration's hooks are gone
-    got = final_tokens(apply_w8a8(v, state), x)
+    got = apply_w8a8(v, state).forward_features(x)
     ref = W8A8.apply(own, want).forward_features(x)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(v(x), ref[:, 0] @ v.proj, rtol=1e-4, atol=1e-4)  # open_clip's own forward: W8A8 too

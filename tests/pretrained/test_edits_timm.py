@@ -20,7 +20,6 @@ from vitsinks.pretrained.edits import (
     apply_massive,
     apply_w8a8,
     block_linears,
-    final_tokens,
     fit_massive,
     fit_w8a8,
     register_neurons,
@@ -38,12 +37,12 @@ def test_w8a8_equals_vitsinks_own(name: str) -> None:
     m = timm_vit(CONFIGS[name])
     own = own_twin(m, CONFIGS[name])
     x, calib = images(3), images(5)[3:]
-    before = final_tokens(adapt(m), x)
+    before = adapt(m).forward_features(x)
     assert list(block_linears(adapt(m))) == list(layer_paths(own))
     state = fit_w8a8(m, calib)
     want = W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
     torch.testing.assert_close(state["act_max"], want["act_max"], rtol=1e-5, atol=0)
-    got = final_tokens(apply_w8a8(m, state), x)
+    got = apply_w8a8(m, state).forward_features(x)
     ref = W8A8.apply(own, want).forward_features(x)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(m.forward_features(x), got)  # the hooks are on the model itself
@@ -59,7 +58,7 @@ def test_test_time_register_equals_vitsinks_own() -> None:
     f = add_test_time_register(m, neurons)
     TestTimeRegister.apply(own, {"neurons": [list(n) for n in neurons]})
     assert (f.num_registers, f.num_prefix) == (1, 2) == (own.num_reg_tokens, own.num_prefix_tokens)
-    torch.testing.assert_close(final_tokens(f, x), own.forward_features(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f.forward_features(x), own.forward_features(x), rtol=1e-5, atol=1e-5)
     t = diagnose(f, x)
     assert t["layout"]["num_registers"][0] == 1 and t["checks"]["recompute_error"].max() < 1e-4
     assert adapt(m).num_registers == 0  # the model keeps its layout; only the view has the register
@@ -124,8 +123,8 @@ def test_massive_fix_equals_vitsinks_own(method: type[MeanMassive]) -> None:
     want = method.fit(own, fit, SimpleNamespace(massive=3))
     assert (state["block"], state["channels"]) == (want["block"], want["channels"])
     np.testing.assert_allclose(state["means"], want["means"], rtol=1e-5)
-    before = final_tokens(adapt(m), x)
-    got = final_tokens(apply_massive(m, state, zero=method is ZeroMassive), x)
+    before = adapt(m).forward_features(x)
+    got = apply_massive(m, state, zero=method is ZeroMassive).forward_features(x)
     torch.testing.assert_close(got, method.apply(own, want).forward_features(x), rtol=1e-5, atol=1e-5)
     assert (got - before).abs().max() > 0
     assert diagnose(m, x)["checks"]["recompute_error"].max() < 1e-4  # the views' recomputation sees the edit too

@@ -20,7 +20,6 @@ from vitsinks.pretrained.edits import (
     apply_massive,
     apply_w8a8,
     block_linears,
-    final_tokens,
     fit_massive,
     fit_w8a8,
     register_neurons,
@@ -73,7 +72,7 @@ def test_zero_register_equals_dinov2_with_one_more_register() -> None:
     x = images(3)
     f = add_test_time_register(plain)
     assert (f.num_cls, f.num_registers) == (1, 1)
-    torch.testing.assert_close(final_tokens(f, x),
+    torch.testing.assert_close(f.forward_features(x),
                                twin(pixel_values=x).last_hidden_state, rtol=1e-5, atol=1e-5)
 
 
@@ -87,7 +86,7 @@ def test_register_neurons_moved_onto_the_test_time_register() -> None:
     mlp.fc2.register_forward_pre_hook(lambda _m, a: after.__setitem__("a", a[0]))
     units, reg = [1, 6], 1 + REGISTERS  # the new register: after [CLS] and the model's registers
     f = add_test_time_register(m, [(1, u) for u in units])
-    final_tokens(f, x)
+    f.forward_features(x)
     a, b = before["a"], after["a"]
     assert a.shape[1] == 1 + REGISTERS + 1 + 16
     torch.testing.assert_close(b[:, reg, units], a[:, :, units].amax(1))

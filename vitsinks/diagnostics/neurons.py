@@ -170,8 +170,8 @@ def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: flo
     bad = [(b, name) for b, blk in enumerate(model.blocks) if (name := unsupported_mlp(blk)) is not None]
     if bad:
         b, name = bad[0]
-        raise BadValue(f"register neurons need timm's plain Mlp (fc1 -> act -> fc2, no hidden-layer norm), but block "
-                       f"{b} has {name}: this model cannot get a test-time register; choose another trainfree.method")
+        raise BadValue(f"register neurons need a plain MLP (in -> activation -> out, no hidden-layer norm), but block "
+                       f"{b} has {name}: this model cannot get a test-time register")
     if not any(has_mlp(blk) for blk in model.blocks):
         raise BadValue("the model has no MLP (model.mlp=false): there are no register neurons to rank")
     got = capture(model, images, k, batch_size)

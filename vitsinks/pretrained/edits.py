@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitsinks.models.passes import eval_mode
+from vitsinks.diagnostics.neurons import find_register_neurons
+from vitsinks.models.passes import block_outputs_by_batch, eval_mode
 from vitsinks.pretrained.api import as_foreign, require_float32
-from vitsinks.pretrained.neurons import block_outputs, collect_neurons
 from vitsinks.pretrained.views import BlockView, Foreign, own_linears
 from vitsinks.quant.stats import LinearSite, layer_input_maxima
 from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
@@ -42,14 +42,6 @@ def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
             for name, layer in (blk.linears() if isinstance(blk, BlockView) else own_linears(blk)).items()}
 
 
-def final_tokens(foreign: Foreign, images: torch.Tensor) -> torch.Tensor:
-    """The model's final tokens through the views: embedding, every block's real forward, the readout."""
-    x = foreign.embed(images)
-    for blk in foreign.blocks:
-        x = blk(x)
-    return foreign.readout(x)
-
-
 @torch.no_grad()
 def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int = 8, act_bits: int = 8,
              batch_size: int = 16) -> dict[str, Any]:
@@ -58,7 +50,7 @@ def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int 
     foreign = as_foreign(model)
     require_float32(foreign)
     with eval_mode(foreign.model) as device:
-        ranges, _ = layer_input_maxima(block_linears(foreign), lambda x: final_tokens(foreign, x), images, device,
+        ranges, _ = layer_input_maxima(block_linears(foreign), foreign.forward_features, images, device,
                                        batch_size)
     return w8a8_state(ranges, weight_bits, act_bits, len(images))
 
@@ -74,7 +66,7 @@ def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[i
     """The model's view with one more register (zero, no position embedding, after [CLS] and the model's registers)
     and, for each register neuron (block, unit) of `neurons`, its activation moved from the patches onto that
     register (`trainfree`'s `move_to_register`). The hooks stay on the model's MLP activations and refuse any other
-    token count, so the edited model runs through this view only (`diagnose`, `intervene`, `final_tokens`)."""
+    token count, so the edited model runs through this view only (`diagnose`, `intervene`, `forward_features`)."""
     foreign = as_foreign(model)
     register, base = foreign.num_prefix, foreign.embed
     seen = {"n": -1}
@@ -114,15 +106,7 @@ def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int,
     patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    with eval_mode(foreign.model):
-        got = collect_neurons(foreign, images, k, batch_size)
-    if not got.images:
-        raise BadValue(f"none of the {len(images)} images has a high-norm patch token (norm > {k:g} x the median at "
-                       f"the last block): no artifact for register neurons to move")
-    ranked = [(b, u, float(s)) for b in range(len(foreign.blocks)) if (sc := got.scores(b)) is not None
-              for u, s in enumerate(sc.tolist())]
-    ranked.sort(key=lambda r: -r[2])
-    return ranked[:top]
+    return find_register_neurons(foreign, images, top, k, batch_size)
 
 
 @torch.no_grad()
@@ -133,7 +117,7 @@ def fit_massive(model: nn.Module | Foreign, images: torch.Tensor, massive: int =
     foreign = as_foreign(model)
     require_float32(foreign)
     with eval_mode(foreign.model):
-        return massive_state(*peaks_of(block_outputs(foreign, images, batch_size)), massive)
+        return massive_state(*peaks_of(block_outputs_by_batch(foreign, images, batch_size)), massive)
 
 
 def mlp_branch(blk: BlockView) -> tuple[nn.Module, torch.Tensor | None]:

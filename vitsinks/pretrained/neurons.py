@@ -1,46 +1,21 @@
-"""The register neurons through the views (`diagnostics.neurons`, docs/residual.md): every block's output per batch,
-the MLP activations at the outlier patches (a `NeuronCollector` over the views, which give `mlp_parts`) and the
-diagnosis's per-block summary as a table (`neuron_table`, `diagnose(..., neurons=True)`'s `neurons`).
+"""The register neurons through the views (`diagnostics.neurons`, docs/residual.md, whose `capture` and summary read
+a `Foreign` as a `SinkViT`: the views give `mlp_parts`): the diagnosis's per-block summary as a table (`neuron_table`,
+`diagnose(..., neurons=True)`'s `neurons`).
 
 Functions here take a `Foreign` (no `api.as_foreign`: `api` imports this module)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import torch
 
 from vitsinks.configs.schema import DiagnosticsConfig
-from vitsinks.diagnostics.neurons import NeuronCollector, OutlierActivations, neuron_k, summarize_neurons
-from vitsinks.models.passes import eval_mode
+from vitsinks.diagnostics.neurons import capture, neuron_k, summarize_neurons
 from vitsinks.pretrained.views import Foreign
 
 DEFAULTS = DiagnosticsConfig()
 NEURON_K = neuron_k(DEFAULTS.high_norm_k)  # the summary's threshold (5 x the median norm)
 NEURON_COLUMNS = ("block", "unit", "rank", "score", "norm_share")
-
-
-def block_outputs(foreign: Foreign, images: torch.Tensor, batch_size: int = 16) -> Iterator[list[torch.Tensor]]:
-    """Per batch of `images` (on the model's device), every block's output through the views (the caller sets
-    evaluation mode and no_grad)."""
-    device = next(foreign.model.parameters()).device
-    for lo in range(0, len(images), batch_size):
-        x, outs = foreign.embed(images[lo : lo + batch_size].to(device)), []
-        for blk in foreign.blocks:
-            x = blk(x)
-            outs.append(x)
-        yield outs
-
-
-def collect_neurons(foreign: Foreign, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
-    """The MLP activations at the outlier patches (norm > `k` x the image's median at the last block) of `images`
-    run through the views (the caller sets evaluation mode and no_grad)."""
-    collector = NeuronCollector(foreign.blocks, k, foreign.num_prefix)
-    with collector.recording():
-        for outs in block_outputs(foreign, images, batch_size):
-            collector.add_batch(outs)
-    return collector.got
 
 
 @torch.no_grad()
@@ -49,8 +24,7 @@ def neuron_table(foreign: Foreign, images: torch.Tensor, k: float = NEURON_K, to
     """`diagnostics.neurons.summarize_neurons` through the views as a table: one row per (block, unit) of each
     block's `top` units, highest score first: `block`, `unit`, `rank` (0 first), `score` and the block's
     `norm_share`. Blocks without a plain MLP or without outlier patches (norm > `k` x the median) have no row."""
-    with eval_mode(foreign.model):
-        got = collect_neurons(foreign, images, k, batch_size)
+    got = capture(foreign, images, k, batch_size)
     settings = DiagnosticsConfig(high_norm_k=[k], register_neurons=top)
     by_block = summarize_neurons(foreign, None, settings, got)["by_block"]
     rows = [(b, u, r, s, np.nan if e["norm_share"] is None else e["norm_share"])
