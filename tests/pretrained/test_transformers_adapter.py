@@ -164,20 +164,28 @@ def test_diagnose_wrapped_and_without_cls() -> None:
     assert tabs["checks"]["recompute_error"].max() < 1e-4
 
 
+SINK_CHANNEL = 5
+
+
+def plant_head0(attn: nn.Module, hd: int, channel: int) -> None:
+    """Head 0 of `attn` (separate q_proj / k_proj Linears) sends every query to the key massive in `channel`: its
+    queries are one fixed unit vector u, its keys read `channel` alone along u."""
+    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
+    u = u / u.norm()
+    attn.q_proj.weight[:hd] = 0
+    attn.q_proj.bias[:hd] = 3 * u
+    attn.k_proj.weight[:hd] = 0
+    attn.k_proj.weight[:hd, channel] = 10 * u
+    attn.k_proj.bias[:hd] = 0
+
+
 def test_intervene_on_a_planted_register_sink() -> None:
     """Head 0 of layer 1 of a DINOv2 with registers attends to register 2 (massive in one channel) from every query;
     the interventions run through the views, LayerScale included."""
     m = build("dinov2_reg")
-    attn, hd, channel = m.encoder.layer[1].attention, 16, 5
-    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
-    u = u / u.norm()
     with torch.no_grad():
-        attn.q_proj.weight[:hd] = 0
-        attn.q_proj.bias[:hd] = 3 * u
-        attn.k_proj.weight[:hd] = 0
-        attn.k_proj.weight[:hd, channel] = 10 * u
-        attn.k_proj.bias[:hd] = 0
-        m.embeddings.register_tokens[0, 2, channel] = 50.0
+        plant_head0(m.encoder.layer[1].attention, 16, SINK_CHANNEL)
+        m.embeddings.register_tokens[0, 2, SINK_CHANNEL] = 50.0
     x = images(6)
     got = intervene(m, x[:4], heads=[(1, 0)], edits=["zero_sink_value", "redirect_sink_attention", "drop_registers"],
                     heldout=x[4:], batch_size=4)
@@ -188,22 +196,12 @@ def test_intervene_on_a_planted_register_sink() -> None:
     assert float(got["checks"]["recompute_error_max"]) < 1e-4 and got["checks"]["redirect_rows_checked"] > 0
 
 
-SINK_CHANNEL = 5
-
-
 def planted_siglip() -> nn.Module:
     """The small SigLIP (no [CLS], no registers) whose head 0 of layer 1 attends to key 0, the first patch, from every
     query: that patch is massive in one channel (its position embedding), which head 0's keys read alone."""
     m = build("siglip")
-    attn, hd = m.encoder.layers[1].self_attn, SMALL["hidden_size"] // SMALL["num_attention_heads"]
-    u = torch.randn(hd, generator=torch.Generator().manual_seed(2))
-    u = u / u.norm()
     with torch.no_grad():
-        attn.q_proj.weight[:hd] = 0
-        attn.q_proj.bias[:hd] = 3 * u
-        attn.k_proj.weight[:hd] = 0
-        attn.k_proj.weight[:hd, SINK_CHANNEL] = 10 * u
-        attn.k_proj.bias[:hd] = 0
+        plant_head0(m.encoder.layers[1].self_attn, SMALL["hidden_size"] // SMALL["num_attention_heads"], SINK_CHANNEL)
         m.embeddings.position_embedding.weight[0, SINK_CHANNEL] = 50.0
     return m
 
