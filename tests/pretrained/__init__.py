@@ -75,11 +75,17 @@ def zeroed_value_relrms(forward: Callable[[], torch.Tensor], linear: nn.Module, 
         out[:, token, rows] = 0.0
         return out
 
-    base = forward()[:, num_prefix:].double()
+    base = forward()
     handle = linear.register_forward_hook(zero_value)
     try:
-        edited = forward()[:, num_prefix:].double()
+        edited = forward()
     finally:
         handle.remove()
+    return patch_relrms(base[:, num_prefix:], edited[:, num_prefix:])
+
+
+def patch_relrms(base: torch.Tensor, edited: torch.Tensor) -> np.ndarray:
+    """Per image: the relative RMS change from `base` to `edited` patches (B, n, dim), in float64."""
+    base, edited = base.double(), edited.double()
     energy = ((edited - base) ** 2).sum(-1).mean(1)
     return (energy / (base**2).sum(-1).mean(1)).sqrt().numpy()
