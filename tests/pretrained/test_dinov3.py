@@ -16,6 +16,7 @@ from torch import nn
 from tests.pretrained import assert_fields_match_attention, patch_relrms, require, zeroed_value_relrms
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.pretrained import adapt, diagnose, intervene
+from vitsinks.pretrained.edits import fit_w8a8
 from vitsinks.utils.errors import BadValue
 
 DIM, HEADS, HEAD_DIM, REGISTERS, PATCH = 48, 3, 16, 4, 8
@@ -206,3 +207,11 @@ def test_unchecked_eva_options_are_refused(option: dict[str, object], named: str
             use_abs_pos_emb=False, use_rot_pos_emb=True, **option)
     with pytest.raises(BadValue, match=named):
         adapt(m)
+
+
+def test_eva_mlp_parts_and_w8a8_on_a_biased_fused_qkv() -> None:
+    m = build("timm")
+    blk, parts = m.blocks[1], adapt(m).blocks[1].mlp_parts()
+    assert (parts.fc_in, parts.act, parts.fc_out, parts.gamma) == (blk.mlp.fc1, blk.mlp.act, blk.mlp.fc2, blk.gamma_2)
+    with pytest.raises(BadValue, match="F.linear"):  # its qkv Linear is never called: no input hook would see it
+        fit_w8a8(build("timm_qkvb"), images(2))

@@ -25,9 +25,11 @@ from timm.layers import apply_rot_embed_cat
 from timm.models.eva import Eva, EvaAttention, EvaBlock
 from torch import nn
 
+from vitsinks.models.mlp import MLPParts, timm_mlp_parts
 from vitsinks.pretrained.families import Adapter, register_adapter
 from vitsinks.pretrained.families.timm_vit import TimmAttention
 from vitsinks.pretrained.views import BlockView, Foreign, GridRope, LayerScaleView
+from vitsinks.quant.stats import LinearSite
 from vitsinks.utils.errors import BadValue
 
 ROPES = ("RotaryEmbeddingCat", "RotaryEmbeddingDinoV3")  # one (N, 2 * head_dim) sin|cos table for every block
@@ -83,6 +85,15 @@ class EvaBlockView(BlockView):
         self.norm2 = block.norm2
         self.ls2 = nn.Identity() if block.gamma_2 is None else LayerScaleView(block.gamma_2)
         self.rope = rope
+
+    def mlp_parts(self) -> MLPParts | None:
+        return timm_mlp_parts(self)  # the view has timm's names: `mlp`, and `ls2` for gamma_2
+
+    def linears(self) -> dict[str, LinearSite]:
+        if self.block.attn.qkv is not None and self.block.attn.q_bias is not None:
+            raise BadValue("timm's EvaAttention with a fused qkv and q/v biases (the DINOv3 _qkvb models) calls "
+                           "F.linear on qkv.weight, never the qkv Linear: W8A8's input hook would miss every call")
+        return super().linears()
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rope is None:
