@@ -65,10 +65,10 @@ def assert_fields_match_attention(d: dict[str, np.ndarray], ref: torch.Tensor, n
 
 @torch.no_grad()
 def zeroed_value_relrms(forward: Callable[[], torch.Tensor], linear: nn.Module, token: int, rows: slice,
-                        num_prefix: int) -> np.ndarray:
-    """Per image: the relative RMS change of the final patches of `forward()` (a library's own forward, final tokens
-    (B, N, dim)) when the output features `rows` of `linear` (one head's value) are zeroed at `token` by a forward
-    hook (float64 metric)."""
+                        patches: slice | list[int]) -> np.ndarray:
+    """Per image: the relative RMS change of the final tokens `patches` of `forward()` (a library's own forward, final
+    tokens (B, N, dim)) when the output features `rows` of `linear` (one head's value) are zeroed at `token` by a
+    forward hook (float64 metric)."""
 
     def zero_value(_m: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
         out = out.clone()
@@ -81,7 +81,7 @@ def zeroed_value_relrms(forward: Callable[[], torch.Tensor], linear: nn.Module, 
         edited = forward()
     finally:
         handle.remove()
-    return patch_relrms(base[:, num_prefix:], edited[:, num_prefix:])
+    return patch_relrms(base[:, patches], edited[:, patches])
 
 
 def patch_relrms(base: torch.Tensor, edited: torch.Tensor) -> np.ndarray:

@@ -42,7 +42,8 @@ def zeroed_cls_value_relrms(model: torch.nn.Module, images: torch.Tensor, block:
     `block` gets a zero value at [CLS], by a hook on its fused qkv Linear (float64 metric)."""
     attn, dim = model.blocks[block].attn, model.embed_dim
     rows = slice(2 * dim + head * attn.head_dim, 2 * dim + (head + 1) * attn.head_dim)
-    return zeroed_value_relrms(lambda: model.forward_features(images), attn.qkv, 0, rows, model.num_prefix_tokens)
+    return zeroed_value_relrms(lambda: model.forward_features(images), attn.qkv, 0, rows,
+                               slice(model.num_prefix_tokens, None))
 
 
 def test_docs_page_holds_the_readme_example() -> None:
