@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tests.pretrained import zeroed_value_relrms
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = "## Diagnose a pretrained model"
 
@@ -35,26 +37,13 @@ def run(code: str) -> tuple[dict[str, Any], str]:
     return ns, out.getvalue()
 
 
-@torch.no_grad()
 def zeroed_cls_value_relrms(model: torch.nn.Module, images: torch.Tensor, block: int, head: int) -> np.ndarray:
     """Per image: the relative RMS change of the final patches (timm's `forward_features`) when head `head` of block
     `block` gets a zero value at [CLS], by a hook on its fused qkv Linear (float64 metric)."""
-    attn, dim, n_prefix = model.blocks[block].attn, model.embed_dim, model.num_prefix_tokens
+    attn, dim = model.blocks[block].attn, model.embed_dim
     rows = slice(2 * dim + head * attn.head_dim, 2 * dim + (head + 1) * attn.head_dim)
-
-    def zero_value(_m: torch.nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-        out = out.clone()
-        out[:, 0, rows] = 0.0
-        return out
-
-    base = model.forward_features(images)[:, n_prefix:].double()
-    handle = attn.qkv.register_forward_hook(zero_value)
-    try:
-        edited = model.forward_features(images)[:, n_prefix:].double()
-    finally:
-        handle.remove()
-    energy = ((edited - base) ** 2).sum(-1).mean(1)
-    return (energy / (base**2).sum(-1).mean(1)).sqrt().numpy()
+    return zeroed_value_relrms(lambda: model.forward_features(images), attn.qkv, 0, rows,
+                               slice(model.num_prefix_tokens, None))
 
 
 def test_docs_page_holds_the_readme_example() -> None:

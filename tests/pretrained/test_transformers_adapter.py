@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.pretrained import assert_fields_equal_own, require
+from tests.pretrained import assert_fields_equal_own, assert_fields_match_attention, require, zeroed_value_relrms
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import summarize
@@ -110,9 +110,7 @@ def test_attention_equals_a_float64_recomputation() -> None:
     ref = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1)
     it = f.blocks[1].attn.internals(f.blocks[1].norm1(t))
     assert (it.attn.double() - ref).abs().max() < 1e-5
-    d1 = diagnose_tokens(f.blocks[1:], t, num_prefix=f.num_prefix)
-    np.testing.assert_array_equal(d1["sink_idx"][:, 0], ref.mean(-2).argmax(-1).numpy())
-    np.testing.assert_allclose(d1["mass"][:, 0], ref.mean(-2).amax(-1).numpy(), rtol=1e-4, atol=1e-5)
+    assert_fields_match_attention(diagnose_tokens(f.blocks[1:], t, num_prefix=f.num_prefix), ref, f.num_prefix)
 
 
 def timm_state_dict(m: nn.Module) -> dict[str, torch.Tensor]:
@@ -206,26 +204,13 @@ def planted_siglip() -> nn.Module:
     return m
 
 
-@torch.no_grad()
-def zeroed_value_relrms(m: nn.Module, x: torch.Tensor, layer: int, head: int, key: int) -> np.ndarray:
+def siglip_zeroed_value_relrms(m: nn.Module, x: torch.Tensor, layer: int, head: int, key: int) -> np.ndarray:
     """Per image: the relative RMS change of transformers' own final tokens (`last_hidden_state`) over the patches
     but `key`, when head `head` of layer `layer` gets a zero value at `key` by a hook on its `v_proj` (float64)."""
     v_proj, hd = m.encoder.layers[layer].self_attn.v_proj, SMALL["hidden_size"] // SMALL["num_attention_heads"]
-
-    def zero_value(_m: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-        out = out.clone()
-        out[:, key, head * hd : (head + 1) * hd] = 0.0
-        return out
-
     keep = [j for j in range((SMALL["image_size"] // SMALL["patch_size"]) ** 2) if j != key]
-    base = m(pixel_values=x).last_hidden_state[:, keep].double()
-    handle = v_proj.register_forward_hook(zero_value)
-    try:
-        edited = m(pixel_values=x).last_hidden_state[:, keep].double()
-    finally:
-        handle.remove()
-    energy = ((edited - base) ** 2).sum(-1).mean(1)
-    return (energy / (base**2).sum(-1).mean(1)).sqrt().numpy()
+    return zeroed_value_relrms(lambda: m(pixel_values=x).last_hidden_state, v_proj, key,
+                               slice(head * hd, (head + 1) * hd), keep)
 
 
 def test_a_patch_sink_of_siglip_is_diagnosed_and_intervened_on() -> None:
@@ -240,7 +225,7 @@ def test_a_patch_sink_of_siglip_is_diagnosed_and_intervened_on() -> None:
     rows = got["rows"]
     assert rows["edit"] == ["zero_sink_value"] * 4 and set(rows["sink_loc"]) == {"patch"}
     assert set(rows["sink_idx"]) == {0} and "probe_agree" not in rows  # transformers' heads are not read
-    want = zeroed_value_relrms(m, x[:4], 1, 0, 0)
+    want = siglip_zeroed_value_relrms(m, x[:4], 1, 0, 0)
     assert want.min() > 1e-3  # the edit moves the patches: the comparison is not 0 against 0
     np.testing.assert_allclose(rows["final_patch_relrms"], want, rtol=1e-4)
     assert float(got["checks"]["recompute_error_max"]) < 1e-4

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -54,6 +54,31 @@ class LayerScaleView(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
+
+
+class GridRope:
+    """The rotary position embedding (RoPE) of the batch the view's embedding saw last, as the model's own forward
+    computes it for that batch's grid and hands it to every block. A block's tokens do not tell the grid (N = prefix
+    + rows * cols), so the embedding keeps it here for the block views (`value`, covering `patches` tokens: the last
+    ones). `get(n)` refuses a sequence of n tokens that it does not cover with `max_prefix` or fewer tokens before the
+    patches (a stale embedding of another image size)."""
+
+    def __init__(self, max_prefix: int) -> None:
+        self.max_prefix = int(max_prefix)
+        self.value: Any = None
+        self.patches = 0
+
+    def set(self, value: Any, patches: int) -> None:
+        """Keep the embedding of the batch just embedded, over its `patches` patch tokens."""
+        self.value, self.patches = value, int(patches)
+
+    def get(self, tokens: int) -> tuple[Any, int]:
+        """(the embedding, the number of tokens before the patches) for a sequence of `tokens` tokens."""
+        prefix = tokens - self.patches
+        if self.value is None or not 0 <= prefix <= self.max_prefix:
+            raise BadValue(f"the rotary position embedding kept by the view's embedding covers {self.patches} patches, "
+                           f"not a sequence of {tokens} tokens: embed the images with the view (Foreign.embed) first")
+        return self.value, prefix
 
 
 class AttentionView(nn.Module):
