@@ -33,7 +33,7 @@ from vitsinks.data.selection import select_items
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.diagnostics.run_page import run_report, training_curves
-from vitsinks.pretrained.load import folder_name, load
+from vitsinks.pretrained.hub import hub_dir, load
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
@@ -41,7 +41,7 @@ from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
 from vitsinks.utils.progress import hidden
-from vitsinks.utils.rundir import RunDir, analyses_dir, model_folder, quant_result
+from vitsinks.utils.rundir import RunDir, analyses_dir, quant_result
 from vitsinks.utils.tables import write_csv
 
 
@@ -101,12 +101,12 @@ def diagnose_hub(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
     `diagnostics.n_images` validation images of `cfg.data` (in the order of `protocol`) through the model's own
     preprocessing; the outputs go to `<runs_dir>/diagnostics/<hub>/` (`Loaded.folder_name`). Returns the folder
     and the summary."""
-    loaded = load(cfg.hub)
-    loaded.model.to(resolve_device(cfg.cluster.device))
+    out = hub_dir(cfg.hub, "diagnostics", cfg.runs_dir)  # a folder of another model's is refused before loading
     ((items, index),) = select_items(build_dataset(cfg.data, "val", cfg.seed), [cfg.diagnostics.n_images],
                                      cfg.protocol, cfg.data.on_bad_image, up_to=True)
+    loaded = load(cfg.hub)
+    loaded.model.to(resolve_device(cfg.cluster.device))
     x = loaded.images([it[0] for it in items])
-    out = model_folder(Path(cfg.runs_dir) / "diagnostics", loaded.spec, loaded.spec, folder_name(loaded.spec))
     return out, pretrained.report(loaded.model, x, out, loaded.shown(x), cfg.diagnostics, image_index=index,
                                   protocol=cfg.protocol)
 

@@ -41,7 +41,7 @@ from vitsinks.diagnostics import images_of
 from vitsinks.interventions import SinkRules, classifier_from_state, from_vit, intervene, report
 from vitsinks.interventions.subject import Subject
 from vitsinks.pretrained import adapt
-from vitsinks.pretrained.load import canonical, folder_name, load
+from vitsinks.pretrained.hub import hub_dir, load
 from vitsinks.run import slurm
 from vitsinks.run.imported import checkpoint_of
 from vitsinks.train import checkpoint as ckpt
@@ -50,7 +50,7 @@ from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
-from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_folder, model_name
+from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
@@ -66,8 +66,7 @@ def output_dir(cfg: DictConfig) -> Path:
     if cfg.intervene.out:
         return Path(cfg.intervene.out)
     if cfg.hub:
-        return model_folder(Path(cfg.runs_dir) / "interventions", canonical(cfg.hub), canonical(cfg.hub),
-                            folder_name(cfg.hub))
+        return hub_dir(cfg.hub, "interventions", cfg.runs_dir)
     return analyses_dir(checkpoint_path(cfg), "interventions", cfg.runs_dir)
 
 
@@ -131,8 +130,12 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
     (the summary or the shard's metadata, the output folder)."""
     st = cfg.intervene
-    src = _source(cfg, data_keys)
-    out = output_dir(cfg)
+    if cfg.hub:  # the folder first: one of another model's is refused before the model is loaded
+        out = output_dir(cfg)
+        src = _source(cfg, data_keys)
+    else:  # the checkpoint first: a missing one is refused before any folder is made for it
+        src = _source(cfg, data_keys)
+        out = output_dir(cfg)
     target = out / "shards" / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
     with files.FileLock(target.parent / f".{target.name}.lock", f"the interventions in {target}", INTERVENING):
         return _run(cfg, st, src, out)

@@ -18,8 +18,7 @@ from tests.pretrained import require
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
-from vitsinks.pretrained import diagnose_fields, intervene
-from vitsinks.pretrained.load import load
+from vitsinks.pretrained import diagnose_fields, intervene, load
 from vitsinks.utils.errors import BadValue
 
 TIMM_NAME = "vit_tiny_patch16_224"  # 5.7M parameters: the smallest timm ViT with a pretrained configuration
@@ -99,12 +98,19 @@ def test_the_command_line_is_the_api(tmp_path: Path) -> None:
     assert f"outputs in {folder}" in out.stdout
     for name in ("summary.json", "report.html", "attention_maps.png", "sink_table.md"):
         assert (folder / name).stat().st_size > 500, name
+    # another file of the same name is refused before its model is loaded, the first one's results untouched
+    other = tmp_path / "elsewhere" / "tiny.pth"
+    other.parent.mkdir()
+    other.write_bytes(path.read_bytes())
+    again = run_command([sys.executable, "-m", "vitsinks.diagnose", f"hub=timm:{TIMM_NAME}@{other}",
+                         "data=fashion_mnist", "n_images=3", f"runs_dir={tmp_path / 'runs'}"])
+    assert again.returncode != 0 and "holds the results of" in again.stderr and "Loading" not in again.stdout
     saved = np.load(folder / "per_image.npz")
-    # the same images through the model's own preprocessing, diagnosed from Python
-    loaded = load(hub)
-    data = build_dataset(load_config(["data=fashion_mnist"]).data, "val", 0)
-    x = loaded.images([data[int(i)][0] for i in saved["image_index"]])
-    d = diagnose_fields(loaded.model, x)
+    # the same images, chosen as every command chooses them (the protocol's order), diagnosed from Python
+    loaded, cfg = load(hub), load_config(["data=fashion_mnist"])
+    ((items, index),) = select_items(build_dataset(cfg.data, "val", 0), [3], cfg.protocol)
+    assert saved["image_index"].tolist() == index
+    d = diagnose_fields(loaded.model, loaded.images([it[0] for it in items]))
     np.testing.assert_array_equal(saved["sink_idx"], d["sink_idx"])
     for k in ("mass", "ratio_out", "stable_rank", "res_norm"):
         np.testing.assert_allclose(saved[k], d[k], rtol=1e-4, atol=1e-5, err_msg=k)

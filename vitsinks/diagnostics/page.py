@@ -166,6 +166,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
         "residual": _residual(summary.get("residual"), model),
         "quant": _quant(quant),
         "trainfree": trainfree,
+        "posthoc": isinstance(model, SinkViT),  # a pretrained model's view has no quantize / trainfree results
     }
 
 
@@ -387,11 +388,12 @@ def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
             f"{num(m['registers'])} registers, {num(m['grid'][0])} x {num(m['grid'][1])} patches at "
             f"{num(m['image_size'][0])} x {num(m['image_size'][1])} px; {num(m['images_shown'])} of the "
             f"{num(m['images_diagnosed'])} diagnosed images shown.")
-    body = _headline(data) + _maps(data, shown) + _residual_html(data["residual"]) + _quant_html(data["quant"]) + \
-        _trainfree_html(data["trainfree"])
-    return page(f"Sink report: {data['checkpoint']}", meta, body,
-                [("headline", "sinks"), ("maps", "maps"), ("residual", "residual"), ("quant", "quantization"),
-                 ("trainfree", "training-free")])
+    body = _headline(data) + _maps(data, shown) + _residual_html(data["residual"])
+    nav = [("headline", "sinks"), ("maps", "maps"), ("residual", "residual")]
+    if data.get("posthoc", True):  # vitsinks' own checkpoints: the quantize and trainfree commands' panels
+        body += _quant_html(data["quant"]) + _trainfree_html(data["trainfree"])
+        nav += [("quant", "quantization"), ("trainfree", "training-free")]
+    return page(f"Sink report: {data['checkpoint']}", meta, body, nav)
 
 
 def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
@@ -405,7 +407,8 @@ def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d
     out_dir, shown = Path(out_dir), np.asarray(shown)
     if shown.ndim != 4 or shown.shape[-1] != 3 or shown.dtype != np.uint8 or len(shown) < min(n_images, len(images)):
         raise BadValue(f"shown must hold the images as uint8 RGB (n, H, W, 3), one per image, got {shown.dtype} "
-                       f"{shown.shape}: pass the `shown` of `fixed_images` / `images_of`")
+                       f"{shown.shape}: pass the `shown` of `fixed_images` / `images_of` (a pretrained model's: "
+                       f"pretrained.load(...).shown(images))")
     data = checkpoint_data(model, images, d, summary, name or out_dir.name, n_images, quant, trainfree)
     files.write_json(out_dir / REPORT_JSON, data)
     files.write_text(out_dir / REPORT, checkpoint_html(data, shown))

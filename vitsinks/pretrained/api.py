@@ -27,6 +27,7 @@ from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.passes import eval_mode
+from vitsinks.pretrained.applied import check_plain
 from vitsinks.pretrained.families import adapt
 from vitsinks.pretrained.inputs import ImageSource, as_images, displayable
 from vitsinks.pretrained.neurons import NEURON_K, neuron_table
@@ -40,7 +41,10 @@ PER_BLOCK_ONLY = ("recompute_error", "res_norm_in")  # fields without an image-b
 
 def as_foreign(model: nn.Module | Foreign) -> Foreign:
     """`model` seen through its family's adapter (a `Foreign` is returned as is)."""
-    return model if isinstance(model, Foreign) else adapt(model)
+    if isinstance(model, Foreign):
+        return model
+    check_plain(model)
+    return adapt(model)
 
 
 def require_float32(foreign: Foreign) -> None:
@@ -49,6 +53,20 @@ def require_float32(foreign: Foreign) -> None:
     if dtype != torch.float32:
         raise BadValue(f"{foreign.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
                        f"float32 copy (model.float())")
+
+
+def check_batch_size(batch_size: int | None) -> None:
+    """A `BadValue` for a batch size below 1 (None: chosen by `batch_size_for`)."""
+    if batch_size is not None and batch_size < 1:
+        raise BadValue(f"batch_size={batch_size}: give a batch of at least 1 image, or None to fit the memory budget")
+
+
+def check_shown(shown: np.ndarray, images: torch.Tensor) -> None:
+    """A `BadValue` unless `shown` holds `images` as uint8 RGB (n, H, W, 3) at their size, before any work."""
+    want = (len(images), *images.shape[-2:], 3)
+    if shown.dtype != np.uint8 or shown.shape != want:
+        raise BadValue(f"shown must be the images as uint8 RGB {want}, got {shown.dtype} {shown.shape}: "
+                       f"pretrained.load(...).shown(images) gives it, or leave it out")
 
 
 def tokens_per_image(foreign: Foreign, img_size: tuple[int, int]) -> int:
@@ -76,6 +94,7 @@ def diagnose_fields(model: nn.Module | Foreign, images: ImageSource, blocks: Ite
     `batch_size_for` under `DEFAULT_BUDGET`."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_batch_size(batch_size)
     images = as_images(images, n_images)
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
     chosen = chosen_blocks(len(foreign.blocks), blocks)
@@ -121,9 +140,14 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
         heads = list(heads)
         if heads and isinstance(heads[0], tuple | list):
             pairs = {(int(b), int(h)) for b, h in heads}
+            wrong = sorted((b, h) for b, h in pairs if b not in set(block_ids.tolist()) or not 0 <= h < H)
             keep = np.array([(b, h) in pairs for b, h in zip(blk, head, strict=True)], dtype=bool)
         else:
+            wrong = sorted(h for h in {int(h) for h in heads} if not 0 <= h < H)
             keep = np.isin(head, np.asarray(heads, dtype=int))
+        if wrong or not heads:
+            raise BadValue(f"heads {wrong or '[]'}: choose heads 0..{H - 1} (or (block, head) pairs of the diagnosed "
+                           f"blocks {block_ids.tolist()})")
     per_head = {"image": img, "block": blk, "head": head,
                 **{k: d[k].reshape(-1) for k in _head_fields(d)}, "sink_location": sink_location(d).reshape(-1),
                 "event": rules.events(d).reshape(-1), "sink_class": rules.event_class(d).reshape(-1)}
@@ -151,6 +175,8 @@ def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[i
     events and classes under `rules` (default `SinkRules()`, the CLI's). `neurons`: also the `neurons` table (the
     register-neuron summary, `pretrained.neurons.neuron_table`, of the chosen blocks; one more forward pass) at the
     summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
+    if not isinstance(neurons, bool | int | float):
+        raise BadValue(f"neurons={neurons!r}: give True (the summary's threshold), a threshold k > 1, or False")
     foreign = as_foreign(model)
     x = as_images(images, n_images)
     out = tables(diagnose_fields(foreign, x, blocks, batch_size), heads, rules)
@@ -172,7 +198,10 @@ def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path,
     `protocol` are recorded as the CLI records them. Returns the summary."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_batch_size(batch_size)
     x = as_images(images, n_images)
+    if shown is not None:
+        check_shown(np.asarray(shown), x)
     bs = batch_size or batch_size_for(foreign, (int(x.shape[-2]), int(x.shape[-1])))
     return run_diagnostics(foreign, x, displayable(x) if shown is None else np.asarray(shown), Path(out_dir),
                            settings or DiagnosticsConfig(), image_index, protocol, batch_size=bs)
@@ -184,17 +213,23 @@ def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r.get(k) for r in rows] for k in keys}
 
 
-def intervene(model: nn.Module | Foreign, images: torch.Tensor, heads: Sequence[tuple[int, int]] = (),
-              edits: Sequence[str] = (), heldout: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[tuple[int, int]] = (),
+              edits: Sequence[str] = (), heldout: ImageSource | None = None, labels: torch.Tensor | None = None,
               batch_size: int = 16, rules: SinkRules | None = None, **settings: Any) -> dict[str, Any]:
     """The causal interventions (`vitsinks.interventions.intervene`, docs/interventions.md) on a pretrained model:
     every edit of `edits` (default: every edit that applies) on every (block, head) of `heads` (default: selected by
     their sink events, `InterveneConfig`'s `min_events`, `top_k`, ... passed as `settings`); `heldout` images are
-    the source of `mean_sink_value`. Returns `rows` (a table: one row per image, head and edit), `checks` (the
-    built-in checks' largest errors), `heads` (those edited) and `mean_skipped`."""
+    the source of `mean_sink_value`. `images` and `heldout` as `diagnose` takes them (`as_images`). Returns `rows`
+    (a table: one row per image, head and edit), `checks` (the built-in checks' largest errors), `heads` (those
+    edited) and `mean_skipped`."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    heldout = images[:0] if heldout is None else heldout
+    images = as_images(images)
+    heldout = images[:0] if heldout is None else as_images(heldout)
+    known = {f.name for f in dataclasses.fields(InterveneConfig)} - {"n_images", "heldout_images"}
+    if unknown := sorted(set(settings) - known):
+        raise BadValue(f"intervene() got {', '.join(unknown)}: the settings are InterveneConfig's fields "
+                       f"({', '.join(sorted(known))})")
     cfg = InterveneConfig(**{"n_images": len(images), "heldout_images": len(heldout), "batch_size": batch_size,
                              "heads": [f"{b}:{h}" for b, h in heads], "edits": list(edits), **settings})
     with eval_mode(foreign.model) as device:

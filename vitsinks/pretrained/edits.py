@@ -26,12 +26,29 @@ from torch import nn
 from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.models.passes import block_outputs_by_batch, eval_mode
 from vitsinks.pretrained.api import as_foreign, require_float32
+from vitsinks.pretrained.applied import APPLIED, LABELS, record, refuse_twice
+from vitsinks.pretrained.inputs import ImageSource, as_images
 from vitsinks.pretrained.views import BlockView, Foreign, own_linears
 from vitsinks.quant.stats import LinearSite, layer_input_maxima
 from vitsinks.quant.w8a8 import quantize_layers, w8a8_state
 from vitsinks.trainfree.massive import massive_state, peaks_of
 from vitsinks.trainfree.test_time_register import move_to_register
 from vitsinks.utils.errors import BadValue
+
+
+def remove_edits(model: nn.Module | Foreign) -> list[str]:
+    """Take the hooks of `add_test_time_register` and `apply_massive` off the model (its own forward is then the
+    original again); returns the edits removed. W8A8 cannot be removed: its weights were quantised in place."""
+    module = model.model if isinstance(model, Foreign) else model
+    applied = APPLIED.get(module, {})
+    if "w8a8" in applied:
+        raise BadValue(f"{type(module).__name__} carries W8A8, whose weights are quantised in place: load the model "
+                       f"again")
+    for handles in applied.values():
+        for h in handles:
+            h.remove()
+    APPLIED.pop(module, None)
+    return [LABELS[e] for e in applied]
 
 
 def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
@@ -43,12 +60,13 @@ def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
 
 
 @torch.no_grad()
-def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int = 8, act_bits: int = 8,
+def fit_w8a8(model: nn.Module | Foreign, images: ImageSource, weight_bits: int = 8, act_bits: int = 8,
              batch_size: int = 16) -> dict[str, Any]:
     """`quant.w8a8.W8A8.fit`'s state for a pretrained model: the largest |input| of every block linear layer
     (`block_linears`) over `images` run through the views."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    images = as_images(images)
     with eval_mode(foreign.model) as device:
         ranges, _ = layer_input_maxima(block_linears(foreign), foreign.forward_features, images, device,
                                        batch_size)
@@ -58,7 +76,8 @@ def fit_w8a8(model: nn.Module | Foreign, images: torch.Tensor, weight_bits: int 
 def apply_w8a8(model: nn.Module | Foreign, state: dict[str, Any]) -> Foreign:
     """Fake-quantise the model's block linear layers in place with a `fit_w8a8` state; returns its view."""
     foreign = as_foreign(model)
-    quantize_layers(block_linears(foreign), state)
+    refuse_twice(foreign, "w8a8")
+    record(foreign, "w8a8", quantize_layers(block_linears(foreign), state))
     return foreign
 
 
@@ -68,6 +87,7 @@ def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[i
     register (`trainfree`'s `move_to_register`). The hooks stay on the model's MLP activations and refuse any other
     token count, so the edited model runs through this view only (`diagnose`, `intervene`, `forward_features`)."""
     foreign = as_foreign(model)
+    refuse_twice(foreign, "test_time_register")
     register, base = foreign.num_prefix, foreign.embed
     seen = {"n": -1}
 
@@ -92,30 +112,35 @@ def add_test_time_register(model: nn.Module | Foreign, neurons: Iterable[tuple[i
         if not all(0 <= u < width for u in units):
             raise BadValue(f"register neuron units {units} of block {b}: its MLP has {width} units")
         acts[b] = (parts.act, units)
-    for act, units in acts.values():
-        act.register_forward_hook(move_to_register(units, register, register + 1, lambda: seen["n"]))
+    record(foreign, "test_time_register", [act.register_forward_hook(move_to_register(units, register, register + 1,
+                                                                                         lambda: seen["n"]))
+                                            for act, units in acts.values()])
     return dataclasses.replace(foreign, embed=embed, num_registers=foreign.num_registers + 1,
                                name=f"{foreign.name} + test-time register")
 
 
 @torch.no_grad()
-def register_neurons(model: nn.Module | Foreign, images: torch.Tensor, top: int, k: float = 5.0,
+def register_neurons(model: nn.Module | Foreign, images: ImageSource, top: int, k: float = 5.0,
                      batch_size: int = 16) -> list[tuple[int, int, float]]:
     """The `top` register neurons (block, unit, score), highest score first, as `diagnostics.neurons`'
     `find_register_neurons` ranks them, through the views: per unit, the mean over the images with a high-norm
     patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    images = as_images(images)
     return find_register_neurons(foreign, images, top, k, batch_size)
 
 
 @torch.no_grad()
-def fit_massive(model: nn.Module | Foreign, images: torch.Tensor, massive: int = 2,
+def fit_massive(model: nn.Module | Foreign, images: ImageSource, massive: int = 2,
                 batch_size: int = 16) -> dict[str, Any]:
     """`trainfree.massive.MassiveFix.fit`'s state through the views: the massive block, its `massive` largest
     channels and their mean at the massive token."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    if massive < 1:
+        raise BadValue(f"massive={massive}: fix at least one channel")
+    images = as_images(images)
     with eval_mode(foreign.model):
         return massive_state(*peaks_of(block_outputs_by_batch(foreign, images, batch_size)), massive)
 
@@ -132,6 +157,7 @@ def apply_massive(model: nn.Module | Foreign, state: dict[str, Any], zero: bool 
     branch's LayerScale gain, from the stream before the MLP (kept by a hook on the norm). Hooks on the model's own
     modules: its own forward and the views' recomputation both see the edit."""
     foreign = as_foreign(model)
+    refuse_twice(foreign, "massive")
     block, channels = int(state["block"]), [int(c) for c in state["channels"]]
     if not 0 <= block < len(foreign.blocks):
         raise BadValue(f"the massive block {block} is not one of the model's {len(foreign.blocks)} blocks")
@@ -157,6 +183,5 @@ def apply_massive(model: nn.Module | Foreign, state: dict[str, Any], zero: bool 
         out[rows, token, i[None, :]] += (target.to(out) - current) / g
         return out
 
-    norm.register_forward_pre_hook(keep_mid)
-    blk.mlp.register_forward_hook(edit)
+    record(foreign, "massive", [norm.register_forward_pre_hook(keep_mid), blk.mlp.register_forward_hook(edit)])
     return foreign

@@ -51,6 +51,11 @@ def as_images(images: ImageSource, n_images: int | None = None) -> torch.Tensor:
         raise BadValue(f"images is a {type(images).__name__}: give a tensor (n, 3, H, W), a dataset or a DataLoader")
     if x.dim() != 4 or len(x) == 0:
         raise BadValue(f"images must be a non-empty batch (n, 3, H, W), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise BadValue(f"images are {x.dtype}, not normalised floats: pass them through the model's transform "
+                       f"(pretrained.load(...).images, or its library's preprocessing)")
+    if not bool(torch.isfinite(x).all()):
+        raise BadValue("images hold NaN or inf values: they are no input a diagnosis can describe")
     return x.float()
 
 

@@ -250,7 +250,7 @@ class Foreign:
     def subject(self) -> Subject:
         """The model as an interventions `Subject` (its [CLS], if any, first; the model in evaluation mode)."""
         self.model.eval()
-        return Subject(list(self.blocks), self.embed, self.readout, self.num_prefix, self.num_registers,
+        return Subject(list(self.blocks), self.embed_tokens, self.readout, self.num_prefix, self.num_registers,
                        classifier=self.classifier, name=self.name, num_cls=self.num_cls)
 
     # The names of a `SinkViT` that `vitsinks.diagnostics` reads (`core.Diagnosable`): the CLI's diagnosis, its
@@ -284,12 +284,19 @@ class Foreign:
         return self.model.parameters()
 
     def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        """The tokens entering block 0 (`embed`)."""
-        return self.embed(images)
+        """The tokens entering block 0 (`embed`); images the model's embedding cannot take (another size or channel
+        count than it was built for) are a `BadValue`."""
+        try:
+            return self.embed(images)
+        except (AssertionError, RuntimeError, ValueError) as e:  # timm asserts the size, convolutions raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BadValue(f"{self.name} cannot embed images of shape {tuple(images.shape)} ({first}): give images "
+                           f"preprocessed for the model (pretrained.load(...).images, or its library's "
+                           f"transform)") from e
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """The final tokens: the embedding, every block's real forward, the readout."""
-        x = self.embed(images)
+        x = self.embed_tokens(images)
         for blk in self.blocks:
             x = blk(x)
         return self.readout(x)

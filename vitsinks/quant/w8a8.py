@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from vitsinks.models import SinkViT
 from vitsinks.quant.stats import LinearSite, input_maxima, layer_paths
@@ -75,9 +76,9 @@ class W8A8(TrainFreeMethod):
         return model
 
 
-def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> None:
+def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> list[RemovableHandle]:
     """Fake-quantise the weights of `layers` (by name, in the order `state` was fitted) in place and hook their inputs
-    with the fitted static scales (`W8A8.fit`'s state)."""
+    with the fitted static scales (`W8A8.fit`'s state); returns the hooks' handles."""
     if list(layers) != list(state["layers"]):
         raise BadValue(f"the W8A8 state was fitted on the linear layers {state['layers']}, this model has "
                        f"{list(layers)}: quantise the model again (python -m vitsinks.quantize)")
@@ -85,11 +86,13 @@ def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> Non
     scales = [float(s) for s in state["act_scale"]]
     if not all(math.isfinite(s) and s >= 0 for s in scales):
         raise NonFinite("the W8A8 state holds non-finite activation scales: quantise the model again")
+    handles = []
     for mod, s in zip(layers.values(), scales, strict=True):
         with torch.no_grad():
             w = mod.weight
             w.copy_(fake_quant(w, scale_of(w.abs().amax(), wb), wb))
-        mod.register_forward_pre_hook(_input_hook(s, ab))
+        handles.append(mod.register_forward_pre_hook(_input_hook(s, ab)))
+    return handles
 
 
 def w8a8_state(ranges: dict[str, float], weight_bits: int, act_bits: int, calib_images: int) -> dict[str, Any]:

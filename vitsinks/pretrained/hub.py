@@ -23,6 +23,7 @@ from PIL import Image
 from torch import nn
 
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.rundir import model_folder
 
 
 @dataclass
@@ -53,6 +54,12 @@ class Loaded:
         return torch.stack([self.transform(im.convert("RGB")) for im in pil_images])
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception's message, first line only (hub errors carry long request dumps)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _library(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
@@ -69,8 +76,8 @@ def _timm(name: str, weights: str | None) -> Loaded:
     overlay = {"file": str(Path(weights).expanduser())} if weights else None
     try:
         model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
-    except RuntimeError as e:  # timm's message for an unknown name
-        raise BadValue(f"timm:{name}: {e}") from e
+    except (RuntimeError, OSError, ValueError) as e:  # an unknown name; weights neither cached nor downloadable
+        raise BadValue(f"timm:{name}: {_first_line(e)}") from e
     cfg = resolve_data_config({}, model=model)
     return Loaded(f"timm:{name}", model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
 
@@ -82,8 +89,8 @@ def _hf(name: str, weights: str | None) -> Loaded:
     try:
         model = transformers.AutoModel.from_pretrained(name)
         proc = transformers.AutoImageProcessor.from_pretrained(name)
-    except OSError as e:
-        raise BadValue(f"hf:{name}: {str(e).splitlines()[0]}") from e
+    except (OSError, ValueError) as e:  # an unknown id; files neither cached nor downloadable
+        raise BadValue(f"hf:{name}: {_first_line(e)}") from e
 
     def transform(image: Any) -> torch.Tensor:
         return proc(image, return_tensors="pt")["pixel_values"][0]
@@ -98,8 +105,8 @@ def _open_clip(name: str, weights: str | None) -> Loaded:
                        f"or @<file>")
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights)
-    except RuntimeError as e:  # open_clip's message for an unknown name or tag
-        raise BadValue(f"open_clip:{name}@{weights}: {e}") from e
+    except (RuntimeError, OSError, ValueError) as e:  # an unknown name or tag; weights not downloadable
+        raise BadValue(f"open_clip:{name}@{weights}: {_first_line(e)}") from e
     cfg = open_clip.get_model_preprocess_cfg(model)
     return Loaded(f"open_clip:{name}@{weights}", model, preprocess, tuple(cfg["mean"]), tuple(cfg["std"]))
 
@@ -127,6 +134,13 @@ def folder_name(spec: str) -> str:
     return f"{family}_{name}{at}{weights}".replace("/", "_").replace(":", "_")
 
 
+def hub_dir(spec: str, kind: str, runs_dir: str | Path) -> Path:
+    """`<runs_dir>/<kind>/<folder_name>`: where the commands' `hub=` route writes a model's `kind` analyses
+    (`diagnostics`, `interventions`), recording the model (`utils.rundir.model_folder`: one of another's is refused)."""
+    spec = canonical(spec)
+    return model_folder(Path(runs_dir) / kind, spec, spec, folder_name(spec))
+
+
 LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip}
 
 
@@ -142,4 +156,4 @@ def load(spec: str) -> Loaded:
     return loaded
 
 
-__all__ = ["LOADERS", "Loaded", "canonical", "folder_name", "load"]
+__all__ = ["LOADERS", "Loaded", "canonical", "folder_name", "hub_dir", "load"]

@@ -1,0 +1,94 @@
+"""Bad input to the notebook API gets one readable line (`BadValue`) before any work or file, and the post-hoc edits
+neither stack nor stay: a second edit of a kind is refused, `remove_edits` gives the model its own forward back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from tests.pretrained.test_timm_adapter import CONFIGS, images, plant_sink, timm_vit
+from vitsinks import pretrained
+from vitsinks.pretrained import diagnose, intervene, report
+from vitsinks.pretrained.edits import (
+    add_test_time_register,
+    apply_massive,
+    apply_w8a8,
+    fit_massive,
+    fit_w8a8,
+    remove_edits,
+)
+from vitsinks.utils.errors import BadValue
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda m, x: diagnose(m, torch.randn(2, 3, 40, 40)), "cannot embed images of shape"),  # built for 32 px
+    (lambda m, x: diagnose(m, x[:, :1]), "cannot embed images of shape"),  # one channel
+    (lambda m, x: diagnose(m, (x * 255).to(torch.uint8)), "not normalised floats"),
+    (lambda m, x: diagnose(m, torch.where(x > 2, torch.nan, x)), "NaN or inf"),
+    (lambda m, x: diagnose(m, x, heads=[7]), r"heads \[7\]"),
+    (lambda m, x: diagnose(m, x, heads=[(5, 0)]), r"heads \[\(5, 0\)\]"),
+    (lambda m, x: diagnose(m, x, heads=[]), r"heads \[\]"),
+    (lambda m, x: diagnose(m, x, blocks=[2]), r"blocks \[2\]"),
+    (lambda m, x: diagnose(m, x, batch_size=0), "batch_size=0"),
+    (lambda m, x: diagnose(m, x, neurons="yes"), "neurons='yes'"),
+    (lambda m, x: intervene(m, x, heads=[(1, 0)], foo=1), "intervene\\(\\) got foo"),
+    (lambda m, x: fit_massive(m, x, massive=0), "massive=0"),
+    (lambda m, x: diagnose(m.bfloat16(), x), "bfloat16 weights"),
+])
+def test_bad_input_is_one_line(call, message: str) -> None:
+    m, x = timm_vit(CONFIGS["deit"]), images(3)
+    with pytest.raises(BadValue, match=message):
+        call(m, x)
+
+
+def test_report_checks_shown_before_any_work(tmp_path: Path) -> None:
+    m, x = timm_vit(CONFIGS["deit"]), images(2)
+    channels_first = np.zeros((2, 3, 32, 32), dtype=np.uint8)
+    with pytest.raises(BadValue, match=r"shown must be the images as uint8 RGB \(2, 32, 32, 3\)"):
+        report(m, x, tmp_path / "out", shown=channels_first)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_page_of_a_pretrained_model_has_no_checkpoint_panels(tmp_path: Path) -> None:
+    report(timm_vit(CONFIGS["deit"]), images(2), tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert 'id="maps"' in page and 'id="quant"' not in page and 'id="trainfree"' not in page
+
+
+def test_intervene_takes_a_dataset_as_diagnose_does() -> None:
+    m, x = timm_vit(CONFIGS["deit"]), images(4)
+    plant_sink(m, 1, 0)
+    want = intervene(m, x, heads=[(1, 0)], edits=["zero_sink_value"])["rows"]
+    got = intervene(m, TensorDataset(x, torch.zeros(4)), heads=[(1, 0)], edits=["zero_sink_value"])["rows"]
+    assert len(got["edit"]) == 4
+    np.testing.assert_allclose(got["final_patch_relrms"], want["final_patch_relrms"], rtol=1e-6)
+
+
+def test_load_is_the_package_function() -> None:
+    assert callable(pretrained.load) and pretrained.load.__module__ == "vitsinks.pretrained.hub"
+
+
+@torch.no_grad()
+def test_edits_do_not_stack_and_come_off() -> None:
+    m, x = timm_vit(CONFIGS["dinov2_reg"]), images(3)
+    plain = m.forward_features(x)
+    edited = add_test_time_register(m, [(0, 3)])
+    with pytest.raises(BadValue, match="already carries a test-time register"):
+        add_test_time_register(edited, [(0, 3)])
+    with pytest.raises(BadValue, match="use the view add_test_time_register returned"):
+        diagnose(m, x)  # the plain view would feed the hooks one token less
+    assert diagnose(edited, x)["layout"]["num_registers"][0] == CONFIGS["dinov2_reg"]["reg_tokens"] + 1
+    apply_massive(edited, fit_massive(edited, x))
+    with pytest.raises(BadValue, match="already carries the massive-activation fix"):
+        apply_massive(edited, fit_massive(edited, x))
+    assert sorted(remove_edits(m)) == ["a test-time register", "the massive-activation fix"]
+    torch.testing.assert_close(m.forward_features(x), plain, rtol=0, atol=0)  # its own forward again
+    apply_w8a8(m, fit_w8a8(m, x))
+    with pytest.raises(BadValue, match="already carries W8A8"):
+        apply_w8a8(m, fit_w8a8(m, x))
+    with pytest.raises(BadValue, match="quantised in place"):
+        remove_edits(m)
