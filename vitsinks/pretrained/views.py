@@ -289,6 +289,8 @@ class Foreign:
         try:
             return self.embed(images)
         except (AssertionError, RuntimeError, ValueError) as e:  # timm asserts the size, convolutions raise
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BadValue(f"{self.name} cannot embed images of shape {tuple(images.shape)} ({first}): give images "
                            f"preprocessed for the model (pretrained.load(...).images, or its library's "
