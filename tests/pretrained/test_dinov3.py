@@ -14,6 +14,7 @@ from timm.models.eva import Eva
 from torch import nn
 
 from tests.pretrained import assert_fields_match_attention, patch_relrms, require, zeroed_value_relrms
+from tests.pretrained.neurons import assert_table_equals, summary_rows
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.pretrained import adapt, diagnose, intervene
 from vitsinks.pretrained.edits import fit_w8a8
@@ -215,3 +216,25 @@ def test_eva_mlp_parts_and_w8a8_on_a_biased_fused_qkv() -> None:
     assert (parts.fc_in, parts.act, parts.fc_out, parts.gamma) == (blk.mlp.fc1, blk.mlp.act, blk.mlp.fc2, blk.gamma_2)
     with pytest.raises(BadValue, match="F.linear"):  # its qkv Linear is never called: no input hook would see it
         fit_w8a8(build("timm_qkvb"), images(2))
+
+
+@torch.no_grad()
+def test_transformers_register_neurons_equal_a_recomputation_from_its_forward() -> None:
+    """The plain MLP (up_proj -> act_fn -> down_proj) gives the register-neuron summary, equal to the one recomputed in
+    numpy from transformers' own forward (hooked activations and block outputs, `lambda1` of the second layer scale
+    in the share); the gated MLP gives none (its activation is only the gate)."""
+    m, x, k = build("hf"), images(4), 1.05
+    layers, acts = m.model.layer, {}
+    hooks = [la.mlp.act_fn.register_forward_hook(lambda _m, _i, o, b=b: acts.__setitem__(b, o.double().numpy()))
+             for b, la in enumerate(layers)]
+    try:
+        _, outs = library_forward(m, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    want = summary_rows([acts[b] for b in range(len(layers))], [o.double().numpy() for o in outs],
+                        [la.mlp.down_proj.weight.double().numpy() for la in layers],
+                        [la.layer_scale2.lambda1.double().numpy() for la in layers], k, 1 + REGISTERS, 10)
+    assert len(want) == 10 * len(layers)  # every block has outlier patches at this k: nothing compared is empty
+    assert_table_equals(diagnose(m, x, neurons=k)["neurons"], want)
+    assert all(blk.mlp_parts() is None for blk in adapt(build("hf_gated")).blocks)

@@ -134,7 +134,13 @@ class HFBlock(BlockView):
         self.ls2 = LayerScaleView(_get(layer, spec.ls2).lambda1) if spec.ls2 else nn.Identity()
 
     def mlp_parts(self) -> MLPParts | None:
-        return plain_mlp(self.mlp, ("fc1", "activation_fn", "fc2"), getattr(self.ls2, "gamma", None))
+        """fc1 -> activation_fn -> fc2 (ViT, DINOv2, CLIP, SigLIP) or up_proj -> act_fn -> down_proj (DINOv3); None
+        for a gated MLP (`gate_proj`: its activation is only the gate) or DINOv2's SwiGLU."""
+        gamma = getattr(self.ls2, "gamma", None)
+        if hasattr(self.mlp, "gate_proj"):
+            return None
+        return (plain_mlp(self.mlp, ("fc1", "activation_fn", "fc2"), gamma)
+                or plain_mlp(self.mlp, ("up_proj", "act_fn", "down_proj"), gamma))
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rope is None:
