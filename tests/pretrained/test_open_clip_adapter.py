@@ -1,13 +1,16 @@
 """The open_clip adapter (small random towers, no hub): views of open_clip's `VisionTransformer` reproduce it and
-give the same diagnostics as vitsinks' own ViT on the converted weights."""
+give the same diagnostics as vitsinks' own ViT on the converted weights, and the same attention and fields as a
+float64 recomputation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from tests.pretrained import assert_fields_equal_own, require
+from tests.pretrained import assert_fields_equal_own, assert_fields_match_attention, require
+from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.pretrained import adapt, diagnose
 
@@ -88,3 +91,27 @@ def test_clip_model_and_timm_tower() -> None:
                                            "timm_model_pretrained": False, "timm_pool": "", "timm_proj": "linear"},
                                       {"context_length": 8, "vocab_size": 50, "width": 32, "heads": 2, "layers": 1})
     assert adapt(timm_tower).family == "timm"
+
+
+def reference_attention(blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """open_clip block `blk`'s attention (B, H, N, N) written out in float64 from its parameters: ln_1, then
+    `in_proj_weight` / `in_proj_bias` split into q, k per head, softmax(q k^T / sqrt(head_dim))."""
+    a = blk.attn
+    H, d = a.num_heads, {k: v.double() for k, v in blk.state_dict().items()}
+    z = F.layer_norm(x.double(), (x.shape[-1],), d["ln_1.weight"], d["ln_1.bias"], blk.ln_1.eps)
+    qkv = z @ d["attn.in_proj_weight"].T + d["attn.in_proj_bias"]
+    B, N, _ = qkv.shape
+    q, k, _ = qkv.view(B, N, 3, H, -1).permute(2, 0, 3, 1, 4)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+@torch.no_grad()
+def test_attention_and_fields_equal_a_float64_recomputation() -> None:
+    v = tower()
+    f, x = adapt(v), images()
+    t = f.blocks[0](f.embed(x))  # block 1's input
+    ref = reference_attention(v.transformer.resblocks[1], t)
+    assert (f.blocks[1].attn.internals(f.blocks[1].norm1(t)).attn.double() - ref).abs().max() < 1e-5
+    assert_fields_match_attention(diagnose_tokens(f.blocks[1:], t, num_prefix=f.num_prefix), ref, f.num_prefix)
