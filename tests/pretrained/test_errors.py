@@ -37,6 +37,9 @@ from vitsinks.utils.errors import BadValue
     (lambda m, x: diagnose(m, x, neurons="yes"), "neurons='yes'"),
     (lambda m, x: intervene(m, x, heads=[(1, 0)], foo=1), "intervene\\(\\) got foo"),
     (lambda m, x: fit_massive(m, x, massive=0), "massive=0"),
+    (lambda m, x: intervene(m, x, heads=[(1, 0)], batch_size=0), "batch_size=0"),
+    (lambda m, x: fit_w8a8(m, x, batch_size=0), "batch_size=0"),
+    (lambda m, x: diagnose(m, x, heads=[(1, 0, 2)]), "no \\(block, head\\) pair"),
     (lambda m, x: diagnose(m.bfloat16(), x), "bfloat16 weights"),
 ])
 def test_bad_input_is_one_line(call, message: str) -> None:
@@ -90,5 +93,18 @@ def test_edits_do_not_stack_and_come_off() -> None:
     apply_w8a8(m, fit_w8a8(m, x))
     with pytest.raises(BadValue, match="already carries W8A8"):
         apply_w8a8(m, fit_w8a8(m, x))
-    with pytest.raises(BadValue, match="quantised in place"):
-        remove_edits(m)
+    apply_massive(m, fit_massive(m, x))
+    assert remove_edits(m) == ["the massive-activation fix"]  # W8A8 stays: its weights are quantised in place
+    with pytest.raises(BadValue, match="already carries W8A8"):
+        apply_w8a8(m, fit_w8a8(m, x))
+
+
+def test_a_negative_block_counts_from_the_last_in_head_pairs() -> None:
+    m, x = timm_vit(CONFIGS["deit"]), images(3)
+    plant_sink(m, 1, 0)
+    last = diagnose(m, x, blocks=[-1], heads=[(-1, 0)])["heads"]
+    assert set(last["block"]) == {1} and set(last["head"]) == {0} and len(last["block"]) == 3
+    got = intervene(m, x, heads=[(-1, 0)], edits=["zero_sink_value"])["rows"]
+    want = intervene(m, x, heads=[(1, 0)], edits=["zero_sink_value"])["rows"]
+    assert set(got["block"]) == {1}
+    np.testing.assert_allclose(got["final_patch_relrms"], want["final_patch_relrms"], rtol=1e-6)

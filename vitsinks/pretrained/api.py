@@ -61,6 +61,23 @@ def check_batch_size(batch_size: int | None) -> None:
         raise BadValue(f"batch_size={batch_size}: give a batch of at least 1 image, or None to fit the memory budget")
 
 
+def model_heads(heads: Any, n_blocks: int) -> Any:
+    """`heads` as `tables` and `intervene` take them: (block, head) pairs (tuples, lists or arrays) with a negative
+    block counted from the last of the model's `n_blocks`, as `blocks=` counts; head indices and None as they are."""
+    if heads is None:
+        return None
+    out: list[Any] = []
+    for h in heads:
+        if np.ndim(h) != 1:
+            out.append(h)
+            continue
+        if len(h) != 2:
+            raise BadValue(f"heads: {list(h)} is no (block, head) pair")
+        b, head = (int(v) for v in h)
+        out.append((b + n_blocks if -n_blocks <= b < 0 else b, head))
+    return out
+
+
 def check_shown(shown: np.ndarray, images: torch.Tensor) -> None:
     """A `BadValue` unless `shown` holds `images` as uint8 RGB (n, H, W, 3) at their size, before any work."""
     want = (len(images), *images.shape[-2:], 3)
@@ -137,8 +154,8 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
     img, blk, head = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, np.arange(H), indexing="ij"))
     keep = np.ones(img.shape, dtype=bool)
     if heads is not None:
-        heads = list(heads)
-        if heads and isinstance(heads[0], tuple | list):
+        heads = [tuple(int(v) for v in h) if np.ndim(h) == 1 else h for h in heads]
+        if heads and isinstance(heads[0], tuple):
             pairs = {(int(b), int(h)) for b, h in heads}
             wrong = sorted((b, h) for b, h in pairs if b not in set(block_ids.tolist()) or not 0 <= h < H)
             keep = np.array([(b, h) in pairs for b, h in zip(blk, head, strict=True)], dtype=bool)
@@ -175,11 +192,13 @@ def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[i
     events and classes under `rules` (default `SinkRules()`, the CLI's). `neurons`: also the `neurons` table (the
     register-neuron summary, `pretrained.neurons.neuron_table`, of the chosen blocks; one more forward pass) at the
     summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
-    if not isinstance(neurons, bool | int | float):
+    if isinstance(neurons, np.bool_):
+        neurons = bool(neurons)
+    if not isinstance(neurons, bool | int | float | np.number):
         raise BadValue(f"neurons={neurons!r}: give True (the summary's threshold), a threshold k > 1, or False")
     foreign = as_foreign(model)
     x = as_images(images, n_images)
-    out = tables(diagnose_fields(foreign, x, blocks, batch_size), heads, rules)
+    out = tables(diagnose_fields(foreign, x, blocks, batch_size), model_heads(heads, len(foreign.blocks)), rules)
     if neurons is not False:
         t = neuron_table(foreign, x, NEURON_K if neurons is True else float(neurons))
         keep = np.isin(t["block"], out["checks"]["block"])
@@ -224,6 +243,8 @@ def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[t
     edited) and `mean_skipped`."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_batch_size(batch_size)
+    heads = model_heads(heads, len(foreign.blocks))
     images = as_images(images)
     heldout = images[:0] if heldout is None else as_images(heldout)
     known = {f.name for f in dataclasses.fields(InterveneConfig)} - {"n_images", "heldout_images"}

@@ -13,7 +13,8 @@ from vitsinks.pretrained.views import Foreign
 from vitsinks.utils.errors import BadValue
 
 # The edits applied to each model, with their hooks' handles: a second edit of a kind is refused (the hooks would
-# stack), and `remove_edits` takes the hooks off. Kept beside the model, not on it, so a deepcopy stays plain.
+# stack), and `remove_edits` takes the hooks off. Kept beside the model, not on it (a handle does not survive a copy):
+# a deepcopy of an edited model copies its hooks but not this record, so edit the original or a fresh model.
 APPLIED: weakref.WeakKeyDictionary[nn.Module, dict[str, list[RemovableHandle]]] = weakref.WeakKeyDictionary()
 LABELS = {"w8a8": "W8A8", "test_time_register": "a test-time register", "massive": "the massive-activation fix"}
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.models.passes import block_outputs_by_batch, eval_mode
-from vitsinks.pretrained.api import as_foreign, require_float32
+from vitsinks.pretrained.api import as_foreign, check_batch_size, require_float32
 from vitsinks.pretrained.applied import APPLIED, LABELS, record, refuse_twice
 from vitsinks.pretrained.inputs import ImageSource, as_images
 from vitsinks.pretrained.views import BlockView, Foreign, own_linears
@@ -37,18 +37,16 @@ from vitsinks.utils.errors import BadValue
 
 
 def remove_edits(model: nn.Module | Foreign) -> list[str]:
-    """Take the hooks of `add_test_time_register` and `apply_massive` off the model (its own forward is then the
-    original again); returns the edits removed. W8A8 cannot be removed: its weights were quantised in place."""
+    """Take the hooks of `add_test_time_register` and `apply_massive` off the model (without W8A8, its own forward is
+    then the original again); returns the edits removed. W8A8 stays: its weights were quantised in place (load the
+    model again to undo it)."""
     module = model.model if isinstance(model, Foreign) else model
     applied = APPLIED.get(module, {})
-    if "w8a8" in applied:
-        raise BadValue(f"{type(module).__name__} carries W8A8, whose weights are quantised in place: load the model "
-                       f"again")
-    for handles in applied.values():
-        for h in handles:
+    removed = [e for e in applied if e != "w8a8"]
+    for e in removed:
+        for h in applied.pop(e):
             h.remove()
-    APPLIED.pop(module, None)
-    return [LABELS[e] for e in applied]
+    return [LABELS[e] for e in removed]
 
 
 def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
@@ -66,6 +64,7 @@ def fit_w8a8(model: nn.Module | Foreign, images: ImageSource, weight_bits: int =
     (`block_linears`) over `images` run through the views."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_batch_size(batch_size)
     images = as_images(images)
     with eval_mode(foreign.model) as device:
         ranges, _ = layer_input_maxima(block_linears(foreign), foreign.forward_features, images, device,
@@ -127,6 +126,7 @@ def register_neurons(model: nn.Module | Foreign, images: ImageSource, top: int, 
     patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_batch_size(batch_size)
     images = as_images(images)
     return find_register_neurons(foreign, images, top, k, batch_size)
 
@@ -140,6 +140,7 @@ def fit_massive(model: nn.Module | Foreign, images: ImageSource, massive: int = 
     require_float32(foreign)
     if massive < 1:
         raise BadValue(f"massive={massive}: fix at least one channel")
+    check_batch_size(batch_size)
     images = as_images(images)
     with eval_mode(foreign.model):
         return massive_state(*peaks_of(block_outputs_by_batch(foreign, images, batch_size)), massive)

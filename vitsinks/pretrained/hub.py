@@ -123,11 +123,11 @@ def canonical(spec: str) -> str:
 
 
 def folder_name(spec: str) -> str:
-    """A file name for a model's outputs: `spec` with ':' and '/' as '_', a weights file by its stem, a
-    save_pretrained folder by its name."""
+    """A file name for the outputs of the model `spec` names (`canonical`: local files as absolute paths): `:` and
+    `/` as `_`, a weights file by its stem, a save_pretrained folder by its name."""
     family, _, rest = spec.partition(":")
     name, at, weights = rest.partition("@")
-    if at and Path(weights).suffix:
+    if at and Path(weights).is_absolute():  # a weights file (`canonical`), not a tag
         weights = Path(weights).stem
     if Path(name).is_absolute():
         name = Path(name).name
