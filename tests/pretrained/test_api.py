@@ -13,10 +13,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
 from vitsinks.configs.schema import DiagnosticsConfig
-from vitsinks.diagnostics import run_diagnostics
+from vitsinks.diagnostics import run_diagnostics, stretched
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.pretrained import diagnose, diagnose_fields, report
-from vitsinks.pretrained.inputs import as_images, displayable
+from vitsinks.pretrained.inputs import as_images
 from vitsinks.utils.errors import BadValue
 
 
@@ -41,7 +41,7 @@ def test_report_writes_what_the_cli_writes_for_the_converted_model(tmp_path: Pat
     cfg = CONFIGS["dinov2_reg"]
     m = timm_vit(cfg)
     own, x = own_twin(m, cfg), images(4)
-    shown = displayable(x)
+    shown = stretched(x)
     settings = DiagnosticsConfig(report_images=2)
     got = report(m, x, tmp_path / "timm", settings=settings, batch_size=3)
     want = run_diagnostics(own, x, shown, tmp_path / "own", settings)  # what `python -m vitsinks.diagnose` runs

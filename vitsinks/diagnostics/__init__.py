@@ -26,7 +26,15 @@ from vitsinks.utils.rundir import LOCK, PER_IMAGE, SOURCE, SUMMARY
 
 __all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "events",
            "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
-           "run_diagnostics", "spectrum", "stable_rank", "summarize"]
+           "run_diagnostics", "spectrum", "stable_rank", "stretched", "summarize"]
+
+
+def stretched(images: torch.Tensor) -> np.ndarray:
+    """Model inputs (n, 3, H, W) as uint8 RGB (n, H, W, 3) for plots and pages, each image min-max stretched to its
+    own range (for inputs whose normalisation is not known here)."""
+    x = images.detach().float().cpu()
+    lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+    return ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
 
 
 def images_of(items: list[tuple], size: int, protocol: Any = None) -> tuple[torch.Tensor, np.ndarray]:
@@ -37,9 +45,7 @@ def images_of(items: list[tuple], size: int, protocol: Any = None) -> tuple[torc
     first = [item[0] for item in items]
     if isinstance(first[0], torch.Tensor):  # tensor datasets (the sink tasks) are model inputs already
         x = torch.stack(first)
-        lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
-        show = ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
-        return x, show
+        return x, stretched(x)
     crop, *rest = protocol_transform(size, protocol).transforms  # crop once: the model's view is what plots show
     cropped = [crop(im.convert("RGB")) for im in first]
     x = torch.stack([T.Compose(rest)(im) for im in cropped])

@@ -161,14 +161,17 @@ def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 @torch.no_grad()
 def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tensor], torch.Tensor],
                     inputs: torch.Tensor, batch_size: int = 16, causal: bool = False, keep_maps: int = 0,
-                    num_prefix: int = 1, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
-    """`diagnose_tokens` over `inputs` in batches (each embedded by `embed_fn`), joined along images."""
+                    num_prefix: int = 1, neurons: NeuronCollector | None = None, chosen: Sequence[int] | None = None,
+                    name: str = "the model") -> dict[str, np.ndarray]:
+    """`diagnose_chosen` (default: every block) over `inputs` in batches (each embedded by `embed_fn`), joined along
+    images; a recomputation that differs from `name`'s own forward is refused (`check_recomputation`)."""
     blocks = list(blocks)
-    parts = [diagnose_tokens(blocks, embed_fn(inputs[lo : lo + batch_size]), causal=causal,
-                             keep_maps=max(0, keep_maps - lo), num_prefix=num_prefix, neurons=neurons)
+    chosen = list(range(len(blocks))) if chosen is None else list(chosen)
+    parts = [diagnose_chosen(blocks, embed_fn(inputs[lo : lo + batch_size]), chosen, max(0, keep_maps - lo),
+                             num_prefix, neurons, causal)
              for lo in range(0, len(inputs), batch_size)]
     out = concat_fields(parts)
-    check_recomputation(out["recompute_error"], range(len(blocks)), "the model",
+    check_recomputation(out["recompute_error"], chosen, name,
                         "the diagnostics would describe another computation than the model's, nothing was written")
     return out
 
@@ -219,13 +222,15 @@ def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def diagnose_chosen(blocks: Sequence[SinkBlock], x: torch.Tensor, chosen: Sequence[int], keep_maps: int = 0,
-                    num_prefix: int = 1, neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
+                    num_prefix: int = 1, neurons: NeuronCollector | None = None,
+                    causal: bool = False) -> dict[str, np.ndarray]:
     """`diagnose_tokens` of the `chosen` blocks only: every block up to the last chosen runs its real forward (the
     stream stays right), each chosen one is diagnosed alone (its real forward a second time)."""
     if list(chosen) == list(range(len(blocks))):
-        return diagnose_tokens(blocks, x, keep_maps=keep_maps, num_prefix=num_prefix, neurons=neurons)
-    if neurons is not None:
-        raise BadValue("the register neurons are collected over every block: diagnose all blocks (blocks=None)")
+        return diagnose_tokens(blocks, x, causal, keep_maps, num_prefix, neurons)
+    if neurons is not None or causal:
+        raise BadValue("the register neurons and causal models are diagnosed over every block: choose all blocks "
+                       "(blocks=None)")
     parts = []
     for b in range(chosen[-1] + 1):
         if b in chosen:
@@ -249,15 +254,10 @@ def diagnose(model: Diagnosable, images: torch.Tensor, batch_size: int = 16, kee
     (`check_recomputation`).
     """
     chosen = chosen_blocks(len(model.blocks), blocks)
-    parts = []
     with eval_mode(model) as device:  # type: ignore[arg-type]  # a Foreign passes its mode and device on
-        for lo in range(0, len(images), batch_size):
-            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
-            parts.append(diagnose_chosen(model.blocks, x, chosen, max(0, keep_maps - lo), model.num_prefix_tokens,
-                                         neurons))
-    result = concat_fields(parts)
-    check_recomputation(result["recompute_error"], chosen, name,
-                        "the diagnostics would describe another computation than the model's, nothing was written")
+        result = diagnose_inputs(model.blocks, lambda batch: model.embed_tokens(batch.to(device)), images, batch_size,
+                                 keep_maps=keep_maps, num_prefix=model.num_prefix_tokens, neurons=neurons,
+                                 chosen=chosen, name=name)
     result.update(spectrum(model.blocks[b] for b in chosen))
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
     result.update(model.key_layout(img_size).fields())

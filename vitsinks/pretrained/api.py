@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vitsinks.configs.schema import DiagnosticsConfig, InterveneConfig
-from vitsinks.diagnostics import run_diagnostics
+from vitsinks.diagnostics import run_diagnostics, stretched
 from vitsinks.diagnostics.core import chosen_blocks
 from vitsinks.diagnostics.core import diagnose as core_diagnose
 from vitsinks.diagnostics.fields import FIELDS
@@ -29,7 +29,7 @@ from vitsinks.models.layout import KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.pretrained.applied import check_plain
 from vitsinks.pretrained.families import adapt
-from vitsinks.pretrained.inputs import ImageSource, as_images, displayable
+from vitsinks.pretrained.inputs import ImageSource, as_images
 from vitsinks.pretrained.neurons import NEURON_K, neuron_table
 from vitsinks.pretrained.views import Foreign
 from vitsinks.utils.errors import BadValue
@@ -212,7 +212,7 @@ def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path,
     """What `python -m vitsinks.diagnose` writes for a checkpoint, for a pretrained model, into `out_dir`:
     `per_image.npz`, `summary.json` (events, NOP / broadcast classes, locations, the residual side), the sink table,
     the PNG plots and the page `report.html` (docs/report.md), by the same code (`diagnostics.run_diagnostics`).
-    `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `displayable(images)`; `settings`: the
+    `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `diagnostics.stretched(images)`; `settings`: the
     `diagnostics` config group (`DiagnosticsConfig`); `image_index` (each image's index in its dataset) and
     `protocol` are recorded as the CLI records them. Returns the summary."""
     foreign = as_foreign(model)
@@ -222,7 +222,7 @@ def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path,
     if shown is not None:
         check_shown(np.asarray(shown), x)
     bs = batch_size or batch_size_for(foreign, (int(x.shape[-2]), int(x.shape[-1])))
-    return run_diagnostics(foreign, x, displayable(x) if shown is None else np.asarray(shown), Path(out_dir),
+    return run_diagnostics(foreign, x, stretched(x) if shown is None else np.asarray(shown), Path(out_dir),
                            settings or DiagnosticsConfig(), image_index, protocol, batch_size=bs)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Union
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -59,14 +58,4 @@ def as_images(images: ImageSource, n_images: int | None = None) -> torch.Tensor:
     return x.float()
 
 
-def displayable(images: torch.Tensor) -> np.ndarray:
-    """Model-normalised images (n, 3, H, W) as uint8 RGB (n, H, W, 3) for the pages, each stretched to its own
-    range (the model's normalisation is not known here: colours are the image's, contrasts are not exact)."""
-    x = images.detach().float().cpu()
-    lo = x.amin(dim=(1, 2, 3), keepdim=True)
-    hi = x.amax(dim=(1, 2, 3), keepdim=True)
-    x = (x - lo) / (hi - lo).clamp_min(1e-12)
-    return (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
-
-
-__all__ = ["ImageSource", "as_images", "displayable"]
+__all__ = ["ImageSource", "as_images"]
