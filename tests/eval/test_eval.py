@@ -336,6 +336,23 @@ def test_a_torn_feature_cache_is_computed_again(runs: Path, capsys) -> None:
         cache.write_bytes(cache.read_bytes()[:200])  # torn behind vitsinks' back (a copy cut short, a bad disk)
     capsys.readouterr()
     again = linear.run(_eval_cfg(runs, ckpt))
-    assert capsys.readouterr().out.count("is torn: computing it again") == len(caches) == 2
+    assert capsys.readouterr().out.count("is torn or not one vitsinks wrote") == len(caches) == 2
     assert again["best"] == first["best"]
     assert all(torch.load(c)["index"].numel() > 0 for c in caches)  # whole again
+
+
+def test_a_feature_cache_that_would_run_code_is_never_unpickled_and_is_computed_again(runs: Path, capsys) -> None:
+    from tests.malicious import plant
+    from vitsinks.eval import linear
+
+    ckpt = _trained(runs)
+    first = linear.run(_eval_cfg(runs, ckpt))
+    caches = sorted((runs / "ev2" / "eval_cache").glob("lin-*.pt"))
+    marker = runs / "ran"
+    for cache in caches:
+        plant(cache, marker)  # a planted cache file: its pickle runs a command
+    capsys.readouterr()
+    again = linear.run(_eval_cfg(runs, ckpt))
+    assert not marker.exists()
+    assert capsys.readouterr().out.count("is torn or not one vitsinks wrote") == len(caches) == 2
+    assert again["best"] == first["best"]

@@ -96,7 +96,8 @@ def extract(dataset: Dataset, fn: Callable[[list], dict[str, torch.Tensor]], cac
         if all(gather_objects(cached is not None)):
             return cached
         if rank == 0:  # a cache is never the only copy: a torn one is computed again
-            print(f"note: the feature cache {cache} is torn: computing it again", flush=True)
+            print(f"note: the feature cache {cache} is torn or not one vitsinks wrote (never unpickled): computing "
+                  f"it again", flush=True)
             cache.unlink(missing_ok=True)
     shard = cache.with_name(f"{cache.stem}.rank{rank}of{world}.pt")
     failed: Exception | None = None

@@ -21,6 +21,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
+from vitsinks.utils.safeload import UnsafeFile, torch_load
 
 Kind = Literal["checkpoint", "weights"]  # a run's checkpoint, or a pretrained weights file (model.pretrained=)
 RUN_DIVERGED = "the run diverged; lower train.lr and train from an earlier checkpoint"
@@ -46,10 +47,12 @@ def check_finite(tensors: dict[str, Any], what: str, fix: str = RUN_DIVERGED) ->
                         f"{', '.join(bad[:3])}: {fix}")
 
 
-def load(path: Path, kind: Kind = "checkpoint") -> Any:
+def load(path: Path, kind: Kind = "checkpoint", mmap: bool = False) -> Any:
     """Load a checkpoint (`kind="checkpoint"`, a run's) or a pretrained weights file (`kind="weights"`, the user's
-    own: a `torch.save` file or `.safetensors`) on the CPU; an unreadable file is a `BadValue` naming it (truncated,
-    or not one) with the fix for that kind of file."""
+    own: a `torch.save` file or `.safetensors`) on the CPU, never running code the file carries
+    (`utils.safeload`: a file naming other Python objects is an `UnsafeFile`); an unreadable file is a `BadValue`
+    naming it (truncated, or not one) with the fix for that kind of file. `mmap`: tensors mapped, not read (a
+    cheap check that a file reads before a library loads it)."""
     path = Path(path)
     if kind == "weights" and path.suffix == SAFETENSORS:
         try:
@@ -58,7 +61,9 @@ def load(path: Path, kind: Kind = "checkpoint") -> Any:
             raise BadValue(f"the weights file {path} is truncated or corrupt ({type(err).__name__}): download or "
                            f"save it again") from err
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch_load(path, mmap=mmap and _is_torch_archive(path))  # a legacy-format file cannot be mapped
+    except UnsafeFile:
+        raise
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same thing to the user
         torn = _is_torch_archive(path)
         if kind == "weights":

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +20,7 @@ from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
 from vitsinks.utils.errors import ConfigError, InputNotFound
 from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.safeload import torch_load
 
 # Overrides already in the default run name `<exp>-<size>-<data>-s<seed>`, or that do not change what a run computes.
 IN_NAME = ("exp", "seed", "model", "model.size", "data", "data.name", "name")
@@ -136,7 +136,7 @@ def last_checkpoint_step(run: RunDir) -> int | None:
     """The step of the newest checkpoint of `run` that reads (its tensors mapped, not read), or None."""
     for path in run.resume_candidates():
         try:
-            return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["progress"]["step"])
+            return int(torch_load(path, mmap=True)["progress"]["step"])
         except Exception:  # noqa: BLE001 - a checkpoint that does not read: the next one
             continue
     return None

@@ -23,6 +23,7 @@ from vitsinks.utils import files
 from vitsinks.utils.distributed import gather_objects
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.safeload import UnsafeFile
 
 # Every `ModelConfig` field that shapes the architecture (field metadata `arch=False` marks the others).
 ARCH_KEYS = arch_keys()
@@ -41,16 +42,34 @@ def save_state(state: dict[str, Any], path: Path) -> None:
 
 def rng_state() -> dict[str, Any]:
     """This process's global RNGs: python, numpy, torch CPU and, with CUDA, its current GPU's."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
+def numpy_state(legacy: tuple[Any, ...]) -> dict[str, Any]:
+    """numpy's random state (`np.random.get_state()`'s tuple) as tensors and numbers: a checkpoint holds no numpy
+    array, so that it loads weights-only (`utils.safeload`)."""
+    name, key, pos, has_gauss, gauss = legacy
+    return {"name": str(name), "key": torch.from_numpy(np.asarray(key).astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+
+
+def _numpy_state() -> dict[str, Any]:
+    return numpy_state(np.random.get_state())
+
+
+def _set_numpy_state(state: dict[str, Any]) -> None:
+    """Restore `_numpy_state()`'s generator."""
+    key = state["key"].numpy().astype(np.uint32)
+    np.random.set_state((state["name"], key, state["pos"], state["has_gauss"], state["gauss"]))
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore `rng_state()`'s generators (CUDA's on the current GPU, when both sides have one)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    _set_numpy_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
@@ -174,6 +193,7 @@ def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
     newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it has some
     but none is usable (nothing is overwritten)."""
     notes: list[str] = []
+    unsafe: UnsafeFile | None = None
     candidates = run.resume_candidates()
     for path in candidates:
         try:
@@ -184,12 +204,18 @@ def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
                 raise BadValue(f"{path}, a weights-only snapshot (train.periodic_weights_only), not a training state")
             check_finite(state["model"], str(path))
         except (BadValue, NonFinite) as err:
-            notes.append(str(err).split(":")[0])
+            if isinstance(err, UnsafeFile):
+                unsafe = unsafe or err
+                notes.append(f"{path}, which holds Python objects beyond tensors")
+            else:
+                notes.append(str(err).split(":")[0])
             continue
         if run.is_main:
             for note in notes:
                 print(f"warning: passed over {note}", flush=True)
         return path, state
+    if unsafe is not None:  # e.g. a run of an earlier vitsinks: converting its checkpoints makes it resumable
+        raise unsafe
     if candidates:
         raise BadValue(f"no usable checkpoint in {run.ckpt_dir} ({'; '.join(notes)}): nothing was overwritten; delete "
                        f"the folder to start over, or pick another run name (name=...)")

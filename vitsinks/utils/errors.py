@@ -22,6 +22,10 @@ class BadValue(UserError, ValueError):
     """A value, file content or combination of settings that cannot be used."""
 
 
+class BadFile(BadValue):
+    """A file vitsinks reads is torn (truncated by a kill or a full disk) or is not the file vitsinks writes."""
+
+
 class ConfigError(BadValue):
     """A configuration that composes but cannot run (a number out of range, settings that exclude each other)."""
 

@@ -28,7 +28,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from vitsinks.utils.errors import BadValue, UserError
+from vitsinks.utils.errors import BadFile, BadValue, UserError
+from vitsinks.utils.safeload import UnsafeFile, torch_load
 
 TMP_SUFFIX = ".tmp"
 
@@ -48,10 +49,6 @@ class DiskFault(UserError, OSError):
     def __init__(self, message: str, err: int) -> None:
         super().__init__(message)
         self.errno = err
-
-
-class BadFile(BadValue):
-    """A file vitsinks reads is torn (truncated by a kill or a full disk) or is not the file vitsinks writes."""
 
 
 def fault(err: OSError, path: Path | str | None = None, doing: str = "write") -> DiskFault | None:
@@ -272,11 +269,12 @@ def read_npz(path: Path | str, rerun: str) -> dict[str, np.ndarray]:
 
 
 def read_torch(path: Path | str, rerun: str) -> Any:
-    """What `torch_save` wrote to `path` (on the CPU); a torn or foreign file is a `BadFile`."""
+    """What `torch_save` wrote to `path` (on the CPU), read weights-only; a torn or foreign file is a `BadFile`, one
+    that names Python objects beyond tensors and plain data an `UnsafeFile` (also a `BadFile`: nothing of it ran)."""
     path = Path(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError:
+        return torch_load(path)
+    except (FileNotFoundError, UnsafeFile):  # an UnsafeFile is a BadFile already
         raise
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise _torn(path, "a file vitsinks saved with torch", " ".join(str(err).split())[:200] or type(err).__name__,

@@ -1,0 +1,113 @@
+"""The one way vitsinks reads a `torch.save` file: `torch.load(weights_only=True)`, so that no file it reads can
+run code it carries.
+
+Only tensors, plain containers (dict, list, tuple), numbers, strings and `argparse.Namespace` (what timm's own
+training checkpoints carry, as timm allows it) are read. A file that names any other Python object (a class, a
+function such as `os.system`, numpy arrays) is refused with an `UnsafeFile`: one line naming the file, the objects
+it names, and how to convert it once, deliberately, when its origin is trusted (`python -m vitsinks.convert`).
+Checkpoints of earlier vitsinks versions held numpy's random state as numpy arrays; they are converted the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import pickletools
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitsinks.utils.errors import BadFile
+
+ALLOWED = [argparse.Namespace]  # beyond torch's own weights-only set; timm allows the same
+# What checkpoints of earlier vitsinks versions name beyond the allowed set: numpy's random state (its arrays)
+EARLIER_VITSINKS = re.compile(r"^numpy(\._core|\.core)?\.(multiarray\._reconstruct|ndarray|dtype|dtypes\.\w+)$")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+# Modules whose functions run commands or code: a file naming one is never worth converting
+RUNS_CODE = re.compile(r"^(posix|nt|os|subprocess|builtins|__builtin__|sys|shutil|socket|importlib|runpy|pty|pickle|"
+                       r"marshal|ctypes|code|codeop|pdb|webbrowser|urllib|requests|http|multiprocessing|asyncio)\.")
+
+
+class UnsafeFile(BadFile):
+    """A file names Python objects beyond tensors and plain data: reading it could run code, so it is not read."""
+
+
+def convert_hint(path: Path) -> str:
+    """The one-off conversion command for `path`, for a file whose origin the user trusts."""
+    return f"python -m vitsinks.convert file={path} trust=true"
+
+
+def unsafe_globals(path: Path, err: BaseException | None = None) -> list[str]:
+    """The Python objects a `torch.save` file names beyond what weights-only loading allows, read without running
+    anything (torch's own scan of a zip archive; for the legacy format, the one named in `err`)."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # noqa: BLE001 - not a zip archive (legacy format, bare pickle): its opcodes name them
+        names = list(dict.fromkeys(_GLOBAL.findall(str(err or "")) + pickle_globals(path)))
+    allowed = {f"{c.__module__}.{c.__qualname__}" for c in ALLOWED} | set(_torch_allowed())
+    return [n for n in names if n not in allowed]
+
+
+def _torch_allowed() -> list[str]:
+    """What torch's weights-only unpickler reads by itself (a private list: none when it moves)."""
+    from torch import _weights_only_unpickler as unpickler
+
+    allowed = getattr(unpickler, "_get_allowed_globals", dict)
+    return list(allowed())
+
+
+def pickle_globals(path: Path, pickles: int = 5) -> list[str]:
+    """The `module.name`s the first `pickles` pickles of a file import, read off their opcodes (`pickletools`: no
+    object is built, nothing runs); a legacy torch file is a few pickles followed by raw tensor bytes."""
+    found: list[str] = []
+    with Path(path).open("rb") as f:
+        for _ in range(pickles):
+            strings: list[str] = []
+            try:
+                for op, arg, _pos in pickletools.genops(f):
+                    if op.name == "GLOBAL":
+                        found.append(str(arg).replace(" ", "."))
+                    elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.append(f"{strings[-2]}.{strings[-1]}")
+                    elif isinstance(arg, str):
+                        strings.append(arg)
+            except Exception:  # noqa: BLE001 - past the pickles (tensor bytes) or a damaged file: what was read
+                break
+    return list(dict.fromkeys(found))
+
+
+def refusal(path: Path, names: list[str]) -> UnsafeFile:
+    """The one-line `UnsafeFile` for a file that names `names`."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    if all(EARLIER_VITSINKS.match(n) for n in names):
+        return UnsafeFile(f"{path} was written by an earlier vitsinks (its random state holds numpy arrays: {shown}), "
+                          f"which only an unsafe load could read: if you trust the file, convert it once with "
+                          f"`{convert_hint(path)}`")
+    if danger := [n for n in names if RUNS_CODE.match(n)]:
+        return UnsafeFile(f"{path} names {', '.join(danger[:3])}, which runs commands or code when the file is "
+                          f"unpickled: refused, nothing was loaded or run; do not use this file")
+    return UnsafeFile(f"{path} holds Python objects beyond tensors and plain data ({shown}); loading it could run "
+                      f"code it carries, so nothing was loaded or run: use weights from a source you trust, or, if "
+                      f"you trust this file, convert it once with `{convert_hint(path)}`")
+
+
+def torch_load(path: Path | str, mmap: bool = False) -> Any:
+    """What a `torch.save` file holds, on the CPU, read weights-only (`mmap`: tensors mapped, not read). A file
+    naming other Python objects is an `UnsafeFile`; any other failure is raised as torch raised it (the callers
+    say what it means for their kind of file)."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings(), torch.serialization.safe_globals(ALLOWED):
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols of foreign files
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:  # a weights-only refusal, or no pickle at all
+        names = unsafe_globals(path, err)
+        if names:
+            raise refusal(path, names) from None
+        raise
+
+
+__all__ = ["ALLOWED", "UnsafeFile", "convert_hint", "refusal", "torch_load", "unsafe_globals"]
