@@ -59,10 +59,11 @@ def anchors(page: Path) -> set[str]:
     return out
 
 
-def broken(doc: Path, root: Path = ROOT) -> list[str]:
-    """The links of `doc` that do not resolve inside the repository `root`, each with why."""
+def broken(doc: Path, root: Path = ROOT, text: str | None = None) -> list[str]:
+    """The links of `doc` (or of `text`, read as if it stood at `doc`) that do not resolve inside the repository
+    `root`, each with why."""
     out = []
-    for target in links(doc.read_text()):
+    for target in links(doc.read_text() if text is None else text):
         if SCHEME.match(target):
             continue
         path, _, anchor = target.partition("#")
@@ -76,11 +77,11 @@ def broken(doc: Path, root: Path = ROOT) -> list[str]:
     return out
 
 
-def outside_paths(doc: Path, root: Path = ROOT, own: list[str] = OWN) -> list[str]:
+def outside_paths(doc: Path, root: Path = ROOT, own: list[str] = OWN, text: str | None = None) -> list[str]:
     """Paths named anywhere in `doc` (code included) that lie outside the repository `root`: `../` paths that leave
     it, and any absolute path under the checkout's parent folder (a machine's path, even into the checkout) other
-    than the folders of `own` (the parent folder is named once)."""
-    text = doc.read_text()
+    than the folders of `own` (the parent folder is named once); `text`: read as if it stood at `doc`."""
+    text = doc.read_text() if text is None else text
     out = [p for p in PARENT_PATH.findall(text) if not (doc.parent / p).resolve().is_relative_to(root)]
     parent = f"{root.parent.as_posix().rstrip('/')}/"
     machine = [p for p in ABSOLUTE_PATH.findall(text) if (p + "/").startswith(parent)

@@ -75,6 +75,93 @@ def test_load_a_transformers_folder(tmp_path: Path) -> None:
     assert got.images([picture(2)]).shape == (1, 3, 32, 32)
 
 
+SMALL_HF = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "patch_size": 8}
+
+
+def model_alone(folder: Path, kind: str) -> tuple[torch.nn.Module, tuple[int, int]]:
+    """A tiny random transformers model written by `save_pretrained` alone (no image processor) into `folder`, and
+    the (height, width) its config names: DINOv2 (an int), ViT (a pair), CLIP (the vision config's, of a composite)."""
+    transformers = require("transformers")
+    torch.manual_seed(0)
+    if kind == "dinov2":
+        model, size = transformers.Dinov2Model(transformers.Dinov2Config(**SMALL_HF, image_size=32)), (32, 32)
+    elif kind == "vit":
+        model, size = transformers.ViTModel(transformers.ViTConfig(**SMALL_HF, image_size=[32, 48])), (32, 48)
+    else:
+        text = {**SMALL_HF, "vocab_size": 100}
+        del text["patch_size"]
+        cfg = transformers.CLIPConfig(text_config=text, vision_config={**SMALL_HF, "image_size": 40}, projection_dim=16)
+        model, size = transformers.CLIPModel(cfg), (40, 40)
+    model.eval().save_pretrained(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    return model, size
+
+
+@pytest.mark.parametrize("kind", ["dinov2", "vit", "clip"])
+def test_a_folder_without_a_processor_gets_the_config_size_and_imagenet_statistics(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / kind
+    model, (h, w) = model_alone(folder, kind)
+    capsys.readouterr()
+    got = load(f"hf:{folder}")
+    notes = [line for line in capsys.readouterr().out.splitlines() if "no image processor" in line]
+    assert len(notes) == 1 and f"{h}x{w} px" in notes[0] and "ImageNet" in notes[0]
+    assert f"processor.save_pretrained({str(folder)!r})" in notes[0]
+    assert type(got.model) is type(model)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got.model.state_dict()[k], v, rtol=0, atol=0)
+    assert (got.mean, got.std) == (timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD)
+    # any picture comes out at the config's size; one already that size is only normalised: (x / 255 - mean) / std
+    assert got.images([picture(3), picture(4, (20, 90))]).shape == (2, 3, h, w)
+    pixels = np.asarray(picture(5, (h, w)), dtype=np.float64)
+    mean, std = np.array(timm.data.IMAGENET_DEFAULT_MEAN), np.array(timm.data.IMAGENET_DEFAULT_STD)
+    want = ((pixels / 255 - mean) / std).transpose(2, 0, 1)
+    x = got.images([picture(5, (h, w))])
+    np.testing.assert_allclose(x[0].double().numpy(), want, rtol=0, atol=1e-6)
+    # a uniform picture of another size stays uniform through the resize
+    flat = got.transform(Image.fromarray(np.full((70, 25, 3), (10, 120, 250), dtype=np.uint8)))
+    want_flat = (np.array([10, 120, 250]) / 255 - mean) / std
+    np.testing.assert_allclose(flat.double().numpy(), np.broadcast_to(want_flat[:, None, None], (3, h, w)), atol=1e-5)
+    assert np.array_equal(got.shown(x)[0], pixels.astype(np.uint8))  # `shown` undoes that normalisation
+
+
+def test_a_hub_id_without_a_processor_keeps_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a local folder gets the assumed preprocessing: a hub id (here in an offline cache, the model alone) whose
+    repository has no processor is refused in one line."""
+    from huggingface_hub import constants
+
+    commit = "0" * 40
+    repo = tmp_path / "cache" / "models--someone--tiny"
+    model_alone(repo / "snapshots" / commit, "dinov2")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # no folder someone/tiny here
+    capsys.readouterr()
+    with pytest.raises(BadValue, match=r"^hf:someone/tiny: .*preprocessor_config\.json") as e:
+        load("hf:someone/tiny")
+    assert "\n" not in str(e.value) and "no image processor" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_command_line_reads_a_folder_without_a_processor(tmp_path: Path) -> None:
+    require_fashion_mnist()
+    model_alone(tmp_path / "dino", "dinov2")
+    out = run_command([sys.executable, "-m", "vitsinks.diagnose", f"hub=hf:{tmp_path / 'dino'}", "data=fashion_mnist",
+                       "n_images=3", f"runs_dir={tmp_path / 'runs'}", "diagnostics.report_images=2"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("no image processor saved beside the model") == 1
+    folder = tmp_path / "runs" / "diagnostics" / "hf_dino"
+    assert f"outputs in {folder}" in out.stdout
+    for name in ("summary.json", "report.html", "sink_table.md"):
+        assert (folder / name).stat().st_size > 500, name
+    # the 28 px Fashion-MNIST pictures went in at the config's 32 px: [CLS] + (32 / 8)^2 patches per image
+    assert np.load(folder / "per_image.npz")["res_norm"].shape[0::2] == (3, 1 + 16)
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("dinov2", "names no pretrained model"), ("timm:", "names no pretrained model"),
     ("torchhub:x", "names no pretrained model"), ("hf:some/model@v1", "no @"),

@@ -1,7 +1,8 @@
 """`load("timm:NAME")`: a pretrained model of an adapted family by one string, with its own preprocessing.
 
     timm:<name>[@<file>]        timm.create_model(name, pretrained=True); @file: the weights from a local file
-    hf:<hub id or folder>       transformers' AutoModel and AutoImageProcessor (a folder of save_pretrained)
+    hf:<hub id or folder>       transformers' AutoModel and AutoImageProcessor (a folder of save_pretrained; one
+                                without a processor: the config's image size and ImageNet's mean and std)
     open_clip:<name>@<tag|file> open_clip.create_model_and_transforms(name, pretrained=tag or file)
 
 The model comes in float32 and evaluation mode, unmodified; `transform` is the library's evaluation preprocessing
@@ -22,6 +23,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from vitsinks.models.weights import load as load_weights
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import model_folder
 
@@ -67,12 +69,20 @@ def _library(module: str, extra: str) -> Any:
         raise BadValue(f"{module} is not installed ({e}): pip install 'vitsinks[{extra}]'") from e
 
 
+def _readable(path: Path, spec: str) -> None:
+    """A local weights file read weights-only before the library loads it (tensors mapped, not read): a file that
+    would run code, or is not weights, is answered in one line (`models.weights.load`), never unpickled."""
+    if not path.is_file():
+        raise BadValue(f"{spec}: no such weights file")
+    load_weights(path, "weights", mmap=True)
+
+
 def _timm(name: str, weights: str | None) -> Loaded:
     timm = _library("timm", "dev")
     from timm.data import create_transform, resolve_data_config
 
-    if weights is not None and not Path(weights).expanduser().is_file():
-        raise BadValue(f"timm:{name}@{weights}: no such weights file")
+    if weights is not None:
+        _readable(Path(weights).expanduser(), f"timm:{name}@{weights}")
     overlay = {"file": str(Path(weights).expanduser())} if weights else None
     try:
         model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
@@ -82,15 +92,40 @@ def _timm(name: str, weights: str | None) -> Loaded:
     return Loaded(f"timm:{name}", model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
+def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
+    """The processor of a save_pretrained folder that holds the model alone: transformers' `ViTImageProcessor`
+    resizing to the config's `image_size` (a composite config's, CLIP / SigLIP, from its `vision_config`), then
+    normalising with ImageNet's mean and std; announced in one printed line."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    size = next((s for c in (config, getattr(config, "vision_config", None)) if (s := getattr(c, "image_size", None))),
+                None)
+    if size is None:
+        raise BadValue(f"hf:{folder}: no image processor beside the model and no image_size in its config: save the "
+                       f"model's processor there, processor.save_pretrained({folder!r})")
+    h, w = (size, size) if isinstance(size, int) else size
+    print(f"hf:{folder}: no image processor saved beside the model: resizing to its config's image size, {h}x{w} px "
+          f"(height x width), and normalising with ImageNet's mean and std; to use the model's own, save it there: "
+          f"processor.save_pretrained({folder!r})", flush=True)
+    return transformers.ViTImageProcessor(size={"height": h, "width": w}, image_mean=list(IMAGENET_DEFAULT_MEAN),
+                                          image_std=list(IMAGENET_DEFAULT_STD))
+
+
 def _hf(name: str, weights: str | None) -> Loaded:
     if weights is not None:
         raise BadValue(f"hf:{name}@{weights}: a transformers model is a hub id or a save_pretrained folder, no @")
     transformers = _library("transformers", "hf")
     try:
         model = transformers.AutoModel.from_pretrained(name)
-        proc = transformers.AutoImageProcessor.from_pretrained(name)
     except (OSError, ValueError) as e:  # an unknown id; files neither cached nor downloadable
         raise BadValue(f"hf:{name}: {_first_line(e)}") from e
+    try:
+        proc = transformers.AutoImageProcessor.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        saved = (transformers.utils.IMAGE_PROCESSOR_NAME, transformers.utils.PROCESSOR_NAME)
+        if not Path(name).is_dir() or any((Path(name) / f).exists() for f in saved):  # a hub id; a broken file
+            raise BadValue(f"hf:{name}: {_first_line(e)}") from e
+        proc = _assumed_processor(transformers, name, model.config)  # save_pretrained of the model alone
 
     def transform(image: Any) -> torch.Tensor:
         return proc(image, return_tensors="pt")["pixel_values"][0]
@@ -103,6 +138,8 @@ def _open_clip(name: str, weights: str | None) -> Loaded:
     if weights is None:
         raise BadValue(f"open_clip:{name}: name its weights, open_clip:{name}@<tag> (open_clip.list_pretrained()) "
                        f"or @<file>")
+    if Path(weights).expanduser().is_file():  # a local file, not a tag
+        _readable(Path(weights).expanduser(), f"open_clip:{name}@{weights}")
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights)
     except (RuntimeError, OSError, ValueError) as e:  # an unknown name or tag; weights not downloadable
