@@ -17,6 +17,7 @@ from vitsinks.diagnostics import plots
 from vitsinks.diagnostics.page import REPORT, TRAINING_PNG, checkpoint_report
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.interventions.report import figure as interventions_figure
+from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, LOCATION_COLORS, log_axis, plt
 
 
@@ -117,15 +118,20 @@ def test_the_run_page_and_its_png_show_the_training_curves(tmp_path: Path, repor
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     lines = [{"step": s, "loss": 1.0 / s, "probe_acc": 0.1 * s} for s in (1, 2, 3)] + \
-        [{"step": 3, "val/probe_acc": 0.25}]
+        [{"step": 2, "val/probe_acc": 0.2, KNN: 0.4, RANKME: 6.0}, {"step": 3, "val/probe_acc": 0.25, KNN: 0.5,
+                                                                   RANKME: 7.5}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     run = over_training_page(tmp_path, report)
     assert (run.diagnostics_root / TRAINING_PNG).stat().st_size > 5_000
-    loss, probe, measures = figures[-1].axes[:3]  # training_curves.png, drawn last
+    loss, probe, measures, rank = figures[-1].axes[:4]  # training_curves.png, drawn last
     assert loss.lines[0].get_ydata().tolist() == [1.0, 0.5, 0.333333]  # 6 significant digits, as report.json
-    assert probe.lines[1].get_ydata().tolist() == [25.0]  # validation top-1, in %
+    assert probe.lines[1].get_ydata().tolist() == [20.0, 25.0]  # validation top-1, in %
+    assert probe.lines[2].get_ydata().tolist() == [40.0, 50.0] and "k-NN" in probe.get_title()  # the k-NN monitor
+    assert rank.lines[0].get_xdata().tolist() == [2, 3] and rank.lines[0].get_ydata().tolist() == [6.0, 7.5]
     assert [ln.get_xdata().tolist() for ln in measures.lines][0] == [100, 200]
-    assert "Training curves" in (run.diagnostics_root / REPORT).read_text()
+    page = (run.diagnostics_root / REPORT).read_text()
+    assert "Training curves" in page
+    assert "Last validation (step 3): online probe top-1 25%, k-NN top-1 50%, RankMe 7.5." in page
     (run_dir / "metrics.jsonl").unlink()  # an imported run: no metrics, said so
     over_training_page(tmp_path / "again", report)
     assert "no metrics.jsonl" in texts(figures[-1])

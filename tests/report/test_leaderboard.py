@@ -22,6 +22,7 @@ from tests.figure_checks import overlapping_labels
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import rule_record
+from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.quant.results import QuantResult
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
 from vitsinks.report.collect import quality as quality_columns
@@ -254,6 +255,32 @@ def test_one_table_per_section_every_column_once(tmp_path: Path) -> None:
         assert found.get(title, lead) == lead + want
     with pytest.raises(ValueError, match="no leaderboard table 'tables'"):
         Column("x", "x", "quality", section="tables")
+
+
+def test_the_ssl_monitors_have_their_own_table_and_protocols(tmp_path: Path) -> None:
+    """k-NN top-1 and RankMe (the last validation's, from metrics.jsonl) in a table of their own, under their own
+    protocols, beside no probe; the k-NN can be marked (a quality column), RankMe never (no better direction)."""
+    runs = make_runs(tmp_path / "runs")
+    logged = {("base", 0): (0.70, 20.0), ("base", 1): (0.74, 22.0), ("gate+reg", 0): (0.80, 30.0),
+              ("gate+reg", 1): (0.90, 34.0)}
+    for (exp, seed), (knn, rank) in logged.items():
+        with (runs / f"{exp}-s{seed}" / "metrics.jsonl").open("a") as f:  # an earlier validation, then the last
+            f.write(json.dumps({"step": 5, KNN: 0.1, RANKME: 1.0}) + "\n" + json.dumps({"step": 10, KNN: knn,
+                                                                                       RANKME: rank}) + "\n")
+    table = {t["variant"]: t for t in build(runs, tmp_path / "lb")}
+    assert table["base"]["knn_top1"] == (pytest.approx(72.0), pytest.approx(2 ** 0.5 * 2))
+    assert table["gate+reg"]["rankme"] == (pytest.approx(32.0), pytest.approx(2 ** 0.5 * 2))
+    md = (tmp_path / "lb" / "leaderboard.md").read_text()
+    assert ("## SSL monitors (validation, during training)\n\n| variant | seeds | k-NN top-1 | RankMe |\n"
+            "|---|---|---|---|\n| base | 2 | 72.00 ± 2.83 | 21.00 ± 1.41 |\n"
+            "| gate+reg | 2 | 85.00 ± 7.07 | 32.00 ± 2.83 |") in md
+    assert "k-NN" not in md.split("## Quality")[1].split("\n## ")[0]  # never beside the probes
+    rows = list(csv.DictReader((tmp_path / "lb" / "leaderboard.csv").open()))
+    assert [float(r["knn_top1_mean"]) for r in rows] == [72.0, 85.0] and float(rows[1]["rankme_mean"]) == 32.0
+    monitors = {c.key: c.probe for c in columns() if c.table == "monitors"}
+    assert monitors == {"knn_top1": "knn@val", "rankme": "rankme@val"}  # no probe's column shares their table
+    assert {c.probe for c in columns() if c.key not in monitors}.isdisjoint(monitors.values())
+    assert [c.key for c in quality_columns(columns()) if c.key in monitors] == ["knn_top1"]
 
 
 @pytest.mark.slow

@@ -39,6 +39,8 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "dense": [_DENSE, {"mIoU": 0.2}],
     "online_probe": [{"val/probe_acc": 0.5}],
     "task_fit": [{"val/rel_error": 0.1}],
+    "knn_monitor": [{"val/knn_top1": 0.9}],
+    "rankme_monitor": [{"val/rankme": 11.2}],
     "quant": [{"checkpoint": "c.pt", "weight_bits": 8, "act_bits": 8, "calib_images": 4, "n_images": 4,
                "by_block": {"kurtosis": {"qkv": [3.0, 5.0]}, "inf_norm": {"qkv": [2.0, 9.0]}}, "feature_cosine": 0.99,
                "feature_cosine_by_block": [1.0, 0.99], "online_top1": {"fp32": 50.0, "quant": 49.0, "delta": -1.0},

@@ -15,6 +15,7 @@ from PIL import Image
 
 from tests.conftest import tiny_cfg
 from vitsinks.data import BadImage
+from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.callbacks import Callback, StatusFile
 from vitsinks.train.checkpoint import CheckpointMismatch
@@ -40,6 +41,19 @@ def test_short_run_lowers_loss_and_probe_beats_chance(runs: Path) -> None:
     run = Path(summary["run_dir"])
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file()
     assert "name: " + cfg.name in (run / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["lejepa", "supervised"])
+def test_every_validation_logs_the_monitors_and_they_never_change_training(runs: Path, objective: str) -> None:
+    on = Trainer(tiny_cfg(runs, f"objective={objective}", "name=on")).fit()
+    Trainer(tiny_cfg(runs, f"objective={objective}", "name=off", "monitors.knn_bank=0", "monitors.rankme=false")).fit()
+    val = [m for m in read_metrics(runs / "on") if any(k.startswith("val/") for k in m)]
+    assert [m["epoch"] for m in val] == [0, 1] and all({KNN, RANKME} <= set(m) for m in val)  # every epoch's
+    assert all(0 <= m[KNN] <= 1 and 1 <= m[RANKME] <= 48 for m in val)  # 48: the tiny ViT's width
+    assert on[KNN] == val[-1][KNN] and on[RANKME] == val[-1][RANKME]  # the run's summary: the last validation
+    assert not any(k in m for m in read_metrics(runs / "off") for k in (KNN, RANKME))  # monitors.* switch them off
+    assert losses(runs / "on") == losses(runs / "off")  # bit for bit: the monitors take no random draw, no step
 
 
 @pytest.mark.slow
@@ -191,7 +205,7 @@ def test_wandb_offline_writes_a_run_with_the_logged_keys(runs: Path) -> None:
     files = list((runs / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
     keys = wandb_history_keys(files[0])
-    assert {"loss", "sigreg", "invariance", "probe_acc", "lr", "val/probe_acc", "bad_images"} <= keys
+    assert {"loss", "sigreg", "invariance", "probe_acc", "lr", "val/probe_acc", "bad_images", KNN, RANKME} <= keys
     assert set(read_metrics(runs / "wb")[0]) - {"step"} <= keys
 
 

@@ -2,8 +2,9 @@
 child process (wall, CPU of the process and its loader workers, machine load), with its CPU time split by phase.
 
 The child runs the command exactly as a user does, with `runs_dir=` a temporary folder; timers wrap the phases'
-functions (training steps, waiting for data, validation, checkpoints with their diagnoses, the probes, the final
-diagnosis, the page). "other" is what no timer covers: imports, building the model and data, logging.
+functions (training steps, waiting for data, validation, the SSL monitors, checkpoints with their diagnoses, the
+probes, the final diagnosis, the page), each second in one phase. "other" is what no timer covers: imports, building
+the model and data, logging.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from vitsinks import launch
 from vitsinks.bench import table
+from vitsinks.objectives import monitors
 from vitsinks.run import pipeline
 from vitsinks.train import callbacks, trainer
 from vitsinks.utils.errors import UserError
@@ -35,22 +37,28 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _timed(fn: Callable[..., Any], phase: str, acc: dict[str, list[float]]) -> Callable[..., Any]:
-    """`fn` adding its wall and CPU seconds to `acc[phase]` (an inner call of the same phase is not counted twice)."""
-    depth = [0]
+def _timed(fn: Callable[..., Any], phase: str, acc: dict[str, list[float]],
+           stack: list[list[float]]) -> Callable[..., Any]:
+    """`fn` adding its wall and CPU seconds to `acc[phase]`, less those of the timed calls it makes (`stack`: the
+    calls under way, each with its inner calls' seconds), so that each second counts in one phase only: the
+    monitors inside a validation count as monitors, not as validation."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        depth[0] += 1
+        frame = [0.0, 0.0]  # wall and CPU seconds of the timed calls inside this one
+        stack.append(frame)
         t0, c0 = time.perf_counter(), _cpu()
         try:
             return fn(*args, **kwargs)
         finally:
-            depth[0] -= 1
-            if depth[0] == 0:
-                acc.setdefault(phase, [0.0, 0.0])
-                acc[phase][0] += time.perf_counter() - t0
-                acc[phase][1] += _cpu() - c0
+            stack.pop()
+            wall, cpu = time.perf_counter() - t0, _cpu() - c0
+            acc.setdefault(phase, [0.0, 0.0])
+            acc[phase][0] += wall - frame[0]
+            acc[phase][1] += cpu - frame[1]
+            if stack:
+                stack[-1][0] += wall
+                stack[-1][1] += cpu
     return wrapper
 
 
@@ -60,6 +68,7 @@ def _instrument(acc: dict[str, list[float]]) -> None:
         (trainer.Trainer, "train_step", "training steps (forward, backward, optimizer)"),
         (callbacks.Validation, "on_epoch_end", "online-probe validation"),
         (callbacks.Validation, "on_fit_end", "online-probe validation"),
+        (monitors.Monitors, "__call__", "SSL monitors (k-NN bank, k-NN, RankMe)"),
         (callbacks.Diagnostics, "on_save", "diagnoses of the checkpoints"),
         (trainer.ckpt, "save", "checkpoint writes"),
         (pipeline.linear, "run", "linear probe"),
@@ -67,8 +76,9 @@ def _instrument(acc: dict[str, list[float]]) -> None:
         (pipeline, "diagnose_checkpoint", "final diagnosis"),
         (pipeline, "run_page", "run page and over-training plot"),
     ]
+    stack: list[list[float]] = []
     for owner, name, phase in targets:
-        setattr(owner, name, _timed(getattr(owner, name), phase, acc))
+        setattr(owner, name, _timed(getattr(owner, name), phase, acc, stack))
     fit = trainer.Trainer._fit
 
     def fit_with_wait(self: trainer.Trainer) -> dict[str, Any]:

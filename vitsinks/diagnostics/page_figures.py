@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image
 
@@ -28,9 +29,6 @@ from vitsinks.utils.plotting import (
     log_axis,
 )
 from vitsinks.utils.tables import html_table
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 ATTN_CMAP, NORM_CMAP = "inferno", "viridis"
 MIN_SIDE = 128  # pictures smaller than this are enlarged by a whole factor, nearest-neighbour
@@ -245,9 +243,10 @@ SINK_MEASURES = {"max_strongest_mass": "strongest head's mass (max over blocks)"
 
 def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) -> plt.Figure:
     """A run's training curves: the training loss (log), the online probe (every logged training batch, and the
-    validation top-1) or the sink task's validation error, and the continuous sink measures of the diagnosed
-    checkpoints (`SINK_MEASURES`), all against the step; a panel without data says why in words."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    validation top-1) with the k-NN monitor's validation top-1, or the sink task's validation error; the continuous
+    sink measures of the diagnosed checkpoints (`SINK_MEASURES`); RankMe of the validation embeddings; all against
+    the step. A panel without data says why in words."""
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1.15, 0.85]})
     series = training.get("series", {})
     loss = series.get("loss")
     if loss:
@@ -259,17 +258,20 @@ def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
     else:
         empty_note(axes[0], training.get("missing") or "no training loss in metrics.jsonl")
     axes[0].set_title("loss", fontsize=9)
-    probe, val = series.get("probe_acc"), series.get("val/probe_acc")
-    if probe or val:
+    probe, val, knn = series.get("probe_acc"), series.get("val/probe_acc"), series.get("val/knn_top1")
+    if probe or val or knn:
         if probe:
             axes[1].plot(*zip(*[(s, 100 * v) for s, v in probe], strict=True), "-", lw=0.8, alpha=0.6,
-                         color="tab:blue", label="training batch")
+                         color="tab:blue", label="online probe, training batch")
         if val:
             axes[1].plot(*zip(*[(s, 100 * v) for s, v in val], strict=True), "o-", ms=4, color="tab:red",
-                         label="validation")
+                         label="online probe, validation")
+        if knn:
+            axes[1].plot(*zip(*[(s, 100 * v) for s, v in knn], strict=True), "s--", ms=4, color="tab:green",
+                         label="k-NN, validation")
         axes[1].set_ylabel("top-1 (%)")
         axes[1].legend(fontsize=7)
-        axes[1].set_title("online probe", fontsize=9)
+        axes[1].set_title("online probe" + (" and k-NN monitor" if knn else ""), fontsize=9)
     elif series.get("val/rel_error"):
         axes[1].plot(*zip(*series["val/rel_error"], strict=True), "o-", ms=4, color="tab:red")
         log_axis(axes[1], [v for _, v in series["val/rel_error"]])
@@ -289,6 +291,15 @@ def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
         axes[2].legend(fontsize=7)
     else:
         empty_note(axes[2], "no diagnosed checkpoint has these measures")
+    rank = series.get("val/rankme")  # the monitors' keys: vitsinks.objectives.monitors
+    axes[3].set_title("RankMe of the validation embeddings", fontsize=9)
+    if rank:
+        axes[3].plot(*zip(*rank, strict=True), "o-", ms=4, color="tab:purple")
+        axes[3].set_ylim(0, 1.1 * max(v for _, v in rank))
+        axes[3].set_ylabel("effective rank")
+    else:
+        empty_note(axes[3], training.get("missing") or "no RankMe in metrics.jsonl (monitors.rankme=false, or "
+                                                        "no labelled validation images)")
     for ax in axes:
         if ax.lines:
             ax.set_xlabel("step")

@@ -5,8 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import LogNorm
+from matplotlib.ticker import NullFormatter
 
+from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, NOP_MAX, SinkRules
+from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, layout_of, location
 from vitsinks.utils.plotting import (
     CLASS_COLORS,
     CLASS_LABELS,
@@ -17,15 +22,6 @@ from vitsinks.utils.plotting import (
     log_axis,
     save_figure,
 )
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
-from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, NOP_MAX, SinkRules  # noqa: E402
-from vitsinks.diagnostics.summary import CLASSES, LOCATIONS, layout_of, location  # noqa: E402
 
 
 def rules_of(summary: dict[str, Any] | None, ratio: str = "ratio_out") -> SinkRules:

@@ -64,6 +64,24 @@ def training_data(run: RunDir) -> dict[str, Any]:
     return {"series": series, "missing": missing}
 
 
+# The validation metrics the page states in words (their last value), as the training logs them: the online probe
+# and the SSL monitors (vitsinks.objectives.monitors), in %, except RankMe (an effective rank)
+LAST_VALIDATION = {"val/probe_acc": ("online probe top-1", 100, "%"), "val/top1": ("top-1", 100, "%"),
+                   "val/knn_top1": ("k-NN top-1", 100, "%"), "val/rankme": ("RankMe", 1, "")}
+
+
+def last_validation(training: dict[str, Any]) -> str:
+    """The last validation's numbers in words (`LAST_VALIDATION`; empty when the run logged none)."""
+    series = training.get("series", {})
+    last = {k: series[k][-1] for k in LAST_VALIDATION if series.get(k)}
+    if not last:
+        return ""
+    step = max(s for s, _ in last.values())
+    parts = [f"{label} {num(scale * last[k][1])}{unit}" for k, (label, scale, unit) in LAST_VALIDATION.items()
+             if k in last]
+    return f"Last validation (step {num(step)}): {', '.join(parts)}."
+
+
 def largest(ratios: list[float | None] | None) -> float | None:
     """The largest ratio of a per-block list; a block whose median is 0 (a None ratio) makes it unbounded: None,
     shown as missing (JSON has no infinity)."""
@@ -97,9 +115,13 @@ def run_html(data: dict[str, Any]) -> str:
     final = (f'<p>The final diagnosis: <a href="{html.escape(data["final_report"])}">its report page</a>.</p>'
              if data["final_report"] else "")
     curves = figure_uri(training_figure(data.get("training") or {}, rows))
+    said = last_validation(data.get("training") or {})
     body = panel("curves", "Training curves", f'<img class="fig full" src="{curves}" alt="training curves">'
-                 '<p class="note">Loss, online probe (or the sink task\'s error) and the continuous sink measures of '
-                 "the diagnosed checkpoints, against the step; training_curves.png beside this page.</p>") + \
+                 + (f'<p id="last-validation">{html.escape(said)}</p>' if said else "") +
+                 '<p class="note">Loss, online probe and k-NN monitor (or the sink task\'s error), the continuous '
+                 "sink measures of the diagnosed checkpoints and RankMe of the validation embeddings, against the "
+                 "step; a falling k-NN top-1 or RankMe warns of a collapsing representation. training_curves.png "
+                 "beside this page.</p>") + \
         panel("training", "Sinks over training", f'<img class="fig full" src="{fig}" alt="sinks over training">'
               f'<p class="legend">{swatches_html((*CLASSES, "all"))}</p>'
               f'{final}<table id="steps"><thead><tr>{hd}</tr></thead><tbody>{"".join(cells)}</tbody></table>')

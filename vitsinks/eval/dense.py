@@ -22,36 +22,32 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from PIL import Image
+from torch import nn
+from torch.utils.data import Dataset
+from torchmetrics.classification import MulticlassConfusionMatrix
+from tqdm import tqdm
 
 from vitsinks.configs.cli import hydra_command
-from vitsinks.utils.plotting import save_figure
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-from PIL import Image  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
-from torchmetrics.classification import MulticlassConfusionMatrix  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from vitsinks.data import read_item  # noqa: E402
-from vitsinks.data.segmentation import IGNORE, JointCropFlip, build_seg_dataset, num_seg_classes, resize_label, to_input  # noqa: E402, E501
-from vitsinks.eval.common import limit, setup, write_result  # noqa: E402
-from vitsinks.eval.dense_protocols import DenseProtocol, best_epoch, resolve, scheduler  # noqa: E402
-from vitsinks.eval.features import cache_key, extract, patch_features  # noqa: E402
-from vitsinks.eval.metrics import iou_from_confusion, mean_std  # noqa: E402
-from vitsinks.eval.results import DenseResult, dense_kind  # noqa: E402
-from vitsinks.models import SinkViT  # noqa: E402
+from vitsinks.data import read_item
+from vitsinks.data.segmentation import IGNORE, JointCropFlip, build_seg_dataset, num_seg_classes, resize_label, to_input
+from vitsinks.eval.common import limit, setup, write_result
+from vitsinks.eval.dense_protocols import DenseProtocol, best_epoch, resolve, scheduler
+from vitsinks.eval.features import cache_key, extract, patch_features
+from vitsinks.eval.metrics import iou_from_confusion, mean_std
+from vitsinks.eval.results import DenseResult, dense_kind
+from vitsinks.models import SinkViT
 from vitsinks.run.imported import with_checkpoint
-from vitsinks.utils import files  # noqa: E402
-from vitsinks.utils.distributed import rank_world  # noqa: E402
-from vitsinks.utils.errors import ConfigError  # noqa: E402
-from vitsinks.utils.progress import hidden  # noqa: E402
+from vitsinks.utils import files
+from vitsinks.utils.distributed import rank_world
+from vitsinks.utils.errors import ConfigError
+from vitsinks.utils.plotting import save_figure
+from vitsinks.utils.progress import hidden
 
 Batch = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]
 Shown = list[tuple[Image.Image, np.ndarray, np.ndarray]]

@@ -1,7 +1,8 @@
 """The interface between the Trainer and a training objective, and the registry of objectives (`objective.name`).
 
 An objective builds the trainable model around the backbone, turns the loader's items into batches, computes the
-loss terms of a batch, validates, and may save extra state. The common-mode penalty (`objective.cm_penalty`) is
+loss terms of a batch, validates (with the SSL monitors, `vitsinks.objectives.monitors`, on the embeddings of its
+validation view), and may save extra state. The common-mode penalty (`objective.cm_penalty`) is
 added here for every objective, through hooks on the backbone's blocks (`vitsinks.objectives.penalty`).
 """
 
@@ -19,6 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitsinks.models import SinkViT
+from vitsinks.objectives.monitors import Embedded, Monitors
 from vitsinks.objectives.penalty import CommonModePenalty
 from vitsinks.utils.errors import ConfigError
 
@@ -57,6 +59,7 @@ class Objective(ABC):
     def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
         self.cfg, self.runtime = cfg, runtime
         self.penalty: CommonModePenalty | None = None
+        self.monitors: Monitors | None = None  # set by `watch`
 
     # ---- data ---------------------------------------------------------------------------------------------------
 
@@ -101,7 +104,25 @@ class Objective(ABC):
 
     @abstractmethod
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
-        """Validation metrics (`val/...`) of `model` on the validation split."""
+        """Validation metrics (`val/...`) of `model` on the validation split, with the monitors' (`monitored`)."""
+
+    def val_view(self) -> Callable[[Any], torch.Tensor] | None:
+        """The transform of an image into the view this objective validates on; None: it validates on no labelled
+        images (no monitors)."""
+        return None
+
+    def watch(self, bank_split: Dataset, num_classes: int) -> None:
+        """Compute the SSL monitors (`vitsinks.objectives.monitors`, `monitors.*`) with every validation, the k-NN's
+        bank drawn from `bank_split` (the run's training split); a no-op without a `val_view`."""
+        view = self.val_view()
+        if view is not None:
+            self.monitors = Monitors(self.cfg, bank_split, num_classes, self.runtime.device, self.runtime.autocast,
+                                     view)
+
+    def monitored(self, backbone: nn.Module, embedded: list[Embedded],
+                  shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+        """The monitors' metrics of one validation's embeddings (`Monitors.__call__`; none before `watch`)."""
+        return {} if self.monitors is None else self.monitors(backbone, embedded, shard)
 
     def extra_state(self) -> dict[str, Any]:
         """State beside the model's to save in checkpoints (none by default: checkpoints then hold no such key)."""

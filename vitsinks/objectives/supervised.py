@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,10 +21,11 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitsinks.data import SinkTask, read_item
+from vitsinks.data import SinkTask, is_sink_task, read_item
 from vitsinks.data.selection import analysis_transform
 from vitsinks.models import SinkViT
 from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
+from vitsinks.objectives.monitors import Embedded
 from vitsinks.utils.errors import BadValue, ConfigError
 
 
@@ -116,8 +118,10 @@ def to_device(targets: Any, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.device, bf16: bool = False,
-             max_items: int = 2048, batch_size: int = 256) -> dict[str, float]:
-    """Validation: `val/loss` and `val/rel_error` (dense; loss / loss of changing nothing) or `val/top1`."""
+             max_items: int = 2048, batch_size: int = 256,
+             embedded: list[Embedded] | None = None) -> dict[str, float]:
+    """Validation: `val/loss` and `val/rel_error` (dense; loss / loss of changing nothing) or `val/top1`.
+    `embedded`: a list that receives each classification batch's (embeddings, labels) (for the monitors)."""
     model.eval()
     n = min(len(dataset), max_items)
     total, still, count = 0.0, 0.0, 0
@@ -127,8 +131,15 @@ def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.d
             continue
         [images], targets, _ = collate_supervised(batch)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(images.to(device))
-        terms = supervised_loss(model, out, to_device(targets, device))
+            if model.head is None:
+                out = model(images.to(device))
+            else:  # model(images), with the embeddings kept
+                feats = model.backbone(images.to(device))
+                out = model.head(feats)
+        on_device = to_device(targets, device)
+        if embedded is not None and model.head is not None:
+            embedded.append((feats, on_device))
+        terms = supervised_loss(model, out, on_device)
         key = "acc" if model.head is not None else "loss"
         total += float(terms[key]) * len(batch)
         if model.head is None:  # the loss of changing nothing: the input patches as the prediction
@@ -172,8 +183,16 @@ class Supervised(Objective):
         terms = supervised_loss(self.model, out, to_device(targets, self.runtime.device))
         return terms["loss"], terms
 
+    def val_view(self) -> Callable[[Any], torch.Tensor] | None:
+        """The centre view of `SupervisedSamples`; none for the sink tasks (per-patch targets, no labelled images)."""
+        return None if is_sink_task(self.cfg.data.name) else analysis_transform(self.cfg.views.global_size)
+
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
+        """`val/top1` and the monitors (classification), or the sink tasks' `val/loss` and `val/rel_error`; every
+        rank validates every image."""
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, self.train_samples(val_set)
-        return evaluate(model, self._val[1], self.runtime.device, self.runtime.bf16)
+        embedded: list[Embedded] = []
+        metrics = evaluate(model, self._val[1], self.runtime.device, self.runtime.bf16, embedded=embedded)
+        return {**metrics, **(self.monitored(model.backbone, embedded) if embedded else {})}
 

@@ -10,17 +10,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from vitsinks.diagnostics.rules import CLASSES
 from vitsinks.report.collect import quality
 from vitsinks.report.render import mark_note, rows_note, rule_notes, significant_best, table_columns
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, annotate_cells, empty_note, log_axis, save_figure
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 ROW_IN, NEAR_FULL = 0.22, 99.0  # inches per row; a quality column whose every value is above this is shown as 100 - it
 LABEL_CHARS, LINE_IN, NOTE_IN = 36, 0.14, 0.12  # a split row's name: characters a line, inches a line; a footnote's

@@ -1,5 +1,5 @@
 """The training run's own results, read from `metrics.jsonl` (`vitsinks.train.tracking`): the online probe of
-LeJEPA runs and the sink tasks' fit."""
+LeJEPA runs, the SSL monitors (k-NN top-1 and RankMe, `vitsinks.objectives.monitors`) and the sink tasks' fit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from omegaconf import OmegaConf
 
 from vitsinks.eval.results import ONLINE_PROBE
+from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.utils import files
 from vitsinks.utils.results import Column, Probed, Result, register_result
 from vitsinks.utils.rundir import RunDir
@@ -25,7 +26,8 @@ def metrics(run: RunDir) -> list[dict[str, Any]]:
 
 @dataclass
 class _LastMetric(Result):
-    """The last logged value of one metric, in %: `value` (NaN when the run never logged it)."""
+    """The last logged value of one metric, in % unless `percent` says otherwise: `value` (NaN when the run never
+    logged it)."""
 
     metric: ClassVar[str] = ""
     column: ClassVar[Column]
@@ -70,6 +72,38 @@ class OnlineProbe(_LastMetric):
     rank = 10
     metric = "val/probe_acc"
     column = Column("online_top1", "online probe top-1", "quality", higher_is_better=True, probe=ONLINE_PROBE)
+
+
+# The monitors' protocols as their columns name them (`Column.probe`): each its own, never a probe's column
+KNN_PROTOCOL, RANKME_PROTOCOL = "knn@val", "rankme@val"
+
+
+@register_result
+@dataclass
+class KnnMonitor(_LastMetric):
+    """The online k-NN's last validation top-1 (`monitors.knn_*`), in %."""
+
+    kind = "knn_monitor"
+    rank = 11
+    metric = KNN
+    column = Column("knn_top1", "k-NN top-1", "quality", higher_is_better=True, section="monitors",
+                    probe=KNN_PROTOCOL)
+
+
+@register_result
+@dataclass
+class RankMeMonitor(_LastMetric):
+    """RankMe of the last validation's embeddings (`monitors.rankme`): an effective rank, not a %."""
+
+    kind = "rankme_monitor"
+    rank = 12
+    metric = RANKME
+    # not a quality column: no direction is better (a random network's rank is high), nothing is marked
+    column = Column("rankme", "RankMe", "mechanism", section="monitors", probe=RANKME_PROTOCOL)
+
+    @classmethod
+    def percent(cls, value: float) -> float:
+        return value
 
 
 @register_result

@@ -99,8 +99,8 @@ class StepMetrics(Callback):
 
 
 class Validation(Callback):
-    """The objective's validation at every epoch end and, when training finished, once more at the end (its
-    metrics then join the run's summary)."""
+    """The objective's validation (its probe and the SSL monitors) at every epoch end and, when training finished,
+    once more at the end (its metrics then join the run's summary)."""
 
     def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
         trainer.log({"epoch": epoch, **trainer.objective.validate(trainer.model, trainer.val_set)})

@@ -104,6 +104,7 @@ class Trainer:
         self.val_set = build_dataset(cfg.data, "val", cfg.seed)
         self.num_classes = num_classes(base)
         self.train_set = self.objective.train_samples(base)
+        self.objective.watch(base, self.num_classes)  # the monitors' k-NN bank: training images
         self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
         # CPU training's compute threads (`compute_threads`): part of what a bit-identical rerun needs
         self.cpu_threads = compute_threads(cfg.train.cpu_threads, loader_workers(cfg.data.num_workers))

@@ -5,13 +5,18 @@ sink classes and locations (the PNGs, the report pages and the leaderboard all r
 from __future__ import annotations
 
 import html
+import os
+import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
+# Files only, no window, for the commands; a notebook's kernel keeps its own (inline) backend, and MPLBACKEND wins.
+# Every module that draws imports this one first.
+if "ipykernel" not in sys.modules and "MPLBACKEND" not in os.environ:
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402

@@ -23,7 +23,9 @@ ColumnGroup = Literal["quality", "mechanism", "causal"]
 GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the order of the CSV's columns
 # The leaderboard's tables, in the order it shows them: a column sits in its `section`, or else in its group's.
 # Quantization: every format's columns (each header names its format: W8A8, W4A4, ...) and the float model's inputs.
-SECTIONS: dict[str, str] = {"quality": "Quality", "quantization": "Quantization", "sinks": "Sinks per image",
+# Monitors: the SSL monitors of training (k-NN, RankMe), apart from the probes.
+SECTIONS: dict[str, str] = {"quality": "Quality", "monitors": "SSL monitors (validation, during training)",
+                            "quantization": "Quantization", "sinks": "Sinks per image",
                             "mechanism": "Strongest head, gates and pathways", "residual": "Residual stream",
                             "causal": "Causal edits"}
 
