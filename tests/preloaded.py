@@ -33,8 +33,9 @@ import numpy as np
 lock = threading.Lock()  # starting and polling children: multiprocessing's bookkeeping is not thread-safe
 _context: multiprocessing.context.ForkServerContext | None = None
 _server_env: dict[str, str] | None = None
-# variables read at import time (the interpreter's, OpenMP's, torch's, timm's): fixed when the server starts
-IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "TIMM_")
+# variables read at import time (the interpreter's, OpenMP's, torch's, timm's, huggingface_hub's: HF_ENDPOINT,
+# HF_HOME, ...): fixed when the server starts
+IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "TIMM_", "HF_")
 
 
 def _import_time(env: Mapping[str, str]) -> dict[str, str]:

@@ -49,7 +49,7 @@ from vitsinks.configs.command_docs import (
     short_keys,
 )
 from vitsinks.configs.schema import Config, compose_config, config_dir
-from vitsinks.configs.search import checkout_configs, options
+from vitsinks.configs.search import checkout_configs, options, yaml_description
 from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.configs.variants import STUDY_VARIANTS, variant_order
 from vitsinks.models.kinds import KINDS
@@ -280,20 +280,6 @@ def _doc_paragraph(obj: Any) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def _yaml_description(text: str) -> str:
-    """The first comment block of a config file (without `@package` and without indented example lines)."""
-    out = []
-    for line in text.splitlines():
-        if "@package" in line:
-            continue
-        if not line.startswith("#") or line.startswith("#  ") or not line.strip("# "):
-            if out:
-                break
-            continue
-        out.append(line.lstrip("#").strip())
-    return " ".join(out)
-
-
 def _flatten(tree: Any, prefix: str) -> list[str]:
     if isinstance(tree, dict):
         return [item for k, v in tree.items() for item in _flatten(v, f"{prefix}.{k}" if prefix else str(k))]
@@ -316,7 +302,7 @@ def group_options(plugins: Plugins | None = None) -> list[tuple[str, list[list[s
             if plugins is not None and plugins.switches_on_left_out(text):  # a plugin the page does not cover
                 continue
             where = "" if yml.is_relative_to(config_dir()) else " (configs/)"
-            row = [f"`{group}={stem}`{where}", _yaml_description(text)]
+            row = [f"`{group}={stem}`{where}", yaml_description(text)]
             if group in SETTINGS_SHOWN:
                 tree = OmegaConf.to_container(OmegaConf.load(yml), resolve=False)
                 tree = {k: v for k, v in tree.items() if k not in ("defaults", "exp")}
@@ -409,7 +395,7 @@ def variant_rows(order: Sequence[str] | None = None) -> list[list[str]]:
         penalty = f"{objective.cm_penalty:g}" + (", before the gate" if objective.cm_pre_gate else "")
         path = config_dir() / "exp" / f"{exp}.yaml"
         rows.append([f"`{exp}`", f"`{_default(m.attn)}`", str(m.registers), "; ".join(on) or "-",
-                     penalty if objective.cm_penalty else "-", _yaml_description(path.read_text())])
+                     penalty if objective.cm_penalty else "-", yaml_description(path.read_text())])
     return rows
 
 

@@ -7,7 +7,6 @@ value of the wrong type fails at composition with a message that names it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from collections.abc import Iterator
@@ -23,7 +22,9 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
+from vitsinks.configs.inputs import name_problem, quote_unicode, yaml_named
 from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
+from vitsinks.configs.publish import ExportConfig  # noqa: F401 - the export command's
 from vitsinks.configs.search import user_folders
 
 # The model's config and closed sets live with the model (their registries build them); re-exported here.
@@ -157,6 +158,21 @@ class TrainConfig:
     # the kept step_*.pt hold the model's weights only (backbone, projector, probe; no optimizer or RNG state):
     # about a third of a full checkpoint; the diagnostics, probes and derived runs read them, resuming does not
     periodic_weights_only: bool = False
+
+
+@dataclass
+class MonitorsConfig:
+    """The SSL monitors logged with every validation (docs/training.md#the-ssl-monitors): the online k-NN top-1 of the
+    validation images against a bank of training images, and RankMe of the validation embeddings (runs on labelled
+    images: objective=lejepa, and objective=supervised on classification data)."""
+
+    knn_k: int = bounded(20, ge=1)  # neighbours that vote (DINO's 20; at most the bank's size)
+    knn_temperature: float = bounded(0.07, gt=0)  # each neighbour votes exp(cosine / T) (DINO's 0.07)
+    # training images in the k-NN bank: the first ones of the split in the seeded `protocol` order, decoded once and
+    # embedded again at every validation (the first run: about 1 s each on one CPU thread); raise it with the classes
+    # (ImageNet: tens of thousands, kept decoded in memory: 0.6 MB an image at 224 px); 0: no k-NN
+    knn_bank: int = bounded(512, ge=0)
+    rankme: bool = True  # RankMe (Garrido et al. 2023) of the validation embeddings
 
 
 @dataclass
@@ -321,12 +337,14 @@ class Config:
     views: ViewsConfig = field(default_factory=ViewsConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     intervene: InterveneConfig = field(default_factory=InterveneConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     trainfree: TrainFreeConfig = field(default_factory=TrainFreeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -373,8 +391,8 @@ def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> D
     (`search`; a missing folder named by `$VITSINKS_CONFIGS` is an `InputNotFound`)."""
     user_folders()
     register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides or []), return_hydra_config=True)
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"), yaml_named():  # broken YAML: a line
+        cfg = compose(config_name="config", overrides=quote_unicode(overrides or []), return_hydra_config=True)
     return _named_by_exp_file(cfg, hydra)
 
 
@@ -447,15 +465,8 @@ def check_config(cfg: DictConfig) -> None:
     problems = []
     for nf in numeric_fields():
         value = OmegaConf.select(cfg, nf.key, default=None)
-        if value is None or nf.range is None:
-            continue
-        values = list(value) if nf.is_list else [value]
-        if not all(nf.range.admits(v) for v in values):
-            allowed = nf.range.describe()
-            if allowed != "finite" and any(isinstance(v, float) and not math.isfinite(v) for v in values):
-                allowed = f"finite and {allowed}"  # inf is > 0 and nan compares to nothing: say why it is out
-            problems.append(f"{nf.key}={values} (every entry must be {allowed})" if nf.is_list else
-                            f"{nf.key}={value} (must be {allowed})")
+        if value is not None and nf.range is not None and (problem := nf.range.problem(nf.key, value, nf.is_list)):
+            problems.append(problem)
     m = cfg.model
     if m.size not in SIZES:
         problems.append(f"model.size={m.size} (choose one of {', '.join(sorted(SIZES))})")
@@ -476,5 +487,6 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.views.style == "kempner" and cfg.views.backend == "device":
         problems.append("views.style=kempner with views.backend=device (the device path has the dino style only: set "
                         "views.backend=cpu, or views.style=dino)")
+    problems += [p for p in [name_problem(cfg)] if p]  # before anything runs: a folder the file system can hold
     if problems:
         raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))

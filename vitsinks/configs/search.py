@@ -73,3 +73,18 @@ def options(folders: list[Path] | None = None) -> dict[str, dict[str, Path]]:
         for yml in folder.glob("*/*.yaml"):
             found.setdefault(yml.parent.name, {})[yml.stem] = yml
     return {g: dict(sorted(found[g].items())) for g in sorted(found)}
+
+
+def yaml_description(text: str) -> str:
+    """The first comment block of a config file's `text` (without `@package` and without indented example lines):
+    what the option is, as the docs and the model cards say it."""
+    out = []
+    for line in text.splitlines():
+        if "@package" in line:
+            continue
+        if not line.startswith("#") or line.startswith("#  ") or not line.strip("# "):
+            if out:
+                break
+            continue
+        out.append(line.lstrip("#").strip())
+    return " ".join(out)

@@ -60,6 +60,7 @@ class BlockMitigation:
     slot_edits: ClassVar[tuple[str, ...]] = SINK_VALUE_EDITS  # keys site: the value edits of a sink on its slots
     edits: ClassVar[tuple[str, ...]] = ()  # the interventions it brings (applied by `edit`)
     example: ClassVar[Any] = None  # a config value that switches it on (the generic tests use it)
+    hub_tag: ClassVar[str] = ""  # the Hugging Face hub tag of a model with it (empty: its name, hyphenated)
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:

@@ -55,6 +55,7 @@ class G1GateMitigation(BlockMitigation):
     always_diagnosed = True
     edits = ("open_gate", "close_gate")
     example = "elementwise"
+    hub_tag = "gated-attention"
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:

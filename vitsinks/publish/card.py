@@ -1,0 +1,198 @@
+"""The model card (`README.md` of an exported folder): the Hugging Face hub's metadata (`huggingface_hub.ModelCardData`:
+library, pipeline tag, license, tags) and the run's facts (`publish.facts`), every number read from the checkpoint, its
+run's files or the export's own check, none typed here. Missing results are named with the command that makes them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from vitsinks.diagnostics.rules import CLASSES
+from vitsinks.diagnostics.summary import describe_rule
+from vitsinks.models import MITIGATIONS
+from vitsinks.publish.facts import Facts, Probe
+from vitsinks.publish.timm_format import NAFLEX, VIT
+
+PIPELINE_TAG = "image-feature-extraction"
+PACKAGE = "vitsinks"
+TIMM_MODELS = {VIT: "VisionTransformer", NAFLEX: "NaFlexVit"}  # the timm class each timm layout builds
+
+
+def package_license() -> str:
+    """The license the package declares in its metadata (pyproject's `license`), else `other` (the hub's word for
+    a license it does not list)."""
+    try:
+        meta = importlib.metadata.metadata(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return "other"
+    return str(meta.get("License-Expression") or meta.get("License") or "other").strip() or "other"
+
+
+@dataclass(frozen=True)
+class Export:
+    """How the folder holds the model: its layout (`vit`, `naflexvit`: timm's; `vitsinks`: vitsinks' own), timm's
+    builder and the largest feature difference the export measured (timm layouts), why timm cannot build it (vitsinks'
+    layout), where it is loaded from (a hub repository or the folder) and its preprocessing (`pretrained_cfg`)."""
+
+    layout: str
+    where: str
+    on_hub: bool
+    preprocessing: dict[str, Any]
+    license: str
+    architecture: str | None = None
+    max_diff: float | None = None
+    check_images: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def timm(self) -> bool:
+        return self.layout in TIMM_MODELS
+
+
+def number(value: float, fmt: str) -> str:
+    """A value in its column's number style (`f`: two decimals, `g`: three significant digits)."""
+    return f"{value:.3g}" if fmt == "g" else f"{value:.2f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def metadata(facts: Facts, export: Export) -> ModelCardData:
+    """The hub's front matter: timm where timm loads the folder, else vitsinks."""
+    return ModelCardData(library_name="timm" if export.timm else PACKAGE, license=export.license,
+                         pipeline_tag=PIPELINE_TAG, tags=[*facts.tags, *(["timm"] if export.timm else [])])
+
+
+def _load_lines(export: Export) -> str:
+    pre = export.preprocessing
+    size = pre["input_size"][-1]
+    resize = round(size / pre["crop_pct"])
+    lines = []
+    if export.timm:
+        spec = f"hf-hub:{export.where}" if export.on_hub else f"local-dir:{export.where}"
+        lines += [f"With timm ({TIMM_MODELS[export.layout]}, built from `config.json` alone):", "", "```python",
+                  "import timm", "", f'model = timm.create_model("{spec}", pretrained=True).eval()',
+                  "tokens = model.forward_features(images)  # (B, 1 + registers + patches, width)", "```", ""]
+    lines += ["With vitsinks (its own model, which its diagnostics and interventions read):", "", "```python",
+              "from vitsinks import pretrained", "", f'loaded = pretrained.load("vitsinks:{export.where}")',
+              "images = loaded.images(pil_images)  # the preprocessing below", "```", "",
+              f"Preprocessing: the shorter side resized to {resize} px ({pre['interpolation']}), a centre crop of "
+              f"{size} x {size} px, normalised with mean {list(pre['mean'])} and std {list(pre['std'])} "
+              f"(`config.json`'s `pretrained_cfg`)."]
+    return "\n".join(lines)
+
+
+def _variant(facts: Facts) -> str:
+    a = facts.architecture
+    out = [f"A `{facts.variant}` ViT: width {a['width']}, depth {a['depth']}, {a['heads']} heads, patch {a['patch']} "
+           f"at {a['image size']} px, {a['registers']} registers, {a['parameters']:,} parameters "
+           f"(`model={a['size']}`)."]
+    if facts.description:
+        out.append(f"The variant (`exp={facts.variant}`): {facts.description}")
+    if facts.settings:
+        out += ["", "What makes it this variant, against vitsinks' base ViT:", "",
+                table(["setting", "value"], [[f"`{k}`", f"`{v}`"] for k, v in facts.settings.items()])]
+    else:
+        out.append("The base ViT: softmax attention, no registers, no block mitigation.")
+    return "\n".join(out)
+
+
+def _probes(facts: Facts) -> str:
+    out = []
+    if facts.probes:
+        rows = [[p.label, number(p.value, p.fmt), p.protocol, "-" if p.seed is None else str(p.seed)]
+                for p in facts.probes]
+        out.append(table(["probe", "value", "protocol", "seed"], rows))
+    else:
+        out.append("No probe of this checkpoint is recorded.")
+    if facts.other_checkpoint:
+        out += ["", "Recorded for another checkpoint of the run, so not shown: " + "; ".join(facts.other_checkpoint)
+                + "."]
+    return "\n".join(out)
+
+
+def _sink_rows(spi: dict[str, dict[str, float]]) -> tuple[list[str], list[list[str]]]:
+    locations = list(next(iter(spi.values())).keys())
+    rows = [[name, *(f"{spi[name][loc]:.2f}" for loc in locations)] for name in [*CLASSES, "all"] if name in spi]
+    return ["class \\ sink on", *locations], rows
+
+
+def _sinks(facts: Facts) -> str:
+    s = facts.summary
+    if s is None:
+        return "This checkpoint has no sink diagnosis yet (see the missing results below)."
+    shape = s.get("shape", {})
+    header, rows = _sink_rows(s["sinks_per_image"])
+    out = [f"Sinks per image, by class and by where the sink sits (`{facts.summary_file}`: {shape.get('images', '?')} "
+           f"validation images, protocol `{s.get('protocol', '?')}`):", "", table(header, rows), "",
+           f"Rule: {describe_rule(s.get('rule'))}."]
+    measured = [(c.label, v, c.fmt) for m in MITIGATIONS.values() for c in m.columns
+                if (v := m.leaderboard_values(s).get(c.key)) is not None]
+    if measured:
+        out += ["", "Mechanism, mean over the blocks: " + "; ".join(f"{label} {number(v, fmt)}"
+                                                               for label, v, fmt in measured) + "."]
+    return "\n".join(out)
+
+
+def _notes(facts: Facts) -> str:
+    if not facts.notes:
+        return ("Trained with the reference's recipe (`recipe=paper`): every setting it sets is the recipe's.")
+    return "\n".join([
+        "Where this run's settings differ from the reference's recipe (`recipe=paper`, the gate x register sweep's "
+        "protocol; vitsinks' `docs/fidelity.md` says what each default changes and why):", "",
+        table(["setting", "this run", "the reference's recipe"],
+              [[f"`{k}`", f"`{v}`", f"`{p}`"] for k, v, p in facts.notes])])
+
+
+def _files(export: Export) -> str:
+    if export.timm:
+        kbias = (" The qkv bias is stored without its key part (NaFlexVit has none: it adds the same number to every "
+                 "score of a query, which softmax ignores), and [CLS]'s position is added to the token."
+                 if export.layout == NAFLEX else "")
+        weights = (f"the backbone in timm's `{TIMM_MODELS[export.layout]}` layout (builder "
+                   f"`{export.architecture}`).{kbias}")
+        check = (f"\n\nExport check: timm's `forward_features` and vitsinks' on {export.check_images} seeded random "
+                 f"images differ by at most {export.max_diff:.3g} (float32).")
+    else:
+        weights = ("the backbone in vitsinks' own layout; timm cannot build it from a config: "
+                   + "; ".join(export.reasons) + ".")
+        check = ""
+    return (f"- `model.safetensors`: {weights}\n- `config.json`: "
+            + ("timm's config (`architecture`, `model_args`, `pretrained_cfg`) and " if export.timm else
+               "the preprocessing (`pretrained_cfg`) and ")
+            + "vitsinks' model config and source (key `vitsinks`), from which vitsinks rebuilds the model." + check)
+
+
+def _missing(facts: Facts) -> str:
+    if not facts.missing:
+        return ""
+    rows = [[what, f"`{command}`"] for what, command in facts.missing]
+    return "\n\n## Missing results\n\n" + table(["result", "made by"], rows)
+
+
+def render(facts: Facts, export: Export) -> str:
+    """The card's text: front matter, then the sections."""
+    training = "\n".join(f"- **{k}**: {f'`{v}`' if k == 'exp' else v}" for k, v in facts.training.items())
+    body = "\n\n".join([
+        f"# {facts.variant} ViT ({facts.architecture['size']}), trained with vitsinks",
+        f"The checkpoint `{facts.checkpoint}` of the vitsinks run `{facts.run}`. vitsinks trains Vision Transformers "
+        f"with and without attention-sink mitigations and diagnoses each checkpoint: which heads park their attention "
+        f"on one token, and whether that sink is a NOP or a broadcast.",
+        "## Load it", _load_lines(export),
+        "## The variant", _variant(facts),
+        "## Training", training,
+        "## Probes", _probes(facts),
+        "## Sinks", _sinks(facts),
+        "## Model notes", _notes(facts),
+        "## Files", _files(export)]) + _missing(facts)
+    card = ModelCard(f"---\n{metadata(facts, export).to_yaml()}\n---\n\n{body}\n")
+    return str(card)
+
+
+__all__ = ["Export", "Probe", "package_license", "render"]

@@ -1,0 +1,242 @@
+"""vitsinks' ViTs in timm's own layouts: which trained variants timm builds from a config alone, the timm model that
+computes the same function, and the key mapping both ways.
+
+timm builds a hub folder's model as `timm.create_model(architecture, **model_args)`, the arguments being JSON. Two of
+its models cover vitsinks' variants:
+
+- `VisionTransformer` (layout `vit`): the base ViT, registers (`reg_tokens`), LayerScale (`init_values`). vitsinks'
+  `SinkViT` is a timm `VisionTransformer` of `SinkBlock`s, so the state dicts share every key; only the registers'
+  position differs: vitsinks' default gives registers none (Darcet et al.'s layout), timm's embedding gets zero rows
+  for them, the same function. The features are equal bit for bit.
+- `NaFlexVit` (layout `naflexvit`) for the gated variants: timm's `Attention(gated=True)` is the elementwise G1 gate,
+  but `VisionTransformer` has no argument for it (its `attn_layer` takes a class, which JSON cannot hold); NaFlexVit
+  has one (`attn_gated`, on its EVA blocks). Its keys are `embeds.*` for the embedding, `gamma_1` / `gamma_2` for
+  LayerScale (ones where vitsinks has none) and `q_bias` / `v_bias` for the qkv bias: the key bias is dropped (it adds
+  one number to all the scores of a query, which softmax ignores) and [CLS]'s position is added to the token
+  (NaFlexVit positions the patches only). The same function; in float32 equal up to the rounding the dropped key
+  bias leaves (`check_equal` measures it at every export).
+
+What timm cannot build from a config (`unmappable`): an attention kind other than softmax, a block mitigation other
+than the elementwise gate, attention-only blocks, a LayerNorm eps other than timm's 1e-6 (its configs name the norm
+by a string), a gate without a qkv bias (timm's gate has a bias only with one). Those variants keep vitsinks' own
+layout (`vitsinks.publish.loader` reads both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import timm
+import torch
+from timm.layers import LayerScale
+from torch import nn
+
+from vitsinks.models import MITIGATIONS, NoMLP, SinkViT, load_timm_state_dict
+from vitsinks.models.kinds import DEFAULT_KIND
+from vitsinks.models.mitigations.gate import G1GateMitigation
+from vitsinks.utils.errors import BadValue, CheckFailed
+
+VIT, NAFLEX = "vit", "naflexvit"  # the timm layouts (config.json's `vitsinks.layout`; `vitsinks` is vitsinks' own)
+TIMM_EPS = 1e-6  # the eps of timm's LayerNorm, the one its configs can build
+VIT_FALLBACK = "vit_base_patch16_224"  # the builder of a size timm has no name for: model_args give every size
+# NaFlexVit's plain builder; model_args set every switch of its registered config that differs from vitsinks' ViT
+NAFLEX_BUILDER = "naflexvit_base_patch16_gap"
+CHECK_IMAGES = 2  # seeded random images the export's equality check runs
+CHECK_RTOL = 1e-4  # a max |difference| above this x the largest feature is a wrong mapping (float32 noise is ~1e-7)
+
+
+@dataclass(frozen=True)
+class TimmModel:
+    """The timm model of a `SinkViT`: `timm.create_model(architecture, **model_args)` with `state_dict` loaded."""
+
+    layout: str
+    architecture: str
+    model_args: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+
+    def build(self) -> nn.Module:
+        """The timm model with these weights, in evaluation mode."""
+        model = timm.create_model(self.architecture, **self.model_args)
+        own = model.state_dict()
+        model.load_state_dict(fill_identity(self.state_dict, own), strict=True)
+        return model.eval()
+
+
+def gated(model: SinkViT) -> bool:
+    """The model has the elementwise G1 gate (the one gate timm has)."""
+    return model.mitigations.get(G1GateMitigation.name) == "elementwise"
+
+
+def layer_norms(model: nn.Module) -> list[nn.LayerNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+
+
+def unmappable(model: SinkViT) -> list[str]:
+    """Why timm cannot build `model` from a config: one reason per thing it lacks (empty: it can)."""
+    reasons = []
+    if model.attn_kind != DEFAULT_KIND:
+        reasons.append(f"its attention kind is {model.attn_kind} (timm's attention is {DEFAULT_KIND})")
+    for name, setting in model.mitigations.items():
+        if setting is not None and not (name == G1GateMitigation.name and gated(model)):
+            reasons.append(f"its {MITIGATIONS[name].tag(setting)} mitigation (model.{name}) has no timm counterpart")
+    blk = model.blocks[0]
+    if isinstance(blk.mlp, NoMLP):
+        reasons.append("its blocks are attention-only (model.mlp=false)")
+    eps = sorted({float(n.eps) for n in layer_norms(model)} - {TIMM_EPS})
+    if eps:
+        reasons.append(f"its LayerNorm eps is {', '.join(f'{e:g}' for e in eps)} (timm's configs build {TIMM_EPS:g})")
+    if gated(model) and blk.attn.qkv.bias is None:
+        reasons.append("its gate has a bias but no qkv bias (timm's gated attention has a gate bias only with one)")
+    if model.edits:
+        reasons.append(f"it carries post-hoc edits ({', '.join(label for label, _ in model.edits)})")
+    return reasons
+
+
+def _architecture(model: SinkViT, layerscale_init: float | None) -> dict[str, Any]:
+    """The arguments both timm models share: sizes, biases, LayerScale, [CLS] and registers, no head."""
+    blk = model.blocks[0]
+    dim = model.embed_dim
+    hidden = blk.mlp.fc1.out_features
+    if int(dim * (hidden / dim)) != hidden:
+        raise BadValue(f"an MLP of {hidden} units on width {dim} has no mlp_ratio timm rebuilds it from")
+    has_ls = isinstance(blk.ls1, LayerScale)
+    return {"img_size": list(model.patch_embed.img_size), "patch_size": model.patch_embed.patch_size[0],
+            "in_chans": model.patch_embed.proj.in_channels, "embed_dim": dim, "depth": len(model.blocks),
+            "num_heads": blk.attn.num_heads, "mlp_ratio": hidden / dim, "qkv_bias": blk.attn.qkv.bias is not None,
+            "init_values": (float(layerscale_init) if layerscale_init else 1.0) if has_ls else None,
+            "class_token": True, "global_pool": "token", "num_classes": 0}
+
+
+def vit_builder(size: str, patch: int, img: int) -> str:
+    """timm's name of this ViT size where it has one (`vit_small_patch16_224`), else `VIT_FALLBACK`."""
+    name = f"{size}_patch{patch}_{img}"
+    return name if timm.is_model(name) else VIT_FALLBACK
+
+
+def vit_state(model: SinkViT) -> dict[str, torch.Tensor]:
+    """`model`'s state dict in timm `VisionTransformer`'s layout: the registers' zero rows in the position embedding
+    where vitsinks gives them none (`register_pos_embed=false`)."""
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    r = model.num_reg_tokens
+    if r and model.pos_embed is not None and not model.register_pos_embed:
+        pe = sd["pos_embed"]
+        sd["pos_embed"] = torch.cat([pe[:, :1], pe.new_zeros(1, r, pe.shape[2]), pe[:, 1:]], dim=1)
+    return sd
+
+
+def vit_to_naflex(sd: dict[str, torch.Tensor], registers: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """A timm-`VisionTransformer` state dict (position embedding over [CLS], registers and patches) in NaFlexVit's
+    keys: the prefix tokens' positions added to the tokens, the patches' as a grid, the qkv bias without its key
+    part, LayerScale as `gamma_1` / `gamma_2`."""
+    pe = sd.get("pos_embed")
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        if k == "pos_embed":
+            out["embeds.pos_embed"] = v[:, 1 + registers:].reshape(1, *grid, v.shape[-1])
+        elif k == "cls_token":
+            out["embeds.cls_token"] = v if pe is None else v + pe[:, :1]
+        elif k == "reg_token":
+            out["embeds.reg_token"] = v if pe is None else v + pe[:, 1:1 + registers]
+        elif k.startswith("patch_embed."):
+            out["embeds." + k.removeprefix("patch_embed.")] = v
+        elif k.endswith(".attn.qkv.bias"):
+            q, _, value = v.chunk(3)  # the key bias: a constant per query's scores, which softmax drops
+            out[k.replace(".qkv.bias", ".q_bias")], out[k.replace(".qkv.bias", ".v_bias")] = q, value
+        elif k.endswith((".ls1.gamma", ".ls2.gamma")):
+            out[k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2")] = v
+        else:
+            out[k] = v
+    return out
+
+
+def naflex_to_vit(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`vit_to_naflex` backwards: timm-`VisionTransformer` keys, the position embedding over the patches only
+    (`load_timm_state_dict` gives the prefix tokens a zero one), the qkv bias with a zero key part."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        if k == "embeds.pos_embed":
+            out["pos_embed"] = v.reshape(1, -1, v.shape[-1])
+        elif k.startswith("embeds.proj."):
+            out["patch_embed." + k.removeprefix("embeds.")] = v
+        elif k.startswith("embeds."):
+            out[k.removeprefix("embeds.")] = v
+        elif k.endswith(".attn.q_bias"):
+            out[k.replace(".q_bias", ".qkv.bias")] = torch.cat([v, torch.zeros_like(v), sd[k.replace("q_", "v_")]])
+        elif k.endswith(".attn.v_bias"):
+            continue
+        else:
+            out[k.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")] = v
+    return out
+
+
+# a missing bias adds 0, a missing LayerScale (NaFlexVit's keys and timm ViT's) scales by 1
+IDENTITY = {".bias": 0.0, ".gamma_1": 1.0, ".gamma_2": 1.0, ".ls1.gamma": 1.0, ".ls2.gamma": 1.0}
+
+
+def _identity(key: str) -> float | None:
+    return next((x for end, x in IDENTITY.items() if key.endswith(end)), None)
+
+
+def fill_identity(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`sd` with the tensors `own` (a model's state dict) has and `sd` lacks that leave the function unchanged: a
+    bias of zeros, a LayerScale of ones (exact in floating point)."""
+    out = dict(sd)
+    for k, v in own.items():
+        if k not in out and (fill := _identity(k)) is not None:
+            out[k] = torch.full_like(v, fill)
+    return out
+
+
+def drop_identity(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`fill_identity` backwards: the identity tensors of `sd` that `own` has no key for."""
+    return {k: v for k, v in sd.items()
+            if k in own or (fill := _identity(k)) is None or not bool((v == fill).all())}
+
+
+def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmModel:
+    """The timm model of `model` (`size`, `layerscale_init`: its config's, for timm's builder name and LayerScale's
+    init); a `BadValue` with the reasons when timm cannot build it (`unmappable`)."""
+    if reasons := unmappable(model):
+        raise BadValue(f"timm cannot build this model from a config: {'; '.join(reasons)}")
+    args = _architecture(model, layerscale_init)
+    sd = vit_state(model)
+    pos = "learn" if model.pos_embed is not None else "none"
+    if not gated(model):
+        args.update(proj_bias=model.blocks[0].attn.proj.bias is not None, no_embed_class=False,
+                    reg_tokens=model.num_reg_tokens, pos_embed=pos, dynamic_img_size=bool(model.dynamic_img_size))
+        args = {k: v for k, v in args.items() if v is not None}  # timm.create_model drops them too
+        return TimmModel(VIT, vit_builder(size, args["patch_size"], args["img_size"][0]), args, sd)
+    grid = tuple(model.patch_embed.grid_size)
+    args.update(attn_gated=True, reg_tokens=model.num_reg_tokens, fc_norm=False, embed_proj_type="conv",
+                pos_embed="learned" if pos == "learn" else "none", pos_embed_grid_size=list(grid),
+                init_values=args["init_values"] or 1.0)  # the builder's LayerScale cannot be switched off: ones
+    return TimmModel(NAFLEX, NAFLEX_BUILDER, args, vit_to_naflex(sd, model.num_reg_tokens, grid))  # type: ignore[arg-type]
+
+
+def from_timm(model: SinkViT, sd: dict[str, torch.Tensor], layout: str, what: str) -> None:
+    """Load a state dict in timm layout `layout` (`to_timm`'s) into vitsinks' `model` (built from the same config);
+    one that does not fit is a `BadValue` naming `what`."""
+    if layout not in (VIT, NAFLEX):
+        raise BadValue(f"{what}: unknown layout {layout!r} (one of {VIT}, {NAFLEX})")
+    if layout == NAFLEX:
+        sd = naflex_to_vit(sd)
+    load_timm_state_dict(model, drop_identity(sd, model.state_dict()), what=what)
+
+
+@torch.no_grad()
+def check_equal(model: SinkViT, timm_model: nn.Module) -> float:
+    """The largest |difference| of the two models' `forward_features` on `CHECK_IMAGES` seeded random images at the
+    model's size, float32; a `CheckFailed` above `CHECK_RTOL` x the largest feature (a wrong mapping)."""
+    h, w = model.patch_embed.img_size
+    x = torch.randn(CHECK_IMAGES, model.patch_embed.proj.in_channels, h, w,
+                    generator=torch.Generator().manual_seed(0))
+    ours, theirs = model.float().eval().forward_features(x), timm_model.float().eval().forward_features(x)
+    if ours.shape != theirs.shape or not bool(torch.isfinite(theirs).all()):
+        raise CheckFailed(f"timm's model gives features {tuple(theirs.shape)}, vitsinks' {tuple(ours.shape)}: "
+                          f"nothing was written")
+    diff = float((ours - theirs).abs().max())
+    if diff > CHECK_RTOL * max(1.0, float(ours.abs().max())):
+        raise CheckFailed(f"timm's model computes other features than vitsinks' (max |difference| {diff:.3g}): "
+                          f"nothing was written")
+    return diff
