@@ -34,7 +34,7 @@ from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.diagnostics.plots import over_training as plot_over_training
 from vitsinks.diagnostics.run_page import run_report, training_curves
 from vitsinks.pretrained.hub import hub_dir, load
-from vitsinks.run.imported import checkpoint_of
+from vitsinks.run.imported import checkpoint_of, one_model_source
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
@@ -112,6 +112,7 @@ def diagnose_hub(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
 
 
 def main(cfg: DictConfig) -> None:
+    one_model_source(cfg)
     if cfg.hub:
         out, s = diagnose_hub(cfg)
         print(json.dumps(s["sinks_per_image"], indent=1))

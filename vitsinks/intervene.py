@@ -43,13 +43,14 @@ from vitsinks.interventions.subject import Subject
 from vitsinks.pretrained import adapt
 from vitsinks.pretrained.hub import hub_dir, load
 from vitsinks.run import slurm
-from vitsinks.run.imported import checkpoint_of
+from vitsinks.run.imported import checkpoint_of, one_model_source
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import backbone_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
+from vitsinks.utils.generations import claim
 from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_name
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
@@ -136,7 +137,8 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     else:  # the checkpoint first: a missing one is refused before any folder is made for it
         src = _source(cfg, data_keys)
         out = output_dir(cfg)
-    target = out / "shards" / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
+    claim(out, report.INTERVENTIONS)  # before any work: a folder of the user's is refused, nothing written into it
+    target = out / report.SHARDS / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
     with files.FileLock(target.parent / f".{target.name}.lock", f"the interventions in {target}", INTERVENING):
         return _run(cfg, st, src, out)
 
@@ -182,9 +184,7 @@ def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tup
     if st.nshards > 1:
         files.write_text(report.write_shard(out, st.shard, st.nshards, res.rows, meta) / CONFIG, config)
         return meta, out
-    summary = report.write_outputs(out, res.rows, meta)
-    files.write_text(out / CONFIG, config)
-    return summary, out
+    return report.write_outputs(out, res.rows, meta, config), out
 
 
 def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> str:
@@ -202,10 +202,11 @@ def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
             raise InputNotFound(f"checkpoint {path} not found")
         cfg = cfg if cfg.run else OmegaConf.merge(cfg, {"ckpt": str(path)})
     out = output_dir(cfg)
+    claim(out, report.INTERVENTIONS)
     cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))
-    (out / "shards").mkdir(parents=True, exist_ok=True)
-    files.write_json(out / "shards" / "array.json", {"job_ids": [j.job_id for j in jobs]})
+    (out / report.SHARDS).mkdir(parents=True, exist_ok=True)
+    files.write_json(out / report.SHARDS / "array.json", {"job_ids": [j.job_id for j in jobs]})
     print(f"submitted SLURM job array {jobs[0].job_id.split('_')[0]} ({len(jobs)} shards); when it has finished:\n"
           f"  python -m vitsinks.intervene merge={out}")
     return out
@@ -220,6 +221,7 @@ def main(cfg: DictConfig) -> None:
         print(report.to_markdown(summary))
         print(f"outputs in {st.merge}")
         return
+    one_model_source(cfg)
     overridden = data_overrides()
     if cfg.cluster.name == "slurm" and st.nshards > 1:
         submit_shards(cfg, overridden)

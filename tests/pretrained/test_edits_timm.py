@@ -91,8 +91,8 @@ def test_neuron_summary_equals_vitsinks_own(name: str) -> None:
     np.testing.assert_allclose(got["norm_share"], [e["norm_share"] for e in want for _ in e["units"]], rtol=1e-5)
     assert len(got["unit"]) == 10 * len(m.blocks) and list(got["rank"][:3]) == [0, 1, 2]
     assert "neurons" not in diagnose(m, x) and list(diagnose(m, x, neurons=True)["neurons"]) == list(got)
-    with pytest.raises(BadValue, match="threshold k"):
-        diagnose(m, x, neurons=0.5)
+    with pytest.raises(BadValue, match=r"neurons=0.5 \(must be > 1; the command line's diagnostics.high_norm_k\)"):
+        diagnose(m, x, neurons=0.5)  # before any work, as the command line checks the threshold
 
 
 @torch.no_grad()

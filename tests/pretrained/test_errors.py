@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from tests.pretrained.test_timm_adapter import CONFIGS, images, plant_sink, timm_vit
 from vitsinks import pretrained
+from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.pretrained import diagnose, intervene, report
 from vitsinks.pretrained.edits import (
     add_test_time_register,
@@ -41,11 +43,34 @@ from vitsinks.utils.errors import BadValue
     (lambda m, x: fit_w8a8(m, x, batch_size=0), "batch_size=0"),
     (lambda m, x: diagnose(m, x, heads=[(1, 0, 2)]), "no \\(block, head\\) pair"),
     (lambda m, x: diagnose(m.bfloat16(), x), "bfloat16 weights"),
+    (lambda m, x: fit_w8a8(m, x, weight_bits=1), r"weight_bits=1 \(must be >= 2 and <= 16; the command line's quant"),
+    (lambda m, x: fit_w8a8(m, x, act_bits=8.0), r"act_bits=8.0: give an integer"),
+    (lambda m, x: diagnose(m, x, rules=SinkRules(eps=0.0)), r"rules.eps=0.0 \(must be > 0 and <= 0.5"),
+    (lambda m, x: intervene(m, x, heads=[(1, 0)], top_k=-1), r"top_k=-1 \(must be >= 0; the command line's intervene"),
 ])
 def test_bad_input_is_one_line(call, message: str) -> None:
     m, x = timm_vit(CONFIGS["deit"]), images(3)
     with pytest.raises(BadValue, match=message):
         call(m, x)
+
+
+def test_empty_datasets_wrong_labels_and_settings_are_refused_before_any_work(tmp_path: Path) -> None:
+    m, x = timm_vit(CONFIGS["deit"]), images(4)
+    empty = TensorDataset(x[:0], torch.zeros(0))
+    loader_answer = r"images must be a non-empty batch \(n, 3, H, W\), got shape \(0,\)"
+    with pytest.raises(BadValue, match=loader_answer):
+        diagnose(m, DataLoader(empty, batch_size=2))  # an empty loader: answered so before
+    for call in (lambda: diagnose(m, empty), lambda: report(m, empty, tmp_path / "out"),
+                 lambda: intervene(m, empty, heads=[(1, 0)])):
+        with pytest.raises(BadValue, match=loader_answer):
+            call()
+    with pytest.raises(BadValue, match=r"eps=0.9 \(must be > 0 and <= 0.5; the command line's diagnostics.eps\)"):
+        report(m, x, tmp_path / "out", settings=DiagnosticsConfig(eps=0.9))
+    assert not (tmp_path / "out").exists()
+    for labels, message in ((torch.zeros(3, dtype=torch.long), r"labels of shape \(3,\) for 4 images"),
+                            (torch.zeros(4), "labels are torch.float32: give class indices")):
+        with pytest.raises(BadValue, match=message):
+            intervene(m, x, heads=[(1, 0)], edits=["zero_sink_value"], labels=labels)
 
 
 def test_report_checks_shown_before_any_work(tmp_path: Path) -> None:
@@ -108,3 +133,32 @@ def test_a_negative_block_counts_from_the_last_in_head_pairs() -> None:
     want = intervene(m, x, heads=[(1, 0)], edits=["zero_sink_value"])["rows"]
     assert set(got["block"]) == {1}
     np.testing.assert_allclose(got["final_patch_relrms"], want["final_patch_relrms"], rtol=1e-6)
+
+
+def test_report_never_deletes_the_users_files(tmp_path: Path) -> None:
+    """The issue's case: `report(model, images, "notebook/")` on a folder of the user's is refused in one line with
+    nothing written (not even a lock); in a report's own folder the user's files beside and inside survive a second
+    report, while the first report's files that the second does not write (its plots) go."""
+    from vitsinks.configs.schema import DiagnosticsConfig
+
+    m, x = timm_vit(CONFIGS["deit"]), images(2)
+    notebook = tmp_path / "notebook"
+    (notebook / "photos").mkdir(parents=True)
+    (notebook / "my_notes.txt").write_text("mine")
+    (notebook / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 a cat")
+    with pytest.raises(BadValue, match=r"notebook holds files vitsinks did not write \(my_notes.txt, photos\): give "
+                                       r"an empty or new folder for the diagnosis") as err:
+        report(m, x, notebook)
+    assert "\n" not in str(err.value)
+    assert sorted(p.relative_to(notebook).as_posix() for p in notebook.rglob("*")) == [
+        "my_notes.txt", "photos", "photos/cat.jpg"]
+    out = tmp_path / "out"
+    report(m, x, out)
+    assert (out / "sink_heatmap.png").is_file()
+    (out / "my_notes.txt").write_text("mine")
+    (out / "photos").mkdir()
+    (out / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 a cat")
+    report(m, x, out, settings=DiagnosticsConfig(plots=False))
+    assert (out / "my_notes.txt").read_text() == "mine"
+    assert (out / "photos" / "cat.jpg").read_bytes() == b"\xff\xd8 a cat"
+    assert (out / "summary.json").is_file() and not list(out.glob("*.png"))  # the first report's plots are gone

@@ -195,3 +195,26 @@ def test_a_pretrained_model_gets_probes_w8a8_with_their_change_and_its_own_leade
     assert row["w8a8_d_linear"] == pytest.approx(result.linear_top1["delta"])
     assert leaderboard_command([f"runs={runs}", f"out={tmp_path / 'board'}"]) == 0
     assert "| dinov2_like | 1 |" in (tmp_path / "board" / "leaderboard.md").read_text()
+
+
+@pytest.mark.parametrize(("command", "sources"), [
+    ("diagnose", ("hub", "ckpt")), ("diagnose", ("hub", "run")), ("diagnose", ("hub", "model.pretrained")),
+    ("diagnose", ("ckpt", "run")), ("intervene", ("hub", "ckpt")), ("intervene", ("hub", "model.pretrained")),
+])
+def test_two_model_sources_are_refused_in_one_line_before_anything_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, sources: tuple[str, str]) -> None:
+    """Each would read one source and leave the other out without a word (hub= won over ckpt=)."""
+    from vitsinks.diagnose import cli as diagnose_cli
+    from vitsinks.intervene import cli as intervene_cli
+
+    given = {"hub": f"timm:vit_tiny_patch16_224@{tmp_path / 'tiny.pth'}", "ckpt": str(tmp_path / "last.pt"),
+             "run": str(tmp_path / "runs" / "a"), "model.pretrained": str(tmp_path / "weights.pth")}
+    args = [f"{k}={given[k]}" for k in sources]
+    with pytest.raises(SystemExit) as exit_:
+        {"diagnose": diagnose_cli, "intervene": intervene_cli}[command]([*args, f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 1 and len(err) == 1, err
+    ordered = [a for k in ("ckpt", "run", "model.pretrained", "hub") for a in args if a.startswith(f"{k}=")]
+    assert err[0] == (f"error: two model sources, {' and '.join(ordered)}: name the model once, with one of ckpt=, "
+                      f"run=, model.pretrained=, hub=")
+    assert not (tmp_path / "runs").exists()

@@ -166,19 +166,39 @@ def describe_architecture(arch: dict[str, Any], extras: tuple[str, ...] = ()) ->
     return ", ".join(parts + [EXTRAS[k](arch.get(k)) for k in extras])
 
 
-def mismatch(what: str, held: dict[str, Any], asked: dict[str, Any], keys: dict[str, list[str]]) -> str:
+RESET_MODEL = "set model= and model.* to the file's architecture"  # the fix of model.pretrained=
+
+
+def mismatch(what: str, held: dict[str, Any], asked: dict[str, Any], keys: dict[str, list[str]],
+             fix: str = RESET_MODEL) -> str:
     """One line: `what` holds the architecture `held`, not the `asked` one, naming the fields that differ (the
-    `EXTRAS` shown only when they do); when the architectures read the same, the first keys that differ (`keys`,
-    from `key_differences`)."""
+    `EXTRAS` shown only when they do) and `fix`; when the architectures read the same, the first keys that differ
+    (`keys`, from `key_differences`)."""
     extras = tuple(k for k in EXTRAS if held.get(k) != asked.get(k))
     differ = [k for k in ("width", "depth", "heads", "registers", "patch", "gate", *extras)
               if held.get(k) != asked.get(k) and not (k == "heads" and None in (held.get(k), asked.get(k)))]
     line = (f"{what} holds a ViT of {describe_architecture(held, extras)}; the model asked for has "
             f"{describe_architecture(asked, extras)}")
     if differ:
-        return f"{line}: set model= and model.* to the file's architecture (it differs in {', '.join(differ)})"
-    detail = "; ".join(f"{len(names)} {kind}, e.g. {', '.join(names[:2])}" for kind, names in keys.items() if names)
+        return f"{line}: {fix} (it differs in {', '.join(differ)})"
+    detail = key_detail(keys)
     return f"{line}, but its tensors do not fit{f' ({detail})' if detail else ''}: pass weights of this architecture"
+
+
+def key_detail(keys: dict[str, list[str]]) -> str:
+    """`2 missing, e.g. head.weight, head.bias; 1 of another shape, e.g. pos_embed` of `key_differences`."""
+    return "; ".join(f"{len(names)} {kind}, e.g. {', '.join(names[:2])}" for kind, names in keys.items() if names)
+
+
+def misfit(what: str, sd: dict[str, Any], own: dict[str, Any], fix: str, heads: int | None = None) -> str:
+    """One line for weights `sd` that do not load into a model whose state dict is `own` (`heads`: its heads, when
+    known): the two architectures and `fix` when both read as timm-layout ViTs (`mismatch`), else the keys that
+    differ (`key_differences`)."""
+    held, asked = architecture(sd), {**architecture(own), "heads": heads}
+    keys = key_differences(sd, own)
+    if held["width"] and asked["width"]:
+        return mismatch(what, held, asked, keys, fix)
+    return f"{what}: its tensors do not fit the model ({key_detail(keys) or 'of other types'}): {fix}"
 
 
 def key_differences(sd: dict[str, Any], expected: dict[str, Any]) -> dict[str, list[str]]:
@@ -217,24 +237,49 @@ def hub_offline(on: bool) -> Iterator[None]:
         hf_constants.HF_HUB_OFFLINE = before
 
 
-def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
-    """The state dict of timm model `name` with its pretrained weights (downloaded, or from the local cache). With
-    the hub unreachable (`hub_reachable`) or `HF_HUB_OFFLINE` set, only the cache is read: weights not there are one
-    `BadValue` within seconds, not a minute of retries."""
-    if Path(name).suffix in WEIGHT_SUFFIXES:  # a file meant, not a timm name (whose tags hold no such suffix)
-        raise InputNotFound(f"model.pretrained={name}: no such weights file: check the path, or pass a timm name")
+def _cache_miss(err: BaseException | None) -> bool:
+    """Whether huggingface_hub's answer that a file is not in its cache (offline) is among the causes of `err`
+    (timm, transformers and open_clip each wrap it in their own error)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, LocalEntryNotFoundError | OfflineModeIsEnabled):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextmanager
+def hub_or_cache(what: str, fix: str = "pass a weights file") -> Iterator[None]:
+    """A library's downloads from the Hugging Face hub within the block, without waiting on a hub that is not there:
+    with the hub unreachable (`hub_reachable`, at most `HUB_TIMEOUT_S`) or `HF_HUB_OFFLINE` set, only the local
+    cache is read (`hub_offline`), and files not there are one `BadValue` naming `what` and `fix`, within seconds,
+    instead of a minute of retries. Every way a model comes from the hub goes through it (`model.pretrained=`,
+    `pretrained.load`)."""
     told_offline = hf_constants.HF_HUB_OFFLINE
     offline = told_offline or not hub_reachable()
     try:
         with hub_offline(offline):
-            return timm.create_model(name, pretrained=True, num_classes=0).state_dict()
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-        if not offline:
-            raise _not_loaded(name, err) from err
+            yield
+    except Exception as err:
+        if not (offline and _cache_miss(err)):
+            raise
         why = "HF_HUB_OFFLINE is set" if told_offline else f"the hub ({hf_constants.ENDPOINT}) cannot be reached"
-        raise BadValue(f"model.pretrained={name}: its weights are not in the local cache "
-                       f"({hf_constants.HF_HUB_CACHE}) and {why}: download them once with the network on, or pass "
-                       f"a weights file") from None
+        raise BadValue(f"{what}: its weights are not in the local cache ({hf_constants.HF_HUB_CACHE}) and {why}: "
+                       f"download them once with the network on, or {fix}") from None
+
+
+def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """The state dict of timm model `name` with its pretrained weights (downloaded, or from the local cache). With
+    the hub unreachable or `HF_HUB_OFFLINE` set, only the cache is read (`hub_or_cache`): weights not there are one
+    `BadValue` within seconds, not a minute of retries."""
+    if Path(name).suffix in WEIGHT_SUFFIXES:  # a file meant, not a timm name (whose tags hold no such suffix)
+        raise InputNotFound(f"model.pretrained={name}: no such weights file: check the path, or pass a timm name")
+    try:
+        with hub_or_cache(f"model.pretrained={name}"):
+            return timm.create_model(name, pretrained=True, num_classes=0).state_dict()
+    except BadValue:
+        raise
     except Exception as err:  # noqa: BLE001 - unknown name, missing hub files, a broken download
         raise _not_loaded(name, err) from err
 

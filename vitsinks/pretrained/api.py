@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitsinks.configs.ranges import check_setting, check_settings
 from vitsinks.configs.schema import DiagnosticsConfig, InterveneConfig
 from vitsinks.diagnostics import run_diagnostics, stretched
 from vitsinks.diagnostics.core import chosen_blocks
@@ -59,6 +60,24 @@ def check_batch_size(batch_size: int | None) -> None:
     """A `BadValue` for a batch size below 1 (None: chosen by `batch_size_for`)."""
     if batch_size is not None and batch_size < 1:
         raise BadValue(f"batch_size={batch_size}: give a batch of at least 1 image, or None to fit the memory budget")
+
+
+def check_rules(rules: SinkRules | None) -> None:
+    """A `BadValue` for rules the command line would refuse (`rules.eps` out of `diagnostics.eps`'s range)."""
+    if rules is not None:
+        check_setting(DiagnosticsConfig, "eps", rules.eps, "rules.eps")
+
+
+def check_labels(labels: Any, n: int) -> torch.Tensor:
+    """`labels` as the class indices of `n` images (a long tensor (n,)); another length or no integers: a
+    `BadValue`, before any work."""
+    got = torch.as_tensor(labels)
+    if got.dim() != 1 or len(got) != n:
+        raise BadValue(f"labels of shape {tuple(got.shape)} for {n} images: give one class index per image, in the "
+                       f"images' order")
+    if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
+        raise BadValue(f"labels are {got.dtype}: give class indices (integers), one per image")
+    return got.long()
 
 
 def model_heads(heads: Any, n_blocks: int) -> Any:
@@ -148,6 +167,7 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
     - `layout`: one row: [CLS], registers, patches, grid.
 
     `heads`: keep only these heads (indices, in every block, or (block, head) pairs with model block indices)."""
+    check_rules(rules)
     rules = rules or SinkRules()
     n, L, H = d["sink_idx"].shape
     block_ids = d["block"]
@@ -196,6 +216,9 @@ def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[i
         neurons = bool(neurons)
     if not isinstance(neurons, bool | int | float | np.number):
         raise BadValue(f"neurons={neurons!r}: give True (the summary's threshold), a threshold k > 1, or False")
+    if not isinstance(neurons, bool):
+        check_setting(DiagnosticsConfig, "high_norm_k", float(neurons), "neurons")
+    check_rules(rules)
     foreign = as_foreign(model)
     x = as_images(images, n_images)
     out = tables(diagnose_fields(foreign, x, blocks, batch_size), model_heads(heads, len(foreign.blocks)), rules)
@@ -214,10 +237,14 @@ def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path,
     the PNG plots and the page `report.html` (docs/report.md), by the same code (`diagnostics.run_diagnostics`).
     `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `diagnostics.stretched(images)`; `settings`: the
     `diagnostics` config group (`DiagnosticsConfig`); `image_index` (each image's index in its dataset) and
-    `protocol` are recorded as the CLI records them. Returns the summary."""
+    `protocol` are recorded as the CLI records them. `out_dir` must be new, empty, or an earlier diagnosis's folder:
+    only the files an earlier diagnosis wrote there are replaced, and any other non-empty folder is refused
+    (`BadValue`) before any work. Returns the summary."""
     foreign = as_foreign(model)
     require_float32(foreign)
     check_batch_size(batch_size)
+    if dataclasses.is_dataclass(settings):  # a notebook's own; the command line's were checked at composition
+        check_settings(settings)
     x = as_images(images, n_images)
     if shown is not None:
         check_shown(np.asarray(shown), x)
@@ -240,19 +267,24 @@ def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[t
     their sink events, `InterveneConfig`'s `min_events`, `top_k`, ... passed as `settings`); `heldout` images are
     the source of `mean_sink_value`. `images` and `heldout` as `diagnose` takes them (`as_images`). Returns `rows`
     (a table: one row per image, head and edit), `checks` (the built-in checks' largest errors), `heads` (those
-    edited) and `mean_skipped`."""
+    edited) and `mean_skipped`. `batch_size` and the settings are checked as the command line checks `intervene.*`;
+    `labels`, one class index per image, before any work."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    check_batch_size(batch_size)
-    heads = model_heads(heads, len(foreign.blocks))
-    images = as_images(images)
-    heldout = images[:0] if heldout is None else as_images(heldout)
-    known = {f.name for f in dataclasses.fields(InterveneConfig)} - {"n_images", "heldout_images"}
+    derived = ("n_images", "heldout_images")  # the images' counts
+    known = {f.name for f in dataclasses.fields(InterveneConfig)} - set(derived)
     if unknown := sorted(set(settings) - known):
         raise BadValue(f"intervene() got {', '.join(unknown)}: the settings are InterveneConfig's fields "
                        f"({', '.join(sorted(known))})")
-    cfg = InterveneConfig(**{"n_images": len(images), "heldout_images": len(heldout), "batch_size": batch_size,
-                             "heads": [f"{b}:{h}" for b, h in heads], "edits": list(edits), **settings})
+    chosen = InterveneConfig(batch_size=batch_size, **settings)
+    check_settings(chosen, skip=derived)
+    check_rules(rules)
+    heads = model_heads(heads, len(foreign.blocks))
+    images = as_images(images)
+    heldout = images[:0] if heldout is None else as_images(heldout)
+    labels = None if labels is None else check_labels(labels, len(images))
+    cfg = dataclasses.replace(chosen, n_images=len(images), heldout_images=len(heldout),
+                              heads=[f"{b}:{h}" for b, h in heads], edits=list(edits))
     with eval_mode(foreign.model) as device:
         res = run_interventions(foreign.subject(), images.to(device), None if labels is None else labels.to(device),
                                 heldout.to(device), cfg, rules, progress=False)

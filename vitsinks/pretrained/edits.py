@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitsinks.configs.ranges import check_setting
+from vitsinks.configs.schema import QuantConfig, TrainFreeConfig
 from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.models.passes import block_outputs_by_batch, eval_mode
 from vitsinks.pretrained.api import as_foreign, check_batch_size, require_float32
@@ -61,9 +63,12 @@ def block_linears(foreign: Foreign) -> dict[str, LinearSite]:
 def fit_w8a8(model: nn.Module | Foreign, images: ImageSource, weight_bits: int = 8, act_bits: int = 8,
              batch_size: int = 16) -> dict[str, Any]:
     """`quant.w8a8.W8A8.fit`'s state for a pretrained model: the largest |input| of every block linear layer
-    (`block_linears`) over `images` run through the views."""
+    (`block_linears`) over `images` run through the views. The bits are checked as the command line checks
+    `quant.weight_bits` / `quant.act_bits`."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_setting(QuantConfig, "weight_bits", weight_bits)
+    check_setting(QuantConfig, "act_bits", act_bits)
     check_batch_size(batch_size)
     images = as_images(images)
     with eval_mode(foreign.model) as device:
@@ -123,9 +128,12 @@ def register_neurons(model: nn.Module | Foreign, images: ImageSource, top: int, 
                      batch_size: int = 16) -> list[tuple[int, int, float]]:
     """The `top` register neurons (block, unit, score), highest score first, as `diagnostics.neurons`'
     `find_register_neurons` ranks them, through the views: per unit, the mean over the images with a high-norm
-    patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches."""
+    patch at the last block (norm > `k` x the image's median) of its mean |activation| at those patches. `top` and
+    `k` are checked as the command line checks `trainfree.neurons` and `trainfree.outlier_k`."""
     foreign = as_foreign(model)
     require_float32(foreign)
+    check_setting(TrainFreeConfig, "neurons", top, "top")
+    check_setting(TrainFreeConfig, "outlier_k", k, "k")
     check_batch_size(batch_size)
     images = as_images(images)
     return find_register_neurons(foreign, images, top, k, batch_size)
@@ -138,8 +146,7 @@ def fit_massive(model: nn.Module | Foreign, images: ImageSource, massive: int = 
     channels and their mean at the massive token."""
     foreign = as_foreign(model)
     require_float32(foreign)
-    if massive < 1:
-        raise BadValue(f"massive={massive}: fix at least one channel")
+    check_setting(TrainFreeConfig, "massive", massive)
     check_batch_size(batch_size)
     images = as_images(images)
     with eval_mode(foreign.model):

@@ -4,16 +4,24 @@
     hf:<hub id or folder>       transformers' AutoModel and AutoImageProcessor (a folder of save_pretrained; one
                                 without a processor: the config's image size and ImageNet's mean and std)
     open_clip:<name>@<tag|file> open_clip.create_model_and_transforms(name, pretrained=tag or file)
+    vitsinks:<folder or hub id> a folder `python -m vitsinks.export` wrote (or its hub repository), as vitsinks' own
+                                model (`vitsinks.publish.loader`)
 
 The model comes in float32 and evaluation mode, unmodified; `transform` is the library's evaluation preprocessing
 (a PIL image -> a normalised (3, H, W) tensor) and `mean` / `std` its normalisation, so that `shown` can draw the
 images the model saw. The libraries are imported here only, when their family is asked for.
+
+Every way in answers as `model.pretrained=` does (`models.weights`): a hub download goes through `hub_or_cache` (an
+unreachable hub: the cache at once, or one line in seconds); a weights file is read weights-only first, and one of
+another architecture is named by what differs (`misfit`); NaN or inf weights are a damaged file (`DAMAGED`).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +31,10 @@ import torch
 from PIL import Image
 from torch import nn
 
+from vitsinks.models.weights import DAMAGED, WEIGHT_SUFFIXES, check_finite, hub_or_cache, misfit, state_dict_from_file
 from vitsinks.models.weights import load as load_weights
-from vitsinks.utils.errors import BadValue
+from vitsinks.publish.loader import read_export
+from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.rundir import model_folder
 
 
@@ -77,6 +87,40 @@ def _readable(path: Path, spec: str) -> None:
     load_weights(path, "weights", mmap=True)
 
 
+def _hub(what: str, fix: str, remote: bool) -> AbstractContextManager[None]:
+    """`models.weights.hub_or_cache` for what comes from the hub (`remote`): an unreachable hub answered from the
+    cache at once, weights not there in one line; a local file or folder needs no hub."""
+    return hub_or_cache(what, fix) if remote else nullcontext()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The libraries' log lines held back (open_clip warns of the random weights of the model `_misfit` compares to)."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
+def _not_fitting(e: BaseException) -> bool:
+    """Whether `e` is torch's refusal of a state dict that does not fit the model (`load_state_dict`)."""
+    return isinstance(e, RuntimeError) and str(e).startswith("Error(s) in loading state_dict")
+
+
+def _misfit(what: str, path: Path, model: nn.Module, fix: str) -> str | None:
+    """The line for a weights file that does not load into `model` (a fresh one of the name asked for): the two
+    architectures (`models.weights.misfit`, as model.pretrained= answers), or the keys that differ; None when the
+    file's tensors do fit (the library failed for another reason)."""
+    sd, own = state_dict_from_file(path), model.state_dict()
+    if all(k in own and tuple(v.shape) == tuple(own[k].shape) for k, v in sd.items()) and own.keys() <= sd.keys():
+        return None
+    blocks = getattr(model, "blocks", None)
+    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
+    return misfit(what, sd, own, fix, heads)
+
+
 def _timm(name: str, weights: str | None) -> Loaded:
     timm = _library("timm", "dev")
     from timm.data import create_transform, resolve_data_config
@@ -84,10 +128,15 @@ def _timm(name: str, weights: str | None) -> Loaded:
     if weights is not None:
         _readable(Path(weights).expanduser(), f"timm:{name}@{weights}")
     overlay = {"file": str(Path(weights).expanduser())} if weights else None
-    try:
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
-    except (RuntimeError, OSError, ValueError) as e:  # an unknown name; weights neither cached nor downloadable
-        raise BadValue(f"timm:{name}: {_first_line(e)}") from e
+    with _hub(f"timm:{name}", f"pass a weights file, timm:{name}@<file>", remote=weights is None):
+        try:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
+        except (RuntimeError, OSError, ValueError) as e:  # an unknown name; weights neither cached nor downloadable
+            if weights is not None and _not_fitting(e) and (why := _misfit(
+                    f"timm:{name}@{weights}", Path(weights).expanduser(), timm.create_model(name),
+                    f"name the timm model of the file's architecture, timm:<name>@{weights}")):
+                raise BadValue(why) from e
+            raise BadValue(f"timm:{name}: {_first_line(e)}") from e
     cfg = resolve_data_config({}, model=model)
     return Loaded(f"timm:{name}", model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
 
@@ -111,21 +160,38 @@ def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
                                           image_std=list(IMAGENET_DEFAULT_STD))
 
 
+def _check_folder(name: str) -> None:
+    """An `hf:` name written as a path (`./`, `../`, `/`, `~`, or inside a folder that exists here) that is no
+    folder: an `InputNotFound` naming it, not transformers' advice about hub ids."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise BadValue(f"hf:{name} is a file, not a folder: name the folder save_pretrained wrote (config.json "
+                       f"and the weights), or a hub id <namespace>/<name>")
+    if name.startswith(("./", "../", "/", "~")) or name in (".", "..") or (
+            path.parent != Path(".") and path.parent.is_dir()):
+        raise InputNotFound(f"hf:{name}: no such folder: check the path (a folder save_pretrained wrote), or name a "
+                            f"hub id <namespace>/<name>")
+
+
 def _hf(name: str, weights: str | None) -> Loaded:
     if weights is not None:
         raise BadValue(f"hf:{name}@{weights}: a transformers model is a hub id or a save_pretrained folder, no @")
+    _check_folder(name)
     transformers = _library("transformers", "hf")
-    try:
-        model = transformers.AutoModel.from_pretrained(name)
-    except (OSError, ValueError) as e:  # an unknown id; files neither cached nor downloadable
-        raise BadValue(f"hf:{name}: {_first_line(e)}") from e
-    try:
-        proc = transformers.AutoImageProcessor.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        saved = (transformers.utils.IMAGE_PROCESSOR_NAME, transformers.utils.PROCESSOR_NAME)
-        if not Path(name).is_dir() or any((Path(name) / f).exists() for f in saved):  # a hub id; a broken file
+    with _hub(f"hf:{name}", "pass a save_pretrained folder, hf:<folder>", remote=not Path(name).is_dir()):
+        try:
+            model = transformers.AutoModel.from_pretrained(name)
+        except (OSError, ValueError) as e:  # an unknown id; files neither cached nor downloadable
             raise BadValue(f"hf:{name}: {_first_line(e)}") from e
-        proc = _assumed_processor(transformers, name, model.config)  # save_pretrained of the model alone
+        try:
+            proc = transformers.AutoImageProcessor.from_pretrained(name)
+        except (OSError, ValueError) as e:
+            saved = (transformers.utils.IMAGE_PROCESSOR_NAME, transformers.utils.PROCESSOR_NAME)
+            if not Path(name).is_dir() or any((Path(name) / f).exists() for f in saved):  # a hub id; a broken file
+                raise BadValue(f"hf:{name}: {_first_line(e)}") from e
+            proc = _assumed_processor(transformers, name, model.config)  # save_pretrained of the model alone
 
     def transform(image: Any) -> torch.Tensor:
         return proc(image, return_tensors="pt")["pixel_values"][0]
@@ -133,19 +199,42 @@ def _hf(name: str, weights: str | None) -> Loaded:
     return Loaded(f"hf:{name}", model, transform, tuple(proc.image_mean), tuple(proc.image_std))
 
 
+def _random_open_clip(open_clip: Any, name: str) -> nn.Module:
+    with _quiet():
+        return open_clip.create_model(name)
+
+
 def _open_clip(name: str, weights: str | None) -> Loaded:
     open_clip = _library("open_clip", "clip")
     if weights is None:
         raise BadValue(f"open_clip:{name}: name its weights, open_clip:{name}@<tag> (open_clip.list_pretrained()) "
                        f"or @<file>")
-    if Path(weights).expanduser().is_file():  # a local file, not a tag
-        _readable(Path(weights).expanduser(), f"open_clip:{name}@{weights}")
-    try:
-        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights)
-    except (RuntimeError, OSError, ValueError) as e:  # an unknown name or tag; weights not downloadable
-        raise BadValue(f"open_clip:{name}@{weights}: {_first_line(e)}") from e
+    spec, path = f"open_clip:{name}@{weights}", Path(weights).expanduser()
+    local = path.is_file()  # a local file, not a tag
+    if local:
+        _readable(path, spec)
+    elif Path(weights).suffix in WEIGHT_SUFFIXES or "/" in weights:  # a file meant (tags have neither)
+        raise BadValue(f"{spec}: no such weights file")
+    with _hub(spec, f"pass a weights file, open_clip:{name}@<file>", remote=not local):
+        try:
+            if not local and (tagged := open_clip.get_pretrained_cfg(name, weights)):
+                open_clip.download_pretrained(tagged)  # the cache's answer first (open_clip would log a failure)
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights)
+        except (RuntimeError, OSError, ValueError) as e:  # an unknown name or tag; weights not downloadable
+            if local and _not_fitting(e) and (why := _misfit(
+                    spec, path, _random_open_clip(open_clip, name),
+                    f"name the open_clip model of the file's architecture, open_clip:<name>@{weights}")):
+                raise BadValue(why) from e
+            raise BadValue(f"{spec}: {_first_line(e)}") from e
     cfg = open_clip.get_model_preprocess_cfg(model)
     return Loaded(f"open_clip:{name}@{weights}", model, preprocess, tuple(cfg["mean"]), tuple(cfg["std"]))
+
+
+def _vitsinks(name: str, weights: str | None) -> Loaded:
+    if weights is not None:
+        raise BadValue(f"vitsinks:{name}@{weights}: an exported model is a folder or a hub id, no @")
+    e = read_export(name)
+    return Loaded(f"vitsinks:{name}", e.model, e.transform, e.mean, e.std)
 
 
 def canonical(spec: str) -> str:
@@ -154,7 +243,7 @@ def canonical(spec: str) -> str:
     name, at, weights = rest.partition("@")
     if at and Path(weights).expanduser().is_file():
         weights = str(Path(weights).expanduser().resolve())
-    if family == "hf" and Path(name).expanduser().is_dir():
+    if family in ("hf", "vitsinks") and Path(name).expanduser().is_dir():
         name = str(Path(name).expanduser().resolve())
     return f"{family}:{name}{at}{weights}"
 
@@ -178,7 +267,8 @@ def hub_dir(spec: str, kind: str, runs_dir: str | Path) -> Path:
     return model_folder(Path(runs_dir) / kind, spec, spec, folder_name(spec))
 
 
-LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip}
+LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip,
+                                                           "vitsinks": _vitsinks}
 
 
 def load(spec: str) -> Loaded:
@@ -188,6 +278,7 @@ def load(spec: str) -> Loaded:
         raise BadValue(f"{spec!r} names no pretrained model: write {' or '.join(f'{f}:<name>' for f in LOADERS)}")
     name, at, weights = rest.partition("@")
     loaded = LOADERS[family](name, weights if at else None)
+    check_finite({k: p.detach() for k, p in loaded.model.named_parameters()}, spec, DAMAGED)
     loaded.spec = canonical(spec)
     loaded.model = loaded.model.float().eval()
     return loaded

@@ -8,6 +8,8 @@ from typing import Any, Union
 import torch
 from torch.utils.data import Dataset
 
+from vitsinks.configs.ranges import check_setting
+from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.utils.errors import BadValue
 
 ImageSource = Union[torch.Tensor, Dataset, Iterable[Any]]  # noqa: UP007  (a runtime alias: the docs name it)
@@ -30,13 +32,13 @@ def as_images(images: ImageSource, n_images: int | None = None) -> torch.Tensor:
     """`images` as one float tensor (n, 3, H, W): a tensor as is; a `Dataset` (items: an image, (image, label) or
     {"pixel_values": ...}) by its first `n_images` items; any other iterable (a `DataLoader`) by its batches until
     `n_images` images. `n_images` None: all of them."""
-    if n_images is not None and n_images < 1:
-        raise BadValue(f"n_images must be >= 1, got {n_images}")
+    check_setting(DiagnosticsConfig, "n_images", n_images)
     if isinstance(images, torch.Tensor):
         x = images[:n_images]
     elif isinstance(images, Dataset) and hasattr(images, "__len__"):
         n = len(images) if n_images is None else min(n_images, len(images))
-        x = torch.stack([_image_of(images[i], f"item {i} of the dataset") for i in range(n)])
+        got = [_image_of(images[i], f"item {i} of the dataset") for i in range(n)]
+        x = torch.stack(got) if got else torch.empty(0)  # an empty dataset: refused below, as an empty loader is
     elif isinstance(images, Iterable):
         got, total = [], 0
         for batch in images:

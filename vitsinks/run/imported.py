@@ -171,6 +171,18 @@ def imported_run(cfg: DictConfig) -> RunDir:
     return run
 
 
+MODEL_SOURCES = ("ckpt", "run", "model.pretrained", "hub")  # the ways diagnose and intervene are told their model
+
+
+def one_model_source(cfg: DictConfig) -> None:
+    """A `BadValue` naming them when a command is given two of `MODEL_SOURCES` (e.g. `hub=` and `ckpt=`): it would
+    read one and silently leave the other out."""
+    given = [f"{k}={v}" for k in MODEL_SOURCES if (v := OmegaConf.select(cfg, k, default=None))]
+    if len(given) > 1:
+        raise BadValue(f"two model sources, {' and '.join(given)}: name the model once, with one of "
+                       f"{', '.join(f'{k}=' for k in MODEL_SOURCES)}")
+
+
 def checkpoint_of(cfg: DictConfig) -> Path:
     """The checkpoint a command reads: `ckpt=`, else the import of `model.pretrained=` (`imported_run`)."""
     return Path(cfg.ckpt) if cfg.ckpt else imported_run(cfg).last

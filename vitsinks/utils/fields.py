@@ -53,6 +53,17 @@ class Range:
                 and (self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
 
+    def problem(self, key: str, value: Any, is_list: bool = False) -> str | None:
+        """`key=value (must be ...)` when `value` (every entry of a list, `is_list`) is out of the range, else None:
+        the words of the command line's check and of the API's (`vitsinks.configs.ranges`)."""
+        values = list(value) if is_list else [value]
+        if all(self.admits(v) for v in values):
+            return None
+        allowed = self.describe()
+        if allowed != "finite" and any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            allowed = f"finite and {allowed}"  # inf is > 0 and nan compares to nothing: say why it is out
+        return f"{key}={values} (every entry must be {allowed})" if is_list else f"{key}={value} (must be {allowed})"
+
     def bounds(self) -> list[tuple[str, float]]:
         """The bounds as (operator, value) pairs, e.g. [(">=", 0), ("<=", 1)]."""
         return [(op, v) for op, v in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
