@@ -18,6 +18,7 @@ from tests.models.test_attention import final_patch_relrms_with
 from vitsinks.configs.schema import InterveneConfig, load_config
 from vitsinks.interventions import from_vit, intervene
 from vitsinks.interventions.edits import resolve_edits
+from vitsinks.interventions.engine import patch_metrics
 from vitsinks.interventions.report import to_markdown, write_outputs
 from vitsinks.models import ATTN_KINDS, SinkViT
 from vitsinks.utils.errors import BadValue
@@ -173,6 +174,48 @@ def test_the_donor_cosine_under_the_reference_preset_equals_its_transcription(ed
     assert np.abs(mine - truth).max() > 1e-3  # the sink patch is far from negligible here
     for key in ("final_patch_relrms", "coherence"):  # nothing else moves with the flag
         assert [r[key] for r in ref] == [r[key] for r in default]
+
+
+def reference_coherence(base: torch.Tensor, edited: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """vit_causal/common.py's shared_energy_fraction of dP = edited - base over the patches but the sink (1 prefix
+    token), transcribed in the tokens' dtype (float32): ||mean dP||^2 * count / sum ||dP||^2, NaN only where no patch
+    is left or that sum is <= 1e-20."""
+    d = (edited - base)[:, 1:]
+    m = torch.ones(d.shape[:2], dtype=d.dtype)
+    rows = (sink >= 1).nonzero().squeeze(-1)
+    m[rows, sink[rows] - 1] = 0.0
+    cnt = m.sum(1)
+    mean = (d * m.unsqueeze(-1)).sum(1) / cnt.clamp_min(1.0).unsqueeze(-1)
+    total = (d.pow(2).sum(-1) * m).sum(1)
+    frac = mean.pow(2).sum(-1) * cnt / total.clamp_min(1e-20)
+    return torch.where((cnt == 0) | (total <= 1e-20), torch.full_like(frac, float("nan")), frac)
+
+
+def test_the_coherence_is_nan_only_where_the_references_is() -> None:
+    """Changes of every size against the transcription: a real one, one of a few float32 ulps (a NOP edit's: rel.
+    RMS ~1e-8, where vitsinks once said NaN and the reference gives a number), none, and changes just above and
+    below the reference's 1e-20 energy."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 17, 48)
+    sink = torch.tensor([0, 3, 16, 5])  # on [CLS] (every patch kept), on patches
+    ulps = base.clone()
+    ulps[:, 1:, :3] = torch.nextafter(base[:, 1:, :3], torch.full_like(base[:, 1:, :3], 10.0))
+    small = 1e-12 * torch.randn(4, 17, 48)
+    cases = {"real": (base, base + 0.1 * torch.randn(4, 17, 48)), "ulps": (base, ulps), "none": (base, base.clone()),
+             "above 1e-20": (small, small + 1e-11 * torch.randn(4, 17, 48)),  # ~8e-20
+             "below 1e-20": (small, small + 1e-13 * torch.randn(4, 17, 48))}
+    for name, (b, e) in cases.items():
+        want = reference_coherence(b, e, sink)
+        got = patch_metrics(b, e, num_prefix=1, sink=sink)
+        assert torch.equal(torch.isnan(got["coherence"]), torch.isnan(want)), (name, got["coherence"], want)
+        ok = ~torch.isnan(want)
+        torch.testing.assert_close(got["coherence"][ok].float(), want[ok], rtol=1e-5, atol=0, msg=name)
+        if name == "ulps":
+            assert ok.all() and (got["final_patch_relrms"] < 1e-6).all()  # below the old floor, still a number
+        if name in ("none", "below 1e-20"):
+            assert not ok.any()
+        if name in ("real", "above 1e-20"):
+            assert ok.all()
 
 
 def test_the_reference_redirect_runs_by_default_only_under_the_preset_and_only_for_softmax() -> None:

@@ -270,3 +270,20 @@ def test_torn_shards_are_one_line_and_torn_stage1_fields_are_computed_again(task
     summary, _ = run(_cfg(src, *base, f"intervene.out={tmp_path / 'again'}"))  # ... unless it is torn
     assert "is torn: its diagnostics fields are computed again" in capsys.readouterr().out
     assert summary["stage1"] == "computed"
+
+
+@pytest.mark.slow
+def test_interventions_killed_mid_write_are_written_whole_by_the_same_command(sinktask_run, tmp_path: Path) -> None:
+    """SIGKILL while the report's first file is written: the same command again writes the whole report and leaves
+    no staging folder or temp file of the killed one."""
+    from tests.trainfree.test_resume import killed, staging
+
+    src = sinktask_run(tmp_path, "base", "nop", name="nop")  # a copy of the session's trained run
+    argv = [f"run={src}", "intervene.edits=[zero_sink_value]", "intervene.n_images=8", "intervene.min_events=4"]
+    out = killed("vitsinks.intervene", argv, "fsync:interventions.csv")
+    assert out.returncode == -9, out.stderr[-2000:]
+    folder = src / "interventions" / "last"
+    assert staging(folder) and not (folder / "summary.json").exists()
+    done = _cli(*argv)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert staging(src) == [] and json.loads((folder / "summary.json").read_text())["n_images"] == 8

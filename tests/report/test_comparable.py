@@ -35,6 +35,8 @@ def plant(root: Path, name: str, seed: int = 0, source: str | None = None, onlin
         over += ["trainfree.method=mean_massive",
                  f"trainfree.source={root / parent / 'checkpoints' / (ckpt or 'last.pt')}"]
     run.config.write_text(OmegaConf.to_yaml(load_config(over), resolve=True))
+    if source is not None:
+        run.write_status("finished", method="mean_massive")  # a derived run that finished
     if online is not None:
         run.metrics.write_text(json.dumps({"step": 10, "val/probe_acc": online}) + "\n")
     for kind, obj in (results or {}).items():

@@ -49,6 +49,8 @@ def plant(root: Path, name: str, *overrides: str, seed: int = 0, exp: str = "gat
         over = [*over, "trainfree.method=mean_massive",
                 f"trainfree.source={root / parent / 'checkpoints' / (ckpt or 'last.pt')}"]
     run.config.write_text(OmegaConf.to_yaml(load_config(over), resolve=True))
+    if source is not None:
+        run.write_status("finished", method="mean_massive")  # a derived run that finished
     if steps is not None:
         run.metrics.write_text(json.dumps({"step": steps, "loss": 1.0}) + "\n"
                                + json.dumps({"step": steps, "val/probe_acc": online}) + "\n")
@@ -142,7 +144,7 @@ def test_the_issues_three_runs_of_seed_0_are_three_rows_and_w4a4_is_not_in_a_w8a
     assert list(by) == [
         "gate+reg (train.max_steps=8, train.batch_size=8, steps trained=8, quant=W8A8, sink rule=relaxed)",
         "gate+reg (train.max_steps=30, train.batch_size=64, steps trained=30, quant=W4A4, sink rule=relaxed)",
-        "gate+reg (train.max_steps=none, train.batch_size=64, steps trained=120, quant=none, sink rule=def1 eps 0.1)"]
+        "gate+reg (train.max_steps=none, train.batch_size=64, steps trained=120, sink rule=def1 eps 0.1)"]
     w4, w8 = (next(t for k, t in by.items() if f"quant={f}" in k) for f in ("W4A4", "W8A8"))
     assert w8["w8a8_cos_err"][0] == pytest.approx(0.001) and math.isnan(w4["w8a8_cos_err"][0])
     assert w4["w4a4_cos_err"][0] == pytest.approx(0.1) and math.isnan(w8["w4a4_cos_err"][0])
@@ -157,6 +159,21 @@ def test_the_issues_three_runs_of_seed_0_are_three_rows_and_w4a4_is_not_in_a_w8a
     assert {"w8a8_cos_err_mean", "w4a4_cos_err_mean", "w4a4_d_linear_mean"} <= set(csv_head)
     labels = [t.get_text() for t in figures[-1].axes[0].get_yticklabels()]  # the names, wrapped, in the figure
     assert [name.replace("\n", " ") for name in labels] == list(by) and not overlapping_labels(figures[-1])
+
+
+def test_a_row_is_named_only_for_what_its_runs_have(tmp_path: Path) -> None:
+    """Two seeds of one experiment, only seed 0 quantized W4A4, beside an experiment quantized W8A8 and one never
+    quantized: the first row says that one of its two runs holds the W4A4 result, the unquantized row names no
+    quantization (the issue's row named `quant=W4A4` for runs without a quantization result)."""
+    plant(tmp_path, "a-s0", seed=0, quant_json=quant(4, 4))
+    plant(tmp_path, "a-s1", seed=1)
+    plant(tmp_path, "b-s0", "train.batch_size=8", seed=0, quant_json=quant(8, 8))
+    plant(tmp_path, "c-s0", "train.batch_size=16", seed=0)
+    rows = rows_of(tmp_path)
+    assert sorted(rows) == ["gate+reg (train.batch_size=16)",
+                            "gate+reg (train.batch_size=64, quant=W4A4 in 1 of 2 runs)",
+                            "gate+reg (train.batch_size=8, quant=W8A8)"], list(rows)
+    assert rows["gate+reg (train.batch_size=64, quant=W4A4 in 1 of 2 runs)"]["seeds"] == 2
 
 
 def test_w4a4_and_w8a8_results_sit_in_their_own_columns(tmp_path: Path) -> None:

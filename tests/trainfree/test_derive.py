@@ -123,8 +123,9 @@ def test_an_existing_derived_run_is_kept_unless_overwritten_and_a_periodic_check
     first = derive(cfg)
     (first.results / "linear.json").parent.mkdir(parents=True)
     (first.results / "linear.json").write_text("{}")  # a result of the first edit
-    with pytest.raises(BadValue, match="exists already .*overwrite=true"):
-        derive(cfg)
+    with pytest.raises(BadValue, match=r"exists already with another edit \(trainfree.fit_images \(4 there, 5 now\)\)"
+                       r".*overwrite=true"):
+        derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=mean_massive", "trainfree.fit_images=5"))
     assert (first.results / "linear.json").is_file()  # nothing lost
     again = derive(cfg, overwrite=True)
     assert again.path == first.path and not (again.results / "linear.json").exists()  # no stale result kept

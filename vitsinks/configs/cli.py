@@ -29,11 +29,12 @@ from typing import Any, NoReturn
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
+from vitsinks.configs.inputs import unicode_fix
 from vitsinks.configs.schema import check_config, compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
 from vitsinks.data import cpu_threads, runs_on_cpu
@@ -117,8 +118,9 @@ def compose(overrides: Sequence[str], check: bool = True, hydra: bool = False) -
     one line. Errors of vitsinks' own code keep their type and traceback."""
     try:
         cfg = compose_config(list(overrides), hydra=hydra)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(composition_message(err)) from None
+    except (HydraException, OmegaConfBaseException) as err:  # a non-ASCII value Hydra's grammar refused: the fix
+        raise ConfigError((isinstance(err, OverrideParseException) and unicode_fix(overrides))
+                          or composition_message(err)) from None
     if check:
         check_config(cfg)
     return cfg

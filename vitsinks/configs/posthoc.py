@@ -37,5 +37,5 @@ class TrainFreeConfig:
     outlier_k: float = bounded(5.0, gt=1)  # test_time_register: outliers are patches above k x the median norm
     massive: int = bounded(2, ge=1)  # mean_massive / zero_massive: how many of the largest activation channels
     probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
-    overwrite: bool = False  # replace an existing derived run of the same source and method (else: refused)
+    overwrite: bool = False  # replace its derived run (else: refused; an unfinished one of the same edit is redone)
     source: str | None = None  # set by vitsinks.trainfree: the checkpoint the edit was fitted on

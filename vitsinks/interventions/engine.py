@@ -10,7 +10,8 @@ the same block internals), where its sink sits, and the metrics of docs/fidelity
 - `final_patch_relrms`: sqrt(mean_i ||P'_i - P_i||^2) / sqrt(mean_i ||P_i||^2) over the final patch tokens, the
   sink token excluded;
 - `coherence`: the share of the change's energy common to all patches, ||mean_i dP_i||^2 / mean_i ||dP_i||^2
-  (NaN for a change at float32 rounding level, rel. RMS < 1e-6: its direction means nothing);
+  (NaN only where the change's energy summed over those patches is <= 1e-20, or no patch is left: the reference's
+  rule, `COHERENCE_EMPTY`);
 - `donor_cosine` (donor and shuffle edits): cosine between the mean patch change (sink excluded) and (donor's mean
   final patch - own), those means over the patches except each image's sink by default, over all patches with
   `intervene.reference_formulas` (the reference's form; `donor_cosine_form` names the one used);
@@ -70,7 +71,7 @@ from vitsinks.models.mitigations import SINK_VALUE_EDITS, slot_edits
 from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
-COHERENCE_FLOOR = 1e-6  # below this rel. RMS a change is float32 rounding: its coherence is undefined (NaN)
+COHERENCE_EMPTY = 1e-20  # the reference's: a change of at most this energy (summed over the patches) has no coherence
 # `donor_cosine_form` of the summary: the patches the donor direction averages over, by intervene.reference_formulas
 DONOR_COSINE_FORMS = {False: "sink patch left out", True: "all patches (the reference's)"}
 
@@ -251,11 +252,12 @@ def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sin
         keep[rows, idx[rows]] = 0.0
     d = Pe - P
     n = keep.sum(1).clamp_min(1)
-    energy = ((d**2).sum(-1) * keep).sum(1) / n
+    total = ((d**2).sum(-1) * keep).sum(1)
+    energy = total / n
     mean_d = _masked_mean(d, keep)
     base_energy = ((P**2).sum(-1) * keep).sum(1) / n
     out = {"final_patch_relrms": energy.sqrt() / base_energy.sqrt().clamp_min(1e-300),
-           "coherence": torch.where(energy > (COHERENCE_FLOOR**2) * base_energy,
+           "coherence": torch.where((total > COHERENCE_EMPTY) & (keep.sum(1) > 0),
                                     (mean_d**2).sum(-1) / energy.clamp_min(1e-300), torch.nan)}
     if donor is not None:
         mean_p = P.mean(1) if donor_all_patches else _masked_mean(P, keep)

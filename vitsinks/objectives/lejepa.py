@@ -3,6 +3,7 @@ model it trains (backbone + projector + online probe) and the probe's validation
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, NamedTuple
 
@@ -15,13 +16,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitsinks.configs.schema import ObjectiveConfig
-from vitsinks.data import is_sink_task, read_item
+from vitsinks.data import is_sink_task
 from vitsinks.data.device_views import CropFlipViews, DeviceViews, ViewBatch, collate_crops, view_specs
-from vitsinks.data.selection import permutation
 from vitsinks.data.views import SeededViews, collate_views, view_transform
 from vitsinks.diagnostics import protocol_transform
 from vitsinks.models import SinkViT
 from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
+from vitsinks.objectives.monitors import Embedded, ProbeBatch, embed, probe_batches
 from vitsinks.utils.distributed import all_reduce_sum, rank_world, sync_batchnorm
 from vitsinks.utils.errors import ConfigError
 
@@ -76,8 +77,10 @@ class LeJEPALoss(nn.Module):
 
     def _terms(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None) -> LossTerms:
         all_proj = global_proj if local_proj is None else torch.cat([global_proj, local_proj], dim=0)
-        sig = self.sigreg(all_proj.reshape(1, -1, all_proj.shape[-1]) if self.pooled else all_proj)
+        # the invariance term first, as the reference's trainer: autograd then sums the gradient parts of the
+        # projections in the reference's order (bitwise under bf16, not only equal up to the last bit)
         inv = lejepa_invariance_loss(all_proj=all_proj, global_proj=global_proj)
+        sig = self.sigreg(all_proj.reshape(1, -1, all_proj.shape[-1]) if self.pooled else all_proj)
         return LossTerms(self.lamb * sig + (1.0 - self.lamb) * inv, sig, inv)
 
 
@@ -111,26 +114,19 @@ class LeJEPAModel(nn.Module):
         return proj_g, proj_l, self.probe(emb_g.detach())
 
 
-# (images, labels) of one validation batch, decoded, on the CPU
-ProbeBatch = tuple[torch.Tensor, torch.Tensor]
-
-
-def probe_batches(val_set: Dataset, cfg: DictConfig, max_images: int = 2048, shard: tuple[int, int] = (0, 1),
-                  batch_size: int = 256, pin: bool = False) -> list[ProbeBatch]:
-    """The decoded centre views `probe_accuracy` reads: of the first `max_images` of the seeded `cfg.protocol` order
-    (never one class's images), shard `(rank, world)` takes every world-th from the rank-th; unreadable images are
-    skipped under `data.on_bad_image=skip`. `pin`: in pinned memory (fast copies to a GPU)."""
-    tf = protocol_transform(cfg.views.global_size, cfg.protocol)
-    rank, world = shard
-    order = permutation(len(val_set), cfg.protocol.seed)[:max_images][rank::world]
-    batches = []
-    for lo in range(0, len(order), batch_size):
-        read = (read_item(val_set, i, cfg.data.on_bad_image) for i in order[lo : lo + batch_size])
-        items = [it for it in read if it is not None]
-        if items:
-            x, y = torch.stack([tf(img) for img, _ in items]), torch.tensor([label for _, label in items])
-            batches.append((x.pin_memory(), y.pin_memory()) if pin else (x, y))
-    return batches
+def probe_top1(probe: nn.Module, embedded: list[Embedded], runtime: Runtime, shard: tuple[int, int] = (0, 1)) -> float:
+    """Top-1 of `probe` on embedded validation batches (`embed`), batch by batch in the run's autocast. With a
+    `shard` of several ranks the counts are summed over the ranks (a collective: every rank calls it)."""
+    correct = torch.zeros((), dtype=torch.long, device=runtime.device)  # read once, at the end
+    for f, y in embedded:
+        with runtime.autocast():
+            logits = probe(f)
+        correct += (logits.argmax(-1) == y).sum()
+    counts = torch.stack([correct, torch.tensor(sum(len(y) for _, y in embedded), device=runtime.device)])
+    if shard[1] > 1:
+        counts = all_reduce_sum(counts)
+    correct, total = counts.tolist()
+    return correct / max(total, 1)
 
 
 @torch.no_grad()
@@ -144,17 +140,7 @@ def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtim
     model.eval()
     if batches is None:
         batches = probe_batches(val_set, cfg, max_images, shard)
-    correct = torch.zeros((), dtype=torch.long, device=runtime.device)  # read once, at the end
-    for x, y in batches:
-        x, y = x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)
-        with runtime.autocast():
-            logits = model.probe(model.backbone(x))
-        correct += (logits.argmax(-1) == y).sum()
-    counts = torch.stack([correct, torch.tensor(sum(len(y) for _, y in batches), device=runtime.device)])
-    if shard[1] > 1:
-        counts = all_reduce_sum(counts)
-    correct, total = counts.tolist()
-    return correct / max(total, 1)
+    return probe_top1(model.probe, embed(model.backbone, batches, runtime.device, runtime.autocast), runtime, shard)
 
 
 @register("lejepa")
@@ -212,10 +198,17 @@ class LeJEPA(Objective):
         return terms.loss + probe_loss, {"loss": terms.loss, "sigreg": terms.sigreg, "invariance": terms.invariance,
                                          "probe_loss": probe_loss, "probe_acc": acc}
 
+    def val_view(self) -> Callable[[Any], torch.Tensor]:
+        return protocol_transform(self.cfg.views.global_size, self.cfg.protocol)
+
+    @torch.no_grad()
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
-        """`val/probe_acc`, sharded over the ranks; each rank decodes its share of the images once per run."""
+        """`val/probe_acc` and the monitors, sharded over the ranks, from one embedding of the validation images;
+        each rank decodes its share of the images once per run."""
         shard = rank_world() if self.runtime.world > 1 else (0, 1)
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, probe_batches(val_set, self.cfg, shard=shard, pin=self.runtime.device.type == "cuda")
-        return {"val/probe_acc": probe_accuracy(model, val_set, self.cfg, self.runtime, shard=shard,
-                                                batches=self._val[1])}
+        model.eval()
+        embedded = embed(model.backbone, self._val[1], self.runtime.device, self.runtime.autocast)
+        return {"val/probe_acc": probe_top1(model.probe, embedded, self.runtime, shard),
+                **self.monitored(model.backbone, embedded, shard)}

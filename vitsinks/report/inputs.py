@@ -7,14 +7,20 @@ them alone (no checkpoint, no data): how a committed leaderboard is regenerated 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.generations import Kind
 from vitsinks.utils.rundir import RunDir
 
 INPUTS = "inputs"  # the folder beside the tables
 RECORD = "leaderboard.json"  # in it: how the leaderboard was asked for (its title)
+# A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`); `legacy`: the names the
+# versions before the record wrote (a fixed list; `inputs` with everything in it)
+LEADERBOARD = Kind("leaderboard", marks=("leaderboard.md", INPUTS), legacy=(
+    "leaderboard.md", "leaderboard.csv", "leaderboard.html", "leaderboard.png", "runs.csv", INPUTS))
 RUNS_DIR = "<runs_dir>"  # what the copies say instead of the machine path of the runs' folder (never tabulated)
 TEXT = (".yaml", ".json", ".jsonl")
 
@@ -36,13 +42,14 @@ def check_names(runs: list[RunDir], out: Path) -> None:
                        f"{out / INPUTS}; tabulate them separately")
 
 
-def record(runs: list[RunDir], out: Path, title: str) -> Path:
+def record(runs: list[RunDir], out: Path, title: str, unfinished: Sequence[str] = ()) -> Path:
     """Copy every run's inputs into `<out>/inputs/<run name>/` (the runs' folder, as an absolute path in their text,
-    written `RUNS_DIR`) and the title into `inputs/leaderboard.json`; the old
-    folder is replaced only once everything is copied (so `runs` may be that folder itself). Returns the folder."""
+    written `RUNS_DIR`) and the title into `inputs/leaderboard.json`, with the footnotes on the runs left out
+    because they did not finish (`unfinished`, `report.unfinished`). `out` is the staging folder of the
+    leaderboard's generation (`LEADERBOARD`): the old inputs are replaced only once everything is copied (so `runs`
+    may be that folder itself). Returns the folder."""
     check_names(runs, out)
-    dest, tmp = out / INPUTS, out / f".{INPUTS}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = out / INPUTS
     for run in runs:
         for path in run_inputs(run):
             target = tmp / run.name / path.relative_to(run.path)
@@ -54,10 +61,8 @@ def record(runs: list[RunDir], out: Path, title: str) -> Path:
                 target.write_text(text)
             else:
                 shutil.copy2(path, target)
-    files.write_json(tmp / RECORD, {"title": title})
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    files.write_json(tmp / RECORD, {"title": title, **({"unfinished": list(unfinished)} if unfinished else {})})
+    return tmp
 
 
 def recorded_title(source: str | Path) -> str | None:
@@ -67,3 +72,10 @@ def recorded_title(source: str | Path) -> str | None:
         return None
     fix = f"rerun `python -m vitsinks.leaderboard runs=<the runs> out={Path(source).parent}`"
     return str(files.read_json(path, fix).get("title") or "vitsinks leaderboard")
+
+
+def recorded_unfinished(source: str | Path) -> list[str]:
+    """The footnotes on unfinished runs recorded in a leaderboard's inputs folder `source` (none: empty)."""
+    path = Path(source) / RECORD
+    fix = f"rerun `python -m vitsinks.leaderboard runs=<the runs> out={Path(source).parent}`"
+    return [str(n) for n in files.read_json(path, fix).get("unfinished", [])] if path.is_file() else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +195,9 @@ def _lead(t: dict[str, Any], key: str) -> list[str]:
     return [t["variant"], str(t["seeds"]), *([t["sink_at"]] if key == "sinks" else [])]
 
 
-def to_markdown(table: list[dict[str, Any]]) -> str:
-    """The leaderboard, one table per section, its footnotes (marking rule, sink rule) and the reference blocks."""
+def to_markdown(table: list[dict[str, Any]], unfinished: Sequence[str] = ()) -> str:
+    """The leaderboard, one table per section, its footnotes (marking rule, sink rule; `unfinished`: one line per
+    run that did not finish, `report.unfinished`) and the reference blocks."""
     best, few = significant_best(table)
     lines = []
     for key, title, cols in sections(table):
@@ -205,6 +207,7 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
     lines += [f"Mean ± std over seeds. {mark_note(few)}", ""]
     lines += [note, ""] if (note := rows_note(table)) else []
     lines += [note, ""] if (note := comparable_note(table)) else []
+    lines += [line for note in unfinished for line in (note, "")]
     lines += [" ".join(rule_notes(table)), "", definitions(table)]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
         lines += ["", CAUSAL_NOTE]
@@ -216,7 +219,7 @@ def to_markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_html(table: list[dict[str, Any]], title: str) -> str:
+def to_html(table: list[dict[str, Any]], title: str, unfinished: Sequence[str] = ()) -> str:
     """The leaderboard as one HTML page: the same tables, footnotes and reference blocks as the Markdown."""
     best, few = significant_best(table)
     esc = html.escape
@@ -225,7 +228,8 @@ def to_html(table: list[dict[str, Any]], title: str) -> str:
         [[*_lead(t, key), *((shown(t, c), "best" if best.get(c.key) == t["variant"] else "") for c in cols)]
          for t in table], f"leaderboard-{key}", sep="\n") + "</div>" for key, name, cols in sections(table))
     foot = "".join(f"<p>{esc(n)}</p>" for n in [f"Mean ± std over seeds. {mark_note(few, 'Highlighted')}",
-                                                 rows_note(table), comparable_note(table), " ".join(rule_notes(table)),
+                                                 rows_note(table), comparable_note(table), *unfinished,
+                                                 " ".join(rule_notes(table)),
                                                  definitions(table)] if n)
     foot += f"<p>The sink classes in the figure: {swatches_html(CLASSES)}</p>"
     notes = "".join(f"<li>{esc(n)}</li>" for n in REFERENCE["notes"])

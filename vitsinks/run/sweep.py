@@ -15,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
+from vitsinks.configs.inputs import quote_unicode, unicode_fix
 from vitsinks.configs.upgrade import upgrade
 from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
@@ -33,9 +34,10 @@ def expand(overrides: list[str]) -> list[list[str]]:
     """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices (each combination
     is then composed with `vitsinks.configs.cli.compose`, like a single run)."""
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(quote_unicode(overrides))
     except OverrideParseException as err:
-        raise ConfigError(f"cannot parse the sweep's overrides: {' '.join(str(err).split())}") from None
+        raise ConfigError(unicode_fix(overrides) or f"cannot parse the sweep's overrides: {' '.join(str(err).split())}"
+                          ) from None
     axes = []
     for o in parsed:
         key = o.get_key_element()

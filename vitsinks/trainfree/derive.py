@@ -29,12 +29,14 @@ from vitsinks.diagnostics import fixed_images
 from vitsinks.models import SinkViT
 from vitsinks.run.imported import with_checkpoint
 from vitsinks.run.pipeline import probes as run_probes
+from vitsinks.run.written import clear_run
 from vitsinks.train.checkpoint import load_backbone, save_state
 from vitsinks.trainfree.base import METHODS
 from vitsinks.trainfree.base import method as get_method
-from vitsinks.utils import files
+from vitsinks.trainfree.resume import keep_or_redo
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.files import TMP_SUFFIX
 from vitsinks.utils.rundir import FINAL, RunDir, in_run, model_name
 
 
@@ -105,13 +107,15 @@ def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out
 
 def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrite: bool) -> None:
     """`derive`'s work, under the run's lock."""
-    old = [p for p in run.path.iterdir() if p != run.lock_file] if run.path.is_dir() else []
+    old = [p for p in run.path.iterdir() if p != run.lock_file and not (  # a killed write's temp file: nothing
+        p.name.startswith(".") and p.name.endswith(TMP_SUFFIX))] if run.path.is_dir() else []
     if old:
-        derived = run.config.is_file() and OmegaConf.load(run.config).get("trainfree", {}).get("method")
-        if not derived or not overwrite:
-            raise BadValue(f"{run.path} exists already" + (" (its results would mix two edits): delete it, or pass "
-                           "trainfree.overwrite=true to replace it and its results" if derived else
-                           " and is not a derived run: move it, or derive into another runs_dir"))
+        recorded = upgrade(OmegaConf.load(run.config), str(run.config)) if run.config.is_file() else None
+        if recorded is None or not recorded.trainfree.method:
+            raise BadValue(f"{run.path} exists already and is not a derived run: move it, or derive into another "
+                           f"runs_dir")
+        if not overwrite:  # the same edit cut short is derived again; another edit, or a finished one, is kept
+            keep_or_redo(run, recorded, m, settings, str(cfg.ckpt))
     model, src, _ = source_model(cfg)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before any edit
     data = pick_data(cfg.data, src.data, data_overrides())
@@ -120,9 +124,9 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
         images = fit_images(model, data, src.seed, int(settings[m.count_key]), cfg.protocol)
         state = on_cpu(m.fit(model, images, settings))
     # refused above before any work; replaced only once the new edit is fitted (the lock stays), its config last:
-    # a replacement cut short leaves a run still recognised as derived
-    for p in sorted(old, key=lambda q: q == run.config):
-        files.remove(p)
+    # a replacement cut short leaves a run still recognised as derived. Only what vitsinks wrote goes (`clear_run`)
+    if old:
+        clear_run(run)
     source = str(cfg.ckpt)
     run_cfg = OmegaConf.merge(src, {"name": run.name, "runs_dir": str(run.path.parent), "data": data,
                                     m.group: settings, "protocol": cfg.protocol, "diagnostics": cfg.diagnostics,

@@ -1,0 +1,70 @@
+"""Derived runs that did not finish, kept out of a leaderboard's tables and named in its footnotes.
+
+A derived run (a post-hoc edit, `trainfree`) whose `status.json` does not say `finished` was killed, failed or stopped
+while it was written, or is being written now: its results are partial, so it is left out, and one footnote line
+names it and the command that finishes it (`trainfree.resume.finish_command`: the same edit, redone in place). A run
+whose quantized copy (`<run>/quant/<format>/`) did not finish stays in the table, and the footnote says that its
+quantization columns are an earlier quantization's (or empty) and how to finish it.
+
+A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these lines: written again from
+them, the leaderboard is the same.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from vitsinks.quant.results import QuantResult
+from vitsinks.run.sweep import lock_held
+from vitsinks.trainfree.resume import describe, finish_command, status
+from vitsinks.utils.rundir import RunDir
+
+NOTE = "Not finished"  # each footnote line starts so
+
+
+def _state(run: RunDir) -> str | None:
+    """Why a derived run did not finish (None: it did); `being written` while a process holds its lock."""
+    said = status(run)
+    if said["status"] == "finished":
+        return None
+    if said["status"] == "running" and lock_held(run):
+        return "being written now"
+    return describe(said)
+
+
+def unfinished(run: RunDir) -> str | None:
+    """The footnote line of `run` when it is a derived run that did not finish (left out of the table), else None."""
+    if not run.config.is_file():
+        return None
+    cfg = OmegaConf.load(run.config)
+    if not OmegaConf.select(cfg, "trainfree.method") or (state := _state(run)) is None:
+        return None
+    fix = "tabulate again once it has finished" if state == "being written now" else \
+        f"finish it with `{finish_command(run, cfg)}`"
+    return f"{NOTE}: {run.name} is left out ({state}): {fix}."
+
+
+def unfinished_quantization(run: RunDir) -> list[str]:
+    """The footnote lines of the quantized copies of `run` (`<run>/quant/<format>/`) that did not finish."""
+    out = []
+    for derived in [RunDir(p.parent) for p in sorted((run.path / "quant").glob("*/config.yaml"))]:
+        if (state := _state(derived)) is None:
+            continue
+        shown = "are an earlier quantization's" if run.result(QuantResult.kind).is_file() else "are empty"
+        fix = "tabulate again once it has finished" if state == "being written now" else \
+            f"finish it with `{finish_command(derived, OmegaConf.load(derived.config))}`"
+        out.append(f"{NOTE}: the quantization of {run.name} ({derived.path.name}, {state}): its quantization columns "
+                   f"{shown}; {fix}.")
+    return out
+
+
+def split(runs: list[RunDir]) -> tuple[list[RunDir], list[str]]:
+    """(the runs a leaderboard tabulates, its footnote lines on the runs that did not finish)."""
+    kept, notes = [], []
+    for run in runs:
+        if note := unfinished(run):
+            notes.append(note)
+            continue
+        kept.append(run)
+        notes += unfinished_quantization(run)
+    return kept, notes
