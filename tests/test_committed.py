@@ -36,8 +36,10 @@ def stale(board: Path, out: Path) -> list[str]:
         f"{board.relative_to(ROOT)} has no {INPUTS}/ to write it again from: rerun its make script (the leaderboard "
         f"command keeps its inputs)")
     assert leaderboard_command([f"runs={board / INPUTS}", f"out={out}"]) == 0
-    written = {p.name for p in out.iterdir() if p.suffix in TEXT}
-    committed = {p.name for p in board.iterdir() if p.suffix in TEXT and p.name != FINDINGS}
+    def tables(folder: Path) -> set[str]:  # the hidden record of the files a leaderboard wrote aside
+        return {p.name for p in folder.iterdir() if p.suffix in TEXT and not p.name.startswith(".")}
+
+    written, committed = tables(out), tables(board) - {FINDINGS}
     return sorted(n for n in written | committed
                   if n not in written or n not in committed or (board / n).read_text() != (out / n).read_text())
 

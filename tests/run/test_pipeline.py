@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import tiny_cfg
+from tests.fsfaults import fill, small_fs
 from vitsinks.run import pipeline
+from vitsinks.run.sweep import is_finished
+from vitsinks.train.callbacks import Callback
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.files import DiskFault
+from vitsinks.utils.rundir import RunDir
 
 
 @pytest.mark.parametrize(("after_train", "stop", "evaluated"), [(True, False, True), (False, False, False),
@@ -114,3 +120,34 @@ def test_after_train_on_two_ranks_finishes_and_both_ranks_agree(runs: Path) -> N
     assert reports[0].rsplit(" diagnosed", 1)[0] == reports[1].rsplit(" diagnosed", 1)[0]  # the same probes
     assert (runs / "at/results/linear.json").is_file() and (runs / "at/diagnostics/final/summary.json").is_file()
     assert not list((runs / "at/eval_cache").glob("*rank*"))  # the shards were merged and removed
+
+
+class FillOnClose(Callback):
+    """Fills the disk of `folder` when training is over (its checkpoints saved), before the probes after training."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.filler = folder, None
+
+    def close(self, trainer: Trainer) -> None:
+        self.filler = fill(self.folder, leave_kb=8)  # room for status.json, not for the probes' features
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_the_probes_after_training_fails_the_run_with_its_cause(tmp_path: Path) -> None:
+    """The issue's case: the disk fills after training, during the probes: the command ends in the one-line
+    `DiskFault` and status.json says `failed` with that cause (not `evaluating`); with room again a relaunch
+    evaluates the run, which then is finished."""
+    with small_fs(tmp_path / "disk", 16384) as disk:
+        cfg = tiny_cfg(disk / "runs", "name=full", "train.max_steps=2", "eval.after_train=true",
+                       "diagnostics.plots=false")
+        trainer, filling = Trainer(cfg), FillOnClose(disk)
+        trainer.callbacks.append(filling)
+        with pytest.raises(DiskFault) as err:
+            pipeline.train_and_evaluate(trainer)
+        status = json.loads(RunDir(disk / "runs" / "full").status.read_text())
+        assert status["status"] == "failed" and status["evaluated"] is False, status
+        assert status["error"] == str(err.value) and "no space left" in status["error"]
+        assert not is_finished(disk / "runs" / "full", cfg)  # a sweep's relaunch evaluates it
+        filling.filler.unlink()
+        summary = pipeline.train_and_evaluate(Trainer(cfg))
+        assert "linear" in summary["after_train"] and is_finished(disk / "runs" / "full", cfg)

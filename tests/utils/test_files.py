@@ -1,8 +1,7 @@
-"""The disk layer: torn or foreign files read as one `BadFile`, refused writes as a `DiskFault`, and generations."""
+"""The disk layer: torn or foreign files read as one `BadFile`, refused writes as a `DiskFault`."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -80,32 +79,6 @@ def test_a_full_disk_is_a_disk_fault_and_the_old_file_stays(tmp_path: Path) -> N
             files.write_text(disk / "big.txt", "x" * 100_000)
         assert torch.equal(torch.load(path)["w"], torch.arange(10))
         assert sorted(p.name for p in disk.iterdir()) == ["filler.bin", "last.pt"]  # no temp file left
-
-
-def test_a_generation_replaces_or_removes_every_older_file(tmp_path: Path) -> None:
-    folder = tmp_path / "diag"
-    with files.generation(folder, keep=("source.json",), last="summary.json") as stage:
-        for name in ("summary.json", "report.html", "plot.png"):
-            (stage / name).write_text(f"old {name}")
-    (folder / "source.json").write_text("kept")
-    with files.generation(folder, keep=("source.json",), last="summary.json") as stage:
-        (stage / "summary.json").write_text("new")
-    assert sorted(p.name for p in folder.iterdir()) == ["source.json", "summary.json"]
-    assert (folder / "summary.json").read_text() == "new"
-    with pytest.raises(RuntimeError), files.generation(folder, last="summary.json") as stage:
-        (stage / "summary.json").write_text("never")
-        raise RuntimeError("killed")
-    assert (folder / "summary.json").read_text() == "new"  # an interrupted generation leaves the old one
-    assert sorted(p.name for p in folder.iterdir()) == ["source.json", "summary.json"]
-
-
-def test_a_killed_generation_staging_folder_is_cleared_by_the_next(tmp_path: Path) -> None:
-    folder = tmp_path / "diag"
-    (folder / ".gen-abc.tmp").mkdir(parents=True)
-    (folder / ".gen-abc.tmp" / "summary.json").write_text(json.dumps({}))
-    with files.generation(folder) as stage:
-        (stage / "a.txt").write_text("a")
-    assert sorted(p.name for p in folder.iterdir()) == ["a.txt"]
 
 
 def test_a_table_of_no_rows_reads_as_no_rows(tmp_path: Path) -> None:

@@ -15,18 +15,27 @@ from vitsinks.data.selection import analysis_transform, select_items
 from vitsinks.diagnostics.core import Diagnosable, diagnose, diagnose_tokens, spectrum
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum, stable_rank
 from vitsinks.diagnostics.neurons import NeuronCollector, neuron_k, summarize_neurons
-from vitsinks.diagnostics.page import checkpoint_report
+from vitsinks.diagnostics.page import REPORT, REPORT_JSON, checkpoint_report
 from vitsinks.diagnostics.plots import all_plots
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.sinktable import write_sink_table
 from vitsinks.diagnostics.summary import DiagnosticsSummary, classify, events, location, summarize
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.generations import Kind, claim, generation
 from vitsinks.utils.rundir import LOCK, PER_IMAGE, SOURCE, SUMMARY
 
-__all__ = ["FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens", "events",
-           "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
+__all__ = ["DIAGNOSIS", "FIELDS", "DiagnosticsSummary", "SinkRules", "classify", "diagnose", "diagnose_tokens",
+           "events", "fixed_images", "head_fields", "images_of", "location", "protocol_transform", "qk_spectrum",
            "run_diagnostics", "spectrum", "stable_rank", "stretched", "summarize"]
+
+
+# A diagnosis's folder holds one generation of its files (`utils.generations`); `legacy`: the names the versions
+# before the record wrote there (a fixed list), `keep`: the diagnosis's lock and the record of a model's folder
+DIAGNOSIS = Kind("diagnosis", marks=(PER_IMAGE,), keep=(SOURCE, LOCK), last=SUMMARY, legacy=(
+    PER_IMAGE, SUMMARY, "sink_table.md", "sink_table.csv", REPORT, REPORT_JSON, "attention_maps.png",
+    "nop_broadcast_scatter.png", "sink_heatmap.png", "sink_location_by_block.png", "massive_activations.png",
+    "residual_norms.png", "high_norm_tokens.png"))
 
 
 def stretched(images: torch.Tensor) -> np.ndarray:
@@ -85,13 +94,15 @@ def run_diagnostics(model: Diagnosable, images: torch.Tensor, shown: np.ndarray,
     `settings.residual` the summary has the residual side (docs/residual.md) with the register neurons; with
     `settings.report` the visual report page (`report.html`, docs/report.md) is written too, with the panels of a
     quantization result (`quant`, results/quant.json) and of a training-free edit (`trainfree`, its settings).
-    The outputs are one generation (`files.generation`): every file of an older diagnosis in `out_dir` is replaced
-    or removed, and `summary.json` comes last (a folder without it holds an interrupted diagnosis); a second
-    diagnosis of the same folder at the same time is refused (`BadValue`).
+    The outputs are one generation (`DIAGNOSIS`, `utils.generations`): every file an older diagnosis wrote in
+    `out_dir` is replaced or removed, and nothing else there; `summary.json` comes last (a folder without it holds
+    an interrupted diagnosis). A non-empty folder without an earlier diagnosis is refused before any work, and so is
+    a second diagnosis of the same folder at the same time (`BadValue`).
     """
     st = settings or DiagnosticsConfig()
+    claim(out_dir, DIAGNOSIS)  # before the lock file: a folder of the user's gets nothing, not even a lock
     with files.FileLock(out_dir / LOCK, f"the diagnosis in {out_dir}", DIAGNOSING), \
-            files.generation(out_dir, keep=(SOURCE, LOCK), last=SUMMARY) as stage:  # nothing left of an older one
+            generation(out_dir, DIAGNOSIS) as stage:  # nothing left of an older one, nothing of anyone else's touched
         return _diagnose_into(model, images, shown, stage, st, image_index, protocol, quant, trainfree, out_dir.name,
                               batch_size)
 

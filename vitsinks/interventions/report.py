@@ -20,22 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
 from vitsinks.diagnostics.summary import DEFAULT_BLOCK0_POLICY, block0_apart, main_blocks
+from vitsinks.interventions.edits import DONOR_EDITS, EDITS, REGISTER_EDITS, SHUFFLE_EDITS
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
+from vitsinks.utils.generations import Kind, generation
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, empty_note, log_axis, save_figure
 from vitsinks.utils.results import Column, Result, register_result
-from vitsinks.utils.rundir import CONFIG, SUMMARY, RunDir
+from vitsinks.utils.rundir import CONFIG, SOURCE, SUMMARY, RunDir
 from vitsinks.utils.stats import nan_mean_std
 from vitsinks.utils.tables import markdown_table, write_csv
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from vitsinks.interventions.edits import DONOR_EDITS, EDITS, REGISTER_EDITS, SHUFFLE_EDITS  # noqa: E402
 
 ROW_FIELDS = ("image", "image_index", "block", "head", "edit", "donor_index", "random_token", "event_class", "sink_idx",
               "sink_loc", "final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce",
@@ -44,6 +41,11 @@ METRICS = ("final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "pr
            "probe_top1_delta")
 CLASS_ORDER = ("nop", "broadcast", "other", "none", "model")
 INT_FIELDS = ("image", "image_index", "block", "head", "donor_index", "random_token", "sink_idx")
+SHARDS = "shards"  # beside the outputs: the shards' rows, written before their merge
+# The outputs are one generation (`utils.generations`) beside the shards and a model folder's record; `legacy`: the
+# names the versions before the record wrote (a fixed list)
+INTERVENTIONS = Kind("interventions report", marks=("interventions.csv",), keep=(SOURCE, SHARDS), last=SUMMARY,
+                     legacy=("interventions.csv", "by_head.csv", "by_class.md", SUMMARY, "interventions.png", CONFIG))
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
@@ -282,9 +284,19 @@ def block0_policy(meta: dict[str, Any]) -> str:
     return str((meta.get("rule") or {}).get("block0_policy", DEFAULT_BLOCK0_POLICY))
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    """Every output file into `out`; returns the summary (also `summary.json`)."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], config: str | None = None
+                  ) -> dict[str, Any]:
+    """Every output file (and `config`, the settings, as config.yaml) into `out` as one generation
+    (`INTERVENTIONS`: an earlier report's files replaced, nothing else there touched, a folder of the user's
+    refused); returns the summary (also `summary.json`)."""
+    with generation(out, INTERVENTIONS) as stage:
+        summary = _write_outputs(stage, rows, meta)
+        if config is not None:
+            files.write_text(stage / CONFIG, config)
+    return summary
+
+
+def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     heads = by_head(rows)
     per_block = register_controls(heads)
     report = InterventionsReport.from_json({**meta, **({"register_controls": per_block} if per_block else {}),
@@ -301,7 +313,7 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
 
 def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
     """A shard's rows and metadata under `out/shards/<shard>-of-<nshards>/`."""
-    folder = out / "shards" / f"{shard}-of-{nshards}"
+    folder = out / SHARDS / f"{shard}-of-{nshards}"
     folder.mkdir(parents=True, exist_ok=True)
     write_rows(rows, folder / "rows.csv")
     files.write_json(folder / "meta.json", meta)
@@ -311,7 +323,7 @@ def write_shard(out: Path, shard: int, nshards: int, rows: list[dict[str, Any]],
 def merge(out: Path) -> dict[str, Any]:
     """Join the shards under `out/shards/` into the final outputs; every shard of one run must be present."""
     metas = {p.parent: files.read_json(p, f"rerun the shard {p.parent.name} (shard=k nshards=n)")
-             for p in sorted((out / "shards").glob("*-of-*/meta.json"))}
+             for p in sorted((out / SHARDS).glob("*-of-*/meta.json"))}
     if not metas:
         raise InputNotFound(f"no shards under {out / 'shards'}: run with shard=k nshards=n first")
     keys = {m["key"] for m in metas.values()}
@@ -334,11 +346,8 @@ def merge(out: Path) -> dict[str, Any]:
                                                                                     {}).items()}
     meta["checks"] = _merge_checks([m["checks"] for _, m in ordered])
     meta["merged_shards"] = n
-    summary = write_outputs(out, rows, meta)
-    config = ordered[0][0] / CONFIG
-    if config.is_file():  # the shards' settings (shard 0's copy)
-        files.write_text(out / CONFIG, config.read_text())
-    return summary
+    config = ordered[0][0] / CONFIG  # the shards' settings (shard 0's copy)
+    return write_outputs(out, rows, meta, config.read_text() if config.is_file() else None)
 
 
 def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:

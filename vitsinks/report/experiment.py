@@ -11,7 +11,9 @@ What defines a run's experiment (`defined`):
 - the settings its results were made with, which a later command may have chosen (`RESULT_SETTINGS`): the
   quantization format of `results/quant.json` (`QUANT`, e.g. W4A4) and the sink rule its diagnostics summary counted
   with (`SINK_RULE`). The config's own `quant` and sink-rule keys are left to these: the result records what was
-  used. A run without such a result does not differ in it; runs that have it and differ are separate rows.
+  used. A run without such a result does not differ in it; runs that have it and differ are separate rows. A row's
+  name shows only what its runs have: a result setting none of them has is left out of it, one that only some of
+  them have says how many (`quant=W4A4 in 1 of 2 runs`).
 
 The runs of one variant that differ become separate rows, each named by the keys that differ between them
 (`gate+reg (train.max_steps=30, train.batch_size=64)`); two runs of one experiment with one seed are refused (a row's
@@ -174,8 +176,23 @@ def experiments(runs: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) 
     keys = list(dict.fromkeys(k for d, _ in found for k in d))
     differ = [k for k in keys if len({_key({"v": d.get(k)}) for d, _ in found}) > 1
               and (k not in RESULT_SETTINGS or len({d.get(k) for d, _ in found} - {None}) > 1)]
-    out = [({k: d.get(k) for k in differ}, members) for d, members in found]
-    return sorted(out, key=lambda item: [_order(item[0][k]) for k in differ])
+    out = sorted([({k: d.get(k) for k in differ}, members) for d, members in found],
+                 key=lambda item: [_order(item[0][k]) for k in differ])
+    return [(_as_runs_have(differs, members), members) for differs, members in out]
+
+
+def _as_runs_have(differs: dict[str, Any], members: list[dict[str, Any]]) -> dict[str, Any]:
+    """What tells a row from the variant's others, as its runs have it: a result setting (`RESULT_SETTINGS`) that
+    none of them has is left out, and one that only some have says how many (`W4A4 in 1 of 2 runs`)."""
+    out: dict[str, Any] = {}
+    for k, v in differs.items():
+        if k in RESULT_SETTINGS:
+            if v is None:
+                continue
+            have = sum(1 for m in members if m.get("_settings", {}).get(k) == v)
+            v = v if have == len(members) else f"{shown(v)} in {have} of {len(members)} runs"
+        out[k] = v
+    return out
 
 
 def named(variant: str, differs: dict[str, Any]) -> str:

@@ -30,8 +30,9 @@ SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_m
 
 def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
     """Fit `trainer` (resuming) and, when it finished and `eval.after_train` is on, evaluate its last checkpoint on
-    every rank (`summary["after_train"]`; the module docstring says who does what); then rank 0 writes the run's
-    page over training (`summary["page"]`, with `diagnostics.enabled` and `diagnostics.report`). Returns the
+    every rank (`summary["after_train"]`; the module docstring says who does what; an evaluation that fails leaves
+    the status `failed` with its cause, `interrupted` when stopped: a relaunch evaluates it); then rank 0 writes the
+    run's page over training (`summary["page"]`, with `diagnostics.enabled` and `diagnostics.report`). Returns the
     training summary."""
     summary = trainer.fit()
     cfg = trainer.cfg
@@ -39,7 +40,13 @@ def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
         # "evaluating" until the probes are written: a sweep relaunch evaluates a run killed meanwhile (is_finished)
         if trainer.dist.is_main:
             trainer.write_status("evaluating")
-        summary["after_train"] = after_train(cfg, trainer.run_dir)
+        try:
+            summary["after_train"] = after_train(cfg, trainer.run_dir)
+        except BaseException as err:  # e.g. a full disk: the status says so, and a relaunch evaluates it again
+            if trainer.dist.is_main:
+                trainer.write_status("failed" if isinstance(err, Exception) else "interrupted", quiet=True,
+                                     evaluated=False, error=" ".join(str(err).split()) or type(err).__name__)
+            raise
         if trainer.dist.is_main:
             trainer.write_status("finished", evaluated=True)
     if trainer.dist.is_main and cfg.diagnostics.enabled and cfg.diagnostics.report and \

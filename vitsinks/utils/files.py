@@ -298,34 +298,6 @@ def read_csv(path: Path | str, rerun: str, needs: tuple[str, ...] = ()) -> list[
     return rows
 
 
-@contextmanager
-def generation(folder: Path | str, keep: tuple[str, ...] = (), last: str = "") -> Iterator[Path]:
-    """A new generation of the files of `folder`: the block writes them into a staging folder (yielded); when it
-    returns, each replaces its namesake (`last` goes last and its old copy first: it marks the generation done),
-    and every older file of `folder` that the block did not write again is removed, except those named in `keep`.
-    So a folder never holds files of two generations, and an interrupted block leaves the old generation (less
-    `last` only while the new files move in) and no new file."""
-    folder = Path(folder)
-    with faults_named(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob(f".gen-*{TMP_SUFFIX}"):  # a killed generation's staging folder
-            remove(old)
-        stage = Path(tempfile.mkdtemp(prefix=".gen-", suffix=TMP_SUFFIX, dir=folder))
-    try:
-        yield stage
-        new = {p.name for p in stage.iterdir()}
-        with faults_named(folder):
-            if last in new:
-                (folder / last).unlink(missing_ok=True)
-            for name in sorted(new - {last}) + ([last] if last in new else []):
-                os.replace(stage / name, folder / name)
-            for old in folder.iterdir():
-                if old.name not in new and old.name not in keep and old != stage:
-                    remove(old)
-    finally:
-        remove(stage)
-
-
 def remove(path: Path) -> None:
     """Delete a file, or a folder with everything in it (a link as a file)."""
     if path.is_dir() and not path.is_symlink():

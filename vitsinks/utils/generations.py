@@ -1,0 +1,162 @@
+"""Generations: what vitsinks writes as one into a folder of its own (a diagnosis, an interventions report, a
+leaderboard), replaced as one, and nothing else of the folder ever removed.
+
+A generation is written into a staging folder (`.gen-<random>.tmp`) and moved in when it is complete. The folder's
+record, `.vitsinks.json` (written atomically), names its kind and every file the generation wrote; the next
+generation removes exactly the recorded files it does not write again, so a file the user put beside or inside them
+(and every file of another program) stays. While the files move the record names those of both generations: a
+generation killed at any point leaves files that the next one knows as its own.
+
+Where a generation may go: an empty or new folder, or one that holds an earlier generation of the same kind. Any
+other non-empty folder is refused before any work (`BadValue`, "give an empty or new folder"): vitsinks cannot tell
+its files from the user's there. A folder an earlier version of vitsinks wrote (no record) is known by its `Kind`'s
+`marks` (or by the staging folder of a generation killed there); only the names those versions wrote there
+(`Kind.legacy`, a subfolder with everything in it) count as vitsinks's, and the first generation written over it
+records its files from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitsinks.utils import files
+from vitsinks.utils.errors import BadValue
+
+RECORD = ".vitsinks.json"  # in a generation's folder: its kind and the files it wrote
+STAGE = ".gen-"  # the prefix of a staging folder (`.gen-<random>.tmp`), removed by the next generation if killed
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What vitsinks writes as one generation into a folder: `name` ("diagnosis": what messages call it), `marks`
+    (a name that tells a folder of an earlier version without a record holds one), `legacy` (the names those versions
+    wrote there: a fixed list, never grown), `keep` (vitsinks's other entries of the folder, written by other steps:
+    a lock, the record of whose model it is; neither removed by a generation nor counted as the user's) and `last`
+    (the file that marks a generation done: moved in last, its old copy removed first)."""
+
+    name: str
+    marks: tuple[str, ...]
+    legacy: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    last: str = ""
+
+
+def _files_under(root: Path, rel: str = "") -> set[str]:
+    """Every file (a link as a file) at or under `root / rel`, as paths relative to `root` (posix)."""
+    path = root / rel if rel else root
+    if not path.is_dir() or path.is_symlink():
+        return {rel} if rel and (path.exists() or path.is_symlink()) else set()
+    return {f for child in path.iterdir() for f in _files_under(root, f"{rel}/{child.name}".lstrip("/"))}
+
+
+def _vitsinks_own(name: str, kind: Kind) -> bool:
+    """Whether a top-level entry that no generation recorded is vitsinks's anyway: the record, a kept entry, a
+    staging folder, or a temp file of a killed atomic write (`.<name>.<random>.tmp`)."""
+    return name == RECORD or name in kind.keep or (name.startswith(".") and name.endswith(files.TMP_SUFFIX))
+
+
+def written(folder: Path | str, kind: Kind) -> set[str] | None:
+    """The files of the generation of `kind` in `folder` (paths relative to it): its record's, or in a folder of an
+    earlier version (no record; one of `kind.marks`, or the staging folder of a generation killed there) the files
+    under its `kind.legacy` names. None: the folder holds no generation (it may not exist, or hold the user's files
+    only). A record of another kind is a `BadValue`."""
+    folder = Path(folder)
+    record = folder / RECORD
+    if record.is_file():
+        fix = f"give an empty or new folder (or delete {record} if {folder} holds nothing of vitsinks's)"
+        got = files.read_json(record, fix, "the record vitsinks keeps of its files")
+        if got.get("kind") != kind.name or not isinstance(got.get("files"), list):
+            raise BadValue(f"{folder} holds vitsinks's {got.get('kind') or 'files of another kind'}, not its "
+                           f"{kind.name}: give an empty or new folder for the {kind.name}")
+        return {str(f) for f in got["files"]}
+    if any((folder / m).exists() for m in kind.marks) or any(folder.glob(f"{STAGE}*{files.TMP_SUFFIX}")):
+        return {f for name in kind.legacy for f in _files_under(folder, name)}
+    return None
+
+
+def claim(folder: Path | str, kind: Kind) -> set[str]:
+    """The files of the earlier generation of `kind` in `folder` (`written`; none for an empty or new folder); a
+    non-empty folder that holds none is a `BadValue` naming a few of its entries: vitsinks writes a generation only
+    where it can tell its files from the user's. Looks only."""
+    folder = Path(folder)
+    old = written(folder, kind)
+    if old is not None:
+        return old
+    theirs = sorted(p.name for p in folder.iterdir() if not _vitsinks_own(p.name, kind)) if folder.is_dir() else []
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        raise BadValue(f"{folder} holds files vitsinks did not write ({shown}): give an empty or new folder for the "
+                       f"{kind.name} (vitsinks replaces only files it wrote, and cannot tell them from yours there)")
+    return set()
+
+
+def _record(folder: Path, kind: Kind, names: set[str]) -> None:
+    files.write_json(folder / RECORD, {"kind": kind.name, "files": sorted(names)})
+
+
+def _remove_files(folder: Path, names: set[str]) -> None:
+    """Remove `names` (files relative to `folder`) and then each of their folders left empty, up to `folder`."""
+    for rel in sorted(names):
+        path = folder / rel
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+        parent = path.parent
+        while parent != folder and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+
+@contextmanager
+def generation(folder: Path | str, kind: Kind) -> Iterator[Path]:
+    """A new generation of `kind` in `folder` (module docstring): the block writes its files into the staging folder
+    it is given; when it returns they replace their namesakes, and the recorded files of the earlier generation that
+    it did not write again are removed (nothing else). A folder `claim` refuses is refused before the block runs; a
+    file of the new generation whose namesake no generation wrote (the user's) is refused before any file moves. An
+    interrupted block leaves the earlier generation whole and no new file."""
+    folder = Path(folder)
+    with files.faults_named(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        old = claim(folder, kind)
+        for stale in folder.glob(f"{STAGE}*{files.TMP_SUFFIX}"):  # a killed generation's staging folder
+            files.remove(stale)
+        stage = Path(tempfile.mkdtemp(prefix=STAGE, suffix=files.TMP_SUFFIX, dir=folder))
+    try:
+        yield stage
+        new = _files_under(stage)
+        if theirs := sorted(r for r in new - old if (folder / r).exists() or (folder / r).is_symlink()):
+            raise BadValue(f"{folder / theirs[0]} was not written by vitsinks: move it, or give an empty or new folder "
+                           f"for the {kind.name}")
+        last = [kind.last] if kind.last in new else []
+        with files.faults_named(folder):
+            _record(folder, kind, old | new)  # a kill from here on leaves a record of every file in place
+            if last:
+                (folder / kind.last).unlink(missing_ok=True)
+            for rel in sorted(new - set(last)) + last:
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(stage / rel, folder / rel)
+            _remove_files(folder, old - new)
+            _record(folder, kind, new)
+    finally:
+        files.remove(stage)
+
+
+def clear(folder: Path | str, kind: Kind) -> None:
+    """Remove the generation of `kind` in `folder` (its recorded files, or an earlier version's `legacy` ones):
+    nothing else of the folder. A folder that holds nothing else then goes too; one that does keeps a record of no
+    files, so that it still takes the next generation of `kind`."""
+    folder = Path(folder)
+    old = written(folder, kind)
+    if old is None:
+        return
+    with files.faults_named(folder):
+        _remove_files(folder, old)
+        if any(p.name != RECORD for p in folder.iterdir()):
+            _record(folder, kind, set())
+        else:
+            (folder / RECORD).unlink(missing_ok=True)
+            folder.rmdir()
