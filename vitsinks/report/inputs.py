@@ -12,15 +12,10 @@ from pathlib import Path
 
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.generations import Kind
-from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.rundir import LEADERBOARD_FILES, LEADERBOARD_INPUTS, RunDir
 
-INPUTS = "inputs"  # the folder beside the tables
+INPUTS, LEADERBOARD = LEADERBOARD_INPUTS, LEADERBOARD_FILES  # the folder beside the tables; the generation's kind
 RECORD = "leaderboard.json"  # in it: how the leaderboard was asked for (its title)
-# A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`); `legacy`: the names the
-# versions before the record wrote (a fixed list; `inputs` with everything in it)
-LEADERBOARD = Kind("leaderboard", marks=("leaderboard.md", INPUTS), legacy=(
-    "leaderboard.md", "leaderboard.csv", "leaderboard.html", "leaderboard.png", "runs.csv", INPUTS))
 RUNS_DIR = "<runs_dir>"  # what the copies say instead of the machine path of the runs' folder (never tabulated)
 TEXT = (".yaml", ".json", ".jsonl")
 

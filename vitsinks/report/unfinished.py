@@ -6,7 +6,8 @@ names it and the command that finishes it (`trainfree.resume.finish_command`: th
 whose quantized copy (`<run>/quant/<format>/`) did not finish stays in the table, and the footnote says that its
 quantization columns are an earlier quantization's (or empty) and how to finish it.
 
-A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these lines: written again from
+A copy of a run's results without its checkpoints (a leaderboard's inputs, a study's bank) holds no `status.json`
+and is tabulated as it is. A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these lines: written again from
 them, the leaderboard is the same.
 """
 
@@ -25,8 +26,8 @@ NOTE = "Not finished"  # each footnote line starts so
 def _state(run: RunDir) -> str | None:
     """Why a derived run did not finish (None: it did); `being written` while a process holds its lock."""
     said = status(run)
-    if said["status"] == "finished":
-        return None
+    if said["status"] == "finished" or (said["status"] == "missing" and not run.ckpt_dir.is_dir()):
+        return None  # finished; or a copy of a run's results (a leaderboard's inputs, a bank): no status is copied
     if said["status"] == "running" and lock_held(run):
         return "being written now"
     return describe(said)
@@ -47,7 +48,7 @@ def unfinished(run: RunDir) -> str | None:
 def unfinished_quantization(run: RunDir) -> list[str]:
     """The footnote lines of the quantized copies of `run` (`<run>/quant/<format>/`) that did not finish."""
     out = []
-    for derived in [RunDir(p.parent) for p in sorted((run.path / "quant").glob("*/config.yaml"))]:
+    for derived in run.quantized_runs():
         if (state := _state(derived)) is None:
             continue
         shown = "are an earlier quantization's" if run.result(QuantResult.kind).is_file() else "are empty"

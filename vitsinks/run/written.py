@@ -16,10 +16,9 @@ from pathlib import Path
 from vitsinks.diagnostics import DIAGNOSIS
 from vitsinks.diagnostics.page import REPORT, REPORT_JSON, TRAINING_PNG
 from vitsinks.interventions.report import INTERVENTIONS, SHARDS
-from vitsinks.report.inputs import LEADERBOARD
 from vitsinks.utils import files
 from vitsinks.utils.generations import clear
-from vitsinks.utils.rundir import CONFIG, RunDir
+from vitsinks.utils.rundir import CONFIG, LEADERBOARD_FILES, RunDir
 from vitsinks.utils.rundir import LEADERBOARD as LEADERBOARD_DIR
 
 SHARD_FILES = ("rows.csv", "meta.json", CONFIG)  # in each shard's folder; `array.json` beside them (SLURM's job ids)
@@ -53,7 +52,7 @@ def clear_run(run: RunDir) -> None:
         _remove(folder / SHARDS, names=("array.json",))
         clear(folder, INTERVENTIONS)
     _remove(run.interventions_root)
-    clear(run.path / LEADERBOARD_DIR, LEADERBOARD)
+    clear(run.path / LEADERBOARD_DIR, LEADERBOARD_FILES)
     for folder, suffixes in ((run.ckpt_dir, (".pt",)), (run.results, (".json", ".pt", ".png")),
                              (run.eval_cache, (".pt",))):  # the kinds of file vitsinks writes in its folders
         _remove(folder, suffixes=suffixes)

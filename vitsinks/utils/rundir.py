@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.generations import Kind
 
 STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 FINAL = "final"  # the diagnosis of the final checkpoint, written after training
@@ -47,6 +48,11 @@ CONFIG = "config.yaml"  # a run's resolved config; also beside an interventions 
 PER_IMAGE = "per_image.npz"  # in a diagnosis's folder: its per-image fields
 LOCK = ".lock"  # held while a process writes a run (or a diagnosis its folder)
 LEADERBOARD = "leaderboard"  # the default folder of a leaderboard of a runs folder, sweep or run
+LEADERBOARD_INPUTS = "inputs"  # in a leaderboard's folder, beside the tables: the files it read
+# A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`); `legacy`: the names the
+# versions before the record wrote (a fixed list; `inputs` with everything in it)
+LEADERBOARD_FILES = Kind("leaderboard", marks=("leaderboard.md", LEADERBOARD_INPUTS), legacy=(
+    "leaderboard.md", "leaderboard.csv", "leaderboard.html", "leaderboard.png", "runs.csv", LEADERBOARD_INPUTS))
 STEP_DIR_RE = re.compile(r"^step_(\d+)$")  # a periodic checkpoint's diagnosis folder
 
 
@@ -189,6 +195,10 @@ class RunDir:
         """`quant/<fmt>/`: the derived run holding the run's model quantized in format `fmt` (`w8a8`), whose result
         is the run's `results/quant.json` (`vitsinks.quantize`)."""
         return self.path / "quant" / fmt
+
+    def quantized_runs(self) -> list[RunDir]:
+        """Every quantized copy of the run that has its config (`quantized`), by format name."""
+        return [RunDir(p.parent) for p in sorted(self.quantized("*").parent.glob(f"*/{CONFIG}"))]
 
     @property
     def lock_file(self) -> Path:
