@@ -7,8 +7,8 @@ whose quantized copy (`<run>/quant/<format>/`) did not finish stays in the table
 quantization columns are an earlier quantization's (or empty) and how to finish it.
 
 A copy of a run's results without its checkpoints (a leaderboard's inputs, a study's bank) holds no `status.json`
-and is tabulated as it is. A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these lines: written again from
-them, the leaderboard is the same.
+and is tabulated as it is. A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these
+lines: written again from them, the leaderboard is the same.
 """
 
 from __future__ import annotations
