@@ -7,7 +7,8 @@ vitsinks reads every `torch.save` file weights-only: tensors, plain containers, 
 could run code (docs/commands.md#convert). A file that names other Python objects is refused with the line to run
 here. This command is the one place that reads such a file the unsafe way, which runs any code the file carries:
 run it only on a file whose origin you trust (a checkpoint of an earlier vitsinks version, whose random state held
-numpy arrays; weights saved with `argparse` or numpy objects). It writes the same content as plain data: numpy
+numpy arrays; weights saved with numpy or OmegaConf objects). A file that names anything but data types (a function,
+a script's own class) is refused here too, whatever `trust=` says. It writes the same content as plain data: numpy
 arrays become tensors, an `argparse.Namespace` or an OmegaConf config a dict, the numpy random state of a vitsinks
 checkpoint the form vitsinks writes today. Without `out=` the file is converted in place and the original kept
 beside it as `<file>.unsafe`; the result is read back weights-only and compared before the command says done.
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -31,7 +35,7 @@ from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.train.checkpoint import numpy_state
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, ConfigError, InputNotFound
-from vitsinks.utils.safeload import UnsafeFile, torch_load
+from vitsinks.utils.safeload import UnsafeFile, convertible, torch_load, unsafe_globals
 
 USAGE = "python -m vitsinks.convert file=<checkpoint or weights file> trust=true [out=<file>]"
 KEPT = ".unsafe"  # the suffix of the original, kept beside a file converted in place
@@ -50,7 +54,16 @@ def plain(obj: Any, where: str = "") -> Any:
     if torch.is_tensor(obj) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":  # objects, strings, dates: no tensor holds them
+            raise BadValue(f"the entry {where or '(the whole file)'} is a numpy array of {obj.dtype}, which has no "
+                           f"tensor form: nothing was written; extract the tensors you need by hand")
         return torch.from_numpy(obj.astype(np.int64) if obj.dtype == np.uint32 else obj.copy())
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, (Fraction, Decimal)):
+        return float(obj)
+    if isinstance(obj, (set, frozenset)):
+        obj = sorted(obj, key=repr)
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, (DictConfig, ListConfig)):
@@ -87,19 +100,28 @@ def convert(src: Path, out: Path | None) -> Path:
         torch_load(src)
         raise BadValue(f"{src} already loads safely (weights-only): nothing to convert")
     except UnsafeFile:
-        pass
+        if not convertible(unsafe_globals(src)):
+            raise  # it names a function or a class: no trust makes unpickling it a conversion
     except BadValue:
         raise
     except Exception as err:  # noqa: BLE001 - truncated, not a torch file: say so rather than unpickle it
         raise BadValue(f"{src} is not a readable torch.save file ({type(err).__name__}): nothing to convert") from err
     # The one deliberate unsafe load of the package: the user said trust=true for this file.
-    content = plain(torch.load(src, map_location="cpu", weights_only=False))
+    try:
+        loaded = torch.load(src, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - a module or class it names is not importable here, a torn file
+        raise BadValue(f"{src} does not load even the unsafe way ({type(err).__name__}: "
+                       f"{' '.join(str(err).split())[:200]}): nothing was written") from err
+    content = plain(loaded)
     dst = out or src
     if out is None:
         kept = src.with_name(src.name + KEPT)
         if kept.exists():
             raise BadValue(f"{kept} exists (an earlier conversion's original?): move it away, or pass out=<file>")
-        os.link(src, kept)  # the original stays, under its new name
+        try:
+            os.link(src, kept)  # the original stays, under its new name
+        except OSError:  # no hard links on this file system
+            shutil.copy2(src, kept)
     files.torch_save(content, dst)
     if not same(content, torch_load(dst)):
         raise BadValue(f"{dst} does not read back as written: the disk may be failing; the original is {src}")

@@ -152,3 +152,26 @@ def test_another_kind_is_refused_and_clear_removes_only_the_recorded_files(tmp_p
     clear(tmp_path / "alone", KIND)
     assert not (tmp_path / "alone").exists()  # nothing else there: the folder goes too
     clear(tmp_path / "never", KIND)  # nothing there: nothing to do
+
+
+def test_a_record_naming_files_outside_its_folder_is_refused_and_nothing_goes(tmp_path: Path) -> None:
+    from vitsinks.utils.rundir import LEADERBOARD_FILES
+
+    folder, precious = tmp_path / "board", tmp_path / "precious.txt"
+    folder.mkdir()
+    precious.write_text("mine")
+    (folder / RECORD).write_text(json.dumps({"kind": "leaderboard", "files": ["../precious.txt"]}))
+    with pytest.raises(BadValue, match=r"names files outside .*\.\./precious\.txt"), \
+            generation(folder, LEADERBOARD_FILES) as stage:
+        (stage / "leaderboard.md").write_text("new")
+    assert precious.read_text() == "mine"
+
+
+def test_a_users_folder_named_inputs_is_no_earlier_leaderboard(tmp_path: Path) -> None:
+    from vitsinks.utils.rundir import LEADERBOARD_FILES
+
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "my_data.csv").write_text("1,2")
+    with pytest.raises(BadValue, match="holds files vitsinks did not write"):
+        claim(tmp_path, LEADERBOARD_FILES)
+    assert (tmp_path / "inputs" / "my_data.csv").read_text() == "1,2"

@@ -22,7 +22,7 @@ def test_a_hostile_file_is_refused_in_one_line_and_nothing_runs(tmp_path: Path, 
     assert not marker.exists()
     msg = str(err.value)
     assert "\n" not in msg and str(path) in msg and "system" in msg and "do not use this file" in msg
-    assert "convert" not in msg  # never advised to unpickle a file that names os.system
+    assert "vitsinks.convert" not in msg  # never advised to unpickle a file that names os.system
     assert isinstance(err.value, BadFile)  # callers that recompute a torn cache recompute this one too
 
 
@@ -51,3 +51,31 @@ def test_plain_content_and_timm_style_namespaces_load(tmp_path: Path) -> None:
     torch.save(obj, tmp_path / "ok.pt")
     got = torch_load(tmp_path / "ok.pt")
     assert torch.equal(got["model"]["w"], obj["model"]["w"]) and got["args"].lr == 0.1 and got["rng"] == obj["rng"]
+
+
+class _Timed:
+    """Unpickled, it runs code through a function outside any list of dangerous modules (`timeit.timeit`)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import timeit
+
+        return timeit.timeit, (f"open({str(self.marker)!r}, 'w')",), None
+
+
+class ScriptConfig:
+    """A training script's own class, as third-party checkpoints carry them."""
+
+
+@pytest.mark.parametrize("payload", ["timeit", "class"])
+def test_only_data_types_are_ever_offered_the_conversion(tmp_path: Path, payload: str) -> None:
+    marker = tmp_path / "ran"
+    obj = _Timed(marker) if payload == "timeit" else ScriptConfig()
+    torch.save({"w": torch.zeros(2), "x": obj}, tmp_path / "w.pt")
+    with pytest.raises(UnsafeFile) as err:
+        torch_load(tmp_path / "w.pt")
+    msg = str(err.value)
+    assert "timeit.timeit" in msg if payload == "timeit" else "ScriptConfig" in msg
+    assert "vitsinks.convert" not in msg and "nothing was loaded or run" in msg and not marker.exists()

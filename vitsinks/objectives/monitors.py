@@ -153,9 +153,11 @@ class Monitors:
         if self.settings.knn_bank > 0:
             was = backbone.training
             backbone.eval()
-            bank, bank_labels = joined(embed(backbone, self.bank_batches(shard), self.device, self.autocast), shard,
-                                       self.device)
-            backbone.train(was)
+            try:
+                bank, bank_labels = joined(embed(backbone, self.bank_batches(shard), self.device, self.autocast),
+                                           shard, self.device)
+            finally:
+                backbone.train(was)
             check_finite(bank, "k-NN bank's")
             classes = len(bank_labels.unique())
             if classes >= 2:

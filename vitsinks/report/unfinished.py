@@ -26,7 +26,8 @@ NOTE = "Not finished"  # each footnote line starts so
 def _state(run: RunDir) -> str | None:
     """Why a derived run did not finish (None: it did); `being written` while a process holds its lock."""
     said = status(run)
-    if said["status"] == "finished" or (said["status"] == "missing" and not run.ckpt_dir.is_dir()):
+    copy = not run.ckpt_dir.is_dir() and (any(run.results.glob("*.json")) or run.latest_summary() is not None)
+    if said["status"] == "finished" or (said["status"] == "missing" and copy):
         return None  # finished; or a copy of a run's results (a leaderboard's inputs, a bank): no status is copied
     if said["status"] == "running" and lock_held(run):
         return "being written now"

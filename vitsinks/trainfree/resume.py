@@ -55,9 +55,10 @@ def status(run: RunDir) -> dict[str, Any]:
     if not run.status.is_file():
         return {"status": "missing"}
     try:
-        return files.read_json(run.status, "")
+        said = files.read_json(run.status, "")
     except files.BadFile:
         return {"status": "torn"}
+    return said if isinstance(said.get("status"), str) else {"status": "torn"}
 
 
 def keep_or_redo(run: RunDir, recorded: DictConfig, m: type[TrainFreeMethod], settings: Any, source: str) -> None:

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
@@ -54,6 +54,13 @@ def _files_under(root: Path, rel: str = "") -> set[str]:
     return {f for child in path.iterdir() for f in _files_under(root, f"{rel}/{child.name}".lstrip("/"))}
 
 
+def _inside(rel: str) -> bool:
+    """Whether a recorded path stays inside its folder: relative, without `..` (a copied or edited record could
+    name any file)."""
+    parts = PurePosixPath(rel).parts
+    return bool(parts) and not PurePosixPath(rel).is_absolute() and ".." not in parts and "\\" not in rel
+
+
 def _vitsinks_own(name: str, kind: Kind) -> bool:
     """Whether a top-level entry that no generation recorded is vitsinks's anyway: the record, a kept entry, a
     staging folder, or a temp file of a killed atomic write (`.<name>.<random>.tmp`)."""
@@ -73,7 +80,11 @@ def written(folder: Path | str, kind: Kind) -> set[str] | None:
         if got.get("kind") != kind.name or not isinstance(got.get("files"), list):
             raise BadValue(f"{folder} holds vitsinks's {got.get('kind') or 'files of another kind'}, not its "
                            f"{kind.name}: give an empty or new folder for the {kind.name}")
-        return {str(f) for f in got["files"]}
+        names = {str(f) for f in got["files"]}
+        if outside := sorted(n for n in names if not _inside(n)):
+            raise BadValue(f"{record} names files outside {folder} ({', '.join(outside[:3])}): it is not a record "
+                           f"vitsinks wrote; nothing was removed: {fix}")
+        return names
     if any((folder / m).exists() for m in kind.marks) or any(folder.glob(f"{STAGE}*{files.TMP_SUFFIX}")):
         return {f for name in kind.legacy for f in _files_under(folder, name)}
     return None

@@ -51,7 +51,7 @@ LEADERBOARD = "leaderboard"  # the default folder of a leaderboard of a runs fol
 LEADERBOARD_INPUTS = "inputs"  # in a leaderboard's folder, beside the tables: the files it read
 # A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`); `legacy`: the names the
 # versions before the record wrote (a fixed list; `inputs` with everything in it)
-LEADERBOARD_FILES = Kind("leaderboard", marks=("leaderboard.md", LEADERBOARD_INPUTS), legacy=(
+LEADERBOARD_FILES = Kind("leaderboard", marks=("leaderboard.md", f"{LEADERBOARD_INPUTS}/leaderboard.json"), legacy=(
     "leaderboard.md", "leaderboard.csv", "leaderboard.html", "leaderboard.png", "runs.csv", LEADERBOARD_INPUTS))
 STEP_DIR_RE = re.compile(r"^step_(\d+)$")  # a periodic checkpoint's diagnosis folder
 

@@ -26,9 +26,20 @@ ALLOWED = [argparse.Namespace]  # beyond torch's own weights-only set; timm allo
 # What checkpoints of earlier vitsinks versions name beyond the allowed set: numpy's random state (its arrays)
 EARLIER_VITSINKS = re.compile(r"^numpy(\._core|\.core)?\.(multiarray\._reconstruct|ndarray|dtype|dtypes\.\w+)$")
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
-# Modules whose functions run commands or code: a file naming one is never worth converting
-RUNS_CODE = re.compile(r"^(posix|nt|os|subprocess|builtins|__builtin__|sys|shutil|socket|importlib|runpy|pty|pickle|"
-                       r"marshal|ctypes|code|codeop|pdb|webbrowser|urllib|requests|http|multiprocessing|asyncio)\.")
+# The data types `vitsinks.convert` turns into plain data (numpy arrays and scalars, OmegaConf configs, containers,
+# paths, numbers): the only objects a file may name and still be offered the conversion. Anything else (a function
+# such as os.system or timeit.timeit, a script's own class) is named and refused, never advised to convert.
+CONVERTIBLE = re.compile(r"^(numpy(\._core|\.core)?\.(multiarray\.(_reconstruct|scalar)|ndarray|dtype|dtypes\.\w+)|"
+                         r"omegaconf\.(dictconfig\.DictConfig|listconfig\.ListConfig|nodes\.\w+|base\.\w+)|"
+                         r"collections\.(OrderedDict|defaultdict|deque|Counter)|argparse\.Namespace|"
+                         r"pathlib\.(Pure)?(Posix|Windows)?Path|fractions\.Fraction|decimal\.Decimal|"
+                         r"builtins\.(set|frozenset|complex|bytearray|slice)|torch\.storage\._load_from_bytes|"
+                         r"torch\._utils\._rebuild_\w+|typing\.Any)$")
+
+
+def convertible(names: list[str]) -> bool:
+    """Whether every object a file names is a data type `vitsinks.convert` turns into plain data (`CONVERTIBLE`)."""
+    return all(CONVERTIBLE.match(n) for n in names)
 
 
 class UnsafeFile(BadFile):
@@ -86,9 +97,12 @@ def refusal(path: Path, names: list[str]) -> UnsafeFile:
         return UnsafeFile(f"{path} was written by an earlier vitsinks (its random state holds numpy arrays: {shown}), "
                           f"which only an unsafe load could read: if you trust the file, convert it once with "
                           f"`{convert_hint(path)}`")
-    if danger := [n for n in names if RUNS_CODE.match(n)]:
-        return UnsafeFile(f"{path} names {', '.join(danger[:3])}, which runs commands or code when the file is "
-                          f"unpickled: refused, nothing was loaded or run; do not use this file")
+    if not convertible(names):
+        odd = [n for n in names if not CONVERTIBLE.match(n)]
+        return UnsafeFile(f"{path} names {', '.join(odd[:3])}, which is no data type: unpickling it could run code "
+                          f"(a function, or a script's own class), so nothing was loaded or run and it cannot be "
+                          f"converted; do not use this file, or re-save its tensors with the code that wrote it "
+                          f"(torch.save(model.state_dict(), ...))")
     return UnsafeFile(f"{path} holds Python objects beyond tensors and plain data ({shown}); loading it could run "
                       f"code it carries, so nothing was loaded or run: use weights from a source you trust, or, if "
                       f"you trust this file, convert it once with `{convert_hint(path)}`")
@@ -110,4 +124,5 @@ def torch_load(path: Path | str, mmap: bool = False) -> Any:
         raise
 
 
-__all__ = ["ALLOWED", "UnsafeFile", "convert_hint", "refusal", "torch_load", "unsafe_globals"]
+__all__ = ["ALLOWED", "CONVERTIBLE", "UnsafeFile", "convert_hint", "convertible", "refusal", "torch_load",
+           "unsafe_globals"]
