@@ -182,11 +182,11 @@ def _hf(name: str, weights: str | None) -> Loaded:
     transformers = _library("transformers", "hf")
     with _hub(f"hf:{name}", "pass a save_pretrained folder, hf:<folder>", remote=not Path(name).is_dir()):
         try:
-            model = transformers.AutoModel.from_pretrained(name)
+            model = transformers.AutoModel.from_pretrained(name, trust_remote_code=False)  # never a folder's own code
         except (OSError, ValueError) as e:  # an unknown id; files neither cached nor downloadable
             raise BadValue(f"hf:{name}: {_first_line(e)}") from e
         try:
-            proc = transformers.AutoImageProcessor.from_pretrained(name)
+            proc = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError) as e:
             saved = (transformers.utils.IMAGE_PROCESSOR_NAME, transformers.utils.PROCESSOR_NAME)
             if not Path(name).is_dir() or any((Path(name) / f).exists() for f in saved):  # a hub id; a broken file
