@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import constants as hf_constants
 from omegaconf import DictConfig
 
 from tests import preloaded
@@ -44,6 +45,17 @@ def tiny_vit(**overrides) -> SinkViT:
 def tiny_cfg(runs: Path, *overrides: str) -> DictConfig:
     """A tiny run configuration under `runs`; later overrides win."""
     return load_config([*TINY, f"runs_dir={runs}", *overrides])
+
+
+@pytest.fixture
+def no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The hub unreachable (a closed local port), offline mode not set, and an empty cache (returned)."""
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    return tmp_path / "hub"
 
 
 @pytest.fixture

@@ -92,16 +92,6 @@ def test_a_safetensors_weights_file_loads(tmp_path: Path) -> None:
         pretrained(tmp_path / "cut.safetensors", registers=4)
 
 
-@pytest.fixture
-def no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hub unreachable (a closed local port) and an empty cache."""
-    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(hf_constants, "ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-
-
 def test_a_timm_name_offline_fails_in_seconds_in_one_line_without_retries(
         no_hub: None, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture) -> None:
     caplog.set_level(logging.WARNING)

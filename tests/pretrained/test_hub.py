@@ -25,17 +25,6 @@ from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 COMMIT = "0" * 40
 
 
-@pytest.fixture
-def no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The hub unreachable (a closed local port), offline mode not set, and an empty cache (returned)."""
-    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(hf_constants, "ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    return tmp_path / "hub"
-
-
 def snapshot(cache: Path, repo: str) -> Path:
     """The folder of `repo`'s `main` in huggingface_hub's cache layout (what a download leaves)."""
     folder = cache / f"models--{repo.replace('/', '--')}"
