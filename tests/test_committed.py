@@ -7,18 +7,18 @@ checkpoints or by training, not from summaries alone, and are not regenerated he
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.test_findings_script import findings  # eval/residual/findings.py, loaded from its file
+from tests.helpers.scripts import load_script
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.leaderboard import leaderboard_command
-from vitsinks.report.inputs import INPUTS, RECORD
+from vitsinks.report.leaderboard_inputs import INPUTS, RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
+findings = load_script("eval/residual/findings.py", "findings")
 TEXT = (".md", ".csv", ".html", ".json")  # the tables, compared as text
 FINDINGS = "findings.md"  # a board's per-run page (eval/residual/findings.py), held by tests/test_findings_script.py
 
@@ -86,17 +86,13 @@ def test_a_changed_column_value_makes_the_leaderboard_stale(tmp_path: Path, monk
 
 def test_the_pathway_page_quotes_the_committed_pathway_study() -> None:
     """docs/pathway.md's results table is what eval/pathway/table.py prints from eval/pathway/broadcast_pathway.json."""
-    spec = importlib.util.spec_from_file_location("pathway_table", ROOT / "eval" / "pathway" / "table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("eval/pathway/table.py", "pathway_table")
     quoted = module.table(json.loads((ROOT / "eval" / "pathway" / "broadcast_pathway.json").read_text()))
     assert quoted in (ROOT / "docs" / "pathway.md").read_text(), "run python eval/pathway/table.py into docs/pathway.md"
 
 
 def test_the_studies_page_quotes_the_committed_sink_task_leaderboard() -> None:
     """docs/studies.md's sink-task tables are what eval/sinktasks/tables.py writes from the committed leaderboard."""
-    spec = importlib.util.spec_from_file_location("sink_tables", ROOT / "eval" / "sinktasks" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("eval/sinktasks/tables.py", "sink_tables")
     page = (ROOT / "docs" / "studies.md").read_text()
     assert module.rewrite(page, module.BOARD.read_text()) == page, "run python eval/sinktasks/tables.py"

@@ -18,11 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import TINY, images, tiny_vit
+from tests.helpers.tiny import TINY, images, tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import DiagnosticsConfig, InterveneConfig, load_config
 from vitsinks.diagnostics import run_diagnostics
 from vitsinks.diagnostics.summary import mitigation_measures
-from vitsinks.interventions import from_vit, intervene
+from vitsinks.interventions import intervene
 from vitsinks.interventions.edits import MODEL_EDITS, resolve_edits
 from vitsinks.models import ATTN_KINDS, KINDS, MITIGATIONS, SinkAttention, SinkViT, arch_keys, model_from_config
 from vitsinks.models.attention import select_kernel, set_fused_attention
@@ -35,7 +36,6 @@ from vitsinks.models.mitigations import (
     at_site,
     brought_edits,
     mitigation_columns,
-    register_mitigation,
     settings,
     slot_edits,
 )
@@ -279,7 +279,7 @@ def test_a_sink_planted_at_every_key_is_found_located_shown_and_edited(combo: tu
             assert set(a.get("extra_keys", {})) == set(layout.extra)
 
     # the interventions on the planted heads, every default edit
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     assert subject.mitigations == (() if mitigation is None else (mitigation,))
     heads = sorted(at)
     cfg = InterveneConfig(n_images=4, heldout_images=4, batch_size=4, heads=[f"{b}:{h}" for b, h in heads])
@@ -360,11 +360,11 @@ class _Throwaway(SwitchMitigation):
 @pytest.fixture
 def throwaway() -> type[BlockMitigation]:
     """`_Throwaway` registered for the test, removed after it."""
-    register_mitigation(_Throwaway)
+    MITIGATIONS.register(_Throwaway)
     try:
         yield _Throwaway
     finally:
-        MITIGATIONS.pop(_Throwaway.name, None)
+        MITIGATIONS.unregister(_Throwaway.name)
 
 
 def test_a_registered_mitigation_reaches_what_derives_from_the_registry_at_run_time(throwaway: type) -> None:
@@ -381,8 +381,9 @@ def test_a_registered_mitigation_reaches_what_derives_from_the_registry_at_run_t
     summary = mitigation_measures(d | {"num_registers": np.array(0), "num_patches": np.array(16)})
     assert summary["contract_throwaway_x_by_block"] == [2.0, None]
     assert throwaway.leaderboard_values(summary) == {"contract_throwaway_x": 2.0}
+    assert MITIGATIONS.register(throwaway) is throwaway  # the same class again: nothing changes
     with pytest.raises(ValueError, match="registered twice"):
-        register_mitigation(throwaway)
+        MITIGATIONS.register(type("Twin", (throwaway,), {}))
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -393,8 +394,6 @@ def test_a_registered_mitigation_reaches_what_derives_from_the_registry_at_run_t
 ])
 def test_registration_refuses_an_incomplete_mitigation(changes: dict[str, Any], message: str) -> None:
     bad = type("Bad", (_Throwaway,), {"name": "contract_bad", **changes})
-    try:
-        with pytest.raises(ValueError, match=message):
-            register_mitigation(bad)
-    finally:
-        MITIGATIONS.pop("contract_bad", None)
+    with pytest.raises(ValueError, match=message):
+        MITIGATIONS.register(bad)
+    assert "contract_bad" not in MITIGATIONS

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.malicious import plant
+from tests.helpers.malicious import plant
 from vitsinks.convert import convert
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.safeload import UnsafeFile, torch_load

@@ -14,12 +14,13 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY, run_command, tiny_cfg
-from vitsinks.diagnose import diagnose_checkpoint, over_training
-from vitsinks.eval.common import setup
+from tests.helpers.commands import run_command
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks.intervene import output_dir
 from vitsinks.models import model_from_config
 from vitsinks.quantize import quantize
+from vitsinks.run.diagnosed import diagnose_checkpoint, over_training
+from vitsinks.run.source import for_probes
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.plotting import CLASS_LABELS
@@ -100,7 +101,7 @@ def test_a_loose_checkpoint_files_analyses_go_under_the_runs_folder_by_its_name(
     cfg = tiny_cfg(elsewhere, f"ckpt={loose}", "diagnostics.n_images=4", "diagnostics.plots=false",
                    "quant.n_images=4", "quant.calib_images=4", "quant.probes=false")
     assert output_dir(cfg) == elsewhere / "interventions" / "model"
-    assert setup(cfg)[2].path == elsewhere / "quant" / "model"  # the probes' results, where quantize reads them
+    assert for_probes(cfg).results().path == elsewhere / "quant" / "model"  # the probes' results: quantize reads them
     _, quant = quantize(cfg)
     assert quant == elsewhere / "quant" / "model" / "results" / "quant.json"
     diagnose_checkpoint(loose, cfg)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_fashion_mnist
+from tests.helpers.requirements import require_fashion_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "eval" / "emergence" / "make_emergence.sh"

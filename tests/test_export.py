@@ -15,8 +15,9 @@ import pytest
 import timm
 import torch
 
-from tests.conftest import TINY, run_module
-from tests.publish.hub_standin import TOKEN, standin_hub
+from tests.helpers.commands import run_module
+from tests.helpers.hub_standin import TOKEN, standin_hub
+from tests.helpers.tiny import TINY
 from vitsinks import pretrained
 from vitsinks.export import cli
 from vitsinks.publish.folder import FILES

@@ -1,5 +1,5 @@
 """Fidelity of the causal edits to the reference's own code (KempnerInstitute/attention_sink a83cd59,
-`vit_causal/interventions.py`), under `intervene.reference_formulas` (`protocol=kempner_causal`): its redirect
+`vit_causal/interventions.py`), under `intervene.reference_formulas` (`selection=kempner_causal`): its redirect
 formula (`redirect_sink_attention_ref`) and its donor cosine, each held against a transcription of the reference's
 formula written here (never vitsinks' code), on a tiny softmax ViT with a planted patch sink; and vitsinks' defaults
 (the exact redirect from the scores, the sink patch left out of the donor direction) measured against them."""
@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import tiny_vit
-from tests.models.test_attention import final_patch_relrms_with
+from tests.helpers.strong_sink import final_patch_relrms_with
+from tests.helpers.tiny import tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import InterveneConfig, load_config
-from vitsinks.interventions import from_vit, intervene
+from vitsinks.interventions import intervene
 from vitsinks.interventions.edits import resolve_edits
 from vitsinks.interventions.engine import patch_metrics
 from vitsinks.interventions.report import to_markdown, write_outputs
@@ -80,7 +81,7 @@ def _rows(res, edit: str, head: int = 0) -> list[dict]:
 
 def _run(model: SinkViT, x: torch.Tensor, edits: list[str], reference: bool):
     st = InterveneConfig(n_images=len(x), heads=["0:0"], edits=edits, batch_size=len(x), reference_formulas=reference)
-    return intervene(from_vit(model), x, None, x[:0], st, progress=False)
+    return intervene(adapt(model.eval()), x, None, x[:0], st, progress=False)
 
 
 @pytest.mark.parametrize("gain", [100.0, 5.0])
@@ -219,7 +220,7 @@ def test_the_coherence_is_nan_only_where_the_references_is() -> None:
 
 
 def test_the_reference_redirect_runs_by_default_only_under_the_preset_and_only_for_softmax() -> None:
-    assert load_config(["protocol=kempner_causal"]).intervene.reference_formulas is True
+    assert load_config(["selection=kempner_causal"]).intervene.reference_formulas is True
     assert load_config([]).intervene.reference_formulas is False
     assert "redirect_sink_attention_ref" not in resolve_edits([], (), 0)
     assert "redirect_sink_attention_ref" in resolve_edits([], (), 0, ("softmax",), reference=True)
@@ -230,7 +231,7 @@ def test_the_reference_redirect_runs_by_default_only_under_the_preset_and_only_f
             resolve_edits(["redirect_sink_attention_ref"], (), 0, (kind,), reference=True)
         assert "\n" not in str(err.value)
     with pytest.raises(BadValue, match="use redirect_sink_attention"):
-        intervene(from_vit(tiny_vit(attn="relu")), torch.zeros(2, 3, 32, 32), None, torch.zeros(0, 3, 32, 32),
+        intervene(adapt(tiny_vit(attn="relu").eval()), torch.zeros(2, 3, 32, 32), None, torch.zeros(0, 3, 32, 32),
                   InterveneConfig(n_images=2, heads=["0:0"], edits=["redirect_sink_attention_ref"]), progress=False)
 
 

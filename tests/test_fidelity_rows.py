@@ -27,17 +27,18 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms
 
+from vitsinks.backbones import adapt
 from vitsinks.bench.data import natural_image
 from vitsinks.configs.schema import InterveneConfig, load_config
-from vitsinks.data.device_views import view_specs
-from vitsinks.data.views import SeededViews, sample_seed, seeded_rngs, view_transform
+from vitsinks.data.crops import SeededViews, sample_seed, seeded_rngs, view_transform
+from vitsinks.data.device_crops import view_specs
 from vitsinks.diagnostics import SinkRules, diagnose
 from vitsinks.diagnostics import rules as sink_rules
-from vitsinks.interventions import from_vit, intervene, stage_one
+from vitsinks.interventions import intervene, stage_one
 from vitsinks.interventions.engine import select_heads
 from vitsinks.models import SIZES, build_vit, model_from_config
-from vitsinks.objectives.base import Runtime
 from vitsinks.objectives.lejepa import LeJEPA, LeJEPALoss
+from vitsinks.objectives.objective import Runtime
 
 
 # --- precision of analyses ---------------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ def test_the_analyses_run_in_fp32_without_autocast() -> None:
     try:
         d = diagnose(model, x[:4], batch_size=2)
         diagnosed = set(calls)
-        subject = from_vit(model)
+        subject = adapt(model.eval())
         fields = stage_one(subject, x[:4], 4)
         fields["routed_frac"][:] = 1.0  # every head an event, so that the named head can be edited
         st = InterveneConfig(n_images=4, heldout_images=4, heads=["1:0"], batch_size=4)
@@ -220,7 +221,7 @@ def reference_event_class(routed_frac: np.ndarray, ratio_out: np.ndarray, stable
 
 
 def test_the_causal_preset_has_the_references_selection_values_and_thresholds() -> None:
-    cfg = load_config(["protocol=kempner_causal"])
+    cfg = load_config(["selection=kempner_causal"])
     iv, dg = cfg.intervene, cfg.diagnostics
     r = REFERENCE_CAUSAL
     assert (iv.min_events, iv.top_k, iv.top_k_block0, iv.min_class_events) == \

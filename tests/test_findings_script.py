@@ -4,18 +4,16 @@ computed here by hand), and the committed page against what the script writes fr
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import yaml
 
+from tests.helpers.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "eval" / "residual" / "findings.py"
-spec = importlib.util.spec_from_file_location("findings", SCRIPT)
-findings = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(findings)
+findings = load_script("eval/residual/findings.py", "findings")
 
 COLUMNS = ["run", "variant", "seed", "online_top1", "linear_top1", "dense_toy", "w8a8_cos_err", "w8a8_d_linear",
            "w8a8_d_online", "w8a8_d_dense_toy"]

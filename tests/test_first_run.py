@@ -3,7 +3,6 @@ eval/first_run/make_first_run.sh banked (and its benchmark wrote); headline.py i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -11,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 BOARD = ROOT / "eval" / "first_run"
-spec = importlib.util.spec_from_file_location("first_run_headline", BOARD / "headline.py")
-numbers = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(numbers)
+numbers = load_script("eval/first_run/headline.py", "first_run_headline")
 
 
 def test_the_docs_quote_the_committed_runs() -> None:

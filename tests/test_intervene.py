@@ -16,18 +16,21 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY, bar_heights, run_command, tiny_cfg, tiny_vit
-from tests.models.test_attention import final_patch_relrms_with, rescaled
+from tests.helpers.commands import run_command
+from tests.helpers.figures import bar_heights
+from tests.helpers.strong_sink import final_patch_relrms_with, rescaled
+from tests.helpers.tiny import TINY, tiny_cfg, tiny_vit
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import permutation
-from vitsinks.diagnose import diagnose_checkpoint
-from vitsinks.intervene import _source, run
+from vitsinks.intervene import run
 from vitsinks.interventions import report
 from vitsinks.interventions.edits import EDITS
 from vitsinks.interventions.report import merge
 from vitsinks.report import collect
+from vitsinks.run.diagnosed import diagnose_checkpoint
 from vitsinks.run.imported import imported_run
+from vitsinks.run.source import resolve
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
 
@@ -70,7 +73,7 @@ def test_nop_task_sink_is_causally_a_nop_from_the_command_line(task_runs: dict[s
         rows = list(csv.DictReader(f))
     assert len(rows) == 96 * 2 * 8  # images x heads x edits (no gate, no registers)
     assert {r["event_class"] for r in rows} == {"nop"} and {r["sink_loc"] for r in rows} == {"cls"}
-    order = permutation(512, 0)  # the default protocol: the val split (512 items) permuted with seed 0
+    order = permutation(512, 0)  # the default selection: the val split (512 items) permuted with seed 0
     zero_rows = [r for r in rows if r["edit"] == "zero_sink_value" and r["head"] == "0"]
     assert [int(r["image_index"]) for r in zero_rows] == order[:96]
     for r in rows:
@@ -211,11 +214,11 @@ def test_the_cache_key_of_a_checkpoint_changes_when_the_file_is_rewritten(tmp_pa
     torch.save(tiny_vit().state_dict(), weights)
     ckpt = imported_run(tiny_cfg(tmp_path / "runs", f"model.pretrained={weights}")).last
     cfg = tiny_cfg(tmp_path / "runs", f"ckpt={ckpt}")
-    first = _source(cfg, ())["id"]
-    assert _source(cfg, ())["id"] == first  # nothing changed: the same key
+    first = resolve(cfg).identity()  # what the interventions' key is made of
+    assert resolve(cfg).identity() == first  # nothing changed: the same key
     stat = ckpt.stat()
     os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place, same size
-    assert _source(cfg, ())["id"] != first
+    assert resolve(cfg).identity() != first
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -276,7 +279,7 @@ def test_torn_shards_are_one_line_and_torn_stage1_fields_are_computed_again(task
 def test_interventions_killed_mid_write_are_written_whole_by_the_same_command(sinktask_run, tmp_path: Path) -> None:
     """SIGKILL while the report's first file is written: the same command again writes the whole report and leaves
     no staging folder or temp file of the killed one."""
-    from tests.trainfree.test_resume import killed, staging
+    from tests.helpers.killed import killed, staging
 
     src = sinktask_run(tmp_path, "base", "nop", name="nop")  # a copy of the session's trained run
     argv = [f"run={src}", "intervene.edits=[zero_sink_value]", "intervene.n_images=8", "intervene.min_events=4"]

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_command
-from vitsinks.train.tracking import read_metrics
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return run_command([sys.executable, "-m", "vitsinks.launch", *args])
+from tests.helpers.commands import launch
+from tests.helpers.tiny import TINY
+from vitsinks.utils.metrics_log import read_metrics
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY, run_commands, run_module
-from tests.trainfree.test_derive import source_checkpoint
+from tests.helpers.commands import run_commands, run_module
+from tests.helpers.tiny import TINY
+from tests.helpers.trainfree import source_checkpoint
 from vitsinks.utils import files
 from vitsinks.utils.rundir import RunDir
 

@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from tests.conftest import run_command
+from tests.helpers.commands import run_command
 from vitsinks.__main__ import commands
 
 ROOT = Path(__file__).resolve().parents[1]

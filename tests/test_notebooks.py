@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.pretrained import require
-from tests.test_links import broken, outside_paths
+from tests.helpers.links import broken, outside_paths
+from tests.helpers.requirements import require
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "docs" / "notebooks").glob("*.ipynb"))

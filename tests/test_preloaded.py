@@ -1,5 +1,5 @@
-"""The tests' preloaded `python -m` (tests/preloaded.py) behaves as a fresh interpreter: same output and exit status,
-the caller's environment and working directory, a silent hang stopped."""
+"""The tests' preloaded `python -m` (tests/helpers/preloaded.py) behaves as a fresh interpreter: same output and exit
+status, the caller's environment and working directory, a silent hang stopped."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_command, run_commands
+from tests.helpers.commands import run_command, run_commands
 
 COMMANDS = [["-m", "vitsinks"], ["-m", "vitsinks.launch", "train.batch_size=many"],
             ["-m", "vitsinks.leaderboard", "rns=x"]]

@@ -11,14 +11,16 @@ import pytest
 import torch
 
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit (the checkpoint loader reads derived runs with it)
-from tests.conftest import TINY, run_module, tiny_cfg, tiny_vit
-from vitsinks.quant.results import QuantResult
+from tests.helpers.commands import run_module
+from tests.helpers.tiny import TINY, tiny_cfg, tiny_vit
+from vitsinks.quant.quant_results import QuantResult
 from vitsinks.quant.w8a8 import scale_of
 from vitsinks.quantize import cli, probe_changes, probe_eval, quantize
 from vitsinks.train.checkpoint import load_backbone
-from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
+from vitsinks.trainfree import reapply
 from vitsinks.utils.errors import BadValue, NonFinite
+from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.rundir import RunDir, find_runs
 
 KEYS = ["checkpoint", "weight_bits", "act_bits", "calib_images", "n_images", "by_block", "feature_cosine",
@@ -65,7 +67,7 @@ def test_quantize_end_to_end_on_a_tiny_checkpoint(runs: Path) -> None:
         assert c["delta"] == pytest.approx(c["quant"] - c["fp32"])
 
     # the derived checkpoint loads with the edit on: weights on their per-tensor grid
-    model, cfg = load_backbone(derived.last)
+    model, cfg = load_backbone(derived.last, reapply)
     assert cfg.trainfree.method == "w8a8" and cfg.trainfree.source == str(ckpt)
     w = model.blocks[0].mlp.fc2.weight
     step = scale_of(w.abs().max(), 8)
@@ -85,7 +87,7 @@ def test_the_cli_reports_bad_input_on_one_line(runs: Path, capsys: pytest.Captur
         cli([*TINY, f"runs_dir={runs}"])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: name the model to quantize") and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: name the model: ckpt=") and len(err.strip().splitlines()) == 1
 
 
 def test_a_model_whose_activations_overflow_is_refused_and_nothing_is_written(runs: Path, tmp_path: Path) -> None:

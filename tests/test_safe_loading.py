@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.configs.test_cli import one_line_error
-from tests.conftest import TINY, run_module, tiny_cfg
-from tests.malicious import plant
+from tests.helpers.commands import one_line_error, run_module
+from tests.helpers.malicious import plant
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks.train.checkpoint import load_backbone, load_for_resume
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.rundir import RunDir

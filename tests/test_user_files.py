@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_module
+from tests.helpers.commands import run_module
+from tests.helpers.tiny import TINY
 from vitsinks.utils.rundir import RunDir
 
 EVAL = ["eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.linear_lrs=[0.01]",

@@ -21,9 +21,12 @@ from omegaconf import DictConfig
 
 from vitsinks.configs.cli import hydra_command
 from vitsinks.publish.folder import push, write_folder
+from vitsinks.run.source import resolve
 
 
 def main(cfg: DictConfig) -> None:
+    if cfg.hub:  # a hub model is no checkpoint vitsinks trained: one line (two sources too, `run.source`)
+        resolve(cfg).needs_checkpoint("export", "ckpt= or run=")
     out, facts, export = write_folder(cfg)
     how = (f"timm's {export.layout} layout" if export.timm else
            f"vitsinks' own layout ({'; '.join(export.reasons)})")

@@ -8,14 +8,16 @@
     python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
     python -m vitsinks.intervene merge=runs/<name>/interventions/last
 
-Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `protocol` (a
-seeded permutation of the split by default; `protocol=kempner_causal` is the reference's preset: 4,096 edited
+The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`).
+Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `selection` (a
+seeded permutation of the split by default; `selection=kempner_causal` is the reference's preset: 4,096 edited
 images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` average over the next
 `intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
 (and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
-`<run>/interventions/<checkpoint>/` (a pretrained model's run is its import, `<runs_dir>/<model>/`; a loose
-checkpoint file's folder is `<runs_dir>/interventions/<model>/`; a `hub=` model, read unmodified through
-`vitsinks.pretrained` with its own preprocessing, `<runs_dir>/interventions/<hub>/`; or `intervene.out`):
+`<run>/interventions/<checkpoint>/` (a pretrained model's run is its import, `<runs_dir>/<model>/`, written with
+the outputs; a loose checkpoint file's folder is `<runs_dir>/interventions/<model>/`; a `hub=` model, read
+unmodified through its family's adapter with its own preprocessing, `<runs_dir>/interventions/<hub>/`; or
+`intervene.out`):
 interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
 Interventions run in float32 on the configured device (`cluster.device`).
 """
@@ -27,7 +29,7 @@ import json
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -35,80 +37,39 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.cli import data_overrides, hydra_command, pick_data
 from vitsinks.configs.schema import to_container
+from vitsinks.configs.upgrade import saved_yaml
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
-from vitsinks.diagnostics import images_of
-from vitsinks.interventions import SinkRules, classifier_from_state, from_vit, intervene, report
-from vitsinks.interventions.subject import Subject
-from vitsinks.pretrained import adapt
-from vitsinks.pretrained.hub import hub_dir, load
+from vitsinks.interventions import SinkRules, intervene, report
 from vitsinks.run import slurm
-from vitsinks.run.imported import checkpoint_of, one_model_source
-from vitsinks.train import checkpoint as ckpt
-from vitsinks.train.checkpoint import backbone_from_state
+from vitsinks.run.source import ModelSource, Opened, open_model, resolve
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.files import BadFile
 from vitsinks.utils.generations import claim
-from vitsinks.utils.rundir import CONFIG, RunDir, analyses_dir, in_run, model_name
+from vitsinks.utils.rundir import CONFIG, RunDir, in_run
 
 ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "merge")
 
 
-def checkpoint_path(cfg: DictConfig) -> Path:
-    """The checkpoint `ckpt=` names, `run=`'s last.pt, or a pretrained model's imported run's (`run.imported`)."""
-    return RunDir(cfg.run).last if cfg.run else checkpoint_of(cfg)
-
-
-def output_dir(cfg: DictConfig) -> Path:
-    """`intervene.out`, else `<run>/interventions/<checkpoint>` (a loose checkpoint file:
-    `<runs_dir>/interventions/<model>`; a `hub=` model: `<runs_dir>/interventions/<hub>`)."""
+def output_dir(cfg: DictConfig, source: ModelSource | None = None, write: bool = True) -> Path:
+    """`intervene.out`, else the model's `interventions` folder (`ModelSource.analyses`: `<run>/interventions/
+    <checkpoint>`; a loose checkpoint file's or a hub model's `<runs_dir>/interventions/<model>`), made and recorded
+    as the model's with `write` (without: looks only; another model's folder is refused either way)."""
     if cfg.intervene.out:
         return Path(cfg.intervene.out)
-    if cfg.hub:
-        return hub_dir(cfg.hub, "interventions", cfg.runs_dir)
-    return analyses_dir(checkpoint_path(cfg), "interventions", cfg.runs_dir)
+    return (source or resolve(cfg)).analyses("interventions", cfg.runs_dir, write)
 
 
-def _hub_source(cfg: DictConfig) -> dict[str, Any]:
-    """`_source` of a pretrained model read unmodified (`hub=`, `pretrained.load`): its view's `Subject` and its own
-    preprocessing; the data is `data=`'s."""
-    loaded = load(cfg.hub)
-
-    def subject(device: torch.device) -> Subject:
-        return adapt(loaded.model.to(device)).subject()
-
-    return {"subject": subject, "images": lambda items: loaded.images([it[0] for it in items]), "data": cfg.data,
-            "seed": cfg.seed, "name": loaded.spec, "npz": None, "id": loaded.spec}
-
-
-def _source(cfg: DictConfig, data_keys: Sequence[str] | None) -> dict[str, Any]:
-    """The model to edit (`subject(device)`), how items become its input (`images(items)`), its data, seed and
-    reusable diagnostics of its checkpoint."""
-    if cfg.hub:
-        return _hub_source(cfg)
-    path = checkpoint_path(cfg)
-    if not path.is_file():
-        raise InputNotFound(f"checkpoint {path} not found" + (" (run= reads checkpoints/last.pt)" if cfg.run else ""))
-    state = ckpt.load(path)
-    model, ccfg = backbone_from_state(state, path)
-    head = classifier_from_state(state["model"])
-    npz = RunDir.of_checkpoint(path).per_image(path.stem)  # its run's diagnostics of it, when fresh
-    reusable = in_run(path) and not data_keys and npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime
-    name = f"{RunDir.of_checkpoint(path).name}/{path.stem}" if in_run(path) else model_name(str(path), "")
-
-    def subject(device: torch.device) -> Subject:
-        return from_vit(model.to(device), None if head is None else head.to(device))
-
-    return {"subject": subject, "images": lambda items: images_of(items, ccfg.views.global_size, cfg.protocol)[0],
-            "data": pick_data(cfg.data, ccfg.data, data_keys), "seed": ccfg.seed, "name": name,
-            "npz": npz if reusable else None, "id": _file_id(path)}
-
-
-def _file_id(path: Path) -> str:
-    """A file as a cache key part: where it is, its size and its modification time (a rewritten file is new)."""
-    return f"{path.resolve()}:{files.stamp(path)}"
+def reusable_diagnosis(source: ModelSource, data_keys: Sequence[str] | None) -> Path | None:
+    """The diagnostics fields (`per_image.npz`) of the checkpoint's run, when they are at least as new as the
+    checkpoint and the command line chose no other data; else None."""
+    path = source.checkpoint
+    if path is None or not in_run(path) or data_keys or not path.is_file():
+        return None
+    npz = RunDir.of_checkpoint(path).per_image(path.stem)
+    return npz if npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime else None
 
 
 def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
@@ -130,57 +91,57 @@ def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
 def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str, Any], Path]:
     """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
     (the summary or the shard's metadata, the output folder)."""
-    st = cfg.intervene
-    if cfg.hub:  # the folder first: one of another model's is refused before the model is loaded
-        out = output_dir(cfg)
-        src = _source(cfg, data_keys)
-    else:  # the checkpoint first: a missing one is refused before any folder is made for it
-        src = _source(cfg, data_keys)
-        out = output_dir(cfg)
+    st, source = cfg.intervene, resolve(cfg)
+    output_dir(cfg, source, write=False)  # a folder of another model's is refused before the model is loaded
+    model = open_model(source, cfg)
+    source.write(model.module)  # a pretrained model's import: the interventions go into it
+    out = output_dir(cfg, source)
     claim(out, report.INTERVENTIONS)  # before any work: a folder of the user's is refused, nothing written into it
     target = out / report.SHARDS / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
     with files.FileLock(target.parent / f".{target.name}.lock", f"the interventions in {target}", INTERVENING):
-        return _run(cfg, st, src, out)
+        return _run(cfg, st, model, reusable_diagnosis(source, data_keys), data_keys, out)
 
 
 INTERVENING = "wait for it to finish: another command writes the same interventions (or give intervene.out=)"
 
 
-def _run(cfg: DictConfig, st: DictConfig, src: dict[str, Any], out: Path) -> tuple[dict[str, Any], Path]:
+def _run(cfg: DictConfig, st: DictConfig, model: Opened, npz: Path | None, data_keys: Sequence[str] | None,
+         out: Path) -> tuple[dict[str, Any], Path]:
     """`run`'s work, under the lock of its output."""
-    (edited, index), (heldout, heldout_index) = select_items(build_dataset(src["data"], "val", src["seed"]),
-                                                            [st.n_images, st.heldout_images], cfg.protocol,
-                                                            src["data"].on_bad_image)
-    x = src["images"](edited)
-    x_held = src["images"](heldout) if heldout else x[:0]
+    source, data = model.source, pick_data(cfg.data, model.cfg.data, data_keys)
+    (edited, index), (heldout, heldout_index) = select_items(build_dataset(data, "val", model.cfg.seed),
+                                                            [st.n_images, st.heldout_images], cfg.selection,
+                                                            data.on_bad_image)
+    x = model.batch(edited, cfg.selection)[0]
+    x_held = model.batch(heldout, cfg.selection)[0] if heldout else x[:0]
     labels = None
     if isinstance(edited[0][1], (int, np.integer)):
         labels = torch.tensor([int(it[1]) for it in edited])
     device = resolve_device(cfg.cluster.device)
-    subject = src["subject"](device)
+    subject = model.to(device).backbone.eval()
     rules = SinkRules.from_config(cfg.diagnostics)
-    stage1 = _stage1(src["npz"], index)
+    stage1 = _stage1(npz, index)
     res = intervene(subject, x.to(device), None if labels is None else labels.to(device), x_held.to(device), st,
                     rules, stage1, index=index, heldout_index=heldout_index)
     settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
-    protocol = to_container(cfg.protocol)
-    key_src = json.dumps([src["id"], to_container(src["data"]), settings, protocol, rules.rule, rules.eps,
+    protocol = to_container(cfg.selection)  # written as `protocol`, as always
+    key_src = json.dumps([source.identity(), to_container(data), settings, protocol, rules.rule, rules.eps,
                           rules.ratio, rules.use_stable_rank, rules.block0_policy],
                          sort_keys=True, default=str)
-    meta = {"subject": f"{src['name']} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
+    meta = {"subject": f"{source.name} ({subject.name})", "n_images": res.n_images, "n_blocks": res.n_blocks,
             "protocol": protocol,
-            "images": {"edited": len(index), "heldout": len(heldout_index), "order": str(cfg.protocol.order),
-                       "seed": cfg.protocol.seed, "image_list": cfg.protocol.image_list,
+            "images": {"edited": len(index), "heldout": len(heldout_index), "order": str(cfg.selection.order),
+                       "seed": cfg.selection.seed, "image_list": cfg.selection.image_list,
                        "batch_size": st.batch_size, "random_seed": st.seed},
             "selected": [f"{b}:{h}" for b, h in res.selected], "heads": [f"{b}:{h}" for b, h in res.heads],
             "edits": res.edits, "reference_formulas": bool(st.reference_formulas),
             "donor_cosine_form": res.donor_cosine_form, "min_class_events": st.min_class_events,
             "mean_source": res.mean_source,
             "mean_sink_value_skipped": res.mean_skipped, "mean_registers_source": res.register_mean_source,
-            "checks": res.checks.as_dict(), "stage1": f"reused {src['npz']}" if stage1 is not None else "computed",
+            "checks": res.checks.as_dict(), "stage1": f"reused {npz}" if stage1 is not None else "computed",
             "rule": rules.record(),
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
-    config = OmegaConf.to_yaml(cfg, resolve=True)
+    config = saved_yaml(cfg)
     if st.nshards > 1:
         files.write_text(report.write_shard(out, st.shard, st.nshards, res.rows, meta) / CONFIG, config)
         return meta, out
@@ -196,14 +157,18 @@ def shard_job(config: dict[str, Any], data_keys: Sequence[str] | None = ()) -> s
 def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
     """`nshards` SLURM array tasks, one per shard; returns the output folder (merge it when they are done)."""
     slurm.check_submittable(cfg)
-    if not cfg.hub:
-        path = checkpoint_path(cfg)  # a pretrained model is imported here, once, before its shards read it
-        if not path.is_file():
+    source = resolve(cfg)
+    if source.trained:  # a missing checkpoint is refused here; a pretrained model is imported once, for its shards
+        path = source.needs_checkpoint("intervene")
+        if source.plan is not None:
+            source.write()
+            cfg = OmegaConf.merge(cfg, {"ckpt": str(path), "model": {"pretrained": None}})  # type: ignore[assignment]
+        elif not path.is_file():
             raise InputNotFound(f"checkpoint {path} not found")
-        cfg = cfg if cfg.run else OmegaConf.merge(cfg, {"ckpt": str(path)})
     out = output_dir(cfg)
     claim(out, report.INTERVENTIONS)
-    cfgs = [OmegaConf.merge(cfg, {"intervene": {"shard": k}}) for k in range(cfg.intervene.nshards)]
+    # a DictConfig merged with a mapping: a DictConfig
+    cfgs = [cast(DictConfig, OmegaConf.merge(cfg, {"intervene": {"shard": k}})) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))
     (out / report.SHARDS).mkdir(parents=True, exist_ok=True)
     files.write_json(out / report.SHARDS / "array.json", {"job_ids": [j.job_id for j in jobs]})
@@ -221,7 +186,7 @@ def main(cfg: DictConfig) -> None:
         print(report.to_markdown(summary))
         print(f"outputs in {st.merge}")
         return
-    one_model_source(cfg)
+    resolve(cfg)  # the model named once: two sources, or none, are one line before anything is read
     overridden = data_overrides()
     if cfg.cluster.name == "slurm" and st.nshards > 1:
         submit_shards(cfg, overridden)

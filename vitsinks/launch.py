@@ -23,9 +23,10 @@ from vitsinks.models import run_variant
 from vitsinks.run import slurm
 from vitsinks.run import sweep as sw
 from vitsinks.run.pipeline import train_and_evaluate
-from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import ConfigError, UserError
+from vitsinks.utils.metrics_log import read_metrics
+from vitsinks.utils.runstate import read_manifest, write_manifest
 
 log = logging.getLogger("vitsinks")
 
@@ -34,10 +35,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (then, with `eval.after_train`, evaluate) one run in this process (rank layout from torchrun/SLURM
     variables) and return its summary."""
     trainer = Trainer(cfg)
-    n = sum(p.numel() for p in trainer.model.backbone.parameters())
+    n = sum(p.numel() for p in trainer.backbone.parameters())
     if trainer.dist.is_main:
         print(f"vitsinks: {run_variant(cfg)} {cfg.model.size} ({n / 1e6:.2f}M parameters, "
-              f"{trainer.model.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
+              f"{trainer.backbone.tokens_per_image()} tokens per image) on {cfg.data.name}, "
               f"{trainer.total_steps} steps, device {trainer.device}"
               + (f" ({trainer.cpu_threads} thread{'s' * (trainer.cpu_threads > 1)})" * (trainer.device.type == "cpu"))
               + f", {trainer.dist.world} rank(s)")
@@ -126,7 +127,7 @@ def multirun(overrides: list[str]) -> int:
     sw.name_runs(combos, cfgs)
     folder = sw.sweep_dir(cfgs[0].runs_dir, overrides)
     manifest = folder / "sweep.json"
-    old = sw.read_manifest(manifest) if manifest.is_file() else None
+    old = read_manifest(manifest) if manifest.is_file() else None
     entries = [sw.entry(i, o, c) for i, (o, c) in enumerate(zip(combos, cfgs, strict=True))]
     todo = [i for i, c in enumerate(cfgs) if not sw.is_finished(Path(entries[i]["run_dir"]), c)]
     meta = sw.carry_over(old, entries, todo, cfgs[0].cluster.name)
@@ -142,19 +143,19 @@ def multirun(overrides: list[str]) -> int:
                                   stderr=str(job.paths.stderr))
             meta["array_job_id"] = jobs[0].job_id.split("_")[0]
             print(f"submitted {len(jobs)} runs as SLURM job array {meta['array_job_id']}")
-        sw.write_manifest(manifest, entries, **meta)
+        write_manifest(manifest, entries, **meta)
     else:
-        sw.write_manifest(manifest, entries, **meta)
+        write_manifest(manifest, entries, **meta)
         for i in todo:
             entries[i]["state"] = "running"
-            sw.write_manifest(manifest, entries, **meta)
+            write_manifest(manifest, entries, **meta)
             try:
                 entries[i]["state"] = run(cfgs[i])["status"]
             except UserError as err:  # this run's input is wrong: say so and go on with the others
                 entries[i]["state"] = f"failed: {' '.join(str(err).split())}"
                 print(f"error: {entries[i]['name']}: {entries[i]['state'][8:]}", file=sys.stderr)
                 failed += 1
-            sw.write_manifest(manifest, entries, **meta)
+            write_manifest(manifest, entries, **meta)
     print(sw.table(entries, ["index", "job_id", "state", "run_dir"]))
     print(f"manifest: {manifest}\nstatus: python -m vitsinks.launch status sweep={folder}")
     return 1 if failed else 0
@@ -164,7 +165,7 @@ def status(sweep: str) -> int:
     """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures, a killed run (status.json
     says running but no process holds the run) among them, and what is wrong with a run's unreadable files. Exit 1
     if any failed or was killed."""
-    manifest = sw.read_manifest(sweep)
+    manifest = read_manifest(sweep)
     folder = Path(manifest["sweep_dir"]) / "slurm"
     rows, failures, notes = [], [], []
     for e in manifest["runs"]:

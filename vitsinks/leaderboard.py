@@ -20,15 +20,16 @@ results' and the block mitigations' (the library is `vitsinks.report`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.report import build, to_markdown
-from vitsinks.report.inputs import recorded_title
+from vitsinks.report.leaderboard_inputs import recorded_title
 from vitsinks.utils.errors import BadValue, ConfigError
+from vitsinks.utils.registry import import_plugins
 from vitsinks.utils.rundir import leaderboard_dir
 
 
@@ -37,13 +38,15 @@ class LeaderboardArgs:
     runs: str | None = None  # a folder of run directories, or a sweep folder / sweep.json
     out: str | None = None  # default: <runs>/leaderboard (next to sweep.json for a manifest; for inputs: their board)
     title: str | None = None  # default: the title recorded in runs=<leaderboard>/inputs, else "vitsinks leaderboard"
+    plugins: list[str] = field(default_factory=list)  # modules to import first: your own probe protocols, data sets
 
 
-USAGE = "python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...]"
+USAGE = "python -m vitsinks.leaderboard runs=<folder or sweep> [out=<folder>] [title=...] [plugins=[...]]"
 
 
 def leaderboard_command(argv: Sequence[str]) -> int:
     args = parse_args(argv, LeaderboardArgs, USAGE)
+    import_plugins(args.plugins)
     if not args.runs:
         raise ConfigError(f"no runs given; usage: {USAGE}")
     src = Path(args.runs)

@@ -3,18 +3,21 @@
     python -m vitsinks.quantize ckpt=runs/<name>/checkpoints/last.pt
     python -m vitsinks.quantize ckpt=... weight_bits=4 act_bits=8 n_images=128 probes=false
     python -m vitsinks.quantize model.pretrained=<timm name or file> data=imagenet data.root=...
+    python -m vitsinks.quantize hub=hf:facebook/dinov2-small data=imagenet data.root=...
 
-On `quant.n_images` validation images (in the order of `protocol`): the kurtosis and max |x| of the input of every
-linear layer of every block, and the change simulated W8A8 (symmetric, per tensor, weights and linear-layer inputs
-of the blocks; static ranges calibrated on the first `quant.calib_images` TRAIN images) makes: the cosine of the
-final and of every block's tokens to the float model's, the online probe's top-1 (LeJEPA runs) and, with
+The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`; one
+already edited by a post-hoc method is refused). On `quant.n_images` validation images (in the order of `selection`;
+a hub model's through its own preprocessing): the kurtosis and max |x| of the input of every linear layer of every
+block, and the change simulated W8A8 (symmetric, per tensor, weights and linear-layer inputs of the blocks; static
+ranges calibrated on the first `quant.calib_images` TRAIN images) makes: the cosine of the final and of every block's
+tokens to the float model's (through the model seam), the online probe's top-1 (LeJEPA runs) and, with
 `quant.probes`, the linear and dense probes' (re-run on the quantized backbone with the images the run's own probes
 used; it says which and roughly how long first, and `probes=false` skips them). The quantized model is the derived
-run `<run>/quant/w8a8/` (its `status.json`: `finished` once the result is written); the result is
-`<run>/results/quant.json`. A
-pretrained model is imported as a run first (`run.imported`: `<run>` is `<runs_dir>/<model>/`, and its probes'
-changes are measured once its own linear / dense results are there); a loose checkpoint file's `<run>` is
-`<runs_dir>/quant/<model>/`.
+run `<run>/quant/w8a8/` (its `status.json`: `finished` once the result is written; every command reads it, a hub
+model's by loading the hub model again with the fitted quantization on); the result is `<run>/results/quant.json`.
+A pretrained model's `<run>` is its import (`run.imported`: `<runs_dir>/<model>/`, written with the result; its
+probes' changes are measured once its own linear / dense results are there); a loose checkpoint file's or a hub
+model's `<run>` is `<runs_dir>/quant/<model>/` (where `eval.linear` / `eval.dense` write their results too).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,44 +35,35 @@ from torch import nn
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit, so the derived checkpoint loads
 from vitsinks.configs.cli import cli_keys, data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
-from vitsinks.diagnostics import fixed_images
-from vitsinks.eval.results import DenseResult, LinearResult, probe_seed
+from vitsinks.eval.probe_results import DenseResult, LinearResult, probe_seed
 from vitsinks.models import SinkViT
+from vitsinks.models.seam import Backbone
 from vitsinks.models.weights import load
-from vitsinks.objectives.base import Runtime
 from vitsinks.objectives.lejepa import online_probe, probe_accuracy
-from vitsinks.quant.results import Change, QuantResult, change
-from vitsinks.quant.stats import linear_input_stats
+from vitsinks.objectives.objective import Runtime
+from vitsinks.quant.outliers import linear_input_stats
+from vitsinks.quant.quant_results import Change, QuantResult, change
 from vitsinks.quant.w8a8 import W8A8
-from vitsinks.run.imported import with_checkpoint
-from vitsinks.train.checkpoint import load_backbone
-from vitsinks.trainfree.derive import analyse, derive, source_model
+from vitsinks.run.derive import analyse, derive, source_model
+from vitsinks.run.source import Opened, of_checkpoint, open_model, resolve
 from vitsinks.trainfree.plan import describe
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
-from vitsinks.utils.errors import BadValue, NonFinite
-from vitsinks.utils.rundir import RunDir, analyses_dir
+from vitsinks.utils.errors import NonFinite
+from vitsinks.utils.rundir import RunDir
 
 BATCH = 64  # images per forward pass
 
 
-def result_run(cfg: DictConfig) -> RunDir:
-    """Where the result of checkpoint `cfg.ckpt` goes: its run (`<run>/checkpoints/<stem>.pt`), else
-    `<runs_dir>/quant/<model>` (a loose checkpoint file, laid out as a run)."""
-    return RunDir(analyses_dir(cfg.ckpt, "quant", cfg.runs_dir))
-
-
 @torch.no_grad()
-def block_outputs(model: SinkViT, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(final normed tokens `forward_features` (B, N, D), every block's output tokens [L x (B, N, D)])."""
-    outs: list[torch.Tensor] = []
-    handles = [b.register_forward_hook(lambda _m, _i, o: outs.append(o)) for b in model.blocks]
-    try:
-        final = model.forward_features(images)
-    finally:
-        for h in handles:
-            h.remove()
-    return final, outs
+def block_outputs(model: Backbone, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(final normed tokens (B, N, D), every block's output tokens [L x (B, N, D)]): each block's real forward and
+    the readout, through the seam."""
+    x, outs = model.embed_tokens(images), []
+    for i in range(len(model.blocks)):
+        x = model.block(i, x)
+        outs.append(x)
+    return model.readout(x), outs
 
 
 def token_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -79,7 +73,7 @@ def token_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def feature_cosines(fp32: SinkViT, quant: SinkViT, images: torch.Tensor) -> tuple[float, list[float]]:
+def feature_cosines(fp32: Backbone, quant: Backbone, images: torch.Tensor) -> tuple[float, list[float]]:
     """(final-feature cosine, per-block residual-stream cosine): `token_cosine` of the two models' tokens, mean
     over `images`. Non-finite features are a `NonFinite` error."""
     device = next(fp32.parameters()).device
@@ -120,7 +114,7 @@ def load_online_probe(ckpt: Path, dim: int) -> nn.Module | None:
 
 def online_change(cfg: DictConfig, fp32: SinkViT, quant: SinkViT, device: torch.device) -> Change | None:
     """The online probe's top-1 (%) on the float and on the quantized features, as the run's validation computes
-    it (`lejepa.probe_accuracy`, float32); None when `cfg.ckpt` has no probe."""
+    it (`lejepa.probe_accuracy`, float32); None when `cfg.ckpt` has no probe (a hub model has none)."""
     probe = load_online_probe(Path(cfg.ckpt), fp32.embed_dim) if cfg.ckpt else None
     if probe is None:
         return None
@@ -198,53 +192,55 @@ def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Chang
 
 
 def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
-    """Run the analysis (module docstring) on `cfg.ckpt` or `cfg.model`; write and return the result and its path."""
-    if not cfg.ckpt and not cfg.model.pretrained:
-        raise BadValue("name the model to quantize: ckpt=runs/<name>/checkpoints/last.pt or "
-                       "model.pretrained=<timm name or file>")
-    cfg = with_checkpoint(cfg)  # a pretrained model: its imported run's checkpoint
-    model, src, _ = source_model(cfg)
-    out = result_run(cfg)  # before any work: a folder that holds another model's result is refused
+    """Run the analysis (module docstring) on the model of `cfg` (any source, `run.source`); write and return the
+    result and its path."""
+    source = resolve(cfg)
+    source.analyses("quant", cfg.runs_dir, claim=False)  # a folder of another model's: refused before loading
+    model = source_model(cfg)  # one already edited is refused
+    source.write(model.module)  # a pretrained model's import: the result goes into it
+    out = RunDir(source.analyses("quant", cfg.runs_dir))
     with RunDir(out.quantized(W8A8.name)).locked(QUANTIZING) as derived:  # one writer of this result
-        return _quantize(cfg, model, src, out, derived)
+        return _quantize(cfg, model, out, derived)
 
 
 QUANTIZING = "wait for it to finish: another quantize of this checkpoint writes the same result"
 
 
-def _quantize(cfg: DictConfig, model: SinkViT, src: DictConfig, out: RunDir,
-              derived_dir: RunDir) -> tuple[QuantResult, Path]:
+def _quantize(cfg: DictConfig, model: Opened, out: RunDir, derived_dir: RunDir) -> tuple[QuantResult, Path]:
     """`quantize`'s work, under the lock of its derived run `derived_dir`."""
-    q = cfg.quant
+    q, src, recorded = cfg.quant, model.cfg, model.source.recorded
     data = pick_data(cfg.data, src.data, data_overrides())
-    run_cfg = OmegaConf.merge(src, {"data": data, "protocol": cfg.protocol, "ckpt": cfg.ckpt})
-    device = resolve_device(cfg.cluster.device)
-    model = model.to(device).eval()
-    images, _, _ = fixed_images(build_dataset(data, "val", src.seed), q.n_images, model.patch_embed.img_size[0],
-                                data.on_bad_image, cfg.protocol)
-    by_block = linear_input_stats(model, images, BATCH)
+    ckpt = recorded if model.source.trained else None  # the online probe is a vitsinks checkpoint's
+    # DictConfigs merged with mappings: DictConfigs
+    run_cfg = cast(DictConfig, OmegaConf.merge(src, {"data": data, "selection": cfg.selection, "ckpt": ckpt}))
+    model.to(resolve_device(cfg.cluster.device))
+    images, _, _ = model.pictures(build_dataset(data, "val", src.seed), q.n_images, cfg.selection, data.on_bad_image,
+                                  model.inputs.size[0])
+    by_block = linear_input_stats(model.backbone, images, BATCH)
 
-    source = source_probes(out, cfg.ckpt) if q.probes else {}
-    derive_cfg = OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())})
+    source = source_probes(out, recorded) if q.probes else {}
+    derive_cfg = cast(DictConfig, OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())}))
     derived = derive(derive_cfg, method=W8A8.name, settings=q, out=derived_dir,
                      overwrite=True)  # the quantized copy belongs to this command's result, replaced with it
     with derived.working():  # `finished` once the result is written
         return measure(cfg, derived, model, images, by_block, source, run_cfg, out.result(QuantResult.kind))
 
 
-def measure(cfg: DictConfig, derived: RunDir, model: SinkViT, images: torch.Tensor,
+def measure(cfg: DictConfig, derived: RunDir, model: Opened, images: torch.Tensor,
             by_block: dict[str, dict[str, list[float | None]]],
             source: dict[str, dict[str, Any]], run_cfg: DictConfig, path: Path) -> tuple[QuantResult, Path]:
     """The changes the quantized run `derived` makes against the float `model` on `images` (and, with `source`,
     in the source's probes); the result written to `path`."""
-    device = next(model.parameters()).device
-    quant, derived_cfg = load_backbone(derived.last)
-    quant = quant.to(device).eval()
+    device = model.device
+    quant = open_model(of_checkpoint(derived.last), cfg).to(device)
     if source:
-        print(describe(derived_cfg, quant, "probes=false"), flush=True)
-    cosine, by_block_cosine = feature_cosines(model, quant, images)
-    online = online_change(run_cfg, model, quant, device)
-    linear, dense = None, {}
+        print(describe(quant.cfg, quant.backbone, "probes=false", quant.inputs.size[0]), flush=True)
+    cosine, by_block_cosine = feature_cosines(model.backbone, quant.backbone, images)
+    online = None  # the online probe is a vitsinks checkpoint's
+    if isinstance(model.module, SinkViT) and isinstance(quant.module, SinkViT):
+        online = online_change(run_cfg, model.module, quant.module, device)
+    linear: Change | None = None
+    dense: dict[str, Change] = {}
     if source:
         # no diagnostics of the quantized model: its fake-quant rounding flips on float32 noise between the fused
         # forward and the explicit recomputation, which the diagnostics' recompute check rightly refuses
@@ -253,7 +249,7 @@ def measure(cfg: DictConfig, derived: RunDir, model: SinkViT, images: torch.Tens
     elif cfg.quant.probes:
         print("note: the source has no linear or dense results of this checkpoint: the probes were not re-run")
     state = load(derived.last)["trainfree"]
-    result = QuantResult(checkpoint=str(cfg.ckpt), weight_bits=int(state["weight_bits"]),
+    result = QuantResult(checkpoint=model.source.recorded, weight_bits=int(state["weight_bits"]),
                          act_bits=int(state["act_bits"]), calib_images=int(state["calib_images"]),
                          n_images=len(images), by_block=by_block, feature_cosine=cosine,
                          feature_cosine_by_block=by_block_cosine, online_top1=online, linear_top1=linear,

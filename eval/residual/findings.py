@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from vitsinks.eval.results import run_probe_seeds
-from vitsinks.report.inputs import INPUTS, RECORD
+from vitsinks.eval.probe_results import run_probe_seeds
+from vitsinks.report.leaderboard_inputs import INPUTS, RECORD
 from vitsinks.trainfree import mitigations
 from vitsinks.utils import files
 from vitsinks.utils.errors import InputNotFound, UserError

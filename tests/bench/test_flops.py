@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TINY, TINY_VIT
+from tests.helpers.tiny import TINY, TINY_VIT
 from vitsinks.bench.flops import count_flops, meta_views, mfu, peak_tflops, step_flops
 from vitsinks.configs.schema import load_config
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_commands, run_module
+from tests.helpers.commands import run_commands, run_module
 from vitsinks.bench import gpu
 from vitsinks.bench.gpu import DATA, Budget, GpuArgs, Task, estimate, plan
 from vitsinks.bench.gpu_report import END, START

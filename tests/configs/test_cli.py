@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_command, run_commands
+from tests.helpers.commands import one_line_error, run_commands, run_module
+from tests.helpers.tiny import TINY
 from vitsinks.configs import cli
 from vitsinks.utils.errors import BadValue, CheckFailed, ConfigError, InputNotFound
-
-
-def run(module: str, *args: str, idle_s: float = 300) -> subprocess.CompletedProcess:
-    return run_command([sys.executable, "-m", module, *args], idle_s=idle_s)
-
-
-def one_line_error(out: subprocess.CompletedProcess, code: int = 1) -> str:
-    """The error line of a failed command: exactly one `error: ` line, the last one, and no traceback (progress bars
-    of the work done before the problem was found may precede it)."""
-    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
-    lines = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in out.stderr, out.stderr
-    return errors[0]
 
 
 def test_guarded_prints_user_errors_on_one_line_and_keeps_tracebacks_of_bugs(capsys) -> None:
@@ -112,7 +98,7 @@ def test_numbers_out_of_range_stop_at_composition(override: str, field: str) -> 
 
 @pytest.mark.slow
 def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
-    line = one_line_error(run("vitsinks.launch", *TINY, "train.batch_size=-4", f"runs_dir={tmp_path}"))
+    line = one_line_error(run_module("vitsinks.launch", *TINY, "train.batch_size=-4", f"runs_dir={tmp_path}"))
     assert "train.batch_size=-4 (must be >= 1)" in line
     assert not any(tmp_path.iterdir())  # nothing trained or written
 
@@ -134,7 +120,7 @@ def test_bad_numbers_from_the_command_line_leave_no_run(tmp_path: Path) -> None:
 ])
 @pytest.mark.slow
 def test_every_entry_point_reports_bad_input_on_one_line(module: str, args: list[str], expected: str) -> None:
-    assert expected in one_line_error(run(module, *args))
+    assert expected in one_line_error(run_module(module, *args))
 
 
 def test_user_error_types_are_also_the_builtin_types() -> None:

@@ -17,7 +17,7 @@ from vitsinks.configs import cli, command_docs, docs
 from vitsinks.configs.schema import Config
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation, mitigation_columns
-from vitsinks.utils.fields import bounded
+from vitsinks.utils.bounded import bounded
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "commands-options.md"
 
@@ -70,8 +70,8 @@ def test_the_generated_page_names_every_registered_plugin(page: str) -> None:
 @pytest.mark.slow
 def test_a_plugin_registered_after_the_page_was_written_leaves_it_current(page: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(MITIGATIONS, _Throwaway.name, _Throwaway)
-    monkeypatch.setitem(KINDS, _ThrowawayKind.name, _ThrowawayKind)
+    monkeypatch.setitem(MITIGATIONS._items, _Throwaway.name, _Throwaway)
+    monkeypatch.setitem(KINDS._items, _ThrowawayKind.name, _ThrowawayKind)
     assert docs.current(page) == page
     again = docs.render()  # the generator covers it
     assert docs.Plugins.of_page(again) == docs.Plugins.registered() != docs.Plugins.of_page(page)

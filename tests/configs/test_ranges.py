@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.pretrained.test_timm_adapter import CONFIGS, images, plant_sink, timm_vit
+from tests.helpers.timm_models import CONFIGS, images, plant_sink, timm_vit
 from vitsinks.configs.schema import load_config
 from vitsinks.pretrained import diagnose, intervene
-from vitsinks.pretrained.edits import fit_massive, fit_w8a8, register_neurons
+from vitsinks.pretrained.posthoc import fit_massive, fit_w8a8, register_neurons
 from vitsinks.utils.errors import BadValue, ConfigError
 
 CALLS: list[tuple[Callable[[Any, Any, Any], Any], str, list[Any]]] = [

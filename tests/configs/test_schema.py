@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import run_command
+from tests.helpers.commands import run_command
 from vitsinks.configs.schema import load_config
 from vitsinks.models import model_from_config
 
@@ -86,7 +86,7 @@ def test_the_composed_values_are_plain_strings_where_they_are_saved() -> None:
 
 
 def test_imagenet_loader_workers_follow_the_machine() -> None:
-    from vitsinks.data import loader_workers
+    from vitsinks.utils.cpus import loader_workers
 
     cfg = load_config(["data=imagenet", "data.root=/datasets/imagenet"])
     assert cfg.data.num_workers is None and 0 <= loader_workers(cfg.data.num_workers) <= 8
@@ -150,7 +150,7 @@ def test_the_schema_walk_finds_nested_and_list_fields() -> None:
 
 def test_every_numeric_field_of_the_schema_declares_a_range() -> None:
     missing = [f.key for f in NUMERIC if f.range is None]
-    assert not missing, f"numeric fields without a range (declare one with vitsinks.utils.fields.bounded): {missing}"
+    assert not missing, f"numeric fields without a range (declare one with vitsinks.utils.bounded.bounded): {missing}"
 
 
 def _outside(f: schema.NumericField, op: str, bound: float) -> float:

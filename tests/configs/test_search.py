@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import run_command, run_module
+from tests.helpers.commands import run_command, run_module
 from vitsinks.configs import search
 from vitsinks.configs.cli import compose
 from vitsinks.configs.schema import compose_config, config_dir, load_config, to_container

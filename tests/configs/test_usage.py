@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_module
+from tests.helpers.commands import run_module
 from vitsinks.__main__ import commands
 from vitsinks.configs import command_docs, usage
 
@@ -60,7 +60,7 @@ def test_help_exits_0_with_the_usage_without_importing_torch(cmd: list[str], fla
 
 @pytest.mark.parametrize("cmd", invocations(), ids=" ".join)
 def test_in_process_help_is_the_same_text(cmd: list[str]) -> None:
-    """The entry points themselves (a preloaded interpreter that imported the command: `tests/preloaded.py`)
+    """The entry points themselves (a preloaded interpreter that imported the command: `tests/helpers/preloaded.py`)
     answer `--help` with the text `python -m` gives before importing it."""
     inproc = run_module(*cmd, "--help")
     assert inproc.returncode == 0, inproc.stderr[-2000:]

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import require_fashion_mnist
+from tests.helpers.datasets import imagefolder
+from tests.helpers.requirements import require_fashion_mnist
 from vitsinks.configs.schema import DataConfig, ViewsConfig
 from vitsinks.data import (
     FASHION_MNIST_ROOT,
@@ -19,12 +20,11 @@ from vitsinks.data import (
     FashionMNIST,
     ImageFolderSplit,
     build_dataset,
-    loader_workers,
     read_item,
 )
+from vitsinks.data.crops import EpochSampler, SeededViews, collate_views, view_transform
 from vitsinks.data.fashion_mnist import read_idx
 from vitsinks.data.synthetic import SyntheticShapes, class_spec, render
-from vitsinks.data.views import EpochSampler, SeededViews, collate_views, view_transform
 from vitsinks.utils.errors import BadValue
 
 
@@ -136,18 +136,6 @@ def test_sampler_shards_union_equals_single_process_batches() -> None:
         EpochSampler(40, 8, seed=0, world=3)
 
 
-def imagefolder(root: Path, classes: dict[str, tuple[int, int]], size: int = 32) -> Path:
-    """An ImageFolder tree: for each class a colour, `n_train` train and `n_val` val images."""
-    rng = np.random.default_rng(0)
-    for k, (cls, (n_train, n_val)) in enumerate(classes.items()):
-        for split, n in (("train", n_train), ("val", n_val)):
-            (root / split / cls).mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                arr = np.clip(rng.normal(60 + 120 * k, 20, (size, size, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(arr).save(root / split / cls / f"{i}.JPEG")
-    return root
-
-
 def test_class_indices_come_from_the_train_split(tmp_path: Path) -> None:
     root = imagefolder(tmp_path, {"a": (2, 1), "b": (2, 0), "c": (2, 1)})
     (root / "val" / "b").rmdir()  # the val split lacks a class folder
@@ -169,56 +157,3 @@ def test_read_item_skips_or_names_a_bad_image(tmp_path: Path) -> None:
     assert read_item(ds, 0)[1] == 0 and read_item(ds, 1, "skip") is None
     with pytest.raises(BadImage, match=r"1\.JPEG.*on_bad_image=skip"):
         read_item(ds, 1, "error")
-
-
-def test_loader_workers_default_fits_the_machine(monkeypatch) -> None:
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert loader_workers(None) == 1 and loader_workers(3) == 3
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)), raising=False)
-    assert loader_workers(None) == 8
-
-
-def test_cpu_training_threads_leave_a_core_to_each_loader_worker(monkeypatch) -> None:
-    import vitsinks.data as data
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.setattr(data, "usable_cpus", lambda: 2)
-    assert data.compute_threads(None, 1) == 1 and data.compute_threads(None, 0) == 2  # 2 CPUs: never 3 busy
-    assert data.compute_threads(None, 8) == 1  # more workers than CPUs: still one compute thread
-    assert data.compute_threads(3, 1) == 3  # train.cpu_threads wins
-    monkeypatch.setattr(data, "usable_cpus", lambda: 16)
-    assert data.compute_threads(None, data.loader_workers(None)) == 8  # 8 workers, 8 compute threads
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 ranks share the 16 CPUs
-    assert data.compute_threads(None, 1) == 3
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (or torchrun's) setting wins over the guess
-    assert data.compute_threads(None, 1) == 2 and data.compute_threads(5, 1) == 5
-
-
-def test_only_a_process_that_computes_on_the_cpu_sets_threads() -> None:
-    from omegaconf import OmegaConf
-
-    import vitsinks.data as data
-
-    def cfg(name: str, device: str) -> OmegaConf:
-        return OmegaConf.create({"cluster": {"name": name, "device": device}})
-
-    assert data.runs_on_cpu(cfg("local", "cpu"))
-    assert not data.runs_on_cpu(cfg("slurm", "cpu"))  # it only submits: no device is resolved
-    assert not data.runs_on_cpu(cfg("local", "cuda"))
-
-
-def test_cpu_threads_hold_within_the_block_and_restore_after(monkeypatch) -> None:
-    import torch
-    from omegaconf import OmegaConf
-
-    import vitsinks.data as data
-
-    before = torch.get_num_threads()
-    wanted = 1 if before != 1 else 2
-    cfg = OmegaConf.create({"train": {"cpu_threads": wanted}, "data": {"num_workers": 0}})
-    with data.cpu_threads(cfg, torch.device("cpu")) as n:
-        assert n == wanted == torch.get_num_threads()
-    assert torch.get_num_threads() == before
-    with data.cpu_threads(cfg, torch.device("meta")):  # not the CPU: left alone
-        assert torch.get_num_threads() == before

@@ -12,7 +12,7 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 import vitsinks.data.imagefolder as imagefolder
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.data.imagefolder import ImageFolderSplit, scan_folder
 
 

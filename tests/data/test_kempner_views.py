@@ -12,8 +12,8 @@ from torchvision import transforms
 
 from vitsinks.bench.data import natural_image
 from vitsinks.configs.schema import ViewsConfig, load_config
-from vitsinks.data.device_views import view_specs
-from vitsinks.data.views import SeededViews, collate_views, view_transform
+from vitsinks.data.crops import SeededViews, collate_views, view_transform
+from vitsinks.data.device_crops import view_specs
 from vitsinks.utils.errors import ConfigError
 
 

@@ -11,12 +11,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import default_collate
 
-from tests.conftest import tiny_cfg
-from vitsinks.data.device_views import ViewBatch
+from tests.helpers.tiny import tiny_cfg
+from vitsinks.data.crops import EpochSampler, sample_seed
+from vitsinks.data.device_crops import ViewBatch
 from vitsinks.data.loading import device_batches, to_device, train_loader
-from vitsinks.data.views import EpochSampler, sample_seed
-from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.metrics_log import read_metrics
 
 CPU = torch.device("cpu")
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.eval.test_eval import _voc_fixture
+from tests.helpers.datasets import voc_folder
 from vitsinks.data.segmentation import SegmentationError, voc
 
 
 def test_voc_aug_without_the_augmented_set_names_it_and_the_way_out(tmp_path: Path) -> None:
-    root = _voc_fixture(tmp_path)
+    root = voc_folder(tmp_path)
     base = root / "VOCdevkit" / "VOC2012"
     with pytest.raises(SegmentationError) as err:
         voc(root, "train", aug=True)

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from vitsinks.configs.schema import ProtocolConfig, load_config
+from vitsinks.configs.schema import SelectionConfig, load_config
 from vitsinks.data import BadImage
 from vitsinks.data.selection import analysis_transform, read_list, select_items, split_order
 from vitsinks.models import model_from_config
@@ -41,20 +41,20 @@ def test_the_shipped_ade20k_list_is_the_reference_permutation_of_the_sorted_name
 
 
 def test_the_causal_preset_edits_the_first_4096_of_the_permutation_and_holds_out_the_next_4096() -> None:
-    cfg = load_config(["protocol=kempner_causal"])
+    cfg = load_config(["selection=kempner_causal"])
     (edit, edit_idx), (held, held_idx) = select_items(Indices(50000), [cfg.intervene.n_images,
-                                                                       cfg.intervene.heldout_images], cfg.protocol)
+                                                                       cfg.intervene.heldout_images], cfg.selection)
     perm = torch.randperm(50000, generator=torch.Generator().manual_seed(0)).tolist()
     assert edit_idx == perm[:4096] and held_idx == perm[4096:8192]
     assert [i for i, _ in edit] == edit_idx and not set(edit_idx) & set(held_idx)
-    assert cfg.intervene.batch_size == 32 and cfg.protocol.crop_pct == 0.875
+    assert cfg.intervene.batch_size == 32 and cfg.selection.crop_pct == 0.875
 
 
 def test_the_default_order_is_a_seeded_permutation_not_the_first_files() -> None:
-    order = split_order(Indices(1000), ProtocolConfig())
+    order = split_order(Indices(1000), SelectionConfig())
     assert order == torch.randperm(1000, generator=torch.Generator().manual_seed(0)).tolist()
-    assert split_order(Indices(1000), ProtocolConfig(seed=3)) != order
-    assert split_order(Indices(5), ProtocolConfig(order="first")) == [0, 1, 2, 3, 4]
+    assert split_order(Indices(1000), SelectionConfig(seed=3)) != order
+    assert split_order(Indices(5), SelectionConfig(order="first")) == [0, 1, 2, 3, 4]
     # ImageFolder order is sorted by class: 256 images of 50 per class in a row would be about 6 classes
     classes = {i // 50 for i in order[:256]}
     assert len(classes) > 15
@@ -70,7 +70,7 @@ class Flaky(Indices):
 
 
 def test_unreadable_images_are_skipped_and_the_groups_stay_disjoint() -> None:
-    proto = ProtocolConfig(order="first")
+    proto = SelectionConfig(order="first")
     (_, a), (_, b) = select_items(Flaky(12), [4, 4], proto)
     assert a == [0, 1, 2, 4] and b == [5, 6, 8, 9]
     with pytest.raises(BadValue, match="readable"):
@@ -83,7 +83,7 @@ def test_unreadable_images_are_skipped_and_the_groups_stay_disjoint() -> None:
 
 def test_an_image_list_needs_file_backed_data_and_every_listed_file(tmp_path: Path) -> None:
     with pytest.raises(BadValue, match="image_list"):
-        split_order(Indices(10), ProtocolConfig(image_list="ade20k_val_1984.txt"))
+        split_order(Indices(10), SelectionConfig(image_list="ade20k_val_1984.txt"))
     with pytest.raises(InputNotFound, match="no such file"):
         read_list("nowhere.txt")
 
@@ -122,7 +122,7 @@ def test_diagnose_with_the_sink_table_preset_reads_the_reference_images_in_its_o
     out, weights = tmp_path / "runs", tmp_path / "tiny.pth"
     arch = ["model.depth=2", "model.img_size=32"]
     torch.save(model_from_config(load_config(arch).model).state_dict(), weights)
-    cmd = [sys.executable, "-m", "vitsinks.diagnose", "protocol=kempner_sinktable", "data=ade20k",
+    cmd = [sys.executable, "-m", "vitsinks.diagnose", "selection=kempner_sinktable", "data=ade20k",
            f"data.root={root}", *arch, f"model.pretrained={weights}", "n_images=3", f"runs_dir={out}",
            "diagnostics.plots=false"]
     res = subprocess.run(cmd, capture_output=True, text=True)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.configs.schema import load_config
 from vitsinks.data import SinkTask
 from vitsinks.leaderboard import build

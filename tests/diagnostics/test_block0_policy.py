@@ -115,7 +115,7 @@ def table_rows(z: dict[str, np.ndarray], rules: SinkRules, block0: bool) -> dict
 @pytest.mark.parametrize("include_block0", [False, True])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_the_sink_table_preset_counts_the_references_blocks(model: str, include_block0: bool) -> None:
-    cfg = load_config(["protocol=kempner_sinktable", f"diagnostics.block0={include_block0}"])
+    cfg = load_config(["selection=kempner_sinktable", f"diagnostics.block0={include_block0}"])
     rules = SinkRules.from_config(cfg.diagnostics)
     z = MODELS[model]()
     rows = table_rows(z, rules, bool(cfg.diagnostics.block0))
@@ -136,7 +136,7 @@ def test_a_one_block_model_counts_its_only_block_by_default_and_none_under_the_p
     """The documented difference: on a one-block model the default counts block 0 (here 1.25 sinks per image under
     the relaxed rule), the reference 0; on a deeper model the two agree."""
     z = one_block()
-    preset = SinkRules.from_config(load_config(["protocol=kempner_sinktable"]).diagnostics)
+    preset = SinkRules.from_config(load_config(["selection=kempner_sinktable"]).diagnostics)
     default = SinkRules.from_config(load_config([]).diagnostics)
     assert (preset.block0_policy, default.block0_policy) == ("always_apart", "one_block_counts")
     relaxed = reference_events(z, "relaxed", None)
@@ -186,7 +186,7 @@ SELECTION_MODELS = {
 
 @pytest.mark.parametrize("model", list(SELECTION_MODELS))
 def test_the_causal_preset_selects_the_references_heads(model: str) -> None:
-    cfg = load_config(["protocol=kempner_causal"])
+    cfg = load_config(["selection=kempner_causal"])
     rules, st = SinkRules.from_config(cfg.diagnostics), cfg.intervene
     n_blocks, counts = SELECTION_MODELS[model]
     z = counts_fields(counts, n_blocks)

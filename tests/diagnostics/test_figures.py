@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from tests.diagnostics.test_page import BLOCK, HEAD, diagnosed, over_training_page, report  # noqa: F401 - fixture
-from tests.figure_checks import overlapping_labels, texts
+from tests.helpers.diagnosed import BLOCK, HEAD, diagnosed, over_training_page
+from tests.helpers.figures import overlapping_labels, texts
+from vitsinks.backbones import adapt
 from vitsinks.diagnostics import plots
 from vitsinks.diagnostics.page import REPORT, TRAINING_PNG, checkpoint_report
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
@@ -113,7 +114,7 @@ def test_the_interventions_legend_names_what_was_edited(figures, tmp_path) -> No
     assert "no donor or shuffle edit in this report" in texts(fig) and not overlapping_labels(fig)
 
 
-def test_the_run_page_and_its_png_show_the_training_curves(tmp_path: Path, report: tuple,  # noqa: F811
+def test_the_run_page_and_its_png_show_the_training_curves(tmp_path: Path, report: tuple,
                                                            figures: list) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -141,5 +142,5 @@ def test_a_block_without_register_neurons_says_why(tmp_path: Path) -> None:
     model, images, shown, d, summary = diagnosed()
     empty = {"by_block": [{"units": [], "scores": [], "norm_share": None}] * len(model.blocks)}
     summary = {**summary, "residual": {"register_neurons": empty}}  # at the default thresholds: k = 5
-    page = checkpoint_report(model, images, shown, d, summary, tmp_path / "final", n_images=1).read_text()
+    page = checkpoint_report(adapt(model), images, shown, d, summary, tmp_path / "final", n_images=1).read_text()
     assert page.count("none: no patch token above 5 x its image&#x27;s median norm") == len(model.blocks)

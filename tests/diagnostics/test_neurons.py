@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from timm.layers import GluMlp, Mlp, SwiGLU
 from torch import nn
 
-from tests.conftest import PATCH, UNIT, images, last_norms, plant_register_neuron, tiny_vit
+from tests.helpers.register_neuron import PATCH, UNIT, last_norms, plant_register_neuron
+from tests.helpers.tiny import images, tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.diagnostics.neurons import (
@@ -42,7 +44,7 @@ def test_the_planted_token_is_high_norm_and_its_unit_is_ranked_first(planted: Pl
     assert (ratio[:, 1 + PATCH] > 20).all()
     others = torch.cat([ratio[:, : 1 + PATCH], ratio[:, 2 + PATCH :]], dim=1)
     assert (others < 5).all()  # the planted token is the only outlier at k = 5
-    ranked = find_register_neurons(model, x, top=3, k=5.0)
+    ranked = find_register_neurons(adapt(model), x, top=3, k=5.0)
     assert [r[:2] for r in ranked][:1] == [(1, UNIT)]
     assert ranked[0][2] > 10 * ranked[1][2]
 
@@ -73,9 +75,9 @@ def test_summary_reports_the_planted_unit_and_its_norm_share_against_float64(pla
     if during_diagnosis:  # the diagnosis's forward pass (with its explicit recomputation of every block) collects
         collector = NeuronCollector(model.blocks, neuron_k(st.high_norm_k), model.num_prefix_tokens)
         diagnose(model, x, batch_size=3, neurons=collector)  # batches of 3: the sums run over batches
-        out = summarize_neurons(model, None, st, collector.got)
+        out = summarize_neurons(adapt(model), None, st, collector.got)
     else:
-        out = summarize_neurons(model, x, st)
+        out = summarize_neurons(adapt(model), x, st)
     assert set(out) == {"by_block"} and len(out["by_block"]) == 3
     b1 = out["by_block"][1]
     assert b1["units"] == [UNIT] and len(b1["scores"]) == 1
@@ -93,21 +95,21 @@ def test_the_threshold_rule_and_a_model_without_outliers() -> None:
         neuron_k([])
     torch.manual_seed(0)
     model, x = tiny_vit(depth=2).eval(), images(4)
-    none = summarize_neurons(model, x, DiagnosticsConfig(high_norm_k=[1000.0]))
+    none = summarize_neurons(adapt(model), x, DiagnosticsConfig(high_norm_k=[1000.0]))
     assert none == {"by_block": [{"units": [], "scores": [], "norm_share": None}] * 2}
     with pytest.raises(BadValue, match="no artifact"):
-        find_register_neurons(model, x, top=2, k=1000.0)
+        find_register_neurons(adapt(model), x, top=2, k=1000.0)
     attention_only = tiny_vit(depth=2, mlp=False).eval()
-    assert [e["units"] for e in summarize_neurons(attention_only, x, DiagnosticsConfig(high_norm_k=[1.01]))[
+    assert [e["units"] for e in summarize_neurons(adapt(attention_only), x, DiagnosticsConfig(high_norm_k=[1.01]))[
         "by_block"]] == [[], []]
     with pytest.raises(BadValue, match="no MLP"):
-        find_register_neurons(attention_only, x, top=2, k=1.01)
+        find_register_neurons(adapt(attention_only), x, top=2, k=1.01)
 
 
 def test_scores_are_the_mean_over_images_of_the_mean_abs_activation_at_outliers(planted: Planted) -> None:
     model, x = planted
     model.blocks[1].mlp.act.register_forward_hook(lambda _m, _i, out: out.mul_(-1))  # |a| ranks, not a
-    ranked = dict(((b, u), s) for b, u, s in find_register_neurons(model, x, top=1000, k=5.0))
+    ranked = dict(((b, u), s) for b, u, s in find_register_neurons(adapt(model), x, top=1000, k=5.0))
     seen = {}
     h = model.blocks[2].mlp.act.register_forward_hook(lambda _m, _i, out: seen.update(a=out[:, 1 + PATCH].clone()))
     last_norms(model, x)
@@ -120,14 +122,14 @@ def test_scores_are_the_mean_over_images_of_the_mean_abs_activation_at_outliers(
 
 def test_the_ranking_can_stop_at_a_block(planted: Planted) -> None:
     model, x = planted
-    every = find_register_neurons(model, x, top=1000, k=5.0)
+    every = find_register_neurons(adapt(model), x, top=1000, k=5.0)
     for max_block in (0, 1):
-        got = find_register_neurons(model, x, top=1000, k=5.0, max_block=max_block)
+        got = find_register_neurons(adapt(model), x, top=1000, k=5.0, max_block=max_block)
         assert got == [r for r in every if r[0] <= max_block]  # the same scores, later blocks left out
-    assert find_register_neurons(model, x, top=1, k=5.0, max_block=1)[0][:2] == (1, UNIT)
-    assert (1, UNIT) not in [r[:2] for r in find_register_neurons(model, x, top=1000, k=5.0, max_block=0)]
+    assert find_register_neurons(adapt(model), x, top=1, k=5.0, max_block=1)[0][:2] == (1, UNIT)
+    assert (1, UNIT) not in [r[:2] for r in find_register_neurons(adapt(model), x, top=1000, k=5.0, max_block=0)]
     with pytest.raises(BadValue, match="max_block=3 is not a block of this 3-block model"):
-        find_register_neurons(model, x, top=1, k=5.0, max_block=3)
+        find_register_neurons(adapt(model), x, top=1, k=5.0, max_block=3)
 
 
 MLPS = {"GluMlp": lambda: GluMlp(48, 96), "SwiGLU": lambda: SwiGLU(48, 96),
@@ -139,11 +141,11 @@ def test_another_mlp_has_no_register_neurons_and_the_fit_names_it(name: str) -> 
     torch.manual_seed(0)
     model, x = tiny_vit(depth=2).eval(), images(4)
     model.blocks[1].mlp = MLPS[name]()
-    out = summarize_neurons(model, x, DiagnosticsConfig(high_norm_k=[1.01], register_neurons=2))["by_block"]
+    out = summarize_neurons(adapt(model), x, DiagnosticsConfig(high_norm_k=[1.01], register_neurons=2))["by_block"]
     assert out[1] == {"units": [], "scores": [], "norm_share": None}
     assert len(out[0]["units"]) == 2 and isinstance(out[0]["norm_share"], float)  # the plain Mlp block still ranks
     with pytest.raises(BadValue, match=f"block 1 has {name}"):
-        find_register_neurons(model, x, top=2, k=1.01)
+        find_register_neurons(adapt(model), x, top=2, k=1.01)
 
 
 def test_outliers_are_the_residual_high_norm_rule_on_patches() -> None:
@@ -155,6 +157,6 @@ def test_outliers_are_the_residual_high_norm_rule_on_patches() -> None:
         outlier_mask(torch.tensor([[1.0, float("nan"), 2.0]]), 2.0, 0)
     for k in (1.0, 0.5, float("inf")):  # the schema's range: k > 1
         with pytest.raises(BadValue, match="multiples > 1"):
-            capture(tiny_vit(), images(1), k)
+            capture(adapt(tiny_vit()), images(1), k)
         with pytest.raises(BadValue, match="high_norm_k must hold finite multiples > 1"):
             neuron_k([5.0, k])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,32 +19,16 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_command, tiny_vit
-from vitsinks.diagnostics import diagnose, summarize
+from tests.helpers.commands import run_command
+from tests.helpers.diagnosed import BLOCK, HEAD, PATCH, QUANT, diagnosed, over_training_page
+from tests.helpers.requirements import require_chromium
+from vitsinks.backbones import adapt
 from vitsinks.diagnostics.page import REPORT, REPORT_JSON, _quant, _quant_html, checkpoint_report, num
 from vitsinks.diagnostics.page_figures import ATTN_CMAP, NORM_CMAP, colour, pca_colours, scale_factor
 from vitsinks.diagnostics.run_page import run_report
 from vitsinks.models import SinkViT
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
 from vitsinks.utils.rundir import RunDir
-
-BLOCK, HEAD, PATCH = 1, 2, 6  # the planted sink: block 1's head 2 sends every query to patch 6 (grid cell (1, 2))
-
-
-def plant_patch_sink(model: SinkViT, block: int, head: int, patch: int) -> None:
-    """Every query of (block, head) attends to one patch token: that patch's position embedding gets a large value
-    in channel 0, which the head's keys read, and the head's query is a constant."""
-    dim = model.embed_dim
-    hd = dim // model.blocks[block].attn.num_heads
-    qkv = model.blocks[block].attn.qkv
-    with torch.no_grad():
-        model.pos_embed[0, 1 + patch, 0] += 40.0  # pos_embed: [CLS] then the patches (registers have none)
-        qkv.weight[head * hd:(head + 1) * hd] = 0.0
-        qkv.bias[head * hd:(head + 1) * hd] = 0.0
-        qkv.bias[head * hd] = 1.0  # q = e_0
-        qkv.weight[dim + head * hd:dim + (head + 1) * hd] = 0.0
-        qkv.bias[dim + head * hd:dim + (head + 1) * hd] = 0.0
-        qkv.weight[dim + head * hd, 0] = 60.0  # k_0 = 60 x the normed channel 0
 
 
 def token_norms(model: SinkViT, images: torch.Tensor) -> np.ndarray:
@@ -56,47 +39,6 @@ def token_norms(model: SinkViT, images: torch.Tensor) -> np.ndarray:
             x = blk(x)
             out.append(x.norm(dim=-1))
     return torch.stack(out, 1).numpy()
-
-
-def diagnosed(registers: int = 0, depth: int = 4, n: int = 3) -> tuple[SinkViT, torch.Tensor, np.ndarray, dict,
-                                                                       dict]:
-    torch.manual_seed(0)
-    model = tiny_vit(depth=depth, registers=registers).eval()
-    plant_patch_sink(model, BLOCK, HEAD, PATCH)
-    images = torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    shown = np.random.default_rng(2).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-    d = diagnose(model, images, keep_maps=n)
-    return model, images, shown, d, summarize(d)
-
-
-RESIDUAL = {"norm_quantiles_by_block": {"q50": [1.5, 2.5, 3.5, 4.5], "q90": [2.25, 3.25, 4.25, 5.25],
-                                        "q99": [7.125, 8.125, 9.125, 10.5], "max": [40.5, 55.5, 66.5, 77.5]},
-            "norm_hist": {"edges": [0.11, 1.1, 11.1], "counts_by_block": [[3, 4]] * 4},
-            "high_norm": {"5.0": {"per_image_by_block": [0.0, 1.0, 1.25, 2.0],
-                                  "location_by_block": {"cls": [0.0, 0.5, 0.25, 1.0], "register": [0.0] * 4,
-                                                        "patch": [0.0, 0.5, 1.0, 1.0]},
-                                  "sink_share_by_block": [None, 0.625, 0.875, 0.9375]}},
-            "top_activations": {"top_by_block": [[31.5, 12.5, 11.5], [41.5, 13.5, 12.75], [51.5, 14.5, 13.75],
-                                                 [61.5, 15.5, 14.75]],
-                                "median_by_block": [0.3125, 0.4375, 0.5625, 0.6875],
-                                "ratio_by_block": [100.8, 94.86, 91.56, 89.45], "channel_by_block": [7, 7, 19, 19],
-                                "location_by_block": ["patch", "cls", "cls", "register"]}}
-QUANT = {"checkpoint": "last.pt", "weight_bits": 8, "act_bits": 8, "calib_images": 32, "n_images": 64,
-         "by_block": {"kurtosis": {k: [3.125, 4.25, 5.375, 6.5] for k in ("qkv", "proj", "fc1", "fc2")},
-                      "inf_norm": {k: [9.5, 10.5, 11.5, 12.5] for k in ("qkv", "proj", "fc1", "fc2")}},
-         "feature_cosine": 0.9875, "feature_cosine_by_block": [0.999, 0.998, 0.9925, 0.9875],
-         "online_top1": {"fp32": 51.25, "quant": 50.75, "delta": -0.5}, "linear_top1": None,
-         "dense": {"dense_synthetic": {"fp32": 30.5, "quant": 29.25, "delta": -1.25}}}
-
-
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, tuple]:
-    out = tmp_path_factory.mktemp("ckpt") / "final"
-    case = diagnosed()
-    model, images, shown, d, summary = case
-    summary = {**summary, "residual": RESIDUAL}
-    path = checkpoint_report(model, images, shown, d, summary, out, n_images=2, quant=QUANT)
-    return path, json.loads((out / REPORT_JSON).read_text()), case
 
 
 class _Page(HTMLParser):
@@ -197,7 +139,7 @@ def test_registers_are_prefix_shares_beside_the_grid(tmp_path: Path) -> None:
     model, images, shown, d, summary = diagnosed(registers=2, depth=2, n=2)
     summary = {k: v for k, v in summary.items() if k != "residual"}
     edit = {"method": "mean_massive", "massive": 3, "source": "runs/a/checkpoints/last.pt"}
-    checkpoint_report(model, images, shown, d, summary, tmp_path, n_images=4, trainfree=edit)
+    checkpoint_report(adapt(model), images, shown, d, summary, tmp_path, n_images=4, trainfree=edit)
     data = json.loads((tmp_path / REPORT_JSON).read_text())
     assert data["model"]["images_shown"] == 2  # only two maps were kept
     for m in data["images"]:
@@ -233,31 +175,12 @@ def test_pca_colours_are_a_function_of_the_features_ordered_by_variance() -> Non
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     model, images, shown, d, summary = diagnosed(depth=2, n=1)
     with pytest.raises(BadValue, match="keep_maps"):
-        checkpoint_report(model, images, shown, {k: v for k, v in d.items() if k != "attn_col_mean"}, summary,
+        checkpoint_report(adapt(model), images, shown, {k: v for k, v in d.items() if k != "attn_col_mean"}, summary,
                           tmp_path)
     with pytest.raises(BadValue, match="uint8 RGB"):
-        checkpoint_report(model, images, shown[..., 0], d, summary, tmp_path)
+        checkpoint_report(adapt(model), images, shown[..., 0], d, summary, tmp_path)
     with pytest.raises(InputNotFound, match="python -m vitsinks.diagnose run="):
         run_report(RunDir(tmp_path / "empty"))
-
-
-def over_training_page(tmp_path: Path, report: tuple) -> RunDir:
-    """A run with the diagnostics of two steps (step 200's with the residual side and a page of its own) and its
-    page over training."""
-    run = RunDir(tmp_path / "run")
-    _, _, (_, _, _, _, summary) = report
-    for step, scale in ((100, 0.0), (200, 1.0)):
-        spi = {c: {loc: scale * (i + 1) for loc in ("cls", "register", "patch", "all")}
-               for i, c in enumerate(("nop", "broadcast", "unclassified", "all"))}
-        s = {**{k: v for k, v in summary.items() if k != "residual"}, "sinks_per_image": spi}
-        if step == 200:
-            s["residual"] = RESIDUAL
-            (run.step_diagnostics(step) / REPORT).parent.mkdir(parents=True)
-            (run.step_diagnostics(step) / REPORT).write_text("<html></html>")
-        run.step_diagnostics(step).mkdir(parents=True, exist_ok=True)
-        (run.step_diagnostics(step) / "summary.json").write_text(json.dumps(s))
-    run_report(run)
-    return run
 
 
 def test_run_page_over_training_links_the_checkpoint_pages(tmp_path: Path, report: tuple) -> None:
@@ -272,20 +195,6 @@ def test_run_page_over_training_links_the_checkpoint_pages(tmp_path: Path, repor
     assert '<a href="step_0000200/report.html">step_0000200</a>' in page
     text = " ".join(parse(path).text)
     assert set(NUMBER.findall(text)) - {num(x) for x in leaves(got)} == set()
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def require_chromium() -> str:
-    """The browser, or a skip; under CI (CI=true) a missing browser fails, as the leaderboard's test does."""
-    browser = _chromium()
-    if browser is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("chromium is missing: CI must install it (apt-get install chromium)")
-        pytest.skip("chromium not installed (apt-get install chromium)")
-    return browser
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import tiny_vit
+from tests.helpers.tiny import tiny_vit
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics import (
     DiagnosticsSummary,

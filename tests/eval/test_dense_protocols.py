@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import tiny_vit
-from tests.eval.test_eval import _ade_fixture, _eval_cfg, _trained, _voc_fixture
+from tests.helpers.datasets import ade_folder, voc_folder
+from tests.helpers.tiny import eval_cfg, tiny_vit, trained
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, build_seg_dataset
-from vitsinks.eval.dense import DenseHead
-from vitsinks.eval.dense_protocols import PROTOCOLS
+from vitsinks.eval.dense_head import DenseHead
+from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS
 from vitsinks.eval.metrics import iou_from_confusion
 
 
@@ -39,7 +39,7 @@ def test_warmup_cosine_schedule_matches_its_formula_and_the_reference_constructi
     from vitsinks.eval.dense_protocols import scheduler
 
     lr, total = 5e-3, 1100
-    ours = _lrs(lambda opt: scheduler(opt, total, PROTOCOLS["kempner"]), lr, total)
+    ours = _lrs(lambda opt: scheduler(opt, total, DENSE_PROTOCOLS["kempner"]), lr, total)
     # by hand: linear from 0.01 lr over 100 iterations, then cosine from lr to lr / 100 over the remaining 1000
     assert ours[0] == pytest.approx(lr * 0.01)
     assert ours[50] == pytest.approx(lr * (0.01 + 0.99 * 50 / 100))
@@ -51,20 +51,20 @@ def test_warmup_cosine_schedule_matches_its_formula_and_the_reference_constructi
                                                  CosineAnnealingLR(opt, T_max=total - 100, eta_min=lr / 100)],
                                            milestones=[100]), lr, total)
     assert ours == pytest.approx(theirs, rel=1e-9)
-    seen = _lrs(lambda opt: scheduler(opt, 10, PROTOCOLS["dinov2"]), 1.0, 10)  # dinov2: cosine to 0, no warm-up
+    seen = _lrs(lambda opt: scheduler(opt, 10, DENSE_PROTOCOLS["dinov2"]), 1.0, 10)  # dinov2: cosine to 0, no warm-up
     assert seen[0] == 1.0 and seen[5] == pytest.approx(0.5)
     assert seen[9] == pytest.approx((1 + math.cos(0.9 * math.pi)) / 2)
 
 
 def test_the_reported_number_is_the_best_val_epoch_the_one_before_training_included() -> None:
-    from vitsinks.eval.dense import fit
+    from vitsinks.eval.dense_head import fit
     from vitsinks.eval.dense_protocols import best_epoch
 
     assert best_epoch([0.3, 0.1, 0.3, 0.2]) == 0 and best_epoch([math.nan, 0.1, 0.4]) == 2
     assert best_epoch([math.nan]) == 0
     g = torch.Generator().manual_seed(0)
     feats, labels = torch.randn(4, 8, 2, 2, generator=g), torch.randint(0, 3, (4, 4, 4), generator=g)
-    proto = replace(PROTOCOLS["kempner"], epochs=3, batch_size=2, warmup_iters=2)
+    proto = replace(DENSE_PROTOCOLS["kempner"], epochs=3, batch_size=2, warmup_iters=2)
     for curve, best in (([0.6, 0.2, 0.4, 0.5], 0), ([0.1, 0.5, 0.3, 0.5], 1)):
         torch.manual_seed(0)
         head, snapshots = DenseHead(8, 3, batchnorm=False), []
@@ -80,7 +80,7 @@ def test_the_reported_number_is_the_best_val_epoch_the_one_before_training_inclu
         assert all(torch.equal(head.state_dict()[k], snapshots[best][k]) for k in snapshots[best])  # best weights kept
         assert not torch.equal(snapshots[0]["conv.weight"], snapshots[-1]["conv.weight"])  # it did train
     once = []
-    fit(DenseHead(8, 3), lambda idx: (feats[idx], labels[idx]), 4, replace(PROTOCOLS["dinov2"], epochs=2),
+    fit(DenseHead(8, 3), lambda idx: (feats[idx], labels[idx]), 4, replace(DENSE_PROTOCOLS["dinov2"], epochs=2),
         0, lambda h: once.append(1) or {"mIoU": 0.5, "pixel_acc": 0.5, "per_class_iou": [], "confusion": []})
     assert once == [1]  # dinov2: evaluated once, at the end
 
@@ -116,7 +116,7 @@ def test_the_joint_crop_and_flip_keep_image_and_labels_aligned() -> None:
     W, H = 64, 48
     xs, ys = np.meshgrid(np.arange(W), np.arange(H))
     img = Image.fromarray(np.stack([xs * 3, ys * 3, np.zeros_like(xs)], -1).astype(np.uint8))  # pixel = 3 x (x, y)
-    p = PROTOCOLS["kempner"]
+    p = DENSE_PROTOCOLS["kempner"]
     crop = JointCropFlip(32, p.crop_scale, p.crop_ratio)
     mean = torch.tensor(IMAGENET_NORMALIZE["mean"])[:, None, None]
     std = torch.tensor(IMAGENET_NORMALIZE["std"])[:, None, None]
@@ -139,10 +139,10 @@ def test_voc_background_is_ignored_under_the_kempner_protocols(tmp_path: Path) -
     from vitsinks.data.segmentation import ignore_background
 
     assert ignore_background(np.array([[0, 1, 20, 255]], np.uint8)).tolist() == [[255, 0, 19, 255]]
-    root = _voc_fixture(tmp_path)
+    root = voc_folder(tmp_path)
     cfg = DataConfig(name="voc", root=str(root), num_classes=21)
-    assert not PROTOCOLS["kempner_cached"].voc_background and not PROTOCOLS["kempner"].voc_background
-    assert PROTOCOLS["dinov2"].voc_background
+    assert not DENSE_PROTOCOLS["kempner_cached"].voc_background and not DENSE_PROTOCOLS["kempner"].voc_background
+    assert DENSE_PROTOCOLS["dinov2"].voc_background
     ds = build_seg_dataset(cfg, "val", voc_background=False)
     _, lab = ds[1]
     assert ds.num_classes == 20 and lab[5, 10] == 0 and lab[0, 0] == IGNORE and (lab[1] == IGNORE).all()
@@ -158,9 +158,9 @@ def _resized_label_pixels(ds, size: int) -> int:
 def test_kempner_protocol_end_to_end_writes_its_protocol(runs: Path, tmp_path: Path, capsys) -> None:
     from vitsinks.eval import dense
 
-    ckpt = _trained(runs, "kp", "model.registers=1")
-    root = _ade_fixture(tmp_path)
-    cfg = _eval_cfg(runs, ckpt, "data=ade20k", f"data.root={root}", "data.num_classes=150",
+    ckpt = trained(runs, "kp", "model.registers=1")
+    root = ade_folder(tmp_path)
+    cfg = eval_cfg(runs, ckpt, "data=ade20k", f"data.root={root}", "data.num_classes=150",
                     "eval.dense_protocol=kempner", "eval.dense_size=48", "eval.dense_examples=1")  # 32 px model
     result = dense.run(cfg)
     path = runs / "kp" / "results" / "dense_ade20k_kempner.json"
@@ -182,9 +182,9 @@ def test_kempner_protocol_end_to_end_writes_its_protocol(runs: Path, tmp_path: P
 def test_kempner_cached_protocol_end_to_end_reports_three_probe_seeds(runs: Path, tmp_path: Path) -> None:
     from vitsinks.eval import dense
 
-    ckpt = _trained(runs, "kc")
-    root = _voc_fixture(tmp_path)
-    d = dense.run(_eval_cfg(runs, ckpt, "data=voc", f"data.root={root}", "data.num_classes=21",
+    ckpt = trained(runs, "kc")
+    root = voc_folder(tmp_path)
+    d = dense.run(eval_cfg(runs, ckpt, "data=voc", f"data.root={root}", "data.num_classes=21",
                             "eval.dense_protocol=kempner_cached",
                             "eval.dense_size=32", "eval.dense_examples=0", "seed=5"))
     assert json.loads((runs / "kc" / "results" / "dense_voc_kempner_cached.json").read_text())["mIoU"] == d["mIoU"]
@@ -199,7 +199,7 @@ def test_kempner_cached_protocol_end_to_end_reports_three_probe_seeds(runs: Path
 
 def test_dense_protocol_bad_input_gives_a_config_error() -> None:
     from vitsinks.configs.cli import compose
-    from vitsinks.eval.dense import check_size
+    from vitsinks.eval.dense_head import check_size
     from vitsinks.eval.dense_protocols import resolve
     from vitsinks.utils.errors import ConfigError
 

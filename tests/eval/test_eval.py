@@ -12,20 +12,18 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.configs.test_cli import one_line_error
-from tests.configs.test_cli import run as run_module
-from tests.conftest import TINY, require_fashion_mnist, run_command, tiny_cfg, tiny_vit
-from tests.data.test_datasets import imagefolder
+from tests.helpers.commands import one_line_error, run_command, run_module
+from tests.helpers.datasets import ade_folder, imagefolder, voc_folder
+from tests.helpers.requirements import require_fashion_mnist
+from tests.helpers.tiny import TINY, eval_cfg, tiny_cfg, tiny_vit, trained
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
 from vitsinks.eval import dense
-from vitsinks.eval.dense import DenseHead, evaluate, predict_examples
-from vitsinks.eval.dense_protocols import PROTOCOLS
-from vitsinks.eval.linear import train_grid
+from vitsinks.eval.dense_head import DenseHead, evaluate, predict_examples
+from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.eval.linear_grid import train_grid
 from vitsinks.eval.metrics import iou_from_confusion
 from vitsinks.train.trainer import Trainer
-
-VOC_PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0] + [0] * (252 * 3 - 12) + [224, 224, 192] * 4
 
 
 def test_miou_per_class_iou_and_pixel_accuracy_by_hand() -> None:
@@ -60,7 +58,7 @@ def test_ignore_index_is_left_out_of_the_confusion_matrix() -> None:
     label[:10, :] = 1
     label[10:12, :] = 2
     metrics = evaluate(model, head, _Constant(label), 3, 32)
-    shown = predict_examples(model, head, _Constant(label), replace(PROTOCOLS["dinov2"], size=32), 1)
+    shown = predict_examples(model, head, _Constant(label), replace(DENSE_PROTOCOLS["dinov2"], size=32), 1)
     conf = torch.tensor(metrics["confusion"])
     assert conf.sum() == 12 * 48 and conf[1, 1] == 10 * 48 and conf[2, 1] == 2 * 48
     assert metrics["pixel_acc"] == pytest.approx(10 / 12)
@@ -87,23 +85,8 @@ def test_linear_probe_reaches_100_percent_on_separable_features() -> None:
     assert {c["pool"] for c in cells} == {"cls", "cls+avgpool"} and {c["n_last"] for c in cells} == {1, 4}
 
 
-def _ade_fixture(root: Path) -> Path:
-    base = root / "ADEChallengeData2016"
-    for split in ("training", "validation"):
-        (base / "images" / split).mkdir(parents=True)
-        (base / "annotations" / split).mkdir(parents=True)
-        for i in range(2):
-            name = f"ADE_{split[:5]}_{i:08d}"
-            Image.new("RGB", (24, 16), "blue").save(base / "images" / split / f"{name}.jpg")
-            lab = np.zeros((16, 24), np.uint8)
-            lab[:, 12:] = 150
-            lab[:4] = 3
-            Image.fromarray(lab).save(base / "annotations" / split / f"{name}.png")
-    return root
-
-
 def test_ade20k_reader(tmp_path: Path) -> None:
-    ds = ade20k(_ade_fixture(tmp_path), "val")
+    ds = ade20k(ade_folder(tmp_path), "val")
     img, lab = ds[0]
     assert len(ds) == 2 and img.size == (24, 16)
     assert set(np.unique(lab)) == {2, 149, IGNORE}  # 3 -> 2, 150 -> 149, 0 -> ignore
@@ -111,25 +94,8 @@ def test_ade20k_reader(tmp_path: Path) -> None:
     assert len(build_seg_dataset(cfg, "train")) == 2
 
 
-def _voc_fixture(root: Path) -> Path:
-    base = root / "VOCdevkit" / "VOC2012"
-    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (base / d).mkdir(parents=True)
-    for split, names in (("train", ["2007_000032"]), ("val", ["2007_000033", "2007_000039"])):
-        (base / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(names) + "\n")
-        for n in names:
-            Image.new("RGB", (20, 10), "red").save(base / "JPEGImages" / f"{n}.jpg")
-            lab = np.zeros((10, 20), np.uint8)
-            lab[2:8, 5:15] = 1
-            lab[1, :] = 255  # object border
-            png = Image.fromarray(lab, mode="P")
-            png.putpalette(VOC_PALETTE)
-            png.save(base / "SegmentationClass" / f"{n}.png")
-    return root
-
-
 def test_voc_reader_reads_palette_pngs(tmp_path: Path) -> None:
-    ds = voc(_voc_fixture(tmp_path), "val")
+    ds = voc(voc_folder(tmp_path), "val")
     assert len(ds) == 2
     img, lab = ds[1]
     assert Image.open(ds.pairs[1][1]).mode == "P"
@@ -137,11 +103,11 @@ def test_voc_reader_reads_palette_pngs(tmp_path: Path) -> None:
 
 
 def test_segmentation_bad_input(tmp_path: Path) -> None:
-    root = _voc_fixture(tmp_path / "voc")
+    root = voc_folder(tmp_path / "voc")
     (root / "VOCdevkit/VOC2012/ImageSets/Segmentation/val.txt").unlink()
     with pytest.raises(SegmentationError, match="val.txt is missing"):
         voc(root, "val")
-    ade = _ade_fixture(tmp_path / "ade") / "ADEChallengeData2016"
+    ade = ade_folder(tmp_path / "ade") / "ADEChallengeData2016"
     Image.new("RGB", (30, 16)).save(ade / "images" / "validation" / "ADE_valid_00000000.jpg")
     with pytest.raises(SegmentationError, match="size mismatch"):
         ade20k(ade.parent, "val")[0]
@@ -204,25 +170,15 @@ def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
     assert d["classes"] == 11 and d["val_images"] == 8 and 0 <= d["mIoU"] <= 1
 
 
-def _trained(runs: Path, name: str = "ev2", *overrides: str) -> Path:
-    Trainer(tiny_cfg(runs, f"name={name}", "train.max_steps=1", *overrides)).fit()
-    return runs / name / "checkpoints" / "last.pt"
-
-
-def _eval_cfg(runs: Path, ckpt: Path, *overrides: str):
-    return tiny_cfg(runs, f"ckpt={ckpt}", "eval.max_train_images=32", "eval.max_val_images=8", "eval.linear_epochs=1",
-                    "eval.dense_epochs=2", "eval.linear_lrs=[0.01]", *overrides)
-
-
 def test_feature_caches_are_keyed_on_what_determines_them(runs: Path, tmp_path: Path) -> None:
     from vitsinks.eval import linear
     from vitsinks.eval.features import cache_key
 
-    ckpt = _trained(runs)
-    linear.run(_eval_cfg(runs, ckpt))
-    linear.run(_eval_cfg(runs, ckpt, "seed=1"))  # another seed draws other synthetic images: new features
+    ckpt = trained(runs)
+    linear.run(eval_cfg(runs, ckpt))
+    linear.run(eval_cfg(runs, ckpt, "seed=1"))  # another seed draws other synthetic images: new features
     assert len(list((runs / "ev2" / "eval_cache").glob("lin-*.pt"))) == 4  # (train, val) x 2 seeds
-    root = _voc_fixture(tmp_path)
+    root = voc_folder(tmp_path)
     data = DataConfig(name="voc", root=str(root))
     ds = voc(root, "train")
     key = cache_key(ckpt, data, ds, 0, size=32)
@@ -238,13 +194,13 @@ def test_feature_caches_are_keyed_on_what_determines_them(runs: Path, tmp_path: 
 def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path, figures: list) -> None:
     from vitsinks.eval import dense
 
-    ckpt = _trained(runs)
-    cfg = _eval_cfg(runs, ckpt, "eval.dense_examples=2")
+    ckpt = trained(runs)
+    cfg = eval_cfg(runs, ckpt, "eval.dense_examples=2")
     first = dense.run(cfg)
     axes = figures[-1].axes  # rows of image | ground truth | prediction, drawn from the validation items
     from vitsinks.eval.common import limit
 
-    val = limit(build_seg_dataset(cfg.data, "val", cfg.seed), cfg.eval.max_val_images, cfg.protocol.seed)  # its order
+    val = limit(build_seg_dataset(cfg.data, "val", cfg.seed), cfg.eval.max_val_images, cfg.selection.seed)  # its order
     assert len(axes) == 6
     for row in range(2):
         img, label = val[row]
@@ -254,11 +210,11 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
     head = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
     caches = list((runs / "ev2" / "eval_cache").glob("dense-*.pt"))  # label maps cached as bytes, not int64
     assert caches and all(torch.load(c)["label"].dtype == torch.uint8 for c in caches)
-    second = dense.run(_eval_cfg(runs, ckpt))  # from the cache
+    second = dense.run(eval_cfg(runs, ckpt))  # from the cache
     assert first["mIoU"] == second["mIoU"] and first["probes"][0]["train_loss"] == second["probes"][0]["train_loss"]
     again = torch.load(runs / "ev2" / "results" / "dense_synthetic_head.pt")["heads"][0]
     assert all(torch.equal(head[k], again[k]) for k in head)
-    augmented = [dense.run(_eval_cfg(runs, ckpt, "eval.dense_augment=true"))["mIoU"] for _ in range(2)]
+    augmented = [dense.run(eval_cfg(runs, ckpt, "eval.dense_augment=true"))["mIoU"] for _ in range(2)]
     assert augmented[0] == augmented[1]
 
 
@@ -299,7 +255,7 @@ def test_one_bad_validation_image_does_not_lose_the_run(runs: Path, tmp_path: Pa
 
 @pytest.mark.slow
 def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_path: Path) -> None:
-    ckpt = _trained(runs)
+    ckpt = trained(runs)
     root = imagefolder(tmp_path / "inet", {"a": (4, 1), "b": (4, 1)})
     (root / "val" / "b" / "0.JPEG").unlink()
     (root / "val" / "b").rmdir()
@@ -313,13 +269,13 @@ def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_pa
     line = one_line_error(run_module("vitsinks.diagnose", f"ckpt={ckpt}", "data=imagenet", f"data.root={root}",
                               "data.on_bad_image=error", "n_images=4"))
     assert "cannot decode image" in line
-    voc_root = _voc_fixture(tmp_path / "voc")
+    voc_root = voc_folder(tmp_path / "voc")
     jpeg = voc_root / "VOCdevkit/VOC2012/JPEGImages/2007_000039.jpg"
     jpeg.write_bytes(jpeg.read_bytes()[:60])  # truncated
     voc_data = ["data=voc", f"data.root={voc_root}", "data.image_size=32"]
     line = one_line_error(run_module("vitsinks.eval.dense", f"ckpt={ckpt}", *voc_data, "data.on_bad_image=error"))
     assert "2007_000039.jpg" in line
-    result = dense.run(_eval_cfg(runs, ckpt, *voc_data))  # skipped under the default policy
+    result = dense.run(eval_cfg(runs, ckpt, *voc_data))  # skipped under the default policy
     assert result["val_images"] == 2 and 0 <= result["mIoU"] <= 1
 
 
@@ -329,30 +285,30 @@ def test_corrupt_or_mismatched_evaluation_data_gives_one_line(runs: Path, tmp_pa
 def test_a_torn_feature_cache_is_computed_again(runs: Path, capsys) -> None:
     from vitsinks.eval import linear
 
-    ckpt = _trained(runs)
-    first = linear.run(_eval_cfg(runs, ckpt))
+    ckpt = trained(runs)
+    first = linear.run(eval_cfg(runs, ckpt))
     caches = sorted((runs / "ev2" / "eval_cache").glob("lin-*.pt"))
     for cache in caches:
         cache.write_bytes(cache.read_bytes()[:200])  # torn behind vitsinks' back (a copy cut short, a bad disk)
     capsys.readouterr()
-    again = linear.run(_eval_cfg(runs, ckpt))
+    again = linear.run(eval_cfg(runs, ckpt))
     assert capsys.readouterr().out.count("is torn or not one vitsinks wrote") == len(caches) == 2
     assert again["best"] == first["best"]
     assert all(torch.load(c)["index"].numel() > 0 for c in caches)  # whole again
 
 
 def test_a_feature_cache_that_would_run_code_is_never_unpickled_and_is_computed_again(runs: Path, capsys) -> None:
-    from tests.malicious import plant
+    from tests.helpers.malicious import plant
     from vitsinks.eval import linear
 
-    ckpt = _trained(runs)
-    first = linear.run(_eval_cfg(runs, ckpt))
+    ckpt = trained(runs)
+    first = linear.run(eval_cfg(runs, ckpt))
     caches = sorted((runs / "ev2" / "eval_cache").glob("lin-*.pt"))
     marker = runs / "ran"
     for cache in caches:
         plant(cache, marker)  # a planted cache file: its pickle runs a command
     capsys.readouterr()
-    again = linear.run(_eval_cfg(runs, ckpt))
+    again = linear.run(eval_cfg(runs, ckpt))
     assert not marker.exists()
     assert capsys.readouterr().out.count("is torn or not one vitsinks wrote") == len(caches) == 2
     assert again["best"] == first["best"]

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_vit
-from tests.models.test_attention import hand_relrms
+from tests.helpers.strong_sink import hand_relrms
+from tests.helpers.tiny import tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import InterveneConfig
-from vitsinks.interventions import from_vit, intervene, stage_one
+from vitsinks.interventions import intervene, stage_one
 from vitsinks.interventions.edits import (
     REGISTER_EDITS,
     Draws,
@@ -123,7 +124,7 @@ def _zero_value_sink_vit() -> SinkViT:
 def test_a_zero_value_nop_sink_is_left_unchanged_by_noise_and_shuffle_as_by_zero_and_mean() -> None:
     model = _zero_value_sink_vit()
     x = torch.randn(10, 3, 32, 32, generator=torch.Generator().manual_seed(4))
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     with torch.no_grad():
         blk = model.blocks[0]
         it = blk.attn.internals(blk.norm1(model.embed_tokens(x)))
@@ -175,7 +176,7 @@ def _replay_shuffle(seed: int, batches: list[tuple[int, int]], n_heads: int, hd:
 
 def test_the_new_edits_leave_the_old_rows_unchanged_and_follow_the_seed() -> None:
     model = _reg_vit()
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     d = _events(subject, x[:6])
 
@@ -202,7 +203,7 @@ def test_the_new_edits_leave_the_old_rows_unchanged_and_follow_the_seed() -> Non
 
 def test_zero_and_shuffle_registers_equal_the_models_own_forward_with_the_registers_replaced(tmp_path: Path) -> None:
     model = _reg_vit()
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(6))
     st = InterveneConfig(n_images=4, heldout_images=0, edits=["drop_registers", "zero_registers",
                                                                "shuffle_registers"], batch_size=4)
@@ -253,7 +254,7 @@ def test_zero_and_shuffle_registers_equal_the_models_own_forward_with_the_regist
 
 def test_mean_registers_from_the_same_image_change_nothing() -> None:
     model = _reg_vit()
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     img = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(7))
     x = img.expand(2, -1, -1, -1).contiguous()  # the edited images: two copies of the held-out one
     st = InterveneConfig(n_images=2, heldout_images=1, edits=["mean_registers", "shuffle_registers"], batch_size=2)
@@ -279,7 +280,7 @@ def _self_attending_vit() -> SinkViT:
 
 def test_register_controls_change_nothing_where_no_token_attends_to_the_registers() -> None:
     model = _self_attending_vit()
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(8))
     with torch.no_grad():  # the plant: no query but a register's puts any weight on a register key
         t = model.embed_tokens(x)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.models.test_attention import cls_sink_vit, hand_relrms
+from tests.helpers.strong_sink import cls_sink_vit, hand_relrms
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import InterveneConfig
 from vitsinks.diagnostics.rules import SinkRules
-from vitsinks.interventions import from_sequence_model, from_vit, intervene, stage_one
+from vitsinks.interventions import intervene, stage_one
 from vitsinks.interventions.edits import (
     Draws,
     ValueEdit,
@@ -187,7 +188,7 @@ def _setup(with_events: bool = True) -> tuple[torch.nn.Module, object, torch.Ten
     fill = np.ones if with_events else np.zeros
     d = {"routed_frac": fill((4, 3, 2)), "min_a": fill((4, 3, 2)), "ratio_out": np.zeros((4, 3, 2)),
          "stable_rank": np.ones((4, 3, 2)), "sink_idx": _sinks(model, x)}
-    return model, from_vit(model), x, d
+    return model, adapt(model.eval()), x, d
 
 
 def _sinks(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
@@ -231,7 +232,7 @@ def nop_result() -> dict:
     model, _ = train_nop(steps=1500, seed=0)
     x, _, _ = nop_batch(torch.Generator().manual_seed(7), batch=160)
     st = InterveneConfig(n_images=128, heldout_images=32, min_events=20)
-    res = intervene(from_sequence_model(model, num_prefix=1), x[:128], None, x[128:], st, progress=False)
+    res = intervene(model.backbone(num_prefix=1), x[:128], None, x[128:], st, progress=False)
     return _by_class(res.rows, 1)["block 0 (only)"]["nop"]
 
 
@@ -251,7 +252,7 @@ def test_broadcast_sink_on_the_synthetic_task_moves_every_token_towards_the_dono
     x, _, _ = broadcast_batch(torch.Generator().manual_seed(7), batch=160)
     st = InterveneConfig(n_images=128, heldout_images=32, min_events=20,
                          edits=["zero_sink_value", "donor_sink_value", "redirect_sink_attention"])
-    res = intervene(from_sequence_model(model), x[:128], None, x[128:], st, progress=False)
+    res = intervene(model.backbone(), x[:128], None, x[128:], st, progress=False)
     main = _by_class(res.rows, 2)["blocks 1..L-1"]["broadcast"]
     assert main["zero_sink_value"]["coherence"] > 0.8
     assert main["donor_sink_value"]["donor_cosine"] >= 0.9
@@ -352,7 +353,7 @@ def test_a_recorded_random_patch_is_the_one_edited() -> None:
 def test_a_head_without_held_out_events_gets_no_mean_sink_value_and_the_report_says_so(tmp_path: Path) -> None:
     model = cls_sink_vit()
     x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(4))
-    subject = from_vit(model)
+    subject = adapt(model.eval())
     live = SinkRules().event_class(stage_one(subject, x[4:], 4))  # the held-out images' live events
     assert (live[:, 0, 0] != "none").all() and (live[:, 0, 1] == "none").all()  # 0:0 by construction; 0:1 none
     d = stage_one(subject, x[:4], 4)

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_vit
+from tests.helpers.strong_sink import cls_sink_vit, final_patch_relrms_with, rescaled
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import InterveneConfig
-from vitsinks.interventions import from_vit, intervene
+from vitsinks.interventions import intervene
 from vitsinks.interventions.edits import REDIRECT_TOL, check_redirect
 from vitsinks.models import ATTN_KINDS, KINDS, SinkAttention
 
@@ -134,67 +134,6 @@ def test_redirect_of_non_finite_scores_is_non_finite_not_zero() -> None:
             assert torch.isnan(attn.redirected(x, 1, torch.tensor([1, 3, 5]))[0]).any(), kind
 
 
-
-def hand_relrms(base: torch.Tensor, edited: torch.Tensor, sinks: list[int], num_prefix: int = 3) -> np.ndarray:
-    """Per image, the rel. RMS change over the patch tokens with the sink token (when it is a patch) left out."""
-    out = []
-    for i, s in enumerate(sinks):
-        keep = [j for j in range(num_prefix, base.shape[1]) if j != s]
-        d, p = edited[i, keep] - base[i, keep], base[i, keep]
-        out.append(float((d**2).sum(-1).mean().sqrt() / (p**2).sum(-1).mean().sqrt()))
-    return np.array(out)
-
-
-
-def cls_sink_vit() -> torch.nn.Module:
-    """A 2-block ViT whose head 0:0 scores [CLS] G (1 - cos(z_0, z_j)) ~ hundreds of nats above patch j (z: the
-    normed tokens entering block 0; [CLS]'s is the same for every image), up to a few % per query; head 0:1 as
-    initialised."""
-    torch.manual_seed(0)
-    model = tiny_vit(num_heads=2).eval()
-    attn, dim = model.blocks[0].attn, 48
-    hd = attn.head_dim
-    u = torch.randn(hd)
-    u /= u.norm()
-    with torch.no_grad():
-        z0 = model.blocks[0].norm1(model.embed_tokens(torch.zeros(1, 3, 32, 32)))[0, 0]
-        w, b = attn.qkv.weight, attn.qkv.bias
-        w[:hd] *= 0.05  # queries: mostly u / scale, a little of the token
-        b[:hd] = u / attn.scale
-        w[dim : dim + hd] = 400.0 * torch.outer(u, z0) / z0.dot(z0)
-        b[dim : dim + hd] = 0.0
-    return model
-
-
-def final_patch_relrms_with(model: torch.nn.Module, x: torch.Tensor, block: int, head: int, sink: torch.Tensor,
-                            dtype: torch.dtype,
-                            redirect: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> np.ndarray:
-    """Per image (a ViT, no registers): head `block:head`'s attention A replaced by `redirect(A, sink)`, the model
-    run in `dtype` (a float64 copy for the truth); the final patches' rel. RMS change, the sink patch left out."""
-    m = copy.deepcopy(model).to(dtype).eval()
-    with torch.no_grad():
-        t = m.embed_tokens(x.to(dtype))
-        for blk in m.blocks[:block]:
-            t = blk(t)
-        blk = m.blocks[block]
-        it = blk.attn.internals(blk.norm1(t))
-        out = it.attn @ it.v
-        out[:, head] = redirect(it.attn[:, head], sink) @ it.v[:, head]
-        edited = blk.from_heads(t, out, it.gate)
-        for later in m.blocks[block + 1 :]:
-            edited = later(edited)
-        base, edited = m.norm(m.blocks(m.embed_tokens(x.to(dtype)))), m.norm(edited)
-    return hand_relrms(base.double(), edited.double(), sink.tolist(), num_prefix=m.num_prefix_tokens)
-
-
-def rescaled(a: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
-    """Softmax probabilities with column sink[b] zeroed, rows divided by their new sum: the redirect, exact in
-    float64 at leads below ~700 nats."""
-    out = a.clone()
-    out[torch.arange(len(a)), :, sink] = 0.0
-    return out / out.sum(-1, keepdim=True)
-
-
 def old_rescaled(a: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     """The probability rescaling vitsinks used before (float32 rows with nothing left off the sink stay 0)."""
     out = a.clone()
@@ -213,7 +152,7 @@ def test_redirect_on_a_strong_sink_agrees_with_float64_end_to_end_where_probabil
         s = (q[:, 0] @ k[:, 0].transpose(-2, -1)) * m64.blocks[0].attn.scale
     assert (s[..., 0] - s[..., 1:].amax(-1)).min() > 100
     st = InterveneConfig(n_images=6, heads=["0:0"], edits=["redirect_sink_attention"], batch_size=3)
-    res = intervene(from_vit(model), x, None, x[:0], st, progress=False)
+    res = intervene(adapt(model.eval()), x, None, x[:0], st, progress=False)
     assert {r["sink_idx"] for r in res.rows} == {0}
     ours = np.array([r["final_patch_relrms"] for r in res.rows])
     cls = torch.zeros(6, dtype=torch.long)

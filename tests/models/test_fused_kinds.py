@@ -17,7 +17,7 @@ import torch.nn.attention.flex_attention as flex_module
 import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
 
-from tests.conftest import TINY_VIT, tiny_cfg, tiny_vit
+from tests.helpers.tiny import TINY_VIT, tiny_cfg, tiny_vit
 from vitsinks.models import KINDS, SinkAttention, model_from_config
 from vitsinks.models.attention import FUSED_MODES, select_kernel, set_fused_attention
 from vitsinks.models.kinds import FLEX_KINDS

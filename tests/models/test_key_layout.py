@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from vitsinks.diagnostics.page import _attn_tile, _norm_tile, image_maps
 from vitsinks.diagnostics.plots import _where
 from vitsinks.diagnostics.summary import layout_of, location, token_location
 from vitsinks.interventions.edits import register_control
-from vitsinks.interventions.subject import Subject
 from vitsinks.models.layout import KeyLayout
+from vitsinks.models.seam import Backbone
 from vitsinks.utils.errors import BadValue
 
 # keys: registers 0, 1 | patches 2..5 | null key 6 (no [CLS])
@@ -61,7 +62,7 @@ def test_more_than_one_cls_is_a_clear_error() -> None:
     with pytest.raises(BadValue, match="0 or 1 \\[CLS\\]"):
         KeyLayout(0, 4, cls=2)
     with pytest.raises(BadValue, match="0 or 1 \\[CLS\\]"):
-        Subject([], lambda x: x, lambda x: x, 0, num_cls=2)
+        Backbone(nn.Identity(), "test", [], lambda x: x, lambda x: x, num_cls=2)
 
 
 def test_summary_location_of_a_no_cls_diagnosis() -> None:
@@ -78,9 +79,9 @@ def test_register_edits_of_a_model_without_cls() -> None:
     assert register_control("mean_registers", x, 2, mean, num_cls=0)[:, :2, 0].tolist() == [[7, 8], [7, 8]]
     assert torch.equal(register_control("shuffle_registers", x, 2, perm=torch.tensor([1, 0]), num_cls=0)[0, :2],
                        x[1, :2])
-    subject = Subject([], lambda t: t, lambda t: t, 2, num_registers=2, num_cls=0)
+    subject = Backbone(nn.Identity(), "test", [], lambda t: t, lambda t: t, num_registers=2, num_cls=0)
     assert torch.equal(subject.without_registers(x), x[:, 2:])
-    with_cls = Subject([], lambda t: t, lambda t: t, 3, num_registers=2)
+    with_cls = Backbone(nn.Identity(), "test", [], lambda t: t, lambda t: t, num_registers=2)
     assert torch.equal(with_cls.without_registers(x), x[:, [0, 3, 4]])
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_VIT
+from tests.helpers.tiny import TINY_VIT
 from vitsinks.configs.schema import load_config
 from vitsinks.models import MITIGATIONS, ModelConfig, arch_keys, build_vit, mitigation_columns, variant_name
 from vitsinks.models.layout import KeyLayout

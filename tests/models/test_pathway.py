@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.configs.schema import ObjectiveConfig, load_config
 from vitsinks.diagnostics import diagnose, summarize
 from vitsinks.models import GlobalPathway, build_vit, common_mode_penalty, load_timm_state_dict, model_from_config

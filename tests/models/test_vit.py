@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY_VIT
+from tests.helpers.tiny import TINY_VIT
 from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.models import (
     ATTN_KINDS,

@@ -14,7 +14,7 @@ import safetensors.torch
 import torch
 from huggingface_hub import constants as hf_constants
 
-from tests.conftest import TINY_VIT, tiny_vit
+from tests.helpers.tiny import TINY_VIT, tiny_vit
 from vitsinks.models import model_from_config
 from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.models.weights import architecture, hub_reachable, load

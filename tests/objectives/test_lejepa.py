@@ -3,7 +3,7 @@
 import torch
 from lightly.loss import LeJEPALoss as LightlyLeJEPALoss
 
-from tests.conftest import tiny_vit
+from tests.helpers.tiny import tiny_vit
 from vitsinks.configs.schema import ObjectiveConfig
 from vitsinks.objectives.lejepa import LeJEPALoss, LeJEPAModel
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg, tiny_vit
+from tests.helpers.tiny import tiny_cfg, tiny_vit
 from vitsinks.configs.schema import ObjectiveConfig
-from vitsinks.objectives.base import Runtime
 from vitsinks.objectives.lejepa import LeJEPA, LeJEPALoss
+from vitsinks.objectives.objective import Runtime
 from vitsinks.utils.errors import ConfigError
 
 LAMB, SLICES, KNOTS, T_MAX = 0.02, 256, 17, 3.0

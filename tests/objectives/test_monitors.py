@@ -14,12 +14,12 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
-from tests.conftest import tiny_cfg
-from tests.utils.test_distributed import run_ranks
+from tests.helpers.distributed import run_ranks
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.data import build_dataset
 from vitsinks.data.imagefolder import BadImage
 from vitsinks.data.selection import permutation
-from vitsinks.diagnostics import protocol_transform
+from vitsinks.diagnostics import selection_transform
 from vitsinks.models import model_from_config
 from vitsinks.objectives import Runtime, build_objective
 from vitsinks.objectives.monitors import (
@@ -174,7 +174,7 @@ class MeanColour(nn.Module):
 
 def _monitors(runs: Path, split: Dataset, classes: int, *overrides: str) -> Monitors:
     cfg = tiny_cfg(runs, "views.global_size=16", *overrides)
-    return Monitors(cfg, split, classes, CPU, NO_AUTOCAST, protocol_transform(16, cfg.protocol))
+    return Monitors(cfg, split, classes, CPU, NO_AUTOCAST, selection_transform(16, cfg.selection))
 
 
 def _val(cfg_runs: Path, split: Dataset, backbone: nn.Module) -> list:
@@ -219,13 +219,13 @@ def test_the_sink_tasks_have_no_monitors(runs: Path) -> None:
 def _by_hand(backbone: nn.Module, cfg, train: Dataset, val: Dataset) -> tuple[float, float]:
     """The monitors image by image: the bank's images and the validation images picked, viewed and embedded one at
     a time, the k-NN by brute force, RankMe of the stacked embeddings."""
-    tf = protocol_transform(cfg.views.global_size, cfg.protocol)
+    tf = selection_transform(cfg.views.global_size, cfg.selection)
     def one(split: Dataset, i: int) -> tuple[np.ndarray, int]:
         img, label = split[i]
         with torch.no_grad():
             return backbone(tf(img)[None])[0].double().numpy(), label
-    bank = [one(train, i) for i in permutation(len(train), cfg.protocol.seed)[:cfg.monitors.knn_bank]]
-    queries = [one(val, i) for i in permutation(len(val), cfg.protocol.seed)]
+    bank = [one(train, i) for i in permutation(len(train), cfg.selection.seed)[:cfg.monitors.knn_bank]]
+    queries = [one(val, i) for i in permutation(len(val), cfg.selection.seed)]
     pred = _brute_force_knn(np.stack([f for f, _ in queries]), np.stack([f for f, _ in bank]),
                             np.array([y for _, y in bank]), cfg.data.num_classes, cfg.monitors.knn_k,
                             cfg.monitors.knn_temperature)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.pretrained.test_timm_adapter import CONFIGS, images, own_twin, timm_vit
+from tests.helpers.timm_models import CONFIGS, images, own_twin, timm_vit
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics import run_diagnostics, stretched
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.pretrained import diagnose, diagnose_fields, report
-from vitsinks.pretrained.inputs import as_images
+from vitsinks.pretrained.images import as_images
 from vitsinks.utils.errors import BadValue
 
 

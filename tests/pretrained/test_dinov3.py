@@ -8,44 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import timm
 import torch
 from timm.models.eva import Eva
 from torch import nn
 
-from tests.pretrained import assert_fields_match_attention, patch_relrms, require, zeroed_value_relrms
-from tests.pretrained.neurons import assert_table_equals, summary_rows
+from tests.helpers.adapter_checks import assert_fields_match_attention, patch_relrms, zeroed_value_relrms
+from tests.helpers.neuron_tables import assert_table_equals, summary_rows
+from tests.helpers.tiny_models import dinov3 as build
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.pretrained import adapt, diagnose, intervene
-from vitsinks.pretrained.edits import fit_w8a8
+from vitsinks.pretrained.posthoc import fit_w8a8
 from vitsinks.utils.errors import BadValue
 
 DIM, HEADS, HEAD_DIM, REGISTERS, PATCH = 48, 3, 16, 4, 8
 MODELS = ("hf", "hf_gated", "timm", "timm_qkvb")
-
-
-def build(name: str, registers: int = REGISTERS) -> nn.Module:
-    """A small randomly initialised DINOv3 with sharpened attention, non-trivial [CLS], registers, biases and
-    LayerScale (`hf*`: transformers, `timm*`: timm)."""
-    torch.manual_seed(0)
-    if name.startswith("hf"):
-        T = require("transformers")
-        m = T.DINOv3ViTModel(T.DINOv3ViTConfig(hidden_size=DIM, num_hidden_layers=2, num_attention_heads=HEADS,
-                                               intermediate_size=2 * DIM, image_size=32, patch_size=PATCH,
-                                               num_register_tokens=registers, use_gated_mlp=name == "hf_gated"))
-    else:
-        arch = "vit_small_patch16_dinov3_qkvb" if name == "timm_qkvb" else "vit_small_patch16_dinov3"
-        m = timm.create_model(arch, pretrained=False, img_size=32, patch_size=PATCH, embed_dim=DIM, num_heads=HEADS,
-                              depth=2, num_classes=0, num_reg_tokens=registers)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if n.endswith(("q_proj.weight", "attn.qkv.weight")):
-                p.mul_(4.0)
-            elif n.endswith(("lambda1", "gamma_1", "gamma_2")):
-                p.uniform_(0.05, 1.0)
-            elif n.endswith(("cls_token", "register_tokens", "reg_token", "q_bias", "v_bias", "_proj.bias")):
-                p.normal_(0, 1.0)
-    return m.eval()
 
 
 def images(n: int = 3, size: tuple[int, int] = (32, 48)) -> torch.Tensor:

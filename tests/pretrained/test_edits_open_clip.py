@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.pretrained.neurons import assert_table_equals, summary_rows
-from tests.pretrained.test_open_clip_adapter import images, own_twin, tower
+from tests.helpers.neuron_tables import assert_table_equals, summary_rows
+from tests.helpers.open_clip_models import images, own_twin, tower
+from vitsinks.backbones.views import own_linears
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import apply_w8a8, block_linears, fit_w8a8
-from vitsinks.pretrained.views import own_linears
+from vitsinks.pretrained.posthoc import apply_w8a8, fit_w8a8
 from vitsinks.quant import W8A8
-from vitsinks.quant.stats import layer_paths
+from vitsinks.quant.outliers import layer_paths
 from vitsinks.utils.errors import BadValue
 
 
@@ -28,14 +28,14 @@ def test_w8a8_equals_vitsinks_own(ls: float | None) -> None:
     x, calib = images(3), images(5)[3:]
     f = adapt(v)
     before = f.forward_features(x)
-    assert list(block_linears(f)) == list(layer_paths(own))  # a SinkViT's names: blocks.<i>.attn.qkv, ...
+    assert list(layer_paths(f)) == list(layer_paths(adapt(own)))  # a SinkViT's names: blocks.<i>.attn.qkv, ...
     state = fit_w8a8(v, calib)
-    want = W8A8.fit(own, calib, SimpleNamespace(weight_bits=8, act_bits=8))
+    want = W8A8.fit(adapt(own), calib, SimpleNamespace(weight_bits=8, act_bits=8))
     assert state["layers"] == want["layers"]
     torch.testing.assert_close(state["act_max"], want["act_max"], rtol=1e-5, atol=0)
     assert not v.transformer.resblocks[0].attn._forward_hooks  # the calibration's hooks are gone
     got = apply_w8a8(v, state).forward_features(x)
-    ref = W8A8.apply(own, want).forward_features(x)
+    ref = W8A8.apply(adapt(own), want).forward_features(x)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(v(x), ref[:, 0] @ v.proj, rtol=1e-4, atol=1e-4)  # open_clip's own forward: W8A8 too
     assert 1e-4 < (got - before).norm() / before.norm() < 0.1  # quantised: changed, a little

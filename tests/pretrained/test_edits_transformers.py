@@ -11,19 +11,19 @@ import pytest
 import torch
 from torch import nn
 
-from tests.pretrained import require
-from tests.pretrained.neurons import assert_table_equals, outlier_patches, summary_rows, unit_scores
-from tests.pretrained.test_transformers_adapter import REGISTERS, SMALL, build, images
+from tests.helpers.neuron_tables import assert_table_equals, outlier_patches, summary_rows, unit_scores
+from tests.helpers.requirements import require
+from tests.helpers.transformers_models import REGISTERS, SMALL, build, images
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.edits import (
+from vitsinks.pretrained.posthoc import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,
-    block_linears,
     fit_massive,
     fit_w8a8,
     register_neurons,
 )
+from vitsinks.quant.outliers import layer_paths
 from vitsinks.utils.errors import BadValue
 
 T = require("transformers")
@@ -58,7 +58,7 @@ def test_w8a8_on_dinov2_puts_weights_and_inputs_on_their_grids() -> None:
         mod.register_forward_pre_hook(lambda _m, a, n=n: seen.__setitem__(n, a[0]))
     m(pixel_values=x)
     assert all(on_grid(seen[n], top[n] / 127) for n in linears)
-    assert list(block_linears(adapt(m))) == [f"blocks.{n.split('.', 2)[2]}" for n in linears]
+    assert list(layer_paths(adapt(m))) == [f"blocks.{n.split('.', 2)[2]}" for n in linears]
 
 
 @torch.no_grad()

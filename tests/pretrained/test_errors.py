@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.pretrained.test_timm_adapter import CONFIGS, images, plant_sink, timm_vit
+from tests.helpers.timm_models import CONFIGS, images, plant_sink, timm_vit
 from vitsinks import pretrained
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.pretrained import diagnose, intervene, report
-from vitsinks.pretrained.edits import (
+from vitsinks.pretrained.posthoc import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,
@@ -27,8 +27,8 @@ from vitsinks.utils.errors import BadValue
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda m, x: diagnose(m, torch.randn(2, 3, 40, 40)), "cannot embed images of shape"),  # built for 32 px
-    (lambda m, x: diagnose(m, x[:, :1]), "cannot embed images of shape"),  # one channel
+    (lambda m, x: diagnose(m, torch.randn(2, 3, 40, 40)), "cannot embed inputs of shape"),  # built for 32 px
+    (lambda m, x: diagnose(m, x[:, :1]), "cannot embed inputs of shape"),  # one channel
     (lambda m, x: diagnose(m, (x * 255).to(torch.uint8)), "not normalised floats"),
     (lambda m, x: diagnose(m, torch.where(x > 2, torch.nan, x)), "NaN or inf"),
     (lambda m, x: diagnose(m, x, heads=[7]), r"heads \[7\]"),
@@ -107,7 +107,7 @@ def test_edits_do_not_stack_and_come_off() -> None:
     edited = add_test_time_register(m, [(0, 3)])
     with pytest.raises(BadValue, match="already carries a test-time register"):
         add_test_time_register(edited, [(0, 3)])
-    with pytest.raises(BadValue, match="use the view add_test_time_register returned"):
+    with pytest.raises(BadValue, match="use the backbone add_test_time_register returned"):
         diagnose(m, x)  # the plain view would feed the hooks one token less
     assert diagnose(edited, x)["layout"]["num_registers"][0] == CONFIGS["dinov2_reg"]["reg_tokens"] + 1
     apply_massive(edited, fit_massive(edited, x))

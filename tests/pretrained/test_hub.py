@@ -16,8 +16,8 @@ import timm
 import torch
 from huggingface_hub import constants as hf_constants
 
-from tests.pretrained import require
-from tests.pretrained.test_load import TIMM_NAME, model_alone
+from tests.helpers.requirements import require
+from tests.helpers.saved_models import TIMM_NAME, model_alone
 from vitsinks.models.weights import DAMAGED, RUN_DIVERGED
 from vitsinks.pretrained import load
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite

@@ -13,15 +13,14 @@ import timm
 import torch
 from PIL import Image
 
-from tests.conftest import require_fashion_mnist, run_command
-from tests.pretrained import require
+from tests.helpers.commands import run_command
+from tests.helpers.requirements import require, require_fashion_mnist
+from tests.helpers.saved_models import TIMM_NAME, model_alone
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import select_items
 from vitsinks.pretrained import diagnose_fields, intervene, load
 from vitsinks.utils.errors import BadValue
-
-TIMM_NAME = "vit_tiny_patch16_224"  # 5.7M parameters: the smallest timm ViT with a pretrained configuration
 
 
 def timm_weights(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
@@ -73,29 +72,6 @@ def test_load_a_transformers_folder(tmp_path: Path) -> None:
     for k, v in model.state_dict().items():
         torch.testing.assert_close(got.model.state_dict()[k], v, rtol=0, atol=0)
     assert got.images([picture(2)]).shape == (1, 3, 32, 32)
-
-
-SMALL_HF = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-            "patch_size": 8}
-
-
-def model_alone(folder: Path, kind: str) -> tuple[torch.nn.Module, tuple[int, int]]:
-    """A tiny random transformers model written by `save_pretrained` alone (no image processor) into `folder`, and
-    the (height, width) its config names: DINOv2 (an int), ViT (a pair), CLIP (the vision config's, of a composite)."""
-    transformers = require("transformers")
-    torch.manual_seed(0)
-    if kind == "dinov2":
-        model, size = transformers.Dinov2Model(transformers.Dinov2Config(**SMALL_HF, image_size=32)), (32, 32)
-    elif kind == "vit":
-        model, size = transformers.ViTModel(transformers.ViTConfig(**SMALL_HF, image_size=[32, 48])), (32, 48)
-    else:
-        text = {**SMALL_HF, "vocab_size": 100}
-        del text["patch_size"]
-        cfg = transformers.CLIPConfig(text_config=text, vision_config={**SMALL_HF, "image_size": 40}, projection_dim=16)
-        model, size = transformers.CLIPModel(cfg), (40, 40)
-    model.eval().save_pretrained(folder)
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
-    return model, size
 
 
 @pytest.mark.parametrize("kind", ["dinov2", "vit", "clip"])
@@ -193,9 +169,9 @@ def test_the_command_line_is_the_api(tmp_path: Path) -> None:
                          "data=fashion_mnist", "n_images=3", f"runs_dir={tmp_path / 'runs'}"])
     assert again.returncode != 0 and "holds the results of" in again.stderr and "Loading" not in again.stdout
     saved = np.load(folder / "per_image.npz")
-    # the same images, chosen as every command chooses them (the protocol's order), diagnosed from Python
+    # the same images, chosen as every command chooses them (the selection's order), diagnosed from Python
     loaded, cfg = load(hub), load_config(["data=fashion_mnist"])
-    ((items, index),) = select_items(build_dataset(cfg.data, "val", 0), [3], cfg.protocol)
+    ((items, index),) = select_items(build_dataset(cfg.data, "val", 0), [3], cfg.selection)
     assert saved["image_index"].tolist() == index
     d = diagnose_fields(loaded.model, loaded.images([it[0] for it in items]))
     np.testing.assert_array_equal(saved["sink_idx"], d["sink_idx"])
@@ -216,7 +192,7 @@ def test_the_intervene_command_is_the_api(tmp_path: Path) -> None:
     assert sorted({r["edit"] for r in rows}) == sorted(edits) and len(rows) == 8
     # the same images, head and edits from Python; the held-out images are the next two of the same order
     loaded, cfg = load(hub), load_config(["data=fashion_mnist", "intervene.n_images=4", "intervene.heldout_images=2"])
-    (edited, index), (heldout, _) = select_items(build_dataset(cfg.data, "val", 0), [4, 2], cfg.protocol)
+    (edited, index), (heldout, _) = select_items(build_dataset(cfg.data, "val", 0), [4, 2], cfg.selection)
     assert sorted({int(r["image_index"]) for r in rows}) == sorted(index)
     got = intervene(loaded.model, loaded.images([it[0] for it in edited]), heads=[(5, 1)], edits=edits,
                     heldout=loaded.images([it[0] for it in heldout]), batch_size=2)["rows"]

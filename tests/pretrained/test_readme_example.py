@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.pretrained import zeroed_value_relrms
+from tests.helpers.adapter_checks import zeroed_value_relrms
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = "## Diagnose a pretrained model"

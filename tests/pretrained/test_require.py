@@ -1,10 +1,11 @@
-"""`tests.pretrained.require`: a missing optional library skips its tests, except under CI=true, where it fails them."""
+"""`tests.helpers.requirements.require`: a missing optional library skips its tests, except under CI=true, where it
+fails them."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.pretrained import require
+from tests.helpers.requirements import require
 
 MISSING = "vitsinks_no_such_module_for_the_test"
 

@@ -14,52 +14,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.pretrained import assert_fields_equal_own, assert_fields_match_attention, require, zeroed_value_relrms
+from tests.helpers.adapter_checks import assert_fields_equal_own, assert_fields_match_attention, zeroed_value_relrms
+from tests.helpers.requirements import require
+from tests.helpers.transformers_models import REGISTERS, SMALL, build, images
+from vitsinks.backbones.transformers_vit import SPECS
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import summarize
 from vitsinks.models import SinkViT, load_timm_state_dict
 from vitsinks.models.layout import KeyLayout
 from vitsinks.pretrained import adapt, diagnose, diagnose_fields, intervene, report
-from vitsinks.pretrained.families.transformers_vit import SPECS
 from vitsinks.utils.errors import BadValue
 
 T = require("transformers")
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
-REGISTERS = 4
-
-
-def build(name: str) -> nn.Module:
-    """A small randomly initialised model with sharpened attention and non-trivial [CLS], registers and LayerScale."""
-    torch.manual_seed(0)
-    if name == "dinov2":
-        m = T.Dinov2Model(T.Dinov2Config(**SMALL, mlp_ratio=2))
-    elif name == "dinov2_reg":
-        m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2,
-                                                                    num_register_tokens=REGISTERS))
-    elif name == "vit":
-        m = T.ViTModel(T.ViTConfig(**SMALL, intermediate_size=64))
-    elif name == "clip":
-        m = T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL, intermediate_size=64))
-    else:
-        m = T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL, intermediate_size=64))
-    with torch.no_grad():
-        for name_, p in m.named_parameters():
-            if "q_proj.weight" in name_:
-                p.mul_(4.0)
-            elif "lambda1" in name_:
-                p.uniform_(0.05, 1.0)
-            elif name_.endswith(("cls_token", "register_tokens", "class_embedding")):
-                p.normal_(0, 1.0)
-    return m.eval()
-
-
 MODELS = ("dinov2", "dinov2_reg", "vit", "clip", "siglip")
-
-
-def images(n: int = 3) -> torch.Tensor:
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("name", MODELS)

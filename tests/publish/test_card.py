@@ -12,13 +12,13 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 from omegaconf import OmegaConf
 
-from tests.publish.conftest import STEP, first_run
+from tests.helpers.exported_runs import STEP, first_run
 from vitsinks.diagnostics.rules import CLASSES
 from vitsinks.publish.card import Export, render
 from vitsinks.publish.facts import gather
 from vitsinks.publish.folder import preprocessing
-from vitsinks.publish.source import read
-from vitsinks.quant.results import QuantResult
+from vitsinks.publish.provenance import read
+from vitsinks.quant.quant_results import QuantResult
 from vitsinks.utils.rundir import RunDir
 
 NUMBER = re.compile(r"^-?\d+(\.\d+)?(e-?\d+)?$")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY_VIT, tiny_cfg
+from tests.helpers.tiny import TINY_VIT, tiny_cfg
 from vitsinks.configs.schema import config_dir, load_config
 from vitsinks.models import ATTN_KINDS, MITIGATIONS, SIZES
 from vitsinks.models.kinds import DEFAULT_KIND

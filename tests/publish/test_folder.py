@@ -1,7 +1,7 @@
 """The exported folder: timm's own folder where timm builds the variant (plain `timm.create_model("local-dir:...")`
 computes the features of the folder's weights as vitsinks does), vitsinks' layout elsewhere, both read back by
 `vitsinks.pretrained.load`; what `out` may be, and that nothing of the user's is touched; derived and imported runs
-refused; the upload through huggingface_hub to a local stand-in of the hub (tests/publish/hub_standin.py)."""
+refused; the upload through huggingface_hub to a local stand-in of the hub (tests/helpers/hub_standin.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 from huggingface_hub import HfApi, ModelCard
 from timm.models.naflexvit import NaFlexVit
 
-from tests.conftest import images, tiny_cfg
-from tests.publish.conftest import make_run, write_checkpoint
-from tests.publish.hub_standin import TOKEN, standin_hub
+from tests.helpers.exported_runs import make_run, write_checkpoint
+from tests.helpers.hub_standin import TOKEN, standin_hub
+from tests.helpers.tiny import images, tiny_cfg
 from vitsinks import pretrained
 from vitsinks.data.selection import IMAGENET_NORMALIZE
 from vitsinks.publish.folder import FILES, push, write_folder

@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import TINY, tiny_cfg
-from tests.publish.conftest import make_run
+from tests.helpers.exported_runs import make_run
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks import pretrained
 from vitsinks.data.selection import analysis_transform
 from vitsinks.diagnose import cli as diagnose_cli

@@ -14,7 +14,7 @@ import torch
 from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import images, tiny_vit
+from tests.helpers.tiny import images, tiny_vit
 from vitsinks.models import ATTN_KINDS, MITIGATIONS, SinkViT
 from vitsinks.models.kinds import DEFAULT_KIND
 from vitsinks.publish.timm_format import (

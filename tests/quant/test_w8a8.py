@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit
-from tests.conftest import tiny_vit
+from tests.helpers.tiny import tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import QuantConfig
 from vitsinks.quant.w8a8 import W8A8, fake_quant, qmax, scale_of
 from vitsinks.quantize import feature_cosines
@@ -33,7 +34,7 @@ def test_the_edit_quantises_every_block_weight_and_input_with_the_fitted_scales(
     torch.manual_seed(0)
     model = tiny_vit().eval()
     images = torch.randn(6, 3, 32, 32)
-    state = W8A8.fit(model, images, QuantConfig(weight_bits=6, act_bits=8))
+    state = W8A8.fit(adapt(model), images, QuantConfig(weight_bits=6, act_bits=8))
     assert METHODS["w8a8"] is W8A8 and not W8A8.mitigation
     assert state["weight_bits"] == 6 and state["act_bits"] == 8 and state["calib_images"] == 6
     assert len(state["layers"]) == 4 * len(model.blocks)
@@ -44,7 +45,7 @@ def test_the_edit_quantises_every_block_weight_and_input_with_the_fitted_scales(
         model.forward_features(images)
     assert float(state["act_max"][fc1]) == pytest.approx(float(seen[0].abs().max()))  # max |x| of the float model
     before = model.blocks[0].attn.qkv.weight.detach().clone()
-    W8A8.apply(model, state)
+    W8A8.apply(adapt(model), state)
     w = model.blocks[0].attn.qkv.weight
     step = scale_of(before.abs().max(), 6)
     assert torch.allclose(w / step, (w / step).round(), atol=1e-3) and (w - before).abs().max() <= step / 2 * 1.001
@@ -59,9 +60,9 @@ def test_the_edit_quantises_every_block_weight_and_input_with_the_fitted_scales(
 
 
 def test_a_state_of_another_architecture_is_refused() -> None:
-    state = W8A8.fit(tiny_vit().eval(), torch.randn(2, 3, 32, 32), QuantConfig())
+    state = W8A8.fit(adapt(tiny_vit().eval()), torch.randn(2, 3, 32, 32), QuantConfig())
     with pytest.raises(BadValue, match="fitted on the linear layers"):
-        W8A8.apply(tiny_vit(depth=3), state)
+        W8A8.apply(adapt(tiny_vit(depth=3)), state)
 
 
 def _plant(model: torch.nn.Module, factor: float, block: int = 1, channel: int = 5) -> None:
@@ -87,11 +88,11 @@ def test_the_w8a8_error_grows_with_a_planted_outlier() -> None:
             out = fp32.forward_features(images)
         reference = out if reference is None else reference
         assert torch.allclose(out, reference, atol=1e-4)  # the float function is unchanged by the plant
-        state = W8A8.fit(fp32, images, QuantConfig())
+        state = W8A8.fit(adapt(fp32), images, QuantConfig())
         quant = tiny_vit().eval()
         quant.load_state_dict(fp32.state_dict())
-        W8A8.apply(quant, state)
-        final, by_block = feature_cosines(fp32, quant, images)
+        W8A8.apply(adapt(quant), state)
+        final, by_block = feature_cosines(adapt(fp32), adapt(quant), images)
         cosines.append(final)
         first_block.append(by_block[0])
         scales.append(float(state["act_scale"][state["layers"].index(fc1)]))

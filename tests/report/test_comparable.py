@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import bar_heights
+from tests.helpers.figures import bar_heights
+from tests.helpers.leaderboard import cells
 from vitsinks.configs.schema import load_config
-from vitsinks.quant.results import QuantResult, change
+from vitsinks.quant.quant_results import QuantResult, change
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best, to_markdown
 from vitsinks.report.collect import NOT_COMPARABLE
-from vitsinks.utils.results import Column, Result, register_result, result_types
+from vitsinks.utils.results import RESULTS, Column, Result, result_types
 from vitsinks.utils.rundir import RunDir
 
 EDIT = "base + mean-fixed massive activations"  # the row of a `base` run's mean_massive edit
@@ -51,13 +52,6 @@ def linear(top1: float, seed: int | None) -> dict:
 def board(root: Path) -> dict[str, dict]:
     """The aggregated rows of every run under `root`, by variant."""
     return {t["variant"]: t for t in aggregate([collect(r) for r in run_dirs(root)])}
-
-
-def cells(md: str, title: str) -> dict[str, dict[str, str]]:
-    """The Markdown table under `## title`: variant -> header -> cell."""
-    lines = [r for r in md.split(f"## {title}\n")[1].split("\n## ")[0].splitlines() if r.startswith("| ")]
-    split = [[c.strip() for c in r.strip("|").split(" | ")] for r in lines]
-    return {r[0]: dict(zip(split[0], r, strict=True)) for r in split[1:]}
 
 
 def test_the_issues_case_online_probe_parent_and_linear_probe_edit_share_no_column(tmp_path: Path,
@@ -193,7 +187,7 @@ def test_dense_protocols_and_their_w8a8_changes_are_separate_columns(tmp_path: P
         "online_top1": "online probe", "linear_top1": "linear probe (DINOv2 protocol)"}
 
 
-def test_two_result_types_giving_one_column_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_result_types_giving_one_column_are_refused() -> None:
     """One key, one column, one protocol: a result type that reuses another's key is refused, naming it."""
 
     class Twin(Result):
@@ -214,12 +208,13 @@ def test_two_result_types_giving_one_column_are_refused(monkeypatch: pytest.Monk
         def collect(cls, run: RunDir) -> dict:
             return {}
 
-    from vitsinks.utils import results
-    monkeypatch.setattr(results, "_REGISTRY", dict(results._REGISTRY))
-    register_result(Twin)
-    assert Twin in result_types()
-    with pytest.raises(ValueError, match="several leaderboard columns are keyed linear_top1"):
-        columns()
+    RESULTS.register(Twin)
+    try:
+        assert Twin in result_types()
+        with pytest.raises(ValueError, match="several leaderboard columns are keyed linear_top1"):
+            columns()
+    finally:
+        RESULTS.unregister(Twin.kind)
 
 
 def test_quant_result_has_one_column_per_dense_kind() -> None:

@@ -5,64 +5,22 @@ every quantization column names its format: a W4A4 result never sits in a W8A8 c
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from tests.figure_checks import overlapping_labels
-from tests.report.test_comparable import cells
-from tests.report.test_leaderboard import DEFAULT_RULE, _summary
+from tests.helpers.figures import overlapping_labels
+from tests.helpers.leaderboard import DEFAULT_RULE, cells, plant, quant
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.diagnostics.summary import rule_record
-from vitsinks.quant.results import QuantResult, change
+from vitsinks.quant.quant_results import QuantResult, change
 from vitsinks.report import aggregate, build, collect, columns, run_dirs
 from vitsinks.report.experiment import bookkeeping, config_keys
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.rundir import RunDir
 
 DEF1_RULE = rule_record(SinkRules(rule="def1", eps=0.1), 12)
-
-
-def quant(weight_bits: int = 8, act_bits: int = 8, cosine: float = 0.999, linear: float = -1.0) -> dict:
-    """A results/quant.json of that format."""
-    return QuantResult(checkpoint="last.pt", weight_bits=weight_bits, act_bits=act_bits, calib_images=4, n_images=4,
-                       by_block={"kurtosis": {"fc1": [3.0]}, "inf_norm": {"fc1": [2.0]}}, feature_cosine=cosine,
-                       feature_cosine_by_block=[cosine], online_top1=change(50.0, 50.0 + linear),
-                       linear_top1=change(60.0, 60.0 + linear)).to_json()
-
-
-def plant(root: Path, name: str, *overrides: str, seed: int = 0, exp: str = "gate+reg", steps: int | None = 30,
-          online: float = 0.5, linear: float | None = 60.0, rule: dict | None = DEFAULT_RULE,
-          quant_json: dict | None = None, source: str | None = None) -> RunDir:
-    """A run folder written by hand: its config (`exp`, `seed`, `overrides`), metrics up to `steps` (None: none),
-    its linear probe, its diagnostics summary counted with `rule` (None: no summary) and its quant.json; `source`
-    (`<run>[/<checkpoint file>]`) makes it that run's mean_massive edit."""
-    run = RunDir(root / name)
-    run.results.mkdir(parents=True)
-    over = [f"exp={exp}", f"seed={seed}", *overrides]
-    if source is not None:
-        parent, _, ckpt = source.partition("/")
-        over = [*over, "trainfree.method=mean_massive",
-                f"trainfree.source={root / parent / 'checkpoints' / (ckpt or 'last.pt')}"]
-    run.config.write_text(OmegaConf.to_yaml(load_config(over), resolve=True))
-    if source is not None:
-        run.write_status("finished", method="mean_massive")  # a derived run that finished
-    if steps is not None:
-        run.metrics.write_text(json.dumps({"step": steps, "loss": 1.0}) + "\n"
-                               + json.dumps({"step": steps, "val/probe_acc": online}) + "\n")
-    if linear is not None:
-        run.result("linear").write_text(json.dumps({"checkpoint": str(run.last), "seed": seed,
-                                                    "best": {"top1": linear}}))
-    if rule is not None:
-        run.summary("final").parent.mkdir(parents=True)
-        run.summary("final").write_text(json.dumps(_summary(1.0, 0.0, rule)))
-    if quant_json is not None:
-        run.result("quant").write_text(json.dumps(quant_json))
-    return run
 
 
 def rows_of(root: Path) -> dict[str, dict]:

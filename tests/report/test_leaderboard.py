@@ -5,9 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,53 +15,25 @@ import pytest
 from matplotlib.colors import to_hex
 from omegaconf import OmegaConf
 
-from tests.conftest import run_command, run_commands
-from tests.figure_checks import overlapping_labels
+from tests.helpers.commands import run_command, run_commands
+from tests.helpers.figures import overlapping_labels
+from tests.helpers.leaderboard import RUNS, make_runs, sinks_summary
+from tests.helpers.requirements import require_chromium
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import rule_record
 from vitsinks.objectives.monitors import KNN, RANKME
-from vitsinks.quant.results import QuantResult
+from vitsinks.quant.quant_results import QuantResult
 from vitsinks.report import aggregate, build, collect, columns, run_dirs, significant_best
 from vitsinks.report.collect import quality as quality_columns
-from vitsinks.utils import results
+from vitsinks.utils.columns import SECTIONS, Column
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS
-from vitsinks.utils.results import SECTIONS, Column, Result
+from vitsinks.utils.results import RESULTS, Result
 from vitsinks.utils.rundir import RunDir
 from vitsinks.utils.stats import welch_p
 
-# (variant, seed) -> (online acc, linear top-1, synthetic mIoU, NOP sinks, broadcast sinks)
-RUNS = {("base", 0): (0.50, 60.0, 0.20, 2.0, 0.5), ("base", 1): (0.54, 64.0, 0.24, 4.0, 0.5),
-        ("gate+reg", 0): (0.60, 70.0, 0.30, 0.0, 1.0), ("gate+reg", 1): (0.62, 72.0, 0.34, 0.0, 3.0)}
-
-
-DEFAULT_RULE = rule_record(SinkRules(), 12)  # what `diagnostics` writes by default
 KEMPNER_RULE = rule_record(SinkRules(ratio="ratio_head", use_stable_rank=False), 12)  # the reference's counting
-
-
-def _summary(nop: float, broadcast: float, rule: dict | None = DEFAULT_RULE) -> dict:
-    locs = {"cls": nop, "register": broadcast, "patch": 0.0}
-    spi = {"nop": {**locs, "all": nop}, "broadcast": {"cls": 0, "register": broadcast, "patch": 0, "all": broadcast},
-           "unclassified": {"cls": 0, "register": 0, "patch": 0, "all": 0},
-           "all": {"cls": nop, "register": broadcast, "patch": 0.0, "all": nop + broadcast}}
-    return {"sinks_per_image": spi, "massive_activations": {"ratio_by_block": [1.5, 3.0 + nop]},
-            **({"rule": rule} if rule else {})}
-
-
-def make_runs(root: Path, runs: dict = RUNS, rule: dict | None = DEFAULT_RULE) -> Path:
-    for (exp, seed), (online, lin, miou, nop, bc) in runs.items():
-        run = root / f"{exp}-s{seed}"
-        (run / "results").mkdir(parents=True)
-        (run / "diagnostics" / "final").mkdir(parents=True)
-        (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config([f"exp={exp}", f"seed={seed}"]),
-                                                           resolve=True))
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 1.0}) + "\n"
-                                           + json.dumps({"step": 10, "val/probe_acc": online}) + "\n")
-        (run / "results" / "linear.json").write_text(json.dumps({"best": {"top1": lin}}))
-        (run / "results" / "dense_synthetic.json").write_text(json.dumps({"mIoU": miou}))
-        (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(_summary(nop, bc, rule)))
-    return root
 
 
 @pytest.mark.slow
@@ -114,17 +84,9 @@ def test_outputs_with_two_seeds_mark_nothing_and_say_why(tmp_path: Path, figures
     assert not overlapping_labels(fig)
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.mark.slow
 def test_html_renders_the_table_in_headless_chromium(tmp_path: Path) -> None:
-    browser = _chromium()
-    if browser is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("chromium is missing: CI must install it (apt-get install chromium)")
-        pytest.skip("chromium not installed (apt-get install chromium)")
+    browser = require_chromium()
     out = tmp_path / "lb"
     build(make_runs(tmp_path / "runs"), out)
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -158,7 +120,7 @@ def test_new_variants_sit_beside_the_four_with_their_pathway_and_causal_columns(
         (run / "interventions" / "last").mkdir(parents=True)
         (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config([f"exp={exp}"]), resolve=True))
         (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/probe_acc": 0.5}) + "\n")
-        summary = {**_summary(1.0, 0.0), "common_mode_by_block": [0.2, 0.4]}
+        summary = {**sinks_summary(1.0, 0.0), "common_mode_by_block": [0.2, 0.4]}
         if "global" in exp:
             summary["pathway"] = {"share_by_block": [0.5, None, 0.7]}
         (run / "diagnostics" / "final" / "summary.json").write_text(json.dumps(summary))
@@ -364,7 +326,7 @@ class _Throwaway(Result):
 def test_a_column_no_run_has_is_not_in_the_csvs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A newly registered column (a new result's, a new mitigation's) leaves the CSVs of runs without it as they
     were: only a column some run has a value for is written."""
-    monkeypatch.setitem(results._REGISTRY, _Throwaway.kind, _Throwaway)
+    monkeypatch.setitem(RESULTS._items, _Throwaway.kind, _Throwaway)
     build(make_runs(tmp_path / "runs", {k: RUNS[k] for k in [("base", 0), ("gate+reg", 0)]}), tmp_path / "lb")
     with (tmp_path / "lb" / "leaderboard.csv").open() as f:
         board = list(csv.DictReader(f))

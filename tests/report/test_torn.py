@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.test_experiments import plant, quant
+from tests.helpers.leaderboard import plant, quant
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.report import build, collect
-from vitsinks.report.inputs import INPUTS, RECORD, recorded_title
+from vitsinks.report.leaderboard_inputs import INPUTS, RECORD, recorded_title
 from vitsinks.utils.files import BadFile
 from vitsinks.utils.rundir import RunDir
 

@@ -13,13 +13,14 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import tiny_cfg, tiny_vit
+from tests.helpers.tiny import tiny_cfg, tiny_vit
 from vitsinks.configs.schema import load_config
 from vitsinks.eval import linear
 from vitsinks.leaderboard import leaderboard_command
 from vitsinks.quantize import quantize
 from vitsinks.report.collect import collect
-from vitsinks.run.imported import _make, import_key, imported_run, with_checkpoint, with_tag
+from vitsinks.run.imported import _make, import_key, imported_run, with_tag
+from vitsinks.run.source import resolve
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.errors import BadValue, ConfigError
 from vitsinks.utils.rundir import RunDir, find_runs
@@ -53,7 +54,7 @@ def test_an_import_computes_what_the_timm_model_does_and_is_read_again_not_rewri
                                                   "imported_from": str(tmp_path / "dinov2_like.pth")}
     stamp = run.last.stat().st_mtime_ns
     assert imported_run(cfg).last.stat().st_mtime_ns == stamp  # the same source and settings: read, not rewritten
-    assert with_checkpoint(cfg).ckpt == str(run.last)
+    assert resolve(cfg).checkpoint == run.last  # every command reads it there
 
 
 def test_an_import_is_refused_over_anything_it_was_not_made_of(tmp_path: Path) -> None:

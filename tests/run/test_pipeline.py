@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_cfg
-from tests.fsfaults import fill, small_fs
+from tests.helpers.fsfaults import fill, small_fs
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.run import pipeline
 from vitsinks.run.sweep import is_finished
 from vitsinks.train.callbacks import Callback
@@ -112,7 +112,7 @@ def _after_train_worker(rank: int, world: int, report, runs: str) -> None:  # no
 
 @pytest.mark.slow
 def test_after_train_on_two_ranks_finishes_and_both_ranks_agree(runs: Path) -> None:
-    from tests.utils.test_distributed import run_ranks
+    from tests.helpers.distributed import run_ranks
 
     Trainer(tiny_cfg(runs, "name=at", "train.max_steps=1", *AFTER)).fit()
     reports = dict(r for r in run_ranks(_after_train_worker, str(runs)) if r[1].startswith("linear"))

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, require_slurm, run_command, run_commands, tiny_cfg
-from vitsinks.run.sweep import read_manifest, run_state
-from vitsinks.train.tracking import read_metrics
+from tests.helpers.commands import run_command, run_commands
+from tests.helpers.requirements import require_slurm
+from tests.helpers.tiny import TINY, tiny_cfg
+from vitsinks.run.sweep import run_state
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.metrics_log import read_metrics
+from vitsinks.utils.runstate import read_manifest
 
 CLUSTER = ["cluster=local_slurm"]
 

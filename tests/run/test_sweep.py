@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY, tiny_cfg
-from tests.test_launch import launch
+from tests.helpers.commands import launch
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks.configs.cli import compose
 from vitsinks.launch import _absolute
 from vitsinks.launch import status as launch_status
 from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import ConfigError
+from vitsinks.utils.runstate import write_manifest
 
 
 def _named(overrides: list[str]) -> list[str]:
@@ -112,7 +113,7 @@ def test_a_run_killed_while_running_is_reported_killed_without_writing_to_it(
     state = sw.run_state(run)
     assert state["status"] == "killed" and state["note"] == "no process holds the run; last checkpoint step 3"
     sweep = runs / "sweeps" / "s"
-    sw.write_manifest(sweep / "sweep.json", [{"index": 0, "name": "k9", "run_dir": str(run), "job_id": None}],
+    write_manifest(sweep / "sweep.json", [{"index": 0, "name": "k9", "run_dir": str(run), "job_id": None}],
                       sweep_dir=str(sweep))
     capsys.readouterr()
     assert launch_status(str(sweep)) == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vitsinks.diagnostics import DIAGNOSIS
 from vitsinks.interventions.report import INTERVENTIONS
-from vitsinks.report.inputs import LEADERBOARD
+from vitsinks.report.leaderboard_inputs import LEADERBOARD
 from vitsinks.run.written import clear_run
 from vitsinks.utils.generations import generation
 from vitsinks.utils.rundir import RunDir

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import run_command, run_module
+from tests.helpers.commands import run_command, run_module
 from vitsinks.synthetic import run_broadcast, run_nop, run_trigger
 from vitsinks.synthetic.figures import FIGURES
 from vitsinks.synthetic.pathway_task import (

@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.conftest import TINY, run_command, tiny_cfg
-from tests.utils.test_distributed import run_ranks
+from tests.helpers.commands import run_command
+from tests.helpers.distributed import run_ranks
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.checkpoint import CheckpointMismatch, load_backbone
 from vitsinks.train.trainer import NonFiniteLoss, Trainer

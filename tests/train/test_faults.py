@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_module, tiny_cfg
-from tests.fsfaults import fill, read_only, small_fs
+from tests.helpers.commands import run_module
+from tests.helpers.fsfaults import fill, read_only, small_fs
+from tests.helpers.tiny import TINY, tiny_cfg
 from vitsinks.train.checkpoint import load
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.files import BadFile, DiskFault, FileLock

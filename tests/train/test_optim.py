@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.train.optim import build_optimizer, fused_adamw, load_optimizer_state
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.conftest import tiny_cfg, tiny_vit
+from tests.helpers.tiny import tiny_cfg, tiny_vit
 from vitsinks.configs.schema import load_config
-from vitsinks.objectives.base import Runtime
 from vitsinks.objectives.lejepa import LeJEPA
+from vitsinks.objectives.objective import Runtime
 from vitsinks.train.optim import WarmupCosine, build_optimizer
 
 PAPER_OPTIM = ["train.lr=5e-4", "train.weight_decay=0.05", "objective.probe_lr=1e-3", "train.decay_all_params=true",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.errors import BadValue

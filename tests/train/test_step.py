@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg, tiny_vit
-from tests.utils.test_distributed import run_ranks
+from tests.helpers.distributed import run_ranks
+from tests.helpers.tiny import tiny_cfg, tiny_vit
 from vitsinks.configs.schema import ObjectiveConfig
 from vitsinks.objectives.penalty import CommonModePenalty
 from vitsinks.train import checkpoint as ckpt
-from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import NonFiniteLoss, Trainer
+from vitsinks.utils.metrics_log import read_metrics
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_cfg
-from vitsinks.train.tracking import Tracker, read_metrics
+from tests.helpers.tiny import tiny_cfg
+from vitsinks.train.tracking import Tracker
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.files import BadFile
+from vitsinks.utils.metrics_log import read_metrics
 
 
 def test_relaunching_a_finished_run_appends_nothing_and_reports_its_numbers(runs: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import struct
 from pathlib import Path
 
@@ -13,16 +12,17 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from tests.conftest import tiny_cfg
+from tests.helpers.distributed import free_port
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.data import BadImage
 from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.callbacks import Callback, StatusFile
 from vitsinks.train.checkpoint import CheckpointMismatch
 from vitsinks.train.optim import WarmupCosine
-from vitsinks.train.tracking import read_metrics
 from vitsinks.train.trainer import NonFiniteLoss, Trainer
 from vitsinks.utils import files
+from vitsinks.utils.metrics_log import read_metrics
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -137,12 +137,6 @@ def test_warmup_cosine_schedule() -> None:
     assert s(4) == 1.0 and abs(s(9) - (1e-3 + (1 - 1e-3) * 0.5)) < 1e-12 and abs(s(14) - 1e-3) < 1e-12
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, runs: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -159,7 +153,7 @@ def _ddp_worker(rank: int, world: int, port: int, runs: str) -> None:
 def test_two_process_ddp_matches_one_process_on_the_same_global_batch(runs: Path) -> None:
     torch.set_num_threads(1)
     Trainer(tiny_cfg(runs, "name=single", "train.max_steps=3")).fit()
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(runs)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(runs)), nprocs=2, join=True)
     single = torch.load(runs / "single/checkpoints/last.pt", weights_only=False)["model"]
     ddp = torch.load(runs / "ddp/checkpoints/last.pt", weights_only=False)["model"]
     assert single.keys() == ddp.keys()

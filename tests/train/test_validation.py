@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from tests.conftest import tiny_cfg
-from tests.utils.test_distributed import run_ranks
+from tests.helpers.distributed import run_ranks
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import permutation
 from vitsinks.models import model_from_config
@@ -43,7 +43,7 @@ def _setup(runs: Path, world: int = 1):
 
 
 def _by_hand(model, val_set, cfg) -> float:
-    """Image by image, in the protocol order: the truth the batched, sharded numbers must equal."""
+    """Image by image, in the selection order: the truth the batched, sharded numbers must equal."""
     batches = probe_batches(val_set, cfg, batch_size=1)
     model.eval()
     with torch.no_grad():
@@ -53,7 +53,7 @@ def _by_hand(model, val_set, cfg) -> float:
 
 def test_shards_cover_the_images_once_and_validation_decodes_once(runs: Path) -> None:
     cfg, runtime, objective, model, val = _setup(runs)
-    labels = [val[i][1] for i in permutation(len(val), cfg.protocol.seed)]
+    labels = [val[i][1] for i in permutation(len(val), cfg.selection.seed)]
     shards = [probe_batches(val, cfg, shard=(r, 3), batch_size=5) for r in range(3)]
     got = sorted(int(y) for shard in shards for _, ys in shard for y in ys)
     assert got == sorted(labels) and len(got) == 37  # every image once, uneven shards included

@@ -10,29 +10,17 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.conftest import TINY, plant_register_neuron, run_module, tiny_cfg
-from vitsinks.configs.schema import to_container
+from tests.helpers.commands import run_module
+from tests.helpers.tiny import TINY, tiny_cfg
+from tests.helpers.trainfree import source_checkpoint
 from vitsinks.models import model_from_config
 from vitsinks.report.collect import collect
-from vitsinks.train.checkpoint import load_backbone, save_state
+from vitsinks.run.derive import derive
+from vitsinks.train.checkpoint import load_backbone
+from vitsinks.trainfree import reapply
 from vitsinks.trainfree.__main__ import cli
-from vitsinks.trainfree.derive import derive, fit_images
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir
-
-
-def source_checkpoint(runs: Path, *overrides: str, planted: bool = True, extra: dict | None = None) -> Path:
-    """`runs/src/checkpoints/last.pt`: a tiny 3-block model (nothing trained), with the planted register neuron
-    calibrated on the TRAIN images the edit is fitted on."""
-    cfg = tiny_cfg(runs, "name=src", "model.depth=3", *overrides)
-    torch.manual_seed(0)
-    model = model_from_config(cfg.model)
-    if planted:
-        plant_register_neuron(model, fit_images(model, cfg.data, cfg.seed, 8, cfg.protocol))
-    path = RunDir(runs / "src").last
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_state({"config": to_container(cfg), "model": model.state_dict(), **(extra or {})}, path)
-    return path
 
 
 @pytest.mark.slow
@@ -42,7 +30,7 @@ def test_a_derived_run_from_the_command_line(runs: Path, capsys: pytest.CaptureF
                      "fit_images=8", f"runs_dir={runs}", "diagnostics.n_images=4", "diagnostics.plots=false")
     assert out.returncode == 0, out.stderr
     run = RunDir(runs / "src+test_time_register")
-    model, cfg = load_backbone(run.last)
+    model, cfg = load_backbone(run.last, reapply)
     assert (model.num_reg_tokens, model.num_prefix_tokens) == (1, 2)
     assert cfg.trainfree.method == "test_time_register" and cfg.trainfree.source == str(path)
     assert torch.load(run.last)["trainfree"]["neurons"][0] == [1, 17]  # the planted unit
@@ -72,7 +60,7 @@ def test_a_timm_state_dict_file_is_edited_from_the_command_line(runs: Path) -> N
     run = RunDir(runs / "dinov2_like+zero_massive")
     state = torch.load(run.last)
     assert len(state["trainfree"]["channels"]) == 2  # the fitted state: trainfree.massive channels
-    model, cfg = load_backbone(run.last)
+    model, cfg = load_backbone(run.last, reapply)
     imported = RunDir(runs / "dinov2_like")  # the weights file, imported as a run first: the edit's source
     assert cfg.trainfree.method == "zero_massive" and cfg.trainfree.source == str(imported.last)
     assert cfg.imported == "dinov2_like" and collect(run)["variant"] == "dinov2_like + zeroed massive activations"
@@ -104,7 +92,7 @@ def test_a_derived_checkpoint_is_not_derived_again(runs: Path) -> None:
     state = {"neurons": [[0, 0]], "scores": [1.0], "k": 5.0}
     path = source_checkpoint(runs, "trainfree.method=test_time_register", "trainfree.source=elsewhere.pt",
                              planted=False, extra={"trainfree": state})
-    model, _ = load_backbone(path)  # the saved edit goes back on when it is loaded
+    model, _ = load_backbone(path, reapply)  # the saved edit goes back on when it is loaded
     assert model.num_reg_tokens == 1
     with pytest.raises(BadValue, match="already edited .* derive from its source elsewhere.pt"):
         derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=zero_massive"))
@@ -114,7 +102,7 @@ def test_a_derived_checkpoint_is_not_derived_again(runs: Path) -> None:
 def test_a_saved_edit_without_its_state_is_refused(runs: Path) -> None:
     path = source_checkpoint(runs, "trainfree.method=test_time_register", planted=False)
     with pytest.raises(BadValue, match="holds no fitted state"):
-        load_backbone(path)
+        load_backbone(path, reapply)
 
 
 def test_an_existing_derived_run_is_kept_unless_overwritten_and_a_periodic_checkpoint_gets_its_own(runs: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import images, tiny_vit
+from tests.helpers.tiny import images, tiny_vit
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import TrainFreeConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.models import SinkViT
@@ -68,10 +69,10 @@ def test_the_fitted_mean_or_zero_replaces_each_images_own_value(name: str) -> No
     own = h0[:, TOKEN, CH].double()
     assert own.std() > 1  # the value differs per image: an edit that did nothing could not meet the checks below
     m = METHODS[name]
-    state = m.fit(model, x, TrainFreeConfig(massive=1))
+    state = m.fit(adapt(model), x, TrainFreeConfig(massive=1))
     assert state["block"] == 0 and state["channels"] == [CH]
     assert state["means"] == pytest.approx([float(own.mean())], rel=1e-6)  # the mean over images at the token
-    edited = m.apply(model, state)
+    edited = m.apply(adapt(model), state).model
     h1, got = block0_output(edited, x)
     target = 0.0 if name == "zero_massive" else state["means"][0]
     torch.testing.assert_close(h1[:, TOKEN, CH], torch.full((len(x),), target), rtol=0, atol=1e-4)
@@ -90,7 +91,7 @@ def test_the_fitted_mean_or_zero_replaces_each_images_own_value(name: str) -> No
 def test_the_peaks_are_the_max_and_lower_median_of_abs_h_in_float64() -> None:
     torch.manual_seed(0)
     model, x = plant_massive(tiny_vit(depth=2)), images(3)
-    top, median, peak_abs, peak = block_peaks(model, x, batch_size=2)
+    top, median, peak_abs, peak = block_peaks(adapt(model), x, batch_size=2)
     with torch.no_grad():
         t = model.embed_tokens(x)
         for b, blk in enumerate(model.blocks):
@@ -109,7 +110,7 @@ def test_a_model_with_broken_activations_is_refused() -> None:
     with torch.no_grad():
         model.blocks[1].mlp.fc2.bias[0] = float("nan")
     with pytest.raises(NonFinite, match="NaN or inf"):
-        METHODS["mean_massive"].fit(model, images(2), TrainFreeConfig())
+        METHODS["mean_massive"].fit(adapt(model), images(2), TrainFreeConfig())
 
 
 def test_the_edit_sets_the_block_output_at_each_images_massive_token() -> None:
@@ -123,7 +124,7 @@ def test_the_edit_sets_the_block_output_at_each_images_massive_token() -> None:
     for ch, value in ((CH, -7.0), (5, 3.5)):  # by hand: per image, the token with the largest |h| in the channel
         token = want[:, :, ch].abs().argmax(dim=1)
         want[torch.arange(4), token, ch] = value
-    METHODS["mean_massive"].apply(model, {"block": 1, "channels": [CH, 5], "means": [-7.0, 3.5]})
+    METHODS["mean_massive"].apply(adapt(model), {"block": 1, "channels": [CH, 5], "means": [-7.0, 3.5]})
     with torch.no_grad():
         model.forward_features(x)
     torch.testing.assert_close(seen["h"], want, rtol=0, atol=1e-4)
@@ -132,4 +133,4 @@ def test_the_edit_sets_the_block_output_at_each_images_massive_token() -> None:
 
 def test_a_state_of_another_architecture_is_refused() -> None:
     with pytest.raises(BadValue, match="not in this 2-block"):
-        METHODS["zero_massive"].apply(tiny_vit(), {"block": 4, "channels": [0], "means": [1.0]})
+        METHODS["zero_massive"].apply(adapt(tiny_vit()), {"block": 4, "channels": [0], "means": [1.0]})

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,43 +14,17 @@ from omegaconf import OmegaConf
 
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit
 import vitsinks.trainfree.__main__ as tf
-from tests.conftest import run_module, tiny_cfg
-from tests.trainfree.test_derive import source_checkpoint
-from tests.trainfree.test_status import args, status
+from tests.helpers.commands import run_module
+from tests.helpers.killed import killed, staging
+from tests.helpers.tiny import tiny_cfg
+from tests.helpers.trainfree import mean_massive_args, run_status, source_checkpoint
 from vitsinks.configs.cli import compose
 from vitsinks.report import build
-from vitsinks.trainfree.base import METHODS
-from vitsinks.trainfree.derive import derive, derived_run
+from vitsinks.run.derive import derive, derived_run
+from vitsinks.trainfree.method import METHODS
 from vitsinks.trainfree.resume import edit_differences, finish_command
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def killed(module: str, argv: list[str], at: str) -> subprocess.CompletedProcess:
-    """The command `module.cli(argv)` in a fresh interpreter that kills itself (SIGKILL) at `at`: `fsync:<name>` when
-    it is about to fsync a temp file of `<name>` (inside an atomic write), else when the function `<module>.<name>`
-    is called."""
-    where, _, what = at.partition(":")
-    plant = f"""
-        real = os.fsync
-        def fsync(fd):
-            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).startswith(".{what}."):
-                os.kill(os.getpid(), signal.SIGKILL)
-            real(fd)
-        os.fsync = fsync
-    """ if where == "fsync" else f"""
-        import {where.rsplit('.', 1)[0]} as target
-        setattr(target, "{where.rsplit('.', 1)[1]}", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
-    """
-    script = "import os, signal\n" + textwrap.dedent(plant) + f"import {module} as command\ncommand.cli({argv!r})\n"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
-
-
-def staging(folder: Path) -> list[Path]:
-    """The staging folders and temp files of killed writes under `folder`."""
-    return sorted(p for p in folder.rglob(".*") if p.name.endswith(".tmp"))
 
 
 def source_run(runs: Path) -> Path:
@@ -75,7 +46,7 @@ def test_the_same_edit_cut_short_is_derived_again_another_or_a_finished_one_is_k
     assert derive(cfg).path == run.path  # the same command, no overwrite flag
     assert "holds this edit but did not finish (killed while it was written): deriving it again" in \
         capsys.readouterr().out
-    assert not (run.results / "linear.json").exists() and status(run.path)["status"] == "running"
+    assert not (run.results / "linear.json").exists() and run_status(run.path)["status"] == "running"
     with pytest.raises(BadValue, match=r"another edit \(trainfree.massive \(2 there, 3 now\)\)"):
         derive(tiny_cfg(runs, f"ckpt={path}", "trainfree.method=mean_massive", "trainfree.fit_images=4",
                         "trainfree.massive=3"))
@@ -96,11 +67,11 @@ def test_the_same_edit_cut_short_is_derived_again_another_or_a_finished_one_is_k
 def test_a_derivation_killed_while_diagnosing_is_finished_by_the_same_command(
         runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = source_run(runs)
-    argv = args(runs, path, "probes=false")
+    argv = mean_massive_args(runs, path, "probes=false")
     run = runs / "src+mean_massive"
     out = killed("vitsinks.trainfree.__main__", argv, "fsync:summary.json")  # its diagnosis half-written
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
-    assert status(run)["status"] == "running" and staging(run)  # as the kill left it: a staging folder
+    assert run_status(run)["status"] == "running" and staging(run)  # as the kill left it: a staging folder
     assert not (run / "diagnostics" / "final" / "summary.json").exists()
 
     board = build(runs, runs / "board")  # the half-written run is left out, and named with its command
@@ -119,7 +90,7 @@ def test_a_derivation_killed_while_diagnosing_is_finished_by_the_same_command(
     done = run_module("vitsinks.trainfree", *argv)  # the same command again
     assert done.returncode == 0, done.stderr[-2000:]
     assert "did not finish (killed while it was written): deriving it again" in done.stdout
-    assert staging(runs) == [] and status(run)["status"] == "finished"
+    assert staging(runs) == [] and run_status(run)["status"] == "finished"
     assert json.loads((run / "diagnostics" / "final" / "summary.json").read_text())["shape"]["images"] == 4
     board = build(runs, runs / "board")
     assert len(board) == 2 and "Not finished" not in (runs / "board" / "leaderboard.md").read_text()
@@ -136,7 +107,7 @@ def test_a_quantization_killed_after_writing_its_quantized_copy_is_finished_by_t
     derived = runs / "src" / "quant" / "w8a8"
     out = killed("vitsinks.quantize", argv, "vitsinks.quantize.feature_cosines")
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
-    assert (derived / "checkpoints" / "last.pt").is_file() and status(derived)["status"] == "running"
+    assert (derived / "checkpoints" / "last.pt").is_file() and run_status(derived)["status"] == "running"
     assert not (runs / "src" / "results" / "quant.json").exists()
     build(runs, runs / "board")
     md = (runs / "board" / "leaderboard.md").read_text()
@@ -145,7 +116,7 @@ def test_a_quantization_killed_after_writing_its_quantized_copy_is_finished_by_t
             "quant.probes=false`.") in md
     done = run_module("vitsinks.quantize", *argv)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert status(derived)["status"] == "finished" and (runs / "src" / "results" / "quant.json").is_file()
+    assert run_status(derived)["status"] == "finished" and (runs / "src" / "results" / "quant.json").is_file()
     assert staging(runs) == []
     build(runs, runs / "board")
     assert "Not finished" not in (runs / "board" / "leaderboard.md").read_text()

@@ -3,7 +3,6 @@ otherwise. The probes it will run are said first, with the switch that skips the
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -13,31 +12,22 @@ from pathlib import Path
 import pytest
 
 import vitsinks.trainfree.__main__ as tf
-from tests.conftest import tiny_cfg, tiny_vit
-from tests.trainfree.test_derive import source_checkpoint
+from tests.helpers.tiny import tiny_cfg, tiny_vit
+from tests.helpers.trainfree import mean_massive_args, run_status, source_checkpoint
 from vitsinks.trainfree import plan
 from vitsinks.utils.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def status(run: Path) -> dict:
-    return json.loads((run / "status.json").read_text())
-
-
-def args(runs: Path, path: Path, *extra: str) -> list[str]:
-    return [f"ckpt={path}", "method=mean_massive", "fit_images=4", f"runs_dir={runs}", "diagnostics.n_images=4",
-            "diagnostics.plots=false", "diagnostics.report=false", *extra]
-
-
 def test_running_while_analysed_and_finished_only_after(runs: Path, monkeypatch, capsys) -> None:
     path = source_checkpoint(runs)
     seen = []
-    monkeypatch.setattr(tf, "analyse", lambda run, probes: seen.append(status(run.path)) or {"probes": probes})
-    tf.cli(args(runs, path))
+    monkeypatch.setattr(tf, "analyse", lambda run, probes: seen.append(run_status(run.path)) or {"probes": probes})
+    tf.cli(mean_massive_args(runs, path))
     run = runs / "src+mean_massive"
     assert seen[0]["status"] == "running" and seen[0]["method"] == "mean_massive"  # the probes still to come
-    assert status(run) == {**seen[0], "status": "finished"}  # the source and method kept
+    assert run_status(run) == {**seen[0], "status": "finished"}  # the source and method kept
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("probes to run: "))  # said before they ran
     assert "linear (synthetic, 64 train + 32 val images, " in line and "dense (synthetic, 64 train + 32 val" in line
@@ -52,8 +42,8 @@ def test_a_failure_before_the_last_result_is_failed(runs: Path, monkeypatch, cap
 
     monkeypatch.setattr(tf, "analyse", boom)
     with pytest.raises(RuntimeError, match="probe exploded"):
-        tf.cli(args(runs, path, "probes=false"))
-    said = status(runs / "src+mean_massive")
+        tf.cli(mean_massive_args(runs, path, "probes=false"))
+    said = run_status(runs / "src+mean_massive")
     assert said["status"] == "failed" and said["error"] == "probe exploded" and said["method"] == "mean_massive"
     assert "probes to run" not in capsys.readouterr().out  # probes=false: nothing announced
 
@@ -63,10 +53,10 @@ def test_sigint_is_stopped(tmp_path: Path) -> None:
     run.path.mkdir()
     with pytest.raises(KeyboardInterrupt), run.working(method="m"):
         raise KeyboardInterrupt
-    assert status(run.path)["status"] == "stopped" and "SIGINT" in status(run.path)["error"]
+    assert run_status(run.path)["status"] == "stopped" and "SIGINT" in run_status(run.path)["error"]
     with run.working():  # the info is kept from the last status
         pass
-    assert status(run.path) == {"status": "finished", "method": "m"}
+    assert run_status(run.path) == {"status": "finished", "method": "m"}
 
 
 def test_a_derived_run_killed_by_sigterm_before_its_results_is_stopped(runs: Path) -> None:
@@ -81,12 +71,12 @@ def test_a_derived_run_killed_by_sigterm_before_its_results_is_stopped(runs: Pat
             time.sleep(30)  # SIGTERM ends the process before this returns
             (run.path / "results").mkdir()
         tf.analyse = analyse
-        tf.cli({args(runs, path)!r})
+        tf.cli({mean_massive_args(runs, path)!r})
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == -signal.SIGTERM, out.stderr[-2000:]
     run = runs / "src+mean_massive"
-    said = status(run)
+    said = run_status(run)
     assert said["status"] == "stopped" and "SIGTERM" in said["error"] and not (run / "results").exists()
 
 

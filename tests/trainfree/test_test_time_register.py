@@ -10,13 +10,15 @@ import torch
 import torch.nn.functional as F
 from timm.layers import GluMlp
 
-from tests.conftest import PATCH, UNIT, images, last_norms, plant_register_neuron, tiny_vit
+from tests.helpers.register_neuron import PATCH, UNIT, last_norms, plant_register_neuron
+from tests.helpers.tiny import images, tiny_vit
+from vitsinks.backbones import adapt
+from vitsinks.backbones.native import add_register
 from vitsinks.configs.schema import TrainFreeConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.eval.features import global_features, patch_features
-from vitsinks.interventions.subject import from_vit
 from vitsinks.trainfree import method
-from vitsinks.trainfree.test_time_register import TestTimeRegister, add_register, move_to_register
+from vitsinks.trainfree.test_time_register import TestTimeRegister, move_to_register
 from vitsinks.utils.errors import BadValue
 
 
@@ -26,10 +28,10 @@ def test_the_artifact_moves_from_the_patch_to_the_test_time_register(neurons: in
     x = images()
     model = plant_register_neuron(tiny_vit(depth=3), x)
     base = copy.deepcopy(model)
-    state = TestTimeRegister.fit(model, x, TrainFreeConfig(neurons=neurons))
+    state = TestTimeRegister.fit(adapt(model), x, TrainFreeConfig(neurons=neurons))
     assert state["neurons"][0] == [1, UNIT] and len(state["neurons"]) == neurons
     assert model.variant == "base"
-    edited = method("test_time_register").apply(model, state)
+    edited = method("test_time_register").apply(adapt(model), state).model
     assert (edited.num_reg_tokens, edited.num_prefix_tokens, tuple(edited.reg_token.shape)) == (1, 2, (1, 1, 48))
     assert edited.variant == "base + test-time register"  # named as its leaderboard row, not as a trained reg1
     before, after = last_norms(base, x), last_norms(edited, x)
@@ -55,7 +57,8 @@ def test_the_extra_token_is_zero_without_position_and_patches_are_unchanged(regi
     x = images(2)
     with torch.no_grad():
         before = model.embed_tokens(x)
-        index = add_register(model)
+        index = model.num_prefix_tokens
+        add_register(model, "test-time register")
         after = model.embed_tokens(x)
     assert index == 1 + registers and model.num_prefix_tokens == 2 + registers
     assert after.shape[1] == before.shape[1] + 1
@@ -77,17 +80,17 @@ def test_the_hook_moves_each_units_peak_to_the_register_and_zeroes_the_patches()
 
 def test_a_state_of_another_architecture_is_refused() -> None:
     with pytest.raises(BadValue, match="not in this 2-block model"):
-        TestTimeRegister.apply(tiny_vit(), {"neurons": [[5, 0]], "scores": [1.0], "k": 5.0})
+        TestTimeRegister.apply(adapt(tiny_vit()), {"neurons": [[5, 0]], "scores": [1.0], "k": 5.0})
     with pytest.raises(BadValue, match="not in this"):
-        TestTimeRegister.apply(tiny_vit(mlp=False), {"neurons": [[0, 0]], "scores": [1.0], "k": 5.0})
+        TestTimeRegister.apply(adapt(tiny_vit(mlp=False)), {"neurons": [[0, 0]], "scores": [1.0], "k": 5.0})
 
 
 def test_without_its_registers_the_edited_model_refuses_to_run_and_at_another_size_it_follows() -> None:
     torch.manual_seed(0)
     x = images(4)
     model = plant_register_neuron(tiny_vit(depth=3), x)
-    edited = TestTimeRegister.apply(model, TestTimeRegister.fit(model, x, TrainFreeConfig(neurons=1)))
-    subject = from_vit(edited)  # the interventions' view: drop_registers runs the blocks without the registers
+    subject = TestTimeRegister.apply(adapt(model), TestTimeRegister.fit(adapt(model), x, TrainFreeConfig(neurons=1)))
+    edited = subject.model  # the backbone as the interventions run it: drop_registers runs the blocks without them
     with torch.no_grad():
         tokens = subject.embed(x)
         assert subject.run(tokens).shape == (4, 2 + 16, 48)
@@ -109,4 +112,4 @@ def test_a_gated_mlp_has_no_register_neurons_to_move() -> None:
     model = tiny_vit(depth=2)
     model.blocks[1].mlp = GluMlp(48, 96)  # its act is only the gate of fc1's second half
     with pytest.raises(BadValue, match="block 1 has GluMlp"):
-        TestTimeRegister.fit(model, images(2), TrainFreeConfig())
+        TestTimeRegister.fit(adapt(model), images(2), TrainFreeConfig())

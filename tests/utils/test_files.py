@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fsfaults import fill, small_fs
+from tests.helpers.fsfaults import fill, small_fs
 from vitsinks.utils import files
 from vitsinks.utils.errors import UserError
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_cfg
+from tests.helpers.tiny import tiny_cfg
 from vitsinks.launch import status
-from vitsinks.run import sweep as sw
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files, rundir
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir, analyses_dir, holds, leaderboard_dir, model_folder, model_name
+from vitsinks.utils.runstate import write_manifest
 
 
 def test_a_second_writer_is_refused_and_the_first_ones_files_untouched(runs: Path) -> None:
@@ -56,7 +56,7 @@ def _manifest(folder: Path, states: dict[str, str]) -> Path:
         run.mkdir(parents=True)
         (run / "status.json").write_text(json.dumps({"status": state, "step": 4, "total_steps": 4}))
         entries.append({"index": i, "name": name, "run_dir": str(run), "job_id": None, "state": state})
-    sw.write_manifest(folder / "sweep" / "sweep.json", entries, sweep_dir=str(folder / "sweep"))
+    write_manifest(folder / "sweep" / "sweep.json", entries, sweep_dir=str(folder / "sweep"))
     return folder / "sweep"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.malicious import plant, plant_numpy, plant_object
+from tests.helpers.malicious import plant, plant_numpy, plant_object
 from vitsinks.utils.errors import BadFile
 from vitsinks.utils.safeload import UnsafeFile, torch_load
 

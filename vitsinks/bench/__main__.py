@@ -18,6 +18,7 @@ BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "e
               "data": None, "pretrained": "vit_small,vit_large",  # timm sizes, comma-separated (bench.pretrained)
               "gpu": "vit_large,vit_base",  # gpu: sizes, comma-separated (vitsinks.bench.gpu)
               "first-run": None}  # README command 1, timed whole (vitsinks.bench.first_run)
+MODULES = {"intervene": "interventions", "first-run": "first_run"}  # a benchmark's module, where not its name
 
 
 @dataclass
@@ -35,7 +36,7 @@ def bench_command(argv: Sequence[str]) -> int:
     kw = {k: args[k] for k in ("batch", "repeats") if args[k] is not None}
     if any(v <= 0 for v in kw.values()):
         raise ConfigError(f"batch and repeats must be > 0 (got {kw})")
-    run = importlib.import_module(f"vitsinks.bench.{args.what.replace('-', '_')}").run
+    run = importlib.import_module(f"vitsinks.bench.{MODULES.get(args.what, args.what)}").run
     default = BENCHMARKS[args.what]
     run(**kw) if default is None else run(args.size or default, **kw)
     return 0

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.bench.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import load_config
-from vitsinks.data.device_views import CropFlipViews, DeviceViews, collate_crops, view_specs
+from vitsinks.data.crops import SeededViews, view_transform
+from vitsinks.data.device_crops import CropFlipViews, DeviceViews, ViewBatch, collate_crops, view_specs
 from vitsinks.data.imagefolder import ImageFolderSplit
-from vitsinks.data.views import SeededViews, view_transform
 
 
 def natural_image(seed: int, width: int = 500, height: int = 375) -> Image.Image:
@@ -30,7 +30,7 @@ def natural_image(seed: int, width: int = 500, height: int = 375) -> Image.Image
     for cell, weight in ((64, 1.0), (16, 0.5), (4, 0.25), (1, 0.12)):
         noise = rng.standard_normal((height // cell + 2, width // cell + 2, 3)).astype(np.float32)
         layer = np.stack([np.asarray(Image.fromarray(noise[..., c]).resize((width, height),
-                                                                                      Image.BICUBIC))
+                                                                                      Image.Resampling.BICUBIC))
                           for c in range(3)], -1)
         img += weight * layer
     img = (img - img.mean((0, 1))) / img.std((0, 1)) * rng.uniform(30, 60, 3) + rng.uniform(70, 180, 3)
@@ -46,7 +46,7 @@ def jpeg_folder(root: Path, n: int, width: int = 500, height: int = 375) -> Path
     return root
 
 
-def cpu_times(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def cpu_times(fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
     """`interleaved`'s rounds, each call's CPU time (this process's, not wall time: other load does not count)."""
     spent: dict[str, list[float]] = {k: [] for k in fns}
 
@@ -64,8 +64,9 @@ def cpu_times(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 1)
 def device_ms(views: DeviceViews, dataset: SeededViews, n: int, repeats: int) -> float:
     """Median ms per image of the device part (the crops already on its device): wall time on CUDA, CPU time on
     a CPU."""
-    batch, _, _ = collate_crops([dataset[i] for i in range(n)])
-    batch = batch.to(views.device)
+    crops, _, _ = collate_crops([dataset[i] for i in range(n)])
+    assert isinstance(crops, ViewBatch)  # n readable images
+    batch = crops.to(views.device)
     if views.device.type != "cuda":
         return float(np.median(cpu_times({"device": lambda: views(batch)}, repeats)["device"])) / n * 1e3
     times = []

@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.backbones import adapt
+from vitsinks.bench.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.diagnostics.neurons import NeuronCollector, neuron_k, summarize_neurons
@@ -23,7 +24,7 @@ def _setup(size: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
 
 _MEASURE = """
 import gc, json, sys, torch
-from vitsinks.bench.diagnostics import _setup, diagnose
+from vitsinks.bench.diagnostics import _setup, adapt, diagnose
 mode, size, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model, x = _setup(size, batch)
 torch.set_grad_enabled(False)
@@ -32,7 +33,7 @@ gc.collect()
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
 status = lambda key: int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
 base = status("VmRSS:")
-model(x) if mode == "forward" else diagnose(model, x, batch_size=batch, keep_maps=0)
+model(x) if mode == "forward" else diagnose(adapt(model), x, batch_size=batch, keep_maps=0)
 print(json.dumps((status("VmHWM:") - base) / 1024))
 """
 
@@ -47,16 +48,17 @@ def peak_rss_mb(mode: str, size: str, batch: int) -> float:
 def run(size: str = "vit_small", batch: int = 8, repeats: int = 5) -> str:
     """Print and return the time and memory ratios."""
     model, x = _setup(size, batch)
+    backbone = adapt(model)
     settings = DiagnosticsConfig()
 
     def with_neurons() -> None:  # what run_diagnostics does: the neurons collected during the diagnosis
-        collector = NeuronCollector(model.blocks, neuron_k(settings.high_norm_k), model.num_prefix_tokens)
-        diagnose(model, x, batch_size=batch, keep_maps=0, neurons=collector)
-        summarize_neurons(model, None, settings, collector.got)
+        collector = NeuronCollector(backbone.blocks, neuron_k(settings.high_norm_k), backbone.num_prefix)
+        diagnose(backbone, x, batch_size=batch, keep_maps=0, neurons=collector)
+        summarize_neurons(backbone, None, settings, collector.got)
 
     with torch.no_grad():
         times = interleaved({"forward": lambda: model(x),
-                             "diagnose": lambda: diagnose(model, x, batch_size=batch, keep_maps=0),
+                             "diagnose": lambda: diagnose(backbone, x, batch_size=batch, keep_maps=0),
                              "all": with_neurons},
                             repeats=repeats, warmup=1)
     med, lo, hi = ratio_stats(times["diagnose"], times["forward"])

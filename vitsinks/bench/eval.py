@@ -7,8 +7,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vitsinks.bench import interleaved, ratio_stats, table
-from vitsinks.eval.dense import DenseHead
+from vitsinks.bench.timing import interleaved, ratio_stats, table
+from vitsinks.eval.dense_head import DenseHead
 from vitsinks.eval.features import global_features, patch_features
 from vitsinks.models import SIZES, build_vit
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vitsinks import launch
-from vitsinks.bench import table
+from vitsinks.bench.timing import table
 from vitsinks.objectives import monitors
 from vitsinks.run import pipeline
 from vitsinks.train import callbacks, trainer
@@ -71,8 +71,8 @@ def _instrument(acc: dict[str, list[float]]) -> None:
         (monitors.Monitors, "__call__", "SSL monitors (k-NN bank, k-NN, RankMe)"),
         (callbacks.Diagnostics, "on_save", "diagnoses of the checkpoints"),
         (trainer.ckpt, "save", "checkpoint writes"),
-        (pipeline.linear, "run", "linear probe"),
-        (pipeline.dense, "run", "dense probe"),
+        (pipeline, "linear_probe", "linear probe"),
+        (pipeline, "dense_probe", "dense probe"),
         (pipeline, "diagnose_checkpoint", "final diagnosis"),
         (pipeline, "run_page", "run page and over-training plot"),
     ]
@@ -86,7 +86,7 @@ def _instrument(acc: dict[str, list[float]]) -> None:
             return fit(self)
         finally:  # the loader wait the trainer's own clock measured (wall; the workers' CPU is theirs)
             acc["waiting for data (main process idle)"] = [self.clock.wait_s, 0.0]
-    trainer.Trainer._fit = fit_with_wait
+    trainer.Trainer._fit = fit_with_wait  # type: ignore[method-assign]  # instrumented on purpose
 
 
 def child(out: str, argv: Sequence[str]) -> None:

@@ -16,6 +16,7 @@ Without CUDA (and `device` not `cpu`) it prints one line saying so and exits 0, 
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +39,7 @@ from vitsinks.bench.flops import meta_views, mfu, peak_tflops, step_flops
 from vitsinks.bench.gpu_report import render, update_docs
 from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.configs.schema import exp_names, load_config
-from vitsinks.data.views import sample_seed
+from vitsinks.data.crops import sample_seed
 from vitsinks.models import SIZES
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils import files
@@ -178,7 +179,7 @@ def measure_row(task: Task, args: GpuArgs, device: str, runs_dir: str, batches: 
     q = statistics.quantiles(timed, n=4) if len(timed) > 1 else [step, step, step]
     row = {"size": task.size, "exp": task.exp, "mode": task.mode, "status": "ok", "arch": _architecture(cfg),
            "batch": args.batch, "views": cfg.views.n_global + cfg.views.n_local,
-           "tokens": trainer.model.backbone.tokens_per_image(), "step_ms": step * 1e3,
+           "tokens": trainer.backbone.tokens_per_image(), "step_ms": step * 1e3,
            "step_ms_iqr": [q[0] * 1e3, q[2] * 1e3], "images_per_s": args.batch / step,
            "flops_per_step": flops[key], "tflops_per_s": flops[key] / step / 1e12,
            "mfu": mfu(flops[key], step, peak),
@@ -205,7 +206,7 @@ def write_jpegs(root: Path, n: int, classes: int = 8, seed: int = 0) -> dict[str
     return {"files": n, "sizes": [list(s) for s in JPEG_SIZES], "mean_kb": total / max(n, 1) / 1e3}
 
 
-def time_loader(loader: Any, warm: int, cap_s: float) -> tuple[int, float]:
+def time_loader(loader: Iterable[Any], warm: int, cap_s: float) -> tuple[int, float]:
     """(images, seconds) of the batches after the first `warm` (workers starting, their prefetch filling), timed
     for at most `cap_s` seconds or to the end of the epoch."""
     images, start, now = 0, None, 0.0
@@ -317,7 +318,7 @@ def bench(args: GpuArgs) -> dict[str, Any] | None:
             if task.exp == DATA:
                 _run_safely(lambda: measure_data(args, device, runs_dir, report), rows, i, task)
             else:
-                _run_safely(lambda t=task: measure_row(t, args, device, runs_dir, batches, flop_cache, peak),
+                _run_safely(functools.partial(measure_row, task, args, device, runs_dir, batches, flop_cache, peak),
                             rows, i, task)
             _cleanup()
             files.write_json(out, results)

@@ -4,13 +4,14 @@ interleaved, and of `global+pen` against `base`; the activation memory of each v
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.bench.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import exp_names, load_config
-from vitsinks.models import SIZES, model_from_config
+from vitsinks.models import SIZES, SinkBlock, model_from_config
 from vitsinks.objectives.penalty import CommonModePenalty
 
 
@@ -46,7 +47,8 @@ def _exp_step(exp: str, size: str, x: torch.Tensor) -> tuple[Callable[[], None],
     """A train step of `exp`'s model (its common-mode penalty included when the variant has one), and the model."""
     cfg = load_config([f"exp={exp}", f"model={size}"])
     model = model_from_config(cfg.model)
-    penalty = CommonModePenalty(model.blocks, cfg.objective) if cfg.objective.cm_penalty else None
+    blocks = cast("list[SinkBlock]", model.blocks)
+    penalty = CommonModePenalty(blocks, cfg.objective) if cfg.objective.cm_penalty else None
     return _step(model, x, penalty), model
 
 
@@ -74,7 +76,8 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: lis
     x = torch.randn(batch, 3, spec.img_size, spec.img_size)
     ref = VisionTransformer(img_size=spec.img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
                             depth=spec.depth, num_heads=spec.num_heads, num_classes=0, dynamic_img_size=True)
-    fns, models = {"timm": _step(ref, x)}, {"timm": ref}
+    fns = {"timm": _step(ref, x)}
+    models: dict[str, torch.nn.Module] = {"timm": ref}
     for name in variants or exp_names():
         fns[name], models[name] = _exp_step(name, size, x)
     memory = {name: activation_mib(fns[name], models[name]) for name in fns}

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import statistics
+from typing import cast
 
 import timm
 import torch
+from timm.models.vision_transformer import Attention, VisionTransformer
 
-from vitsinks.bench import interleaved, table
+from vitsinks.bench.timing import interleaved, table
 from vitsinks.pretrained import diagnose, intervene
 from vitsinks.utils.errors import BadValue
 
@@ -27,10 +29,12 @@ def timm_model(size: str, img_size: int = 224) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def plant_cls_sink(model: torch.nn.Module, block: int) -> None:
+def plant_cls_sink(model: VisionTransformer, block: int) -> None:
     """Head 0 of `block` (timm, no q/k norm) sends every query to [CLS]: equal queries, keys reading channel 0 only,
     where [CLS] stands out (random weights have no sink for `intervene` to edit)."""
-    qkv, hd, dim = model.blocks[block].attn.qkv, model.blocks[block].attn.head_dim, model.embed_dim
+    attn = cast(Attention, model.blocks[block].attn)
+    qkv, hd, dim = attn.qkv, attn.head_dim, model.embed_dim
+    assert qkv.bias is not None and model.cls_token is not None  # timm's ViTs: a qkv bias and [CLS]
     qkv.weight[:hd], qkv.bias[:hd] = 0.0, 1.0
     qkv.weight[dim : dim + hd], qkv.bias[dim : dim + hd] = 0.0, 0.0
     qkv.weight[dim : dim + hd, 0] = 1.0
@@ -44,7 +48,7 @@ def measure(size: str, batch: int, repeats: int, img_size: int = 224) -> dict[st
     interleaved rounds after one warm-up round (few rounds: a range, not quartiles)."""
     if batch < 2:
         raise BadValue(f"the pretrained benchmark needs batch >= 2 (the interventions' donor), got {batch}")
-    model = timm_model(size, img_size)
+    model = cast(VisionTransformer, timm_model(size, img_size))  # the TIMM_MODELS: timm ViTs
     x = torch.randn(batch, 3, img_size, img_size, generator=torch.Generator().manual_seed(1))
     head = (len(model.blocks) // 2, 0)
     plant_cls_sink(model, head[0])

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import cast
 
 import torch
 
-from vitsinks.bench import interleaved, ratio_stats, table
+from vitsinks.bench.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import load_config
+from vitsinks.data.crops import SeededViews
 from vitsinks.data.synthetic import SyntheticShapes
-from vitsinks.data.views import SeededViews
+from vitsinks.objectives.lejepa import LeJEPA
 from vitsinks.train.trainer import Trainer
 
 
 def _phases(trainer: Trainer, views: list[torch.Tensor], labels: torch.Tensor) -> dict[str, float]:
     """One instrumented train step (LeJEPA): seconds spent in forward, loss, backward, optimizer; SIGReg alone."""
     n_global = trainer.cfg.views.n_global
-    loss = trainer.objective.loss
+    loss = cast(LeJEPA, trainer.objective).loss
     t = [time.perf_counter()]
     proj_g, proj_l, logits = trainer.model(views, n_global)
     t.append(time.perf_counter())
@@ -63,8 +65,8 @@ def run(batch: int = 64, repeats: int = 10) -> str:
     # views: our seeded pipeline vs lightly's transform called directly on the same images
     base = SyntheticShapes(cfg.data.image_size, 64, cfg.data.num_classes)
     images = [base[i][0] for i in range(len(base))]
-    ours = SeededViews(ImageList(images), trainer.train_set.transform, seed=0)
-    tf = trainer.train_set.transform
+    tf = cast(SeededViews, trainer.train_set).transform  # LeJEPA's training items
+    ours = SeededViews(ImageList(images), tf, seed=0)
     times = interleaved({"lightly": lambda: [tf(im) for im in images],
                          "vitsinks": lambda: [ours[i] for i in range(len(images))]}, repeats=repeats)
     med_r, lo, hi = ratio_stats(times["lightly"], times["vitsinks"])

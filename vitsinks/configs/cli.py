@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -34,12 +34,24 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
-from vitsinks.configs.inputs import unicode_fix
 from vitsinks.configs.schema import check_config, compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
-from vitsinks.data import cpu_threads, runs_on_cpu
+from vitsinks.configs.user_inputs import unicode_fix
+from vitsinks.utils.cpus import cpu_threads, runs_on_cpu
 from vitsinks.utils.errors import CheckFailed, ConfigError, UserError
 from vitsinks.utils.files import fault
+
+
+class HydraMain(Protocol):
+    """A Hydra command's `main(argv=None)` (`hydra_command`): None reads `sys.argv`."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> None: ...
+
+
+class PlainMain(Protocol):
+    """A plain command's `main(argv=None)` (`run_command`): None reads `sys.argv`; it exits with the code."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> NoReturn: ...
 
 
 def fail(err: BaseException, code: int = 1) -> NoReturn:
@@ -187,7 +199,7 @@ def hydra_context(cfg: DictConfig) -> Iterator[None]:
 
 
 def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | None = None,
-                  lists: Sequence[str] = ()) -> Callable[[Sequence[str] | None], None]:
+                  lists: Sequence[str] = ()) -> HydraMain:
     """The `main(argv)` of a Hydra command running `fn(cfg)`: aliases rewritten, the config composed once and
     checked, errors on one line (see the module docstring)."""
 
@@ -216,8 +228,10 @@ def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         return fn(cfg)
 
 
-def parse_args(argv: Sequence[str], schema: Any, usage: str, positional: str | None = None) -> DictConfig:
-    """`key=value` arguments merged onto a structured schema (dataclass); `positional` names one leading bare word.
+def parse_args(argv: Sequence[str], schema: type | dict[str, Any], usage: str,
+               positional: str | None = None) -> DictConfig:
+    """`key=value` arguments merged onto a structured schema (a dataclass, or a dict of the defaults); `positional`
+    names one leading bare word.
 
     Unknown keys, wrong types and stray words are a `ConfigError` naming them, with `usage`.
     """
@@ -250,7 +264,7 @@ def module_help(fn: Callable[..., Any], argv: Sequence[str]) -> str:
         return ((module.__doc__ if module else None) or "").strip()
 
 
-def run_command(fn: Callable[[Sequence[str]], int | None]) -> Callable[[Sequence[str] | None], NoReturn]:
+def run_command(fn: Callable[[Sequence[str]], int | None]) -> PlainMain:
     """The `main(argv)` of a plain command: `fn(argv)` returns its exit code (None: 0); errors handled; `-h` /
     `--help` print the command's help (`usage.command_help`) and exit 0."""
 

@@ -9,8 +9,8 @@ import importlib
 import inspect
 import types
 
-from vitsinks.__main__ import commands
 from vitsinks.configs import cli
+from vitsinks.configs.usage import commands
 
 
 def command_modules() -> dict[str, types.ModuleType]:
@@ -50,8 +50,8 @@ def is_hydra(module: types.ModuleType) -> bool:
 
 def argument_classes(module: types.ModuleType) -> list[type]:
     """A plain command's argument dataclasses: those its module defines whose name ends in `Args`."""
-    return [obj for name, obj in vars(module).items() if name.endswith("Args") and dataclasses.is_dataclass(obj)
-            and obj.__module__ == module.__name__]
+    return [obj for name, obj in vars(module).items() if name.endswith("Args") and isinstance(obj, type)
+            and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__]
 
 
 def first_line(module: types.ModuleType, name: str) -> str:

@@ -35,9 +35,9 @@ import typing
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs import cli
 from vitsinks.configs.command_docs import (
@@ -52,12 +52,17 @@ from vitsinks.configs.schema import Config, compose_config, config_dir
 from vitsinks.configs.search import checkout_configs, options, yaml_description
 from vitsinks.configs.usage import command_help, wants_help
 from vitsinks.configs.variants import STUDY_VARIANTS, variant_order
+from vitsinks.data import DATASETS  # noqa: F401 - the registries whose names are the choices of open sets
+from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS  # noqa: F401
+from vitsinks.eval.probes import LINEAR_PROTOCOLS  # noqa: F401
 from vitsinks.models.kinds import KINDS
 from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.models.vit import SIZES
+from vitsinks.objectives import OBJECTIVES  # noqa: F401
 from vitsinks.utils import files
+from vitsinks.utils.bounded import range_of
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.fields import range_of
+from vitsinks.utils.registry import FIELDS
 
 GENERATOR = "python -m vitsinks.configs.docs > docs/commands-options.md"
 ATTN_KEY = "model.attn"  # the field whose choices are the attention kinds (`vitsinks.models.kinds`)
@@ -112,7 +117,7 @@ class Plugins:
         if "@package _global_" not in text:
             return False
         mitigations, kinds = self.left_out()
-        model = OmegaConf.create(text).get("model") or {}
+        model = cast(DictConfig, OmegaConf.create(text)).get("model") or {}  # a config file: a mapping
         return str(model.get("attn")) in kinds or any(
             m in model and MITIGATIONS[m].setting(model[m]) is not None for m in mitigations)
 VARIANTS_GENERATOR = "python -m vitsinks.configs.docs variants"
@@ -149,7 +154,7 @@ def _source_comments(source: str) -> dict[str, str]:
             fields.setdefault(node.elts[0].value, (node.lineno, node.end_lineno or node.lineno))
     out = {}
     for name, (first, last) in fields.items():
-        above = []
+        above: list[str] = []
         row = first - 1
         while row >= 1 and lines[row - 1].strip().startswith("#") and row in comments:
             above.insert(0, comments[row])
@@ -202,11 +207,13 @@ def type_name(hint: Any) -> str:
     return f"{name} | None" if optional else name
 
 
-def admits(f: dataclasses.Field, hint: Any, hidden: Collection[str] = ()) -> str:
-    """What a field accepts beyond its type: the closed set's values (but `hidden`) or the declared range ('' when
-    anything of its type goes)."""
+def admits(f: dataclasses.Field, hint: Any, hidden: Collection[str] = (), choices: Sequence[str] | None = None) -> str:
+    """What a field accepts beyond its type: the closed set's values (but `hidden`), the `choices` of an open set
+    (a registry's names), or the declared range ('' when anything of its type goes)."""
     inner, optional = _unwrap_optional(hint)
-    if isinstance(inner, type) and issubclass(inner, Enum):
+    if choices is not None:
+        text = ", ".join(choices)
+    elif isinstance(inner, type) and issubclass(inner, Enum):
         text = ", ".join(m.value for m in inner if m.value not in hidden)
     elif (rng := range_of(f)) is not None:
         text = ("each " if typing.get_origin(inner) is list else "") + rng.describe()
@@ -248,7 +255,7 @@ def sections(cls: type = Config, key: str = "") -> Iterator[Section]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         inner, _ = _unwrap_optional(hints[f.name])
-        if dataclasses.is_dataclass(inner):
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             yield from sections(inner, f"{key}.{f.name}" if key else f.name)
 
 
@@ -270,8 +277,10 @@ def field_rows(section: Section, defaults: Any, plugins: Plugins | None = None) 
         if OmegaConf.is_config(value):
             value = OmegaConf.to_container(value, resolve=False)
         hidden = plugins.left_out()[1] if key == ATTN_KEY else ()
-        rows.append([f"`{key}`", type_name(hint), f"`{_default(value)}`", admits(f, hint, hidden),
-                     notes.get(f.name, "")])
+        registry = FIELDS.get(key)  # an open set: its registered names are the choices
+        kind = type_name(hint).replace("str", "choice", 1) if registry else type_name(hint)
+        rows.append([f"`{key}`", kind, f"`{_default(value)}`",
+                     admits(f, hint, hidden, registry.names() if registry else None), notes.get(f.name, "")])
     return rows
 
 
@@ -304,7 +313,7 @@ def group_options(plugins: Plugins | None = None) -> list[tuple[str, list[list[s
             where = "" if yml.is_relative_to(config_dir()) else " (configs/)"
             row = [f"`{group}={stem}`{where}", yaml_description(text)]
             if group in SETTINGS_SHOWN:
-                tree = OmegaConf.to_container(OmegaConf.load(yml), resolve=False)
+                tree = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(yml), resolve=False))  # a mapping
                 tree = {k: v for k, v in tree.items() if k not in ("defaults", "exp")}
                 if group == "study":
                     tree = tree.get("hydra", {}).get("sweeper", {}).get("params", {})

@@ -47,10 +47,11 @@ def check_setting(schema: type, field: str, value: Any, name: str | None = None)
     if problem:
         raise BadValue(f"{problem.removesuffix(')')}; the command line's {nf.key})")
 
-def check_settings(settings: Any, skip: tuple[str, ...] = ()) -> None:
+def check_settings(settings: object, skip: tuple[str, ...] = ()) -> None:
     """Every numeric field of the config dataclass instance `settings` (e.g. a `DiagnosticsConfig` a notebook built)
     checked as the command line checks it (`check_setting`), but those in `skip`."""
-    for name in _fields(type(settings)):
+    schema: type = type(settings)
+    for name in _fields(schema):
         if name not in skip:
             check_setting(type(settings), name, getattr(settings, name))
 

@@ -22,31 +22,29 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from vitsinks.configs.inputs import name_problem, quote_unicode, yaml_named
-from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
+from vitsinks.configs.posthoc_schema import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
 from vitsinks.configs.publish import ExportConfig  # noqa: F401 - the export command's
 from vitsinks.configs.search import user_folders
+from vitsinks.configs.user_inputs import name_problem, quote_unicode, renamed_groups, renamed_user_groups, yaml_named
 
 # The model's config and closed sets live with the model (their registries build them); re-exported here.
 from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # noqa: F401
 from vitsinks.models.mitigations.gate import Gate  # noqa: F401
 from vitsinks.models.mitigations.global_pathway import GlobalPathwayConfig, RecipientGate  # noqa: F401
 from vitsinks.models.vit import SIZES
+from vitsinks.utils.bounded import Range, bounded, range_of
 from vitsinks.utils.errors import ConfigError
-from vitsinks.utils.fields import Range, bounded, range_of
+from vitsinks.utils.registry import FIELDS, import_plugins
 
-# Closed sets: a value outside them stops at composition with the allowed values (member names are the values).
-DataName = StrEnum("DataName", "synthetic fashion_mnist imagenet sinktask_nop sinktask_broadcast ade20k voc",
-                   module=__name__)
+# Closed sets: a value outside them stops at composition with the allowed values (member names are the values). The
+# open sets (data sets, objectives, probe protocols) are `str` fields checked against their registries (`check_config`).
 OnBadImage = StrEnum("OnBadImage", "skip error", module=__name__)
-Objective = StrEnum("Objective", "lejepa supervised", module=__name__)
 Precision = StrEnum("Precision", "auto bf16 fp32", module=__name__)
 WandbMode = StrEnum("WandbMode", "auto online offline disabled", module=__name__)
 SinkRule = StrEnum("SinkRule", "relaxed def1", module=__name__)
 SinkRatio = StrEnum("SinkRatio", "ratio_out ratio_head", module=__name__)
 ClusterName = StrEnum("ClusterName", "local slurm", module=__name__)
 Device = StrEnum("Device", "auto cpu cuda", module=__name__)
-DenseProtocolName = StrEnum("DenseProtocolName", "dinov2 kempner kempner_cached", module=__name__)
 SigregForm = StrEnum("SigregForm", "per_view_global pooled_per_rank", module=__name__)
 BatchNormStats = StrEnum("BatchNormStats", "global_batch per_rank", module=__name__)
 ImageOrder = StrEnum("ImageOrder", "permuted first", module=__name__)
@@ -60,7 +58,7 @@ ViewsStyle = StrEnum("ViewsStyle", "dino kempner", module=__name__)
 class DataConfig:
     """Dataset choice. `root` is needed by the on-disk datasets; `synthetic` is generated on the fly."""
 
-    name: DataName = DataName.synthetic
+    name: str = "synthetic"
     root: str | None = None
     num_classes: int = bounded(10, ge=0)
     image_size: int = bounded(64, ge=1)  # resolution the synthetic images are drawn at
@@ -109,7 +107,7 @@ class ObjectiveConfig:
     (`data=sinktask_*`), image-level classification (linear head on the final-norm [CLS]) for labelled data.
     """
 
-    name: Objective = Objective.lejepa
+    name: str = "lejepa"
     lamb: float = bounded(0.05, ge=0, le=1)
     slices: int = bounded(1024, ge=1)  # SIGReg's random directions
     knots: int = bounded(17, ge=2)  # SIGReg's integration points
@@ -168,7 +166,7 @@ class MonitorsConfig:
 
     knn_k: int = bounded(20, ge=1)  # neighbours that vote (DINO's 20; at most the bank's size)
     knn_temperature: float = bounded(0.07, gt=0)  # each neighbour votes exp(cosine / T) (DINO's 0.07)
-    # training images in the k-NN bank: the first ones of the split in the seeded `protocol` order, decoded once and
+    # training images in the k-NN bank: the first ones of the split in the seeded `selection` order, decoded once and
     # embedded again at every validation (the first run: about 1 s each on one CPU thread); raise it with the classes
     # (ImageNet: tens of thousands, kept decoded in memory: 0.6 MB an image at 224 px); 0: no k-NN
     knn_bank: int = bounded(512, ge=0)
@@ -185,12 +183,12 @@ class WandbConfig:
 
 
 @dataclass
-class ProtocolConfig:
+class SelectionConfig:
     """Which images of a split an analysis reads and how they are preprocessed (`vitsinks.data.selection`).
 
-    The named presets (`protocol=kempner_sinktable`, `protocol=kempner_causal`) set these and the analysis
-    settings of the reference's protocols; `name` is written into every output so that a table says which
-    protocol produced it.
+    The named presets (`selection=kempner_sinktable`, `selection=kempner_causal`; `protocol=` earlier) set these and
+    the analysis settings of the reference's protocols. `name` is written into every output as `protocol` (the name
+    outputs and saved configs have always used, `configs.upgrade`), so that a table says which selection made it.
     """
 
     name: str = "vitsinks"
@@ -206,7 +204,7 @@ class DiagnosticsConfig:
     """Sink diagnostics: run on a fixed image set at every checkpoint save (and by `vitsinks.diagnose`)."""
 
     enabled: bool = True
-    n_images: int = bounded(16, ge=1)  # validation images, in the order of `protocol`
+    n_images: int = bounded(16, ge=1)  # validation images, in the order of `selection`
     plots: bool = True
     rule: SinkRule = SinkRule.relaxed  # relaxed (routed_frac >= 0.9) | def1 (min_a >= 1 - eps)
     eps: float = bounded(0.5, gt=0, le=0.5)  # def1; above 0.5 a head can have several sinks
@@ -235,7 +233,7 @@ class InterveneConfig:
     `diagnostics` settings (rule, eps, ratio, use_stable_rank).
     """
 
-    n_images: int = bounded(256, ge=2)  # validation images edited, the first n of the `protocol` order
+    n_images: int = bounded(256, ge=2)  # validation images edited, the first n of the `selection` order
     heldout_images: int = bounded(64, ge=0)  # the next ones in that order: the source of mean_sink_value (disjoint)
     batch_size: int = bounded(32, ge=2)  # the donor of an image is another image of its batch
     heads: list[str] = field(default_factory=list)  # ["block:head", ...]; empty: automatic selection
@@ -244,7 +242,7 @@ class InterveneConfig:
     top_k: int = bounded(16, ge=0)
     top_k_block0: int = bounded(4, ge=0)
     min_class_events: int = bounded(20, ge=1)
-    # the reference's own formulas (protocol=kempner_causal): its redirect (A's sink column zeroed, rows divided by
+    # the reference's own formulas (selection=kempner_causal): its redirect (A's sink column zeroed, rows divided by
     # their sum clamped at 1e-12) as the extra edit redirect_sink_attention_ref, and the donor cosine's direction
     # averaged over all patches (default: the exact redirect from the scores; the sink patch left out)
     reference_formulas: bool = False
@@ -302,13 +300,14 @@ class EvalConfig:
     linear_last_blocks: list[int] = bounded(factory=lambda: [1, 4], ge=1)
     linear_epochs: int = bounded(10, ge=1)
     linear_batch_size: int = bounded(256, ge=1)
-    dense_data: DataName | None = None  # after_train: (default: the training data when it has masks)
+    linear_protocol: str = "dinov2"  # what each head reads and its optimiser (vitsinks/eval/probes.py)
+    dense_data: str | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
     # The dense probe's protocol (vitsinks/eval/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
     # sliding window at full label resolution) | kempner (the reference's Linear probe at 512 px, augmented, best
     # val epoch) | kempner_cached (the same on cached features, 3 probe seeds). The fields below left at None take
     # the protocol's own value; the kempner protocols accept only dense_size and dense_epochs as overrides.
-    dense_protocol: DenseProtocolName = DenseProtocolName.dinov2
+    dense_protocol: str = "dinov2"
     dense_size: int | None = bounded(None, ge=1)  # input side in pixels (dinov2: the model's; kempner: 512)
     dense_epochs: int | None = bounded(None, ge=1)  # dinov2 10; kempner ADE20K 10 / VOC 25; kempner_cached 25 / 100
     dense_lr: float | None = bounded(None, gt=0)  # dinov2 only (1e-3)
@@ -326,12 +325,15 @@ class Config:
     name: str = MISSING
     seed: int = bounded(0, ge=0)
     runs_dir: str = "runs"
-    ckpt: str | None = None  # vitsinks.diagnose / eval: the checkpoint to read
-    run: str | None = None  # vitsinks.diagnose: a run directory (all its checkpoints)
-    # vitsinks.diagnose / intervene: a pretrained model read unmodified (vitsinks.pretrained): timm:NAME[@FILE] |
-    # hf:ID or folder | open_clip:NAME@TAG or FILE
+    ckpt: str | None = None  # the model of a command that reads one (vitsinks.run.source): a checkpoint file
+    run: str | None = None  # the model: a run folder, its checkpoints/last.pt (diagnose: all of a trained run's)
+    # the model: another library's, read unmodified (vitsinks.pretrained): timm:NAME[@FILE] | hf:ID or folder |
+    # open_clip:NAME@TAG or FILE | vitsinks:EXPORT FOLDER
     hub: str | None = None
     imported: str | None = None  # set by vitsinks: the pretrained model this run holds, imported without training
+    # modules imported before the config is checked: your own data sets, objectives, probe protocols or model
+    # families, registered where they are defined (docs/extending.md); each command that reads them needs them
+    plugins: list[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     views: ViewsConfig = field(default_factory=ViewsConfig)
@@ -339,7 +341,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)  # saved as `protocol` (configs.upgrade)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     intervene: InterveneConfig = field(default_factory=InterveneConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -367,6 +369,7 @@ def register_configs() -> None:
     folders with its search path (`UserConfigs`)."""
     ConfigStore.instance().store(name="schema", node=Config)
     Plugins.instance().register(UserConfigs)
+    renamed_user_groups()
 
 
 def config_dir() -> Path:
@@ -391,6 +394,7 @@ def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> D
     (`search`; a missing folder named by `$VITSINKS_CONFIGS` is an `InputNotFound`)."""
     user_folders()
     register_configs()
+    overrides = renamed_groups(overrides or [])
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"), yaml_named():  # broken YAML: a line
         cfg = compose(config_name="config", overrides=quote_unicode(overrides or []), return_hydra_config=True)
     return _named_by_exp_file(cfg, hydra)
@@ -443,10 +447,10 @@ def _nested(hint: Any) -> type | None:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and len(args) == 1:
         hint = args[0]
-    return hint if dataclasses.is_dataclass(hint) else None
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
-def numeric_fields(schema: type = None, prefix: str = "") -> Iterator[NumericField]:  # type: ignore[assignment]
+def numeric_fields(schema: type | None = None, prefix: str = "") -> Iterator[NumericField]:
     """Every numeric field of a config dataclass (default: the whole `Config`), nested dataclasses included."""
     schema = schema or Config
     hints = typing.get_type_hints(schema)
@@ -461,8 +465,13 @@ def numeric_fields(schema: type = None, prefix: str = "") -> Iterator[NumericFie
 def check_config(cfg: DictConfig) -> None:
     """Numbers out of range and sizes that do not fit, checked once after composition: `ConfigError` naming the
     field, its value and what is allowed. Every numeric field of the schema is checked against the range it declares
-    (`bounded`); None means "the default" and is not checked. The closed sets are enums, checked by OmegaConf."""
-    problems = []
+    (`bounded`); None means "the default" and is not checked. The closed sets are enums, checked by OmegaConf; the
+    modules of `plugins` are imported first, then each field a registry names (`Registry.fields`: `data.name`,
+    `objective.name`, ...) must hold one of its names, for every registry imported by now (a command imports those
+    it uses)."""
+    import_plugins(cfg.get("plugins") or [])
+    problems = [reg.unknown(value, key) for key, reg in FIELDS.items()
+                if (value := OmegaConf.select(cfg, key, default=None)) is not None and str(value) not in reg]
     for nf in numeric_fields():
         value = OmegaConf.select(cfg, nf.key, default=None)
         if value is not None and nf.range is not None and (problem := nf.range.problem(nf.key, value, nf.is_list)):

@@ -22,6 +22,9 @@ from vitsinks.utils.errors import InputNotFound
 
 ENV = "VITSINKS_CONFIGS"
 PACKAGE_CONFIGS = Path(__file__).resolve().parent
+# a config group's earlier name -> its name; the command line and a user's folder still read the earlier one
+# (`user_inputs.renamed_groups`, `user_inputs.renamed_user_groups`)
+RENAMED_GROUPS = {"protocol": "selection"}
 CHECKOUT = PACKAGE_CONFIGS.parents[1]  # the repository root when the package runs from a source checkout
 
 
@@ -71,14 +74,14 @@ def options(folders: list[Path] | None = None) -> dict[str, dict[str, Path]]:
     found: dict[str, dict[str, Path]] = {}
     for folder in reversed(folders if folders is not None else search_path(strict=False)):
         for yml in folder.glob("*/*.yaml"):
-            found.setdefault(yml.parent.name, {})[yml.stem] = yml
+            found.setdefault(RENAMED_GROUPS.get(yml.parent.name, yml.parent.name), {})[yml.stem] = yml
     return {g: dict(sorted(found[g].items())) for g in sorted(found)}
 
 
 def yaml_description(text: str) -> str:
     """The first comment block of a config file's `text` (without `@package` and without indented example lines):
     what the option is, as the docs and the model cards say it."""
-    out = []
+    out: list[str] = []
     for line in text.splitlines():
         if "@package" in line:
             continue

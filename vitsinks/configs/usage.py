@@ -1,15 +1,17 @@
 """`--help` / `-h` of every command and sub-command, read from the command's source without importing it.
 
-`python -m vitsinks.<command> --help` is answered here before the command module is imported (`vitsinks/__init__.py`
-calls `answer_help` when it is imported by `python -m` with a help flag), so help costs about 0.1 s of CPU instead of
-the ~4 s of importing torch, timm and the command. The text is the running module's docstring and:
+`python -m vitsinks.<command> --help` is answered here before the command module is imported (`early_help`,
+which `vitsinks/__init__.py` imports, calls `answer_help` when `python -m` runs with a help flag), so help costs
+about 0.1 s of CPU instead of the ~4 s of importing torch, timm and the command. The text is the running module's
+docstring and:
 
 - a Hydra command (its module calls `cli.hydra_command`): the config groups with their options and its short keys
   (the `aliases=` of that call, evaluated on the module's literal constants), as `cli.hydra_command` prints them;
 - a plain command: the fields of its `*Args` dataclasses, with their types, defaults and comments;
 - a sub-command (`launch status --help`): the docstring of the module's `<word>_command` function.
 
-This module imports only the standard library. The commands' in-process entry points (`cli.hydra_command`,
+This module imports only the standard library (and `configs.search`); it also finds the commands (`commands`,
+the listing of `python -m vitsinks`). The commands' in-process entry points (`cli.hydra_command`,
 `cli.run_command`, `launch.cli`) print the same text (tests/configs/test_usage.py checks that they agree).
 """
 
@@ -23,7 +25,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from vitsinks.__main__ import _runs_as_main  # the standard library only, as this module
 from vitsinks.configs.search import env_folders, options
 from vitsinks.utils.errors import UserError
 
@@ -31,6 +32,38 @@ HELP_FLAGS = ("-h", "--help")
 FLAGS_USAGE = "--cfg job|hydra|all [--resolve] (print the composed config), --help"
 CONFIG_DIR = Path(__file__).resolve().parent
 PACKAGE = CONFIG_DIR.parent
+
+
+def _runs_as_main(tree: ast.Module) -> bool:
+    """The module has a top-level `if __name__ == "__main__":` block."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [node.test.left, *node.test.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and \
+                    any(isinstance(n, ast.Constant) and n.value == "__main__" for n in names):
+                return True
+    return False
+
+
+def _first_line(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) if path.is_file() else None
+    return doc.strip().splitlines()[0].strip() if doc else ""
+
+
+def commands(root: Path = PACKAGE) -> dict[str, str]:
+    """`python -m` name -> one-line description, for every command under the package folder `root`, by name: a
+    module that runs under `python -m` (an `if __name__ == "__main__":` block; its line: its docstring's first) or a
+    package with a `__main__.py` (its `__init__.py`'s), `python -m vitsinks` itself left out."""
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if path.name == "__main__.py":
+            if path.parent == root:
+                continue  # the listing itself
+            found[".".join(parts[:-1])] = _first_line(path.parent / "__init__.py") or _first_line(path)
+        elif path.name != "__init__.py" and _runs_as_main(ast.parse(path.read_text())):
+            found[".".join(parts)] = _first_line(path)
+    return dict(sorted(found.items()))
 
 
 def wants_help(argv: Sequence[str]) -> bool:

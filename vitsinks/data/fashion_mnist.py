@@ -58,7 +58,8 @@ class FashionMNIST(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        img = Image.fromarray(self.images[index]).resize((self.size, self.size), Image.BICUBIC).convert("RGB")
+        img = Image.fromarray(self.images[index]).resize((self.size, self.size), Image.Resampling.BICUBIC)
+        img = img.convert("RGB")
         return img, int(self.labels[index])
 
     @property

@@ -76,7 +76,8 @@ def scan_folder(directory: str, class_to_idx: dict[str, int], extensions: tuple[
         except OSError:
             mtimes[top] = -1  # os.walk skips a folder it cannot list; such a list is not cached
             return
-        files, dirs = [], []
+        files: list[str] = []
+        dirs: list[str] = []
         for e in entries:
             try:
                 is_dir = e.is_dir()
@@ -193,7 +194,7 @@ class ImageFolderSplit(ImageFolder):
         classes = list(self.expected_classes) if self.expected_classes is not None else found
         return classes, {c: i for i, c in enumerate(classes)}
 
-    def make_dataset(self, directory: str | Path, class_to_idx: dict[str, int],  # type: ignore[override]
+    def make_dataset(self, directory: str | Path, class_to_idx: dict[str, int],
                      extensions: tuple[str, ...] | None = None, is_valid_file: Callable[[str], bool] | None = None,
                      allow_empty: bool = False) -> list[tuple[str, int]]:
         """torchvision's file list, read from / written to the cache when there is one."""

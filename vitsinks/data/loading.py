@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vitsinks.data.views import EpochSampler, sample_seed
+from vitsinks.data.crops import EpochSampler, sample_seed
 
 
 class EpochKeys(Sampler[tuple[int, int]]):

@@ -8,6 +8,7 @@ crop + flip of an image and its labels.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -18,10 +19,13 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from vitsinks.configs.schema import DataConfig
-from vitsinks.data.classification import build_classification, check_root
+from vitsinks.data.datasets import DATASETS
 from vitsinks.data.imagefolder import BadImage, strict_loader
 from vitsinks.data.synthetic import SyntheticShapes
 from vitsinks.utils.errors import BadValue
+
+if TYPE_CHECKING:  # annotations only
+    from omegaconf import DictConfig
 
 IGNORE = 255
 ADE_SPLITS = {"train": "training", "val": "validation"}
@@ -155,7 +159,7 @@ class FashionMNISTMosaic(Dataset):
             j = int(rng.integers(len(self.base)))  # type: ignore[arg-type]
             item = self.base.images[j]  # type: ignore[attr-defined]
             s = int(rng.integers(self.size // 3, self.size // 2 + 1))
-            item = np.array(Image.fromarray(item).resize((s, s), Image.BILINEAR))
+            item = np.array(Image.fromarray(item).resize((s, s), Image.Resampling.BILINEAR))
             y, x = rng.integers(0, self.size - s + 1, size=2)
             on = item > 30
             canvas[y : y + s, x : x + s][on] = item[on]
@@ -192,12 +196,13 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 
 def to_input(img: Image.Image, width: int, height: int | None = None) -> torch.Tensor:
     """Normalised (3, height, width) tensor of the whole of `img` resized bilinearly (no crop)."""
-    return normalize(v2.functional.to_image(img.resize((width, height or width), Image.BILINEAR)).float().div(255))
+    resized = img.resize((width, height or width), Image.Resampling.BILINEAR)
+    return normalize(v2.functional.to_image(resized).float().div(255))
 
 
 def resize_label(label: np.ndarray, size: int) -> torch.Tensor:
     """The label map resized to size x size with nearest neighbours (no new values: 255 stays ignore), as int64."""
-    return torch.from_numpy(np.array(Image.fromarray(label).resize((size, size), Image.NEAREST))).long()
+    return torch.from_numpy(np.array(Image.fromarray(label).resize((size, size), Image.Resampling.NEAREST))).long()
 
 
 class JointCropFlip:
@@ -215,26 +220,12 @@ class JointCropFlip:
         return normalize(x.float() / 255), y[0].long()
 
 
-SEGMENTATION = ("ade20k", "voc")  # the datasets that exist only with their label maps
-
-
-def build_seg_dataset(cfg: DataConfig, split: str, seed: int = 0, voc_background: bool = True) -> Dataset:
-    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics);
-    `voc_background=False`: VOC's background class ignored (`BackgroundIgnored`)."""
-    if cfg.name == "synthetic":
-        return SyntheticMasks(build_classification(cfg, split, seed))  # type: ignore[arg-type]
-    if cfg.name == "fashion_mnist":
-        base = build_classification(cfg, split, seed)
-        return FashionMNISTMosaic(base, cfg.image_size, cfg.train_size if split == "train" else cfg.val_size,
-                                  seed * 2 + (split != "train"))
-    if cfg.name in SEGMENTATION:
-        check_root(cfg.root, cfg.name, "/datasets/ade20k" if cfg.name == "ade20k" else "/datasets/voc")
-    if cfg.name == "ade20k":
-        return ade20k(cfg.root, split, cfg.num_classes)
-    if cfg.name == "voc":
-        ds = voc(cfg.root, split, cfg.num_classes, cfg.voc_aug)
-        return ds if voc_background else BackgroundIgnored(ds)
-    raise BadValue(f"data={cfg.name} has no segmentation masks: use ade20k, voc or synthetic for the dense probe")
+def build_seg_dataset(cfg: DataConfig | DictConfig, split: str, seed: int = 0,
+                      voc_background: bool = True) -> Dataset:
+    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics: any
+    registered data set with `masks`); `voc_background=False`: VOC's background class ignored (`BackgroundIgnored`)."""
+    # a `data` DictConfig reads as a DataConfig
+    return DATASETS.get(str(cfg.name)).segmentation(cast(DataConfig, cfg), split, seed, voc_background)
 
 
 def num_seg_classes(ds: Dataset) -> int:

@@ -1,11 +1,11 @@
 """Which images of a split an analysis reads, in which order, and how they are preprocessed.
 
 Every command that uses n images of a split (the diagnostics at every checkpoint, `diagnose`, `intervene`, the
-evaluation subsets) takes them from one order: a seeded permutation of the split (`protocol.order=permuted`, the
-default) or an image list shipped as a text file (`protocol.image_list`), never the split's first n files. Splits
+evaluation subsets) takes them from one order: a seeded permutation of the split (`selection.order=permuted`, the
+default) or an image list shipped as a text file (`selection.image_list`), never the split's first n files. Splits
 in ImageFolder order are sorted by class, so the first 256 ImageNet val images cover about 6 classes.
 
-The permutation is `torch.randperm(len(split), generator=torch.Generator().manual_seed(protocol.seed))` over the
+The permutation is `torch.randperm(len(split), generator=torch.Generator().manual_seed(selection.seed))` over the
 split in its own order (ImageFolder: class folders then file names, sorted; ADE20K / VOC: sorted file names), so
 position k of it is the same image on every machine. Edited and held-out images of `intervene` are consecutive,
 disjoint ranges of this one order.
@@ -18,12 +18,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightly.transforms.utils import IMAGENET_NORMALIZE
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
-from vitsinks.configs.schema import ProtocolConfig
+from vitsinks.configs.schema import SelectionConfig
 from vitsinks.data.imagefolder import read_item
 from vitsinks.utils.errors import BadValue, InputNotFound
 
@@ -39,9 +40,9 @@ def permutation(n: int, seed: int) -> list[int]:
 def item_names(dataset: Dataset) -> list[str] | None:
     """The image file name of every item of a file-backed dataset (ImageFolder, ADE20K / VOC), else None."""
     if hasattr(dataset, "samples"):  # torchvision ImageFolder
-        return [Path(p).name for p, _ in dataset.samples]  # type: ignore[attr-defined]
+        return [Path(p).name for p, _ in dataset.samples]
     if hasattr(dataset, "pairs"):  # vitsinks.data.segmentation.SegFiles
-        return [Path(p).name for p, _ in dataset.pairs]  # type: ignore[attr-defined]
+        return [Path(p).name for p, _ in dataset.pairs]
     return None
 
 
@@ -54,7 +55,7 @@ def list_path(image_list: str) -> Path:
     if shipped.is_file():
         return shipped
     have = ", ".join(sorted(p.name for p in LISTS_DIR.glob("*.txt")))
-    raise InputNotFound(f"protocol.image_list={image_list}: no such file (and no shipped list of that name; "
+    raise InputNotFound(f"selection.image_list={image_list}: no such file (and no shipped list of that name; "
                         f"shipped: {have})")
 
 
@@ -64,28 +65,28 @@ def read_list(image_list: str) -> list[str]:
     return [s for line in lines if (s := line.strip()) and not s.startswith("#")]
 
 
-def split_order(dataset: Dataset, protocol: ProtocolConfig) -> list[int]:
+def split_order(dataset: Dataset, selection: SelectionConfig) -> list[int]:
     """Indices of `dataset` in the order an analysis reads them (see the module docstring)."""
     n = len(dataset)  # type: ignore[arg-type]
-    if protocol.image_list:
+    if selection.image_list:
         names = item_names(dataset)
         if names is None:
-            raise BadValue(f"protocol.image_list={protocol.image_list} names image files, but this dataset has none "
-                           f"(a generated dataset): drop protocol.image_list or use an on-disk dataset")
+            raise BadValue(f"selection.image_list={selection.image_list} names image files, but this dataset has none "
+                           f"(a generated dataset): drop selection.image_list or use an on-disk dataset")
         where = {name: i for i, name in enumerate(names)}
-        wanted = read_list(protocol.image_list)
+        wanted = read_list(selection.image_list)
         missing = [w for w in wanted if w not in where]
         if missing:
-            raise InputNotFound(f"{len(missing)} of the {len(wanted)} images of protocol.image_list="
-                                f"{protocol.image_list} are not in the split (first: {missing[0]}): point data.root "
+            raise InputNotFound(f"{len(missing)} of the {len(wanted)} images of selection.image_list="
+                                f"{selection.image_list} are not in the split (first: {missing[0]}): point data.root "
                                 f"at the dataset the list was made for")
         return [where[w] for w in wanted]
-    if protocol.order == "first":
+    if selection.order == "first":
         return list(range(n))
-    return permutation(n, protocol.seed)
+    return permutation(n, selection.seed)
 
 
-def select_items(dataset: Dataset, counts: Sequence[int], protocol: ProtocolConfig, on_bad_image: str = "skip",
+def select_items(dataset: Dataset, counts: Sequence[int], selection: SelectionConfig, on_bad_image: str = "skip",
                  up_to: bool = False) -> list[tuple[list[Any], list[int]]]:
     """Consecutive, disjoint groups of readable items in the analysis order: `counts=[4096, 4096]` gives the
     first 4,096 readable images and the next 4,096. Returns (items, their indices in the split) per group.
@@ -93,7 +94,7 @@ def select_items(dataset: Dataset, counts: Sequence[int], protocol: ProtocolConf
     Unreadable images are skipped under `on_bad_image=skip` (the group takes the next one). Asking for more
     readable images than the order holds is an error naming the counts; with `up_to`, one group of at most
     `counts[0]` readable images is returned instead (an error only when none is readable)."""
-    order = split_order(dataset, protocol)
+    order = split_order(dataset, selection)
     readable = ((item, i) for i in order if (item := read_item(dataset, i, on_bad_image)) is not None)
     if up_to:
         group = list(islice(readable, counts[0]))
@@ -103,7 +104,7 @@ def select_items(dataset: Dataset, counts: Sequence[int], protocol: ProtocolConf
     need = sum(counts)
     if need > len(order):
         raise BadValue(f"{' + '.join(map(str, counts))} images were asked for but the split "
-                       + (f"list {protocol.image_list} " if protocol.image_list else "")
+                       + (f"list {selection.image_list} " if selection.image_list else "")
                        + f"has {len(order)}: lower the number of images or use a larger split")
     groups: list[tuple[list[Any], list[int]]] = []
     for want in counts:  # consecutive ranges of one stream of readable images: disjoint by construction
@@ -127,3 +128,47 @@ def analysis_transform(size: int, crop_pct: float = DEFAULT_CROP_PCT,
     (256 for 224 px), centre crop `size`, ImageNet mean / std, fp32."""
     return T.Compose([analysis_crop(size, crop_pct, interpolation), T.ToTensor(),
                       T.Normalize(IMAGENET_NORMALIZE["mean"], IMAGENET_NORMALIZE["std"])])
+
+
+def stretched(images: torch.Tensor) -> np.ndarray:
+    """Model inputs (n, 3, H, W) as uint8 RGB (n, H, W, 3) for plots and pages, each image min-max stretched to its
+    own range (for inputs whose normalisation is not known here)."""
+    x = images.detach().float().cpu()
+    lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+    return ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
+
+
+def images_of(items: list[tuple], size: int,
+              selection: SelectionConfig | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """Dataset items' images as a normalised batch (n, 3, size, size), preprocessed as `selection` says
+    (`analysis_transform`), and as uint8 RGB for plots.
+
+    Datasets of tensors (the sink tasks) are taken as they are, shown min-max scaled per image."""
+    first = [item[0] for item in items]
+    if isinstance(first[0], torch.Tensor):  # tensor datasets (the sink tasks) are model inputs already
+        x = torch.stack(first)
+        return x, stretched(x)
+    crop, *rest = selection_transform(size, selection).transforms  # crop once: the model's view is what plots show
+    cropped = [crop(im.convert("RGB")) for im in first]
+    x = torch.stack([T.Compose(rest)(im) for im in cropped])
+    show = np.stack([np.asarray(im) for im in cropped])
+    return x, show
+
+
+def selection_transform(size: int, selection: SelectionConfig | None = None) -> T.Compose:
+    """`analysis_transform` with the preprocessing of `selection` (a `SelectionConfig`; None: the defaults)."""
+    p = selection or SelectionConfig()
+    return analysis_transform(size, p.crop_pct, str(p.interpolation))
+
+
+def fixed_images(dataset: Dataset, n: int, size: int, on_bad_image: str = "skip",
+                 selection: SelectionConfig | None = None) -> tuple[torch.Tensor, np.ndarray, list[int]]:
+    """The first `n` readable images of `dataset` in the order of `selection` (a seeded permutation by default,
+    `split_order`; all of them when it holds fewer), see `images_of`, and their indices in the
+    split."""
+    p = selection or SelectionConfig()
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise BadValue("the validation split is empty: there is no image to diagnose")
+    ((items, idx),) = select_items(dataset, [n], p, on_bad_image, up_to=True)
+    x, shown = images_of(items, size, p)
+    return x, shown, idx

@@ -22,7 +22,7 @@ import math
 import torch
 from torch.utils.data import Dataset
 
-from vitsinks.data.views import sample_seed
+from vitsinks.data.crops import sample_seed
 from vitsinks.utils.errors import BadValue
 
 TASKS = ("nop", "broadcast")

@@ -1,7 +1,7 @@
 """`diagnose(model, images)`: every sink field of every (image, block, head), from the model's own internals.
 
 The blocks run their normal (fused) forward to move the residual stream on; next to it each block is rebuilt
-from `SinkAttention.internals` (`SinkBlock.forward_explicit`), which both yields A, v and the gate and checks
+from `SinkAttention.internals` (`Block.forward_explicit`), which both yields A, v and the gate and checks
 that the explicit computation reproduces the model (`recompute_error`). Only one block's attention matrices
 are alive at a time.
 
@@ -13,34 +13,34 @@ sink thresholds are in those raw units.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
-from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from vitsinks.backbones import adapt
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
 from vitsinks.diagnostics.neurons import NeuronCollector
 from vitsinks.diagnostics.residual import block_stats
-from vitsinks.models import AttnInternals, SinkBlock
+from vitsinks.models.attention import AttnInternals
 from vitsinks.models.common_mode import common_mode_terms_per_image
-from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.models.passes import eval_mode
+from vitsinks.models.seam import Backbone, Block
 from vitsinks.utils.errors import BadValue, CheckFailed, NonFinite
 
 RECOMPUTE_TOL = 1e-4  # largest relative difference (fp32) between the explicit recomputation and the model
 
 
-def layerscale(block: SinkBlock) -> torch.Tensor | None:
+def layerscale(block: Block) -> torch.Tensor | None:
     """The block's attention LayerScale gamma (dim,), or None without LayerScale."""
     return getattr(block.ls1, "gamma", None)
 
 
 @torch.no_grad()
-def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool = False,
+def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = False,
                     keep_maps: int = 0, num_prefix: int = 1,
                     neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
     """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
@@ -66,7 +66,8 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     """
     blocks = list(blocks)
     per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass")}
-    norms_max, norms_med, norms_arg, errors, maps = [], [], [], [], []
+    norms_max, norms_med, norms_arg, maps = [], [], [], []
+    errors: list[float] = []  # per block
     res: dict[str, list[torch.Tensor]] = {}
     update: dict[str, list[torch.Tensor]] = {}
     mitigations = diagnosed_mitigations(blocks)
@@ -115,7 +116,7 @@ def diagnose_tokens(blocks: Iterable[SinkBlock], x: torch.Tensor, causal: bool =
     return result
 
 
-def diagnosed_mitigations(blocks: Iterable[SinkBlock]) -> list[type[BlockMitigation]]:
+def diagnosed_mitigations(blocks: Iterable[Block]) -> list[type[BlockMitigation]]:
     """The registered mitigations whose fields a diagnosis of `blocks` holds: those diagnosed always, and the others
     where some block has them."""
     blocks = list(blocks)
@@ -123,7 +124,7 @@ def diagnosed_mitigations(blocks: Iterable[SinkBlock]) -> list[type[BlockMitigat
             (m.always_diagnosed or any(m.present(blk) for blk in blocks))]
 
 
-def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals,
+def update_fields(blk: Block, x: torch.Tensor, it: AttnInternals,
                   mitigations: Iterable[type[BlockMitigation]]) -> dict[str, torch.Tensor]:
     """Per image (B,) of one block: `cm_num` / `cm_den`, the common-mode terms of the attention update
     o = ls1 * attn(z) (`models.common_mode`); and each mitigation's fields (per head (B, heads) at the heads,
@@ -141,7 +142,7 @@ def update_fields(blk: SinkBlock, x: torch.Tensor, it: AttnInternals,
     return out
 
 
-def spectrum(blocks: Iterable[SinkBlock]) -> dict[str, np.ndarray]:
+def spectrum(blocks: Iterable[Block]) -> dict[str, np.ndarray]:
     """Per (block, head) query-key spectrum of Theta: `qk_sigma1_frac` and `qk_sigma1_over_sigma2`, (L, H)."""
     frac, gap = zip(*(qk_spectrum(b.attn.qkv.weight, b.attn.num_heads) for b in blocks), strict=True)
     return {"qk_sigma1_frac": torch.stack(frac).numpy(), "qk_sigma1_over_sigma2": torch.stack(gap).numpy()}
@@ -159,7 +160,7 @@ def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 @torch.no_grad()
-def diagnose_inputs(blocks: Iterable[SinkBlock], embed_fn: Callable[[torch.Tensor], torch.Tensor],
+def diagnose_inputs(blocks: Iterable[Block], embed_fn: Callable[[torch.Tensor], torch.Tensor],
                     inputs: torch.Tensor, batch_size: int = 16, causal: bool = False, keep_maps: int = 0,
                     num_prefix: int = 1, neurons: NeuronCollector | None = None, chosen: Sequence[int] | None = None,
                     name: str = "the model") -> dict[str, np.ndarray]:
@@ -185,21 +186,6 @@ def check_recomputation(errors: np.ndarray, blocks: Sequence[int], model: str, c
                           f"{errors[worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): {consequence}")
 
 
-class Diagnosable(Protocol):
-    """What `diagnose` reads of a model: a `SinkViT`, or a pretrained model's `vitsinks.pretrained` view (`Foreign`),
-    which answers to the same names."""
-
-    blocks: Sequence[SinkBlock]
-    num_prefix_tokens: int
-    training: bool
-
-    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor: ...
-    def key_layout(self, img_size: tuple[int, int]) -> KeyLayout: ...
-    def grid(self, img_size: tuple[int, int]) -> tuple[int, int]: ...
-    def train(self, mode: bool = True) -> Any: ...
-    def parameters(self) -> Iterator[nn.Parameter]: ...
-
-
 def chosen_blocks(n_blocks: int, blocks: Iterable[int] | None) -> list[int]:
     """Sorted distinct block indices of `blocks` (negative ones from the last; None: every block); a `BadValue`
     for an index outside the model or an empty choice."""
@@ -221,7 +207,7 @@ def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-def diagnose_chosen(blocks: Sequence[SinkBlock], x: torch.Tensor, chosen: Sequence[int], keep_maps: int = 0,
+def diagnose_chosen(blocks: Sequence[Block], x: torch.Tensor, chosen: Sequence[int], keep_maps: int = 0,
                     num_prefix: int = 1, neurons: NeuronCollector | None = None,
                     causal: bool = False) -> dict[str, np.ndarray]:
     """`diagnose_tokens` of the `chosen` blocks only: every block up to the last chosen runs its real forward (the
@@ -240,11 +226,12 @@ def diagnose_chosen(blocks: Sequence[SinkBlock], x: torch.Tensor, chosen: Sequen
 
 
 @torch.no_grad()
-def diagnose(model: Diagnosable, images: torch.Tensor, batch_size: int = 16, keep_maps: int = 4,
+def diagnose(model: Backbone | nn.Module, images: torch.Tensor, batch_size: int = 16, keep_maps: int = 4,
              neurons: NeuronCollector | None = None, blocks: Iterable[int] | None = None,
              name: str = "the model") -> dict[str, np.ndarray]:
-    """All diagnostics of a `SinkViT` (or a pretrained model's view, `Diagnosable`) on `images` (n, 3, H, W),
-    batched; arrays shaped (images, blocks, heads); with `neurons` (a `NeuronCollector` of `model.blocks`) the
+    """All diagnostics of a model (its `Backbone`, or a model of an adapted family: vitsinks' own ViT, a timm,
+    transformers or open_clip one, `vitsinks.backbones.adapt`) on `images` (n, 3, H, W), batched; arrays shaped
+    (images, blocks, heads); with `neurons` (a `NeuronCollector` of the backbone's blocks) the
     register neurons are collected on the way. `blocks`: diagnose only these (see `diagnose_chosen`; the arrays'
     block axis then follows them).
 
@@ -253,13 +240,14 @@ def diagnose(model: Diagnosable, images: torch.Tensor, batch_size: int = 16, kee
     columns) for the attention maps. A recomputation that differs from `name`'s own forward is refused
     (`check_recomputation`).
     """
-    chosen = chosen_blocks(len(model.blocks), blocks)
-    with eval_mode(model) as device:  # type: ignore[arg-type]  # a Foreign passes its mode and device on
-        result = diagnose_inputs(model.blocks, lambda batch: model.embed_tokens(batch.to(device)), images, batch_size,
-                                 keep_maps=keep_maps, num_prefix=model.num_prefix_tokens, neurons=neurons,
+    backbone = adapt(model)
+    chosen = chosen_blocks(len(backbone.blocks), blocks)
+    with eval_mode(backbone) as device:
+        result = diagnose_inputs(backbone.blocks, lambda batch: backbone.embed_tokens(batch.to(device)), images,
+                                 batch_size, keep_maps=keep_maps, num_prefix=backbone.num_prefix, neurons=neurons,
                                  chosen=chosen, name=name)
-    result.update(spectrum(model.blocks[b] for b in chosen))
+    result.update(spectrum(backbone.blocks[b] for b in chosen))
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
-    result.update(model.key_layout(img_size).fields())
-    result["grid"] = np.array(model.grid(img_size))
+    result.update(backbone.key_layout(img_size).fields())
+    result["grid"] = np.array(backbone.grid(img_size))
     return result

@@ -7,7 +7,8 @@ last block). The score of unit u of block b is, averaged over the images with at
 |a_u| over that image's outlier tokens, a_u being the unit's activation (the output of the MLP's activation module).
 The units are ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`). A block
 is read through `blk.mlp_parts()` (`models.mlp.MLPParts`: input layer, activation, output layer, LayerScale gain),
-which `SinkBlock` and every `vitsinks.pretrained` view give; only a plain MLP (in -> act -> out, no hidden-layer
+which every block of the seam gives (`vitsinks.models.seam.Block`: `SinkBlock` and every family's view); only a plain
+MLP (in -> act -> out, no hidden-layer
 norm) has register neurons here (`has_mlp`): in a gated MLP (GluMlp, SwiGLU) `act` is only the gate, and a
 hidden-layer norm makes a unit's contribution non-linear.
 """
@@ -25,8 +26,9 @@ from torch import nn
 
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.residual import check_ks, high_norm
-from vitsinks.models import NoMLP, SinkBlock, SinkViT
 from vitsinks.models.passes import block_outputs_by_batch
+from vitsinks.models.seam import Backbone, Block
+from vitsinks.models.vit import NoMLP
 from vitsinks.utils.errors import BadValue
 
 
@@ -40,14 +42,14 @@ def neuron_k(ks: Sequence[float]) -> float:
     return vals[(len(vals) - 1) // 2]
 
 
-def has_mlp(blk: SinkBlock) -> bool:
+def has_mlp(blk: Block) -> bool:
     """Whether a block has units register neurons can be among: a plain MLP (`blk.mlp_parts()`; for a `SinkBlock`, a
     timm `Mlp`, exactly that class, without a hidden-layer norm). `NoMLP` (`model.mlp=false`) has no units; another
     MLP (GluMlp, SwiGLU, a hidden norm) is not supported (`unsupported_mlp`)."""
     return blk.mlp_parts() is not None
 
 
-def unsupported_mlp(blk: SinkBlock) -> str | None:
+def unsupported_mlp(blk: Block) -> str | None:
     """The name of the block's MLP when it has one that `has_mlp` does not support, else None."""
     if has_mlp(blk) or blk.mlp is None or isinstance(blk.mlp, NoMLP):
         return None
@@ -57,11 +59,12 @@ def unsupported_mlp(blk: SinkBlock) -> str | None:
     return type(blk.mlp).__name__
 
 
-def mlp_update(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
+def mlp_update(blk: Block, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
     """The direct part of `units` (K,) of the block's MLP update at tokens with hidden activations `acts` (n, H):
     gamma * W_out[:, units] a_units (n, D), gamma the MLP LayerScale gain (1 without); in float64. The output
     layer's bias is no unit's. Only for a block with `has_mlp` (nothing between the activation and the output)."""
     parts = blk.mlp_parts()
+    assert parts is not None  # a block with `has_mlp`
     w = parts.fc_out.weight
     w2 = w.detach().double()[:, units.to(w.device)]  # (D, K)
     out = acts[:, units].double().to(w2.device) @ w2.T
@@ -99,7 +102,7 @@ class NeuronCollector:
     block's MLP only: an explicit recomputation of the block does not overwrite them), and `add_batch(outs)` keeps
     those at the outlier tokens of the batch, `outs` being every block's output."""
 
-    def __init__(self, blocks: Sequence[SinkBlock], k: float, num_prefix: int) -> None:
+    def __init__(self, blocks: Sequence[Block], k: float, num_prefix: int) -> None:
         (self.k,) = check_ks([k], "the high-norm threshold k")
         self.blocks, self.num_prefix = list(blocks), num_prefix
         n = len(self.blocks)
@@ -140,27 +143,28 @@ class NeuronCollector:
             a = store[b].float()
             mean_abs = (a.abs() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)  # (B, H)
             part = mean_abs[hit].sum(0).cpu()
-            got.score_sum[b] = part if got.score_sum[b] is None else got.score_sum[b] + part
+            kept = got.score_sum[b]
+            got.score_sum[b] = part if kept is None else kept + part
             got.acts[b].append(a[mask].cpu())
         store.clear()
 
 
 @torch.no_grad()
-def capture(model: SinkViT, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
-    """Run `model` on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
+def capture(backbone: Backbone, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
+    """Run the model on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
     `outlier_mask` with threshold `k`)."""
-    collector = NeuronCollector(model.blocks, k, model.num_prefix_tokens)
+    collector = NeuronCollector(backbone.blocks, k, backbone.num_prefix)
     with collector.recording():
-        for outs in block_outputs_by_batch(model, images, batch_size):
+        for outs in block_outputs_by_batch(backbone, images, batch_size):
             collector.add_batch(outs)
     return collector.got
 
 
-def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: float, batch_size: int = 16,
+def find_register_neurons(model: Backbone, images: torch.Tensor, top: int, k: float, batch_size: int = 16,
                           max_block: int | None = None) -> list[tuple[int, int, float]]:
-    """The `top` register neurons of `model` on `images` over all blocks (or blocks 0..`max_block` only), highest
-    score first: (block, unit, score). `BadValue` when no image has an outlier token at threshold `k` (nothing to
-    rank), and for a model without an MLP or with one `has_mlp` does not support."""
+    """The `top` register neurons of a model (its `Backbone`) on `images` over all blocks (or blocks 0..`max_block`
+    only), highest score first: (block, unit, score). `BadValue` when no image has an outlier token at threshold `k`
+    (nothing to rank), and for a model without an MLP or with one `has_mlp` does not support."""
     if top < 1:
         raise BadValue(f"ask for at least one register neuron, got top={top}")
     depth = len(model.blocks)
@@ -186,7 +190,7 @@ def find_register_neurons(model: SinkViT, images: torch.Tensor, top: int, k: flo
     return ranked[:top]
 
 
-def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: torch.Tensor) -> float | None:
+def norm_share(blk: Block, units: torch.Tensor, acts: torch.Tensor, outs: torch.Tensor) -> float | None:
     """Mean over the outlier tokens of 1 - ||x_t - c(t)|| / ||x_t||, x_t the block's output at token t (`outs`,
     (n, D)) and c(t) the direct part of `units` of its MLP update (`mlp_update`); None without outlier tokens."""
     if not len(acts):
@@ -197,13 +201,13 @@ def norm_share(blk: SinkBlock, units: torch.Tensor, acts: torch.Tensor, outs: to
     return float(share.mean())
 
 
-def summarize_neurons(model: SinkViT | Any, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
+def summarize_neurons(model: Backbone, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
                       got: OutlierActivations | None = None) -> dict[str, Any]:
     """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
     and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`, from `got` (what a
     `NeuronCollector` kept during the diagnosis) or else a pass of its own over `images`. A block without an MLP or
     with an unsupported one (`has_mlp`), or a model without any outlier token on the images, gets empty lists and a
-    null share. With `got`, `model` is anything with the `blocks` it was kept from (a pretrained model's views)."""
+    null share."""
     if got is None:
         if images is None:
             raise ValueError("summarize_neurons needs the images or what a NeuronCollector kept")

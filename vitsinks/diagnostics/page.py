@@ -36,8 +36,9 @@ from vitsinks.diagnostics.page_figures import (
 )
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
 from vitsinks.diagnostics.summary import LOCATIONS, describe_rule, layout_of
-from vitsinks.models import NoMLP, SinkViT
+from vitsinks.models import NoMLP
 from vitsinks.models.layout import KeyLayout
+from vitsinks.models.seam import Backbone
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.plotting import swatches_html
@@ -57,11 +58,11 @@ def rounded(x: Any) -> Any:
 
 # --- the checkpoint page's data ---------------------------------------------------------------------------------
 @torch.no_grad()
-def final_patches(model: SinkViT, images: torch.Tensor) -> np.ndarray:
+def final_patches(model: Backbone, images: torch.Tensor) -> np.ndarray:
     """The final-norm patch features (n, P, dim) of `images`, in eval mode."""
     was = model.training
     model.eval()
-    out = model.forward_features(images.to(next(model.parameters()).device))[:, model.num_prefix_tokens:]
+    out = model.forward_features(images.to(next(model.parameters()).device))[:, model.num_prefix:]
     model.train(was)
     return out.float().cpu().numpy()
 
@@ -99,7 +100,7 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
     return out
 
 
-def _residual(res: dict[str, Any] | None, model: SinkViT) -> dict[str, Any]:
+def _residual(res: dict[str, Any] | None, model: Backbone) -> dict[str, Any]:
     """The shown part of summary["residual"] (schema: docs/report.md), keys absent from it left out; a block without
     register neurons gets the reason (`why`)."""
     if not res:
@@ -129,7 +130,7 @@ def _no_neurons(blk: Any, k: float) -> str:
     return f"none: no patch token above {k:g} x its image's median norm at the last block, so no artifact to rank by"
 
 
-def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarray], summary: dict[str, Any],
+def checkpoint_data(model: Backbone, images: torch.Tensor, d: dict[str, np.ndarray], summary: dict[str, Any],
                     name: str, n_images: int = 4, quant: dict | None = None,
                     trainfree: dict | None = None) -> dict[str, Any]:
     """Every number of a checkpoint's page (its report.json)."""
@@ -152,7 +153,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
     rule = summary.get("rule")
     return {
         "checkpoint": name,
-        "model": {"variant": model.variant, "blocks": n_blocks, "heads": n_heads, "registers": int(d["num_registers"]),
+        "model": {"variant": model.name, "blocks": n_blocks, "heads": n_heads, "registers": int(d["num_registers"]),
                   "grid": [gh, gw], "image_size": list(images.shape[-2:]), "images_shown": n,
                   "images_diagnosed": int(d["mass"].shape[0])},
         "rule": {"text": describe_rule(rule), **(rule or {}), "thresholds": {
@@ -166,7 +167,7 @@ def checkpoint_data(model: SinkViT, images: torch.Tensor, d: dict[str, np.ndarra
         "residual": _residual(summary.get("residual"), model),
         "quant": _quant(quant),
         "trainfree": trainfree,
-        "posthoc": isinstance(model, SinkViT),  # a pretrained model's view has no quantize / trainfree results
+        "posthoc": model.family == "vitsinks",  # a hub model read unmodified has no quantize / trainfree results
     }
 
 
@@ -228,7 +229,8 @@ def _bar(shares: list[tuple[str, float]], title: str) -> str:
 
 
 def _attn_tile(a: dict[str, Any], scale: list[float], size: tuple[int, int]) -> str:
-    pic = png_uri(grid_picture(np.array(a["map"]), *scale, ATTN_CMAP, size))
+    lo, hi = scale
+    pic = png_uri(grid_picture(np.array(a["map"]), lo, hi, ATTN_CMAP, size))
     regs = a["registers"]
     extra = a.get("extra_keys", {})  # the key layout's extra slots (a null key, attention biases)
     has_cls = a["cls"] is not None  # None: a model without [CLS]
@@ -396,7 +398,7 @@ def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
     return page(f"Sink report: {data['checkpoint']}", meta, body, nav)
 
 
-def checkpoint_report(model: SinkViT, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
+def checkpoint_report(model: Backbone, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
                       summary: dict, out_dir: Path, n_images: int = 4, quant: dict | None = None,
                       trainfree: dict | None = None, name: str | None = None) -> Path:
     """Write `out_dir/report.html` and `out_dir/report.json` (every number the page shows) for one diagnosed

@@ -171,8 +171,8 @@ def pca_colours(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def residual_figure(quantiles: dict[str, list[float]] | None, ratio: list[float] | None) -> str:
     """Per block: the token-norm quantiles (log scale) and the top activation ratio (max / median |activation|)."""
     panels = [q for q in (quantiles, ratio) if q]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 3.2), squeeze=False)
-    axes = list(axes[0])
+    fig, grid = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 3.2), squeeze=False)
+    axes = list(grid[0])
     if quantiles:
         ax = axes.pop(0)
         for name, vals in quantiles.items():

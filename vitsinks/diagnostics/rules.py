@@ -8,11 +8,14 @@ classes through it. The thresholds are named once here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vitsinks.utils.errors import BadValue
+
+if TYPE_CHECKING:  # annotations only: the rules import nothing of the schema (or the models) at run time
+    from vitsinks.configs.schema import DiagnosticsConfig
 
 CLASSES = ("nop", "broadcast", "unclassified")  # the values 0, 1, 2 of `classify`
 ROUTED_MIN = 0.9  # relaxed rule: a sink event routes at least this share of the attention to one key
@@ -68,7 +71,7 @@ class SinkRules:
         check_block0_policy(self.block0_policy)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> SinkRules:
+    def from_config(cls, cfg: DiagnosticsConfig) -> SinkRules:
         """The rules of a `DiagnosticsConfig` (or its DictConfig; one saved before `block0_policy` existed has the
         default)."""
         return cls(str(cfg.rule), float(cfg.eps), str(cfg.ratio), bool(cfg.use_stable_rank),

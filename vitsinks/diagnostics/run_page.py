@@ -13,9 +13,9 @@ import numpy as np
 from vitsinks.diagnostics.page import REPORT, REPORT_JSON, TRAINING_PNG, rounded
 from vitsinks.diagnostics.page_figures import figure_uri, num, over_training_figure, page, panel, training_figure
 from vitsinks.diagnostics.rules import CLASSES
-from vitsinks.train.tracking import read_metrics
 from vitsinks.utils import files
 from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.plotting import save_figure, swatches_html
 from vitsinks.utils.rundir import RunDir
 
@@ -87,7 +87,7 @@ def largest(ratios: list[float | None] | None) -> float | None:
     shown as missing (JSON has no infinity)."""
     if not ratios or any(r is None for r in ratios):
         return None
-    return max(ratios)
+    return max(r for r in ratios if r is not None)
 
 
 def run_html(data: dict[str, Any]) -> str:

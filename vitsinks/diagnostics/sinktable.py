@@ -54,7 +54,7 @@ def check_eps(eps: Sequence[float]) -> None:
 def sink_table(d: dict[str, np.ndarray], eps: Sequence[float] = DEF1_EPS, block0: bool = False,
                protocol: str | None = None, block0_policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
     """Rows of sinks per image (relaxed rule, then Definition 1 at each eps) from `diagnose`'s per-image arrays;
-    `protocol` names the image protocol in the header, `block0_policy` decides a one-block model's count."""
+    `protocol` names the image selection in the header, `block0_policy` decides a one-block model's count."""
     check_eps(eps)
     n_blocks = d["sink_idx"].shape[1]
     blocks = scored_blocks(n_blocks, block0, block0_policy)

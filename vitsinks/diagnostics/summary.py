@@ -38,7 +38,7 @@ from vitsinks.models.common_mode import common_mode_ratio
 from vitsinks.models.layout import TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.utils import files
-from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.results import RESULTS, Column, Result
 from vitsinks.utils.rundir import RunDir
 
 LOCATIONS = TOKEN_LOCATIONS  # the tokens' locations; a layout with extra key slots has more (`KeyLayout.locations`)
@@ -297,7 +297,7 @@ _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on 
               ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class DiagnosticsSummary(Result):
     """`diagnostics/<checkpoint>/summary.json` (written by `run_diagnostics`). Fields a summary of an older version

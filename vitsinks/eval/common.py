@@ -1,39 +1,16 @@
-"""What the evaluation CLIs share: the backbone of a checkpoint, the data to use, where results go."""
+"""What the evaluation CLIs share: a seeded subset of a split, the results written once (the model, its data and
+where results go: `vitsinks.run.source.for_probes`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset
 
-from vitsinks.configs.cli import cli_keys, data_overrides, pick_data, pick_seed
 from vitsinks.data.selection import permutation
-from vitsinks.models import SinkViT
-from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils import files
-from vitsinks.utils.distributed import init_distributed, rank_world
-from vitsinks.utils.errors import InputNotFound
+from vitsinks.utils.distributed import rank_world
 from vitsinks.utils.results import Result
-from vitsinks.utils.rundir import RunDir, analyses_dir
-
-
-def setup(cfg: DictConfig, data: DictConfig | None = None) -> tuple[SinkViT, DictConfig, RunDir, int]:
-    """(frozen backbone on this rank's device, data config, the checkpoint's run directory, the probes' seed) for
-    `cfg.ckpt`; a loose checkpoint file's run directory is quantize's, `<runs_dir>/quant/<file name>`. The data is
-    `data` if given, else as `cli.pick_data` decides (the checkpoint's training data unless the command line chose
-    other data); the seed as `cli.pick_seed` does (the checkpoint's training seed unless the command line gave one)."""
-    if not cfg.ckpt:
-        raise InputNotFound("pass the model to evaluate: ckpt=runs/<name>/checkpoints/last.pt or "
-                            "model.pretrained=<timm name or file>")
-    path = Path(cfg.ckpt)
-    model, ckpt_cfg = load_backbone(path)
-    dist_info = init_distributed(cfg.cluster.device)
-    model = model.to(dist_info.device).eval().requires_grad_(False)
-    if data is None:
-        data = pick_data(cfg.data, ckpt_cfg.data, data_overrides())
-    seed = pick_seed(cfg.seed, ckpt_cfg.get("seed", cfg.seed), cli_keys())
-    return model, data, RunDir(analyses_dir(path, "quant", cfg.runs_dir)), seed
 
 
 def limit(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:

@@ -7,6 +7,9 @@ resampled to the grid of that size), trained on random resized crops + flips, ev
 to 512 x 512 before the first epoch and after every epoch; the best epoch is reported. VOC background is ignored.
 `kempner_cached`: the reference's Table-1 variant of it: no augmentation (features cached once), longer schedules,
 three probe seeds (mean and population std reported).
+
+The protocols are registered in `DENSE_PROTOCOLS` (`eval.dense_protocol` selects one): a new protocol is a
+`DenseProtocol` registered there from a module of `plugins=` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from typing import Any
 import torch
 
 from vitsinks.utils.errors import ConfigError
+from vitsinks.utils.registry import Registry
+
+# eval.* field -> protocol setting; the kempner protocols take only the first two (a CPU check needs small images).
+OVERRIDES = {"dense_size": "size", "dense_epochs": "epochs", "dense_lr": "lr", "dense_weight_decay": "weight_decay",
+             "dense_batch_size": "batch_size", "dense_augment": "augment"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class DenseProtocol:
     voc_background: bool  # False: VOC class 0 is ignored (20 classes)
     miou_classes: str  # "present": mean over classes in prediction or labels | "all": absent classes count as 0
     label: str = ""  # its name in tables (the leaderboard's dense columns)
+    overrides: tuple[str, ...] = tuple(OVERRIDES)  # the eval.dense_* fields that may change its settings
 
     def for_data(self, name: str) -> DenseProtocol:
         """These settings with `epochs` resolved for the dataset `name`."""
@@ -53,46 +62,42 @@ class DenseProtocol:
 
     def settings(self) -> dict[str, Any]:
         """The settings as written into the result JSON."""
-        return {k: v for k, v in asdict(self).items() if k not in ("name", "epochs_by_data", "label")}
+        return {k: v for k, v in asdict(self).items() if k not in ("name", "epochs_by_data", "label", "overrides")}
 
 
-_KEMPNER = DenseProtocol(
+DENSE_PROTOCOLS: Registry[DenseProtocol] = Registry(
+    "dense-probe protocol", "a `DenseProtocol` registered with `DENSE_PROTOCOLS.register` in a module of `plugins=` "
+    "(docs/extending.md)", fields=("eval.dense_protocol",))
+DENSE_PROTOCOLS.register(DenseProtocol(
+    name="dinov2", batchnorm=True, size=None, val="slide", augment=False, crop_scale=(0.25, 1.0),
+    crop_ratio=(3 / 4, 4 / 3), epochs=10, epochs_by_data=(), lr=1e-3, weight_decay=1e-4, batch_size=16,
+    warmup_iters=0, warmup_start=1.0, min_lr_ratio=0.0, grad_clip=None, drop_last=False, best_over_epochs=False,
+    probe_seeds=1, voc_background=True, miou_classes="present", label="DINOv2-style probe"))
+_KEMPNER = DENSE_PROTOCOLS.register(DenseProtocol(
     name="kempner", batchnorm=False, size=512, val="resize", augment=True, crop_scale=(0.5, 1.0),
     crop_ratio=(0.75, 1.33), epochs=10, epochs_by_data=(("ade20k", 10), ("voc", 25)), lr=5e-3, weight_decay=1e-2,
     batch_size=32, warmup_iters=100, warmup_start=0.01, min_lr_ratio=0.01, grad_clip=1.0, drop_last=True,
-    best_over_epochs=True, probe_seeds=1, voc_background=False, miou_classes="all", label="reference probe")
-PROTOCOLS: dict[str, DenseProtocol] = {
-    "dinov2": DenseProtocol(
-        name="dinov2", batchnorm=True, size=None, val="slide", augment=False, crop_scale=(0.25, 1.0),
-        crop_ratio=(3 / 4, 4 / 3), epochs=10, epochs_by_data=(), lr=1e-3, weight_decay=1e-4, batch_size=16,
-        warmup_iters=0, warmup_start=1.0, min_lr_ratio=0.0, grad_clip=None, drop_last=False, best_over_epochs=False,
-        probe_seeds=1, voc_background=True, miou_classes="present", label="DINOv2-style probe"),
-    "kempner": _KEMPNER,
-    "kempner_cached": replace(_KEMPNER, name="kempner_cached", augment=False, epochs=25,
-                              epochs_by_data=(("ade20k", 25), ("voc", 100)), probe_seeds=3,
-                              label="reference cached probe"),
-}
+    best_over_epochs=True, probe_seeds=1, voc_background=False, miou_classes="all", label="reference probe",
+    overrides=("dense_size", "dense_epochs")))
+DENSE_PROTOCOLS.register(replace(_KEMPNER, name="kempner_cached", augment=False, epochs=25,
+                                 epochs_by_data=(("ade20k", 25), ("voc", 100)), probe_seeds=3,
+                                 label="reference cached probe"))
 DEFAULT_PROTOCOL = "dinov2"  # its results are written without a protocol suffix (`dense_<data>.json`)
-# eval.* field -> protocol setting; the kempner protocols take only the first two (a CPU check needs small images).
-OVERRIDES = {"dense_size": "size", "dense_epochs": "epochs", "dense_lr": "lr", "dense_weight_decay": "weight_decay",
-             "dense_batch_size": "batch_size", "dense_augment": "augment"}
-KEMPNER_OVERRIDES = ("dense_size", "dense_epochs")
 
 
 def resolve(e: Any, data_name: str) -> tuple[DenseProtocol, dict[str, Any]]:
     """(the protocol `e.dense_protocol` for `data_name` with the `eval.dense_*` overrides applied, the overrides that
-    changed a setting). `ConfigError` for an unknown protocol or an override the protocol does not take."""
+    changed a setting). `ConfigError` for an override the protocol does not take (an unknown protocol: `BadValue`)."""
     name = str(e.dense_protocol)
-    if name not in PROTOCOLS:
-        raise ConfigError(f"eval.dense_protocol={name} (choose one of {', '.join(PROTOCOLS)})")
-    proto = PROTOCOLS[name].for_data(data_name)
+    proto = DENSE_PROTOCOLS.get(name).for_data(data_name)
     given = {k: getattr(e, k) for k in OVERRIDES if getattr(e, k, None) is not None}
-    fixed = [k for k in given if k not in KEMPNER_OVERRIDES] if name != "dinov2" else []
+    fixed = [k for k in given if k not in proto.overrides]
     if fixed:
         sets = ", ".join(f"eval.{k}={given[k]}" for k in fixed)
         own = ", ".join(f"{OVERRIDES[k]} {getattr(proto, OVERRIDES[k])}" for k in fixed)
-        raise ConfigError(f"{sets}: eval.dense_protocol={name} fixes {own} as the reference ran it (only "
-                          f"eval.dense_size and eval.dense_epochs may change); tune them under dense_protocol=dinov2")
+        free = ", ".join(f"eval.{k}" for k in proto.overrides) or "none"
+        raise ConfigError(f"{sets}: eval.dense_protocol={name} fixes {own} (only {free} may change); tune them "
+                          f"under dense_protocol={DEFAULT_PROTOCOL}")
     changed = {OVERRIDES[k]: v for k, v in given.items() if getattr(proto, OVERRIDES[k]) != v}
     return replace(proto, **changed), changed
 

@@ -10,12 +10,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
+from vitsinks.backbones import adapt
 from vitsinks.configs.schema import to_container
 from vitsinks.data import read_item
-from vitsinks.models import SinkViT
+from vitsinks.models.seam import Backbone
 from vitsinks.utils import files
 from vitsinks.utils.distributed import gather_objects, rank_world
 from vitsinks.utils.errors import BadValue, NonFinite, UserError
@@ -23,23 +25,35 @@ from vitsinks.utils.progress import hidden
 
 
 @torch.no_grad()
-def global_features(model: SinkViT, images: torch.Tensor, n_last: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([CLS] of the last `n_last` blocks after the final norm (B, n_last, D), mean patch token of the last block
-    (B, D)): the DINOv2 linear-probe features, through timm's `forward_intermediates`."""
-    out = model.forward_intermediates(images, indices=n_last, return_prefix_tokens=True, norm=True,
-                                      output_fmt="NLC", intermediates_only=True)
-    cls = torch.stack([prefix[:, 0] for _, prefix in out], dim=1)
-    return cls, out[-1][0].mean(1)
+def global_features(model: Backbone | nn.Module, images: torch.Tensor, n_last: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the pooled token of each of the last `n_last` blocks after the final norm (B, n_last, D), the mean patch
+    token of the last block (B, D)): the DINOv2 linear-probe features, through the seam (`Backbone`: each block's
+    real forward, the readout). The pooled token is [CLS], or the mean patch token of a model without one."""
+    bb = adapt(model)
+    x, first, kept = bb.embed_tokens(images), len(bb.blocks) - n_last, []
+    for i in range(len(bb.blocks)):
+        x = bb.block(i, x)
+        if i >= first:
+            kept.append(bb.readout(x))
+    p = bb.num_prefix
+    cls = torch.stack([t[:, 0] if bb.num_cls else t[:, p:].mean(1) for t in kept], dim=1)
+    return cls, kept[-1][:, p:].mean(1)
 
 
 @torch.no_grad()
-def patch_features(model: SinkViT, images: torch.Tensor) -> torch.Tensor:
-    """Final-norm patch tokens as a map (B, D, h, w); [CLS] and registers dropped."""
-    tokens = model.forward_features(images)
-    patches = tokens[:, model.num_prefix_tokens :]
+def patch_features(model: Backbone | nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Final-norm patch tokens as a map (B, D, h, w) (`Backbone.forward_features`); [CLS] and registers dropped."""
+    bb = adapt(model)
+    patches = bb.forward_features(images)[:, bb.num_prefix :]
     B, P, D = patches.shape
-    h = images.shape[-2] // model.patch_embed.patch_size[0]
+    h = images.shape[-2] // bb.patch_size[0]
     return patches.transpose(1, 2).reshape(B, D, h, P // h)
+
+
+def width(model: Backbone | nn.Module) -> int:
+    """The width of a model's tokens (its residual stream's, which the final norm keeps)."""
+    return int(adapt(model).blocks[-1].attn.proj.weight.shape[0])
 
 
 def _stat(path: str | Path) -> str:
@@ -64,11 +78,13 @@ def dataset_fingerprint(ds: Dataset) -> str:
     return h.hexdigest()
 
 
-def cache_key(checkpoint: Path, data: DictConfig, dataset: Dataset, seed: int, **extra: object) -> str:
-    """A feature cache's key: everything its content depends on (the checkpoint file, the data config, the dataset's
-    files, the seed, and the caller's `extra` settings such as split and image size)."""
+def cache_key(model: str | Path, data: DictConfig, dataset: Dataset, seed: int, **extra: object) -> str:
+    """A feature cache's key: everything its content depends on (the model: a checkpoint file, or a model's identity
+    string, `run.source.ModelSource.identity`; the data config, the dataset's files, the seed, and the caller's
+    `extra` settings such as split and image size)."""
     data = data if isinstance(data, DictConfig) else OmegaConf.structured(data)  # a config or its dataclass
-    parts = {"checkpoint": _stat(Path(checkpoint).resolve()), "data": to_container(data), "seed": seed,
+    made_of = _stat(Path(model).resolve()) if isinstance(model, Path) else model
+    parts = {"checkpoint": made_of, "data": to_container(data), "seed": seed,
              "dataset": dataset_fingerprint(dataset), **{k: str(v) for k, v in sorted(extra.items())}}
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -11,7 +11,7 @@ that says why and points to the native dense probe (`python -m vitsinks.eval.den
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ class VitsinksBackbone(nn.Module):
             self.vit.eval()
         out = self.vit.forward_intermediates(images, indices=list(self.out_indices), norm=True, output_fmt="NCHW",
                                              intermediates_only=True)
-        return list(out)
+        return list(cast(list[torch.Tensor], out))  # intermediates_only: the list of maps
 
 
 def register() -> type[nn.Module]:

@@ -9,7 +9,7 @@ float64 on the tensors the model is actually run with.
 heads get the softmax with the sink key masked out, `sink_logit` heads the same with the null key kept, relu and
 sigmoid heads their row with column s zeroed and rescaled to its old sum. `redirect_sink_attention_ref` is the
 reference's formula instead (`reference_redirect`), for comparison with its numbers (`intervene.reference_formulas`,
-on under `protocol=kempner_causal`): float32 A with column s zeroed, each row divided by its new sum clamped at
+on under `selection=kempner_causal`): float32 A with column s zeroed, each row divided by its new sum clamped at
 1e-12. Where the sink leaves less than 1e-12 of a row elsewhere, that row is switched (nearly) off, not redirected;
 softmax heads only (the formula renormalises every row to 1).
 
@@ -46,7 +46,7 @@ EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_v
          *MITIGATION_EDITS, "drop_registers", "zero_registers", "mean_registers",
          "shuffle_registers")  # the order of every table
 REFERENCE_EDITS = ("redirect_sink_attention_ref",)  # the reference's own formulas: by default only with
-# intervene.reference_formulas (protocol=kempner_causal)
+# intervene.reference_formulas (selection=kempner_causal)
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
                "donor_nonsink_value", "zero_random_nonsink_value")
 REGISTER_EDITS = ("zero_registers", "mean_registers", "shuffle_registers")  # at the input of every block in turn
@@ -191,8 +191,10 @@ def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tens
     if name == "donor_sink_value":
         return ValueEdit(sink, v[donor, sink[donor]])
     if name == "donor_nonsink_value":
+        assert draws is not None  # refused above
         return ValueEdit(sink, v[donor, draws.donor])
     if name == "zero_random_nonsink_value":
+        assert draws is not None  # refused above
         return ValueEdit(draws.own, torch.zeros_like(v[batch, draws.own]))
     raise ValueError(f"{name} is not a value edit")
 

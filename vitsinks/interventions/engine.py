@@ -66,8 +66,8 @@ from vitsinks.interventions.edits import (
     register_control,
     value_edit,
 )
-from vitsinks.interventions.subject import Subject
 from vitsinks.models.mitigations import SINK_VALUE_EDITS, slot_edits
+from vitsinks.models.seam import Backbone
 from vitsinks.utils.errors import BadValue
 
 Head = tuple[int, int]
@@ -138,7 +138,7 @@ def select_heads(d: dict[str, np.ndarray], rules: SinkRules, min_events: int, to
     for name in ("nop", "broadcast"):
         counts = (cls == name).sum(axis=0)
         best[name] = int(counts.max())
-        groups = [(main_blocks(n_blocks, rules.block0_policy), top_k)]
+        groups: list[tuple[Sequence[int], int]] = [(main_blocks(n_blocks, rules.block0_policy), top_k)]
         if block0_apart(n_blocks, rules.block0_policy):
             groups.append(([0], top_k_block0))
         for blocks, k in groups:
@@ -182,17 +182,17 @@ def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: SinkRules, batch_size: int) -> None:
+def mean_sink_values(backbone: Backbone, inputs: torch.Tensor, plan: Plan, rules: SinkRules, batch_size: int) -> None:
     """Fill `plan.mean_values`: per head, the float64 mean of v_s over the head's sink events (any class) on the
     held-out `inputs`. A head without a held-out event gets none: it goes to `plan.mean_skipped` (never a mean
     over other images)."""
     sums: dict[Head, list[Any]] = {hd: [None, 0] for hd in plan.heads}  # event sum, count
     blocks = plan.blocks()
     for lo in range(0, len(inputs), batch_size):
-        x = subject.embed(inputs[lo : lo + batch_size])
-        for b, blk in enumerate(subject.blocks):
+        x = backbone.embed_tokens(inputs[lo : lo + batch_size])
+        for b, blk in enumerate(backbone.blocks):
             if b in blocks:
-                it = blk.attn.internals(blk.norm1(x), causal=subject.causal)
+                it = blk.attn.internals(blk.norm1(x), causal=backbone.causal)
                 f = _fields(blk, it)
                 ev = rules.event_class({k: v.cpu().numpy() for k, v in f.items()}) != "none"
                 for bb, h in plan.heads:
@@ -206,7 +206,7 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
                     acc[1] += int(m.sum())
             if b == blocks[-1]:
                 break  # nothing later is needed
-            x = subject.block(b, x)
+            x = backbone.block(b, x)
     for hd, (ev_sum, n_ev) in sums.items():
         if n_ev:
             plan.mean_values[hd] = (ev_sum / n_ev).float()
@@ -216,21 +216,22 @@ def mean_sink_values(subject: Subject, inputs: torch.Tensor, plan: Plan, rules: 
 
 
 @torch.no_grad()
-def mean_register_tokens(subject: Subject, inputs: torch.Tensor, plan: Plan, batch_size: int) -> None:
+def mean_register_tokens(backbone: Backbone, inputs: torch.Tensor, plan: Plan, batch_size: int) -> None:
     """Fill `plan.register_means`: the float64 mean over the held-out `inputs` of the register tokens (positions
     1..R, after [CLS]; 0..R-1 without one) of the residual stream entering every block, (L, R, D) in float32."""
     if len(inputs) == 0:
         raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
-    c, r, total = subject.num_cls, subject.num_registers, None
+    c, r, total = backbone.num_cls, backbone.num_registers, None
     for lo in range(0, len(inputs), batch_size):
-        x = subject.embed(inputs[lo : lo + batch_size])
+        x = backbone.embed_tokens(inputs[lo : lo + batch_size])
         sums = []
-        for b in range(len(subject.blocks)):
+        for b in range(len(backbone.blocks)):
             sums.append(x[:, c : c + r].double().sum(0))
-            if b + 1 < len(subject.blocks):
-                x = subject.block(b, x)
+            if b + 1 < len(backbone.blocks):
+                x = backbone.block(b, x)
         batch_sum = torch.stack(sums)
         total = batch_sum if total is None else total + batch_sum
+    assert total is not None  # `inputs` is not empty
     plan.register_means = (total / len(inputs)).float()
     plan.register_mean_source = f"{len(inputs)} held-out images"
 
@@ -291,14 +292,14 @@ def _rows(first: int, index: np.ndarray, block: int, head: int, edit: str, cls: 
             for i in range(len(cls))]
 
 
-def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_out: torch.Tensor, h: int,
+def edited_final(backbone: Backbone, b: int, x_in: torch.Tensor, it: Any, heads_out: torch.Tensor, h: int,
                  sink: torch.Tensor, edit: str, donor: torch.Tensor, mean_value: torch.Tensor | None,
                  draws: Draws | None, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
     """The final tokens after editing head `h` of block `b` (input `x_in`, internals `it`, head outputs
     `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form, the
     redirect is computed from the head's scores (`SinkAttention.redirected`), the reference's redirect from A
     (`edits.reference_redirect`)."""
-    blk = subject.blocks[b]
+    blk = backbone.blocks[b]
     out, gate = heads_out, it.gate
     if edit in VALUE_EDITS:
         ve = value_edit(edit, it.v[:, h], sink, donor, mean_value, draws)
@@ -311,7 +312,7 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
                                   f"form A_:p (u'_p - u_p) (tolerance {VALUE_CHECK_TOL:.0e})")
         new_head = it.attn[:, h] @ v_new
     elif edit == "redirect_sink_attention":
-        red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=subject.causal)
+        red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=backbone.causal)
         err, n_rows = check_redirect(it.attn[:, h], red, sink)
         checks.redirect_error = max(checks.redirect_error, err)
         checks.redirect_rows_checked += n_rows
@@ -335,11 +336,11 @@ def edited_final(subject: Subject, b: int, x_in: torch.Tensor, it: Any, heads_ou
     if new_head is not None:
         out = heads_out.clone()
         out[:, h] = new_head
-    return subject.readout(subject.run(blk.from_heads(x_in, out, gate), b + 1))
+    return backbone.readout(backbone.run(blk.from_heads(x_in, out, gate), b + 1))
 
 
 @torch.no_grad()
-def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
+def run_batch(backbone: Backbone, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
               plan: Plan, rules: SinkRules, gen: torch.Generator, checks: Checks, check_blocks: bool,
               model_edits: bool, controls: torch.Generator | None = None) -> list[dict[str, Any]]:
     """All rows of one batch of images (positions `first`... in the analysis order, split indices `index`), the
@@ -359,14 +360,14 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
     pi = derangement(B, controls)  # drawn first, whichever edits run
     shuffle_index = index_np[pi.numpy()]
     pi = pi.to(inputs.device)
-    xs = [subject.embed(inputs)]
-    for b in range(len(subject.blocks)):
-        xs.append(subject.block(b, xs[-1]))
-    base = subject.readout(xs[-1])
+    xs = [backbone.embed_tokens(inputs)]
+    for b in range(len(backbone.blocks)):
+        xs.append(backbone.block(b, xs[-1]))
+    base = backbone.readout(xs[-1])
     if not torch.isfinite(base).all():
         raise BadValue(f"the model's final tokens are not finite on images {first}..{first + B - 1} (NaN or inf "
                          f"weights or inputs): nothing can be measured; check the checkpoint (a run that diverged?)")
-    base_logits = subject.classifier(base) if subject.classifier else None
+    base_logits = backbone.classifier(base) if backbone.classifier else None
 
     def donor_of(edit: str) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """The edit's donors (B,) in the batch and their split indices (None for an edit without donors)."""
@@ -381,26 +382,26 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         if not torch.isfinite(final).all():
             raise EditCheckFailed(f"an edit made the final tokens non-finite on images {first}..{first + B - 1}")
         m = patch_metrics(before, final, num_prefix, sink, donor_of(edit)[0], plan.reference_formulas)
-        if base_logits is not None:
-            m.update(probe_metrics(base_logits, subject.classifier(final), labels))
+        if base_logits is not None and backbone.classifier is not None:  # one has a classifier when the other is set
+            m.update(probe_metrics(base_logits, backbone.classifier(final), labels))
         return m
 
     rows: list[dict[str, Any]] = []
     model = np.full(B, "model")
     if model_edits and "drop_registers" in plan.edits:
-        final = subject.readout(subject.run(subject.without_registers(xs[0])))
-        m = measure(subject.without_registers(base), final, None, "drop_registers", subject.num_cls)
+        final = backbone.readout(backbone.run(backbone.without_registers(xs[0])))
+        m = measure(backbone.without_registers(base), final, None, "drop_registers", backbone.num_cls)
         rows += _rows(first, index_np, -1, -1, "drop_registers", model, np.full(B, -1), model, m)
     for edit in [e for e in plan.edits if e in REGISTER_EDITS] if model_edits else []:
-        for b in range(len(subject.blocks)):
+        for b in range(len(backbone.blocks)):
             mean = None if plan.register_means is None else plan.register_means[b]
-            x_edit = register_control(edit, xs[b], subject.num_registers, mean, pi, subject.num_cls)
-            final = subject.readout(subject.run(x_edit, b))
+            x_edit = register_control(edit, xs[b], backbone.num_registers, mean, pi, backbone.num_cls)
+            final = backbone.readout(backbone.run(x_edit, b))
             rows += _rows(first, index_np, b, -1, edit, model, np.full(B, -1), model,
-                          measure(base, final, None, edit, subject.num_prefix), donor_of(edit)[1])
+                          measure(base, final, None, edit, backbone.num_prefix), donor_of(edit)[1])
     for b in plan.blocks():
-        blk, x_in = subject.blocks[b], xs[b]
-        it = blk.attn.internals(blk.norm1(x_in), causal=subject.causal)
+        blk, x_in = backbone.blocks[b], xs[b]
+        it = blk.attn.internals(blk.norm1(x_in), causal=backbone.causal)
         heads_out = it.attn @ it.v
         if check_blocks:
             ref = xs[b + 1]
@@ -417,7 +418,7 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
         extra = blk.attn.extra_keys
         on_slot = fn["sink_idx"] >= n_tokens
         slot = np.clip(fn["sink_idx"] - n_tokens, 0, max(len(extra) - 1, 0))
-        token_loc = token_location(fn["sink_idx"], subject.num_registers, subject.num_cls)
+        token_loc = token_location(fn["sink_idx"], backbone.num_registers, backbone.num_cls)
         loc_names = np.where(on_slot, np.array([*extra, ""], dtype=object)[slot],
                              np.array(LOCATIONS, dtype=object)[token_loc])
         w_heads = head_output_weight(blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
@@ -425,18 +426,18 @@ def run_batch(subject: Subject, inputs: torch.Tensor, labels: torch.Tensor | Non
             if bb != b:
                 continue
             sink = f["sink_idx"][:, h]
-            own = random_patch(sink, n_tokens, subject.num_prefix, gen)
+            own = random_patch(sink, n_tokens, backbone.num_prefix, gen)
             noise = torch.randn(B, it.v.shape[-1], generator=controls)  # the controls generator, not `gen`
-            draws = Draws(own, random_patch(sink[donor], n_tokens, subject.num_prefix, gen), noise, pi)
+            draws = Draws(own, random_patch(sink[donor], n_tokens, backbone.num_prefix, gen), noise, pi)
             drawn = {"zero_random_nonsink_value": draws.own.cpu().numpy(),
                      "donor_nonsink_value": draws.donor.cpu().numpy()}
             for edit in plan.edits:
                 if edit in MODEL_EDITS or (edit == "mean_sink_value" and (b, h) not in plan.mean_values):
                     continue
-                final = edited_final(subject, b, x_in, it, heads_out, h, sink, edit, donor,
+                final = edited_final(backbone, b, x_in, it, heads_out, h, sink, edit, donor,
                                      plan.mean_values.get((b, h)), draws, w_heads[h], checks)
                 new = _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h], loc_names[:, h],
-                            measure(base, final, sink, edit, subject.num_prefix), donor_of(edit)[1],
+                            measure(base, final, sink, edit, backbone.num_prefix), donor_of(edit)[1],
                             drawn.get(edit))
                 # a sink-value edit of a sink on an extra key slot only where it can change the slot's value (a null
                 # key's 0, an image-independent bias: no donor's, mean or shuffled value differs), and a donor's or

@@ -4,7 +4,7 @@
 Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then per
 class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of block 0 are
 reported apart in models with more than one block (in every model under `diagnostics.block0_policy=always_apart`, the
-reference's rule, chosen by `protocol=kempner_causal`). NaN entries (a coherence of an exactly zero change, probe
+reference's rule, chosen by `selection=kempner_causal`). NaN entries (a coherence of an exactly zero change, probe
 columns without a classifier) are left out of the means. The whole-model edits (head -1) form the scope "whole model",
 class "model": `drop_registers` once ("all"), each register control per block input it edited (`<block>:in`), averaged
 there over the inputs of blocks 1..L-1 (every block in a one-block model, none under `always_apart`: block 0's registers
@@ -29,7 +29,7 @@ from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.generations import Kind, generation
 from vitsinks.utils.plotting import CLASS_COLORS, CLASS_LABELS, empty_note, log_axis, save_figure
-from vitsinks.utils.results import Column, Result, register_result
+from vitsinks.utils.results import RESULTS, Column, Result
 from vitsinks.utils.rundir import CONFIG, SOURCE, SUMMARY, RunDir
 from vitsinks.utils.stats import nan_mean_std
 from vitsinks.utils.tables import markdown_table, write_csv
@@ -383,7 +383,7 @@ class Scope:
     classes: dict[str, dict[str, dict[str, Any]]]
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class InterventionsReport(Result):
     """`interventions/<checkpoint>/summary.json`: the run's settings and checks (`meta`, every key but by_class, in

@@ -4,8 +4,8 @@ from vitsinks.models import timm_models  # noqa: F401 - registers the vitsinks V
 from vitsinks.models.attention import AttnInternals, SinkAttention, attention_layer
 from vitsinks.models.common_mode import CM_EPS, common_mode_penalty, common_mode_ratio, common_mode_terms
 from vitsinks.models.config import ModelConfig, arch_keys, run_variant, variant_name
-from vitsinks.models.kinds import ATTN_KINDS, FUSED_KINDS, KINDS, AttentionKind, register_kind
-from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation, mitigation_columns, register_mitigation
+from vitsinks.models.kinds import ATTN_KINDS, FUSED_KINDS, KINDS, AttentionKind
+from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation, mitigation_columns
 from vitsinks.models.mitigations.gate import GATES, Gate
 from vitsinks.models.mitigations.global_pathway import (
     RECIPIENT_GATES,
@@ -53,8 +53,6 @@ __all__ = [
     "load_timm_state_dict",
     "mitigation_columns",
     "model_from_config",
-    "register_kind",
-    "register_mitigation",
     "run_variant",
     "variant_name",
 ]

@@ -28,6 +28,7 @@ from torch import nn
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind
 from vitsinks.models.layout import NULL_SLOT
 from vitsinks.models.mitigations import at_site
+from vitsinks.models.mitigations.gate import G1Gate
 from vitsinks.utils.errors import BadValue
 
 HEAD_MITIGATIONS = at_site("heads")
@@ -73,6 +74,8 @@ class SinkAttention(nn.Module):
     """Multi-head self-attention of a registered kind (`attn`), with the heads-site mitigations given by their
     config names (`gate="elementwise"`, ...)."""
 
+    gate: G1Gate | None  # the heads-site G1 gate (`models.mitigations.gate`), set with the other mitigations' modules
+
     def __init__(
         self,
         dim: int,
@@ -109,17 +112,17 @@ class SinkAttention(nn.Module):
         self.fused_mode = "auto"  # one of FUSED_MODES (`set_fused_attention`)
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and norm_layer else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm and norm_layer else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.norm = norm_layer(dim, **dd) if scale_norm and norm_layer else nn.Identity()
         for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
             setting = m.setting(mitigations.get(m.name))
             module = None if setting is None else m.build(setting, dim, num_heads)
             if module is not None and (device is not None or dtype is not None):
                 module.to(device=device, dtype=dtype)
             setattr(self, m.attr, module)
-        for name, param in self.kind.parameters(num_heads, **dd).items():
+        for name, param in self.kind.parameters(num_heads, device=device, dtype=dtype).items():
             self.register_parameter(name, param)
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)

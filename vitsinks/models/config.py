@@ -3,7 +3,7 @@
 The attention kinds and the block mitigations come from their registries: the enum `Attn` is built from the kind
 names, and each mitigation adds its own field to `ModelConfig` (`model.gate`, `model.global_pathway`, ...). A field's
 metadata says whether it shapes the architecture (`arch_keys`: compared when a run resumes from a checkpoint; False
-for `pretrained` and training-only fields) and its allowed range (`vitsinks.utils.fields`).
+for `pretrained` and training-only fields) and its allowed range (`vitsinks.utils.bounded`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitsinks.models.attention import FUSED_MODES
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
-from vitsinks.utils.fields import RANGE, Range
+from vitsinks.utils.bounded import RANGE, Range
 
 ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not shape the architecture
 # The one order of the tags in a variant name, after the attention kind: fields of `ModelConfig` (`registers` and
@@ -25,10 +25,11 @@ ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not sh
 # entry may go anywhere, the listed ones keep their order.
 TAG_ORDER: tuple[str, ...] = ("gate", "registers", "attn_bias", "global_pathway")
 
-Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)
+# Attn and FusedAttention take their members from the registry and FUSED_MODES: a type checker sees no member
+Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)  # type: ignore[misc]
 PatchEmbed = StrEnum("PatchEmbed", "learned orthonormal", module=__name__)
 PosEmbed = StrEnum("PosEmbed", "learn none", module=__name__)
-FusedAttention = StrEnum("FusedAttention", " ".join(FUSED_MODES), module=__name__)
+FusedAttention = StrEnum("FusedAttention", " ".join(FUSED_MODES), module=__name__)  # type: ignore[misc]
 
 
 def _field(default: Any, *, arch: bool = True, **bounds: float) -> Any:
@@ -66,16 +67,26 @@ class ArchitectureConfig:
     attn: Attn = Attn[DEFAULT_KIND]
 
 
-ModelConfig = dataclasses.make_dataclass(
-    "ModelConfig",
-    [*mitigation_fields(),
-     # timm model name (downloads) or a state-dict / checkpoint path
-     ("pretrained", str | None, dataclasses.field(default=None, metadata={ARCH: False})),
-     # the forward's attention kernel: auto (FlexAttention on CUDA where the kind has it, else SDPA, else explicit)
-     # | flex | sdpa | off (always explicit); see models.attention.FUSED_MODES
-     ("fused_attention", FusedAttention, dataclasses.field(default=FusedAttention.auto, metadata={ARCH: False}))],
-    bases=(ArchitectureConfig,),
-)
+if TYPE_CHECKING:  # what a type checker sees of the class made from the registry below
+
+    class ModelConfig(ArchitectureConfig):
+        pretrained: str | None
+        fused_attention: FusedAttention
+
+        def __getattr__(self, name: str) -> Any: ...  # one field per registered block mitigation
+
+else:
+    ModelConfig = dataclasses.make_dataclass(
+        "ModelConfig",
+        [*mitigation_fields(),
+         # timm model name (downloads) or a state-dict / checkpoint path
+         ("pretrained", str | None, dataclasses.field(default=None, metadata={ARCH: False})),
+         # the forward's attention kernel: auto (FlexAttention on CUDA where the kind has it, else SDPA, else
+         # explicit) | flex | sdpa | off (always explicit); see models.attention.FUSED_MODES
+         ("fused_attention", FusedAttention,
+          dataclasses.field(default=FusedAttention["auto"], metadata={ARCH: False}))],
+        bases=(ArchitectureConfig,),
+    )
 ModelConfig.__module__ = __name__  # make_dataclass's own `module=` needs Python 3.12
 ModelConfig.__doc__ = ("ViT architecture and sink-mitigation switches (see `vitsinks.models.build_vit`): the fields "
                        "of `ArchitectureConfig` and one field per registered block mitigation.")
@@ -86,7 +97,7 @@ def arch_keys() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get(ARCH, True))
 
 
-def config_values(cfg: Any) -> dict[str, Any]:
+def config_values(cfg: ArchitectureConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a model config (a `ModelConfig`, a DictConfig or any mapping) as a dict."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
@@ -95,7 +106,7 @@ def config_values(cfg: Any) -> dict[str, Any]:
     raise TypeError(f"not a model config: {type(cfg).__name__}")
 
 
-def variant_name(model: Any) -> str:
+def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
     """The one name of an architecture, from a model config (or any mapping with its fields; absent ones are the
     schema defaults): the attention kind unless softmax, then the tags of registers and mitigations in the order
     of `TAG_ORDER`: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `softpick+reg`, `reg+global`,
@@ -115,7 +126,7 @@ def variant_name(model: Any) -> str:
     return "+".join(parts) or "base"
 
 
-def run_variant(cfg: Any) -> str:
+def run_variant(cfg: Mapping[str, Any]) -> str:
     """The variant of a run config (DictConfig or plain dict, e.g. a checkpoint's or a run directory's
     config.yaml): the architecture's `variant_name`, `+pen` when it trains with the common-mode penalty. The
     leaderboard, `status.json` and the logs all name a run by this."""

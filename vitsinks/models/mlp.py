@@ -6,6 +6,7 @@ the branch's LayerScale gain. Every block the diagnostics read gives them by `bl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from timm.layers import Mlp
@@ -30,7 +31,8 @@ def timm_mlp_parts(block: nn.Module) -> MLPParts | None:
     mlp = block.mlp
     if type(mlp) is not Mlp or not isinstance(mlp.norm, nn.Identity):
         return None
-    return MLPParts(mlp.fc1, mlp.act, mlp.fc2, getattr(block.ls2, "gamma", None))
+    # timm types fc1 / fc2 as Linear | Conv2d (use_conv); a plain `Mlp` as a ViT block builds it has Linears
+    return MLPParts(cast(nn.Linear, mlp.fc1), mlp.act, cast(nn.Linear, mlp.fc2), getattr(block.ls2, "gamma", None))
 
 
 def plain_mlp(mlp: nn.Module, names: tuple[str, str, str], gamma: torch.Tensor | None) -> MLPParts | None:

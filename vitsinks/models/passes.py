@@ -9,12 +9,13 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from vitsinks.models.vit import SinkViT
+from vitsinks.models.seam import Backbone
 
 
 @contextmanager
-def eval_mode(model: nn.Module) -> Iterator[torch.device]:
-    """`model` in evaluation mode inside (its training flag restored after, also on an error); yields its device."""
+def eval_mode(model: nn.Module | Backbone) -> Iterator[torch.device]:
+    """`model` (a module or a `Backbone`) in evaluation mode inside (its training flag restored after, also on an
+    error); yields its device."""
     was_training = model.training
     model.eval()
     try:
@@ -23,14 +24,15 @@ def eval_mode(model: nn.Module) -> Iterator[torch.device]:
         model.train(was_training)
 
 
-def block_outputs_by_batch(model: SinkViT, images: torch.Tensor, batch_size: int) -> Iterator[list[torch.Tensor]]:
+def block_outputs_by_batch(backbone: Backbone, images: torch.Tensor,
+                           batch_size: int) -> Iterator[list[torch.Tensor]]:
     """For each batch of `images` (moved to the model's device), every block's output tokens [L x (B, N, D)], in
     evaluation mode. Gradients follow the caller's mode: call it under `torch.no_grad()` for an analysis."""
-    with eval_mode(model) as device:
+    with eval_mode(backbone) as device:
         for lo in range(0, len(images), batch_size):
-            x = model.embed_tokens(images[lo : lo + batch_size].to(device))
+            x = backbone.embed_tokens(images[lo : lo + batch_size].to(device))
             outs = []
-            for blk in model.blocks:
-                x = blk(x)
+            for i in range(len(backbone.blocks)):
+                x = backbone.block(i, x)
                 outs.append(x)
             yield outs

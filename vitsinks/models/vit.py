@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from timm.layers import LayerNorm, resample_abs_pos_embed, trunc_normal_
@@ -17,7 +17,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from vitsinks.models.attention import AttnInternals, attention_layer, set_fused_attention
+from vitsinks.models.attention import AttnInternals, SinkAttention, attention_layer, set_fused_attention
 from vitsinks.models.config import ArchitectureConfig, PatchEmbed, PosEmbed, config_values, variant_name
 from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.layout import KeyLayout
@@ -80,6 +80,12 @@ class NoMLP(nn.Module):
 UpdateHook = Callable[["SinkBlock", torch.Tensor, Callable[[], torch.Tensor]], None]
 
 
+class UpdateSiteModule(Protocol):
+    """The module of an update-site mitigation (`vitsinks.models.mitigations`): adds to the attention update o."""
+
+    def add_to(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor: ...
+
+
 class SinkBlock(Block):
     """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` carrying the heads-site
     mitigations (`attn_layer=attention_layer(...)`), with the update-site mitigations beside it; mitigations are
@@ -90,6 +96,8 @@ class SinkBlock(Block):
     computes (lazily) the same update without the attention gate. Without hooks and update-site modules the block
     runs timm's own forward.
     """
+
+    attn: SinkAttention
 
     def __init__(self, dim: int, num_heads: int, *, attn: str = DEFAULT_KIND, **kwargs: Any) -> None:
         values = {name: kwargs.pop(name) for name in MITIGATIONS if name in kwargs}
@@ -112,7 +120,15 @@ class SinkBlock(Block):
         """The MLP as the register neurons read it (`models.mlp`): timm's plain `Mlp` and `ls2`, else None."""
         return timm_mlp_parts(self)
 
-    def _update_modules(self) -> list[nn.Module]:
+    def mlp_out(self) -> nn.Module:
+        """The module whose output is the whole MLP branch as it is added to the stream (`drop_path2`, after `ls2`)."""
+        return self.drop_path2
+
+    def linears(self) -> dict[str, nn.Linear]:
+        """Every `nn.Linear` of the block by its path in it, in module order (W8A8's layers)."""
+        return {name: mod for name, mod in self.named_modules() if isinstance(mod, nn.Linear)}
+
+    def _update_modules(self) -> list[UpdateSiteModule]:
         return [mod for m in UPDATE_MITIGATIONS if (mod := getattr(self, m.attr, None)) is not None]
 
     def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:
@@ -178,7 +194,8 @@ class SinkViT(VisionTransformer):
             kwargs["norm_layer"] = partial(LayerNorm, eps=float(norm_eps))
         # the canonical setting of every mitigation (None: off), passed to every block by its config name
         settings = {name: m.setting(kwargs.pop(name, None)) for name, m in MITIGATIONS.items()}
-        super().__init__(block_fn=partial(SinkBlock, attn=attn, **settings), **kwargs)
+        # timm annotates block_fn as a class; it calls it, so a partial of one is what it takes
+        super().__init__(block_fn=cast(type[nn.Module], partial(SinkBlock, attn=attn, **settings)), **kwargs)
         self.attn_kind, self.mitigations = str(attn), settings
         self.register_pos_embed = bool(register_pos_embed)
         # post-hoc edits (training-free methods) as (label, registers they added), named by `variant`
@@ -250,6 +267,7 @@ class SinkViT(VisionTransformer):
                 pos = resample_abs_pos_embed(pos, new_size=(H, W), old_size=self.patch_embed.grid_size,
                                              num_prefix_tokens=1)
             x = x.reshape(B, -1, C)
+        assert self.cls_token is not None and self.reg_token is not None  # always [CLS]; registers here
         cls = self.cls_token.expand(B, -1, -1) + pos[:, :1]
         x = torch.cat([cls, self.reg_token.expand(B, -1, -1), x + pos[:, 1:]], dim=1)
         return self.pos_drop(x)
@@ -267,7 +285,7 @@ class SinkViT(VisionTransformer):
         else:
             h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
             n = (h // self.patch_embed.patch_size[0]) * (w // self.patch_embed.patch_size[1])
-        extra = self.blocks[0].attn.extra_keys if len(self.blocks) else ()
+        extra = cast(SinkBlock, self.blocks[0]).attn.extra_keys if len(self.blocks) else ()
         return KeyLayout(self.num_reg_tokens, n, extra)
 
     def prefix_and_patches(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -388,7 +406,8 @@ def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], st
     try:
         model.load_state_dict(sd, strict=strict)
     except RuntimeError as err:
-        asked = {**architecture(own), "heads": model.blocks[0].attn.num_heads if len(model.blocks) else None}
+        heads = cast(SinkBlock, model.blocks[0]).attn.num_heads if len(model.blocks) else None
+        asked = {**architecture(own), "heads": heads}
         keys = key_differences(sd, own)
         if not strict:
             keys = {"of another shape": keys["of another shape"]}

@@ -126,7 +126,8 @@ def architecture(sd: dict[str, Any]) -> dict[str, Any]:
     proj = shape.get("patch_embed.proj.weight")
     gate = shape.get("blocks.0.attn.gate.weight")
     gate_kind = None if gate is None else "elementwise" if width is None or gate[0] == width else "headwise"
-    heads = gate[0] if gate_kind == "headwise" else (shape.get("blocks.0.attn.sink_logit") or (None,))[0]
+    heads = (gate[0] if gate is not None and gate_kind == "headwise"
+             else (shape.get("blocks.0.attn.sink_logit") or (None,))[0])
     fc1 = shape.get("blocks.0.mlp.fc1.weight")
     return {"width": width, "depth": max(blocks) + 1 if blocks else 0, "heads": heads,
             "registers": shape.get("reg_token", (1, 0))[1], "patch": proj[-1] if proj and len(proj) == 4 else None,

@@ -1,8 +1,10 @@
-"""Training objectives, one module each behind `base.Objective`, selected by `objective.name` (`OBJECTIVES`)."""
+"""Training objectives, one module each behind `objective.Objective`, selected by `objective.name` (`OBJECTIVES`); every
+module of this package is imported, so a new objective is one module here (or of `plugins=`) and its config."""
 
-from vitsinks.objectives import lejepa, supervised
-from vitsinks.objectives.base import OBJECTIVES, Objective, Runtime, build_objective, register
+from vitsinks.objectives.objective import OBJECTIVES, Objective, Runtime, build_objective
 from vitsinks.objectives.penalty import CommonModePenalty
+from vitsinks.utils.registry import import_members
 
-__all__ = ["OBJECTIVES", "CommonModePenalty", "Objective", "Runtime", "build_objective", "lejepa", "register",
-           "supervised"]
+import_members(__name__)  # each objective's module registers it
+
+__all__ = ["OBJECTIVES", "CommonModePenalty", "Objective", "Runtime", "build_objective"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +17,12 @@ from torch.utils.data import Dataset
 
 from vitsinks.configs.schema import ObjectiveConfig
 from vitsinks.data import is_sink_task
-from vitsinks.data.device_views import CropFlipViews, DeviceViews, ViewBatch, collate_crops, view_specs
-from vitsinks.data.views import SeededViews, collate_views, view_transform
-from vitsinks.diagnostics import protocol_transform
+from vitsinks.data.crops import SeededViews, collate_views, view_transform
+from vitsinks.data.device_crops import CropFlipViews, DeviceViews, ViewBatch, collate_crops, view_specs
+from vitsinks.data.selection import selection_transform
 from vitsinks.models import SinkViT
-from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
 from vitsinks.objectives.monitors import Embedded, ProbeBatch, embed, probe_batches
+from vitsinks.objectives.objective import OBJECTIVES, Batch, Objective, Runtime, StepTerms
 from vitsinks.utils.distributed import all_reduce_sum, rank_world, sync_batchnorm
 from vitsinks.utils.errors import ConfigError
 
@@ -143,12 +143,13 @@ def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtim
     return probe_top1(model.probe, embed(model.backbone, batches, runtime.device, runtime.autocast), runtime, shard)
 
 
-@register("lejepa")
+@OBJECTIVES.register
 class LeJEPA(Objective):
     """LeJEPA on multi-crop views (`views.*`), with the online probe trained beside it on the detached [CLS]:
     logged terms `loss` (the LeJEPA loss), `sigreg`, `invariance`, `probe_loss`, `probe_acc`; validation
     `val/probe_acc`."""
 
+    name = "lejepa"
     probe_prefixes = ("probe.",)
     bar_metric = "probe_acc"
     nan_advice = "Lower train.lr (or raise objective.lamb)"
@@ -159,7 +160,7 @@ class LeJEPA(Objective):
             raise ConfigError(f"data={cfg.data.name} has per-patch targets, not images for LeJEPA views: train it "
                               "with objective=supervised")
         self.loss = LeJEPALoss(cfg.objective, gather_distributed=runtime.world > 1).to(runtime.device)
-        # views.backend=device: the workers crop and flip, the photometric part runs here (vitsinks.data.device_views)
+        # views.backend=device: the workers crop and flip, the photometric part runs here (vitsinks.data.device_crops)
         self.device_views = (DeviceViews(view_specs(cfg.views), runtime.device) if cfg.views.backend == "device"
                              else None)
         self._val: tuple[Dataset, list[ProbeBatch]] | None = None  # (split, this rank's decoded share), kept
@@ -199,7 +200,7 @@ class LeJEPA(Objective):
                                          "probe_loss": probe_loss, "probe_acc": acc}
 
     def val_view(self) -> Callable[[Any], torch.Tensor]:
-        return protocol_transform(self.cfg.views.global_size, self.cfg.protocol)
+        return selection_transform(self.cfg.views.global_size, self.cfg.selection)
 
     @torch.no_grad()
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
@@ -209,6 +210,7 @@ class LeJEPA(Objective):
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, probe_batches(val_set, self.cfg, shard=shard, pin=self.runtime.device.type == "cuda")
         model.eval()
-        embedded = embed(model.backbone, self._val[1], self.runtime.device, self.runtime.autocast)
-        return {"val/probe_acc": probe_top1(model.probe, embedded, self.runtime, shard),
-                **self.monitored(model.backbone, embedded, shard)}
+        built = cast(LeJEPAModel, model)  # what build_model made
+        embedded = embed(built.backbone, self._val[1], self.runtime.device, self.runtime.autocast)
+        return {"val/probe_acc": probe_top1(built.probe, embedded, self.runtime, shard),
+                **self.monitored(built.backbone, embedded, shard)}

@@ -3,7 +3,7 @@ objective validates on (the backbone's output, the final-norm [CLS]: what the on
 
 - `val/knn_top1`, the online k-NN top-1: the InstDisc / DINO weighted k-NN (lightly's `knn_predict`: cosine
   similarity, the `k` nearest bank images each vote exp(cosine / T) for their class) of the validation images
-  against a bank of training images, the first `monitors.knn_bank` of the training split in the seeded `protocol`
+  against a bank of training images, the first `monitors.knn_bank` of the training split in the seeded `selection`
   order, seen as the validation images are and embedded again with the current weights at every validation;
 - `val/rankme`, RankMe (Garrido et al. 2023): exp of the entropy of the normalised singular values of the
   validation embeddings, the effective rank that collapses with them.
@@ -24,8 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitsinks.data import read_item
-from vitsinks.data.selection import permutation
-from vitsinks.diagnostics import protocol_transform
+from vitsinks.data.selection import permutation, selection_transform
 from vitsinks.utils.distributed import gather_objects, rank_world
 from vitsinks.utils.errors import BadValue, NonFinite
 
@@ -41,13 +40,13 @@ KNN_CHUNK = 1024  # queries per similarity matrix (chunk x bank floats)
 def probe_batches(split: Dataset, cfg: DictConfig, max_images: int = 2048, shard: tuple[int, int] = (0, 1),
                   batch_size: int = 256, pin: bool = False,
                   transform: Callable[[Any], torch.Tensor] | None = None) -> list[ProbeBatch]:
-    """The decoded centre views of the first `max_images` images of `split` in the seeded `cfg.protocol` order (never
+    """The decoded centre views of the first `max_images` images of `split` in the seeded `cfg.selection` order (never
     one class's images): shard `(rank, world)` takes every world-th from the rank-th; unreadable images are skipped
-    under `data.on_bad_image=skip`. `transform`: the view (default: `protocol_transform` of `views.global_size`, what
+    under `data.on_bad_image=skip`. `transform`: the view (default: `selection_transform` of `views.global_size`, what
     the online probe reads); `pin`: in pinned memory (fast copies to a GPU)."""
-    tf = transform or protocol_transform(cfg.views.global_size, cfg.protocol)
+    tf = transform or selection_transform(cfg.views.global_size, cfg.selection)
     rank, world = shard
-    order = permutation(len(split), cfg.protocol.seed)[:max_images][rank::world]  # type: ignore[arg-type]
+    order = permutation(len(split), cfg.selection.seed)[:max_images][rank::world]  # type: ignore[arg-type]
     batches = []
     for lo in range(0, len(order), batch_size):
         read = (read_item(split, i, cfg.data.on_bad_image) for i in order[lo : lo + batch_size])

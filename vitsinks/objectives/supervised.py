@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,8 @@ from torch.utils.data import Dataset
 from vitsinks.data import SinkTask, is_sink_task, read_item
 from vitsinks.data.selection import analysis_transform
 from vitsinks.models import SinkViT
-from vitsinks.objectives.base import Batch, Objective, Runtime, StepTerms, register
 from vitsinks.objectives.monitors import Embedded
+from vitsinks.objectives.objective import OBJECTIVES, Batch, Objective, Runtime, StepTerms
 from vitsinks.utils.errors import BadValue, ConfigError
 
 
@@ -95,6 +95,7 @@ class SupervisedSamples(Dataset):
         if item is None or self.dense:
             return item
         img, label = item
+        assert self.transform is not None  # set for every dataset but the sink tasks
         return self.transform(img), label
 
 
@@ -143,7 +144,8 @@ def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.d
         key = "acc" if model.head is not None else "loss"
         total += float(terms[key]) * len(batch)
         if model.head is None:  # the loss of changing nothing: the input patches as the prediction
-            unchanged = torch.stack([dataset.base.to_patches(img) for img in images])
+            task = cast(SinkTask, dataset.base)  # dense: a sink task's items
+            unchanged = torch.stack([task.to_patches(img) for img in images])
             still += float(dense_loss(unchanged, *targets)) * len(batch)
         count += len(batch)
     model.train()
@@ -152,11 +154,12 @@ def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.d
     return {"val/loss": total / max(count, 1), "val/rel_error": total / max(still, 1e-12)}
 
 
-@register("supervised")
+@OBJECTIVES.register
 class Supervised(Objective):
     """The dataset's own targets: logged terms `loss` (and `acc` for classification); validation `val/top1`, or
     `val/loss` and `val/rel_error` for the sink tasks."""
 
+    name = "supervised"
     bar_metric = "acc"
 
     def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
@@ -167,7 +170,7 @@ class Supervised(Objective):
         self.model: SupervisedModel | None = None  # set by build_model
         self._val: tuple[Dataset, SupervisedSamples] | None = None  # (split, its items), built once
 
-    def train_samples(self, base: Dataset) -> Dataset:
+    def train_samples(self, base: Dataset) -> SupervisedSamples:
         return SupervisedSamples(base, self.cfg.views.global_size, self.cfg.data.on_bad_image)
 
     def collate(self, items: list[Any]) -> Batch:
@@ -180,6 +183,7 @@ class Supervised(Objective):
     def loss_terms(self, net: nn.Module, inputs: list[torch.Tensor], targets: Any) -> StepTerms:
         with self.runtime.autocast():
             out = net(inputs[0].to(self.runtime.device, non_blocking=True))
+        assert self.model is not None, "build_model comes first"
         terms = supervised_loss(self.model, out, to_device(targets, self.runtime.device))
         return terms["loss"], terms
 
@@ -193,6 +197,7 @@ class Supervised(Objective):
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, self.train_samples(val_set)
         embedded: list[Embedded] = []
-        metrics = evaluate(model, self._val[1], self.runtime.device, self.runtime.bf16, embedded=embedded)
-        return {**metrics, **(self.monitored(model.backbone, embedded) if embedded else {})}
+        built = cast(SupervisedModel, model)  # what build_model made
+        metrics = evaluate(built, self._val[1], self.runtime.device, self.runtime.bf16, embedded=embedded)
+        return {**metrics, **(self.monitored(built.backbone, embedded) if embedded else {})}
 

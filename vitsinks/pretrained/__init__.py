@@ -1,20 +1,37 @@
-"""Any pretrained ViT: diagnose and intervene on unmodified timm, transformers and open_clip models, from a notebook.
+"""Any pretrained ViT: diagnose, intervene and edit unmodified timm, transformers and open_clip models, from a notebook.
 
-`load("hf:...")` reads a model by one string with its preprocessing (`hub`); `adapt(model)` views a model of an
-adapted family (`families`, one module per family) as vitsinks' own blocks (`views`), without converting a weight;
-`diagnose(model, images)` runs the diagnostics over the views and returns tables (dicts of columns,
+`load("hf:...")` reads a model by one string with its preprocessing (`hub`); `adapt(model)` builds its `Backbone`
+(`vitsinks.backbones`: one adapter per family, the blocks seen through views of the model's own modules, no weight
+converted); `diagnose(model, images)` runs the diagnostics and returns tables (dicts of columns,
 `pandas.DataFrame(...)`-ready), `report(model, images, out_dir)` the CLI's files, plots and page,
-`intervene(model, images, ...)` the causal interventions. `vitsinks.pretrained.edits`: W8A8, the test-time register
-and the massive-activation fix through the views; `vitsinks.pretrained.neurons`: the register-neuron summary
-(`diagnose(..., neurons=True)`).
+`intervene(model, images, ...)` the causal interventions (`api`); `fit_w8a8` / `apply_w8a8`, `register_neurons` /
+`add_test_time_register`, `fit_massive` / `apply_massive` and `remove_edits` the post-hoc edits (`posthoc`).
 See docs/pretrained.md.
 """
 
-from vitsinks.pretrained.api import batch_size_for, diagnose, diagnose_fields, intervene, report, tables
-from vitsinks.pretrained.families import ADAPTERS, Adapter, adapt, adapter_for, register_adapter
+from vitsinks.backbones import (
+    ADAPTERS,
+    Adapter,
+    AttentionView,
+    Backbone,
+    BlockView,
+    LayerScaleView,
+    adapt,
+    adapter_for,
+)
+from vitsinks.pretrained.api import batch_size_for, diagnose, diagnose_fields, intervene, neuron_table, report, tables
 from vitsinks.pretrained.hub import Loaded, load
-from vitsinks.pretrained.views import AttentionView, BlockView, Foreign, LayerScaleView
+from vitsinks.pretrained.posthoc import (
+    add_test_time_register,
+    apply_massive,
+    apply_w8a8,
+    fit_massive,
+    fit_w8a8,
+    register_neurons,
+    remove_edits,
+)
 
-__all__ = ["ADAPTERS", "Adapter", "AttentionView", "BlockView", "Foreign", "LayerScaleView", "Loaded", "adapt",
-           "adapter_for", "batch_size_for", "diagnose", "diagnose_fields", "intervene", "load", "register_adapter",
-           "report", "tables"]
+__all__ = ["ADAPTERS", "Adapter", "AttentionView", "Backbone", "BlockView", "LayerScaleView", "Loaded",
+           "add_test_time_register", "adapt", "adapter_for", "apply_massive", "apply_w8a8", "batch_size_for",
+           "diagnose", "diagnose_fields", "fit_massive", "fit_w8a8", "intervene", "load", "neuron_table",
+           "register_neurons", "remove_edits", "report", "tables"]

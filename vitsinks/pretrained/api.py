@@ -1,8 +1,9 @@
 """The notebook entry points: `diagnose(model, images)` -> tables, `diagnose_fields` -> the raw diagnostics arrays,
 `intervene(model, images, heads=..., edits=...)` -> the interventions' rows as a table.
 
-Every block runs its real forward to move the residual stream on; the diagnosed blocks are also rebuilt from their
-explicit attention (the views), which must reproduce the real forward (`recompute_error` < `RECOMPUTE_TOL`, else
+Every function takes a model of an adapted family (or its `Backbone`, `vitsinks.backbones.adapt`). Every block runs
+its real forward to move the residual stream on; the diagnosed blocks are also rebuilt from their explicit attention
+(the family's views), which must reproduce the real forward (`recompute_error` < `RECOMPUTE_TOL`, else
 `CheckFailed`: the tables would describe another computation than the model's). One block's attention matrices are
 alive at a time: about `ATTN_COPIES` float32 (B, heads, N, N) arrays, which `batch_size_for` keeps under a budget.
 """
@@ -18,41 +19,44 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitsinks.backbones import adapt
 from vitsinks.configs.ranges import check_setting, check_settings
 from vitsinks.configs.schema import DiagnosticsConfig, InterveneConfig
 from vitsinks.diagnostics import run_diagnostics, stretched
 from vitsinks.diagnostics.core import chosen_blocks
 from vitsinks.diagnostics.core import diagnose as core_diagnose
 from vitsinks.diagnostics.fields import FIELDS
+from vitsinks.diagnostics.neurons import capture, neuron_k, summarize_neurons
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.passes import eval_mode
-from vitsinks.pretrained.applied import check_plain
-from vitsinks.pretrained.families import adapt
-from vitsinks.pretrained.inputs import ImageSource, as_images
-from vitsinks.pretrained.neurons import NEURON_K, neuron_table
-from vitsinks.pretrained.views import Foreign
+from vitsinks.models.seam import Backbone
+from vitsinks.pretrained.images import ImageSource, as_images
+from vitsinks.trainfree.applied import check_plain
 from vitsinks.utils.errors import BadValue
 
 ATTN_COPIES = 4  # float32 (B, H, N, N) arrays alive at once in one block's diagnosis (scores, A, and the fields')
 DEFAULT_BUDGET = 2**30  # bytes of attention matrices per batch (`batch_size_for`)
 PER_BLOCK_ONLY = ("recompute_error", "res_norm_in")  # fields without an image-by-block layout
+DEFAULTS = DiagnosticsConfig()
+NEURON_K = neuron_k(DEFAULTS.high_norm_k)  # the register-neuron summary's threshold (5 x the median norm)
+NEURON_COLUMNS = ("block", "unit", "rank", "score", "norm_share")
 
 
-def as_foreign(model: nn.Module | Foreign) -> Foreign:
-    """`model` seen through its family's adapter (a `Foreign` is returned as is)."""
-    if isinstance(model, Foreign):
+def as_backbone(model: nn.Module | Backbone) -> Backbone:
+    """`model` as its family's adapter builds its `Backbone` (a `Backbone` is returned as it is)."""
+    if isinstance(model, Backbone):
         return model
     check_plain(model)
     return adapt(model)
 
 
-def require_float32(foreign: Foreign) -> None:
+def require_float32(backbone: Backbone) -> None:
     """A `BadValue` unless the model computes in float32 (the recomputation checks' tolerances are float32 ones)."""
-    dtype = next(foreign.model.parameters()).dtype
+    dtype = next(backbone.model.parameters()).dtype
     if dtype != torch.float32:
-        raise BadValue(f"{foreign.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
+        raise BadValue(f"{backbone.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
                        f"float32 copy (model.float())")
 
 
@@ -105,38 +109,38 @@ def check_shown(shown: np.ndarray, images: torch.Tensor) -> None:
                        f"pretrained.load(...).shown(images) gives it, or leave it out")
 
 
-def tokens_per_image(foreign: Foreign, img_size: tuple[int, int]) -> int:
+def tokens_per_image(backbone: Backbone, img_size: tuple[int, int]) -> int:
     """[CLS], registers and the patches of an image of `img_size`."""
-    rows, cols = foreign.grid(img_size)
-    return foreign.num_prefix + rows * cols
+    rows, cols = backbone.grid(img_size)
+    return backbone.num_prefix + rows * cols
 
 
-def batch_size_for(foreign: Foreign, img_size: tuple[int, int], budget: int = DEFAULT_BUDGET) -> int:
+def batch_size_for(backbone: Backbone, img_size: tuple[int, int], budget: int = DEFAULT_BUDGET) -> int:
     """The largest batch whose attention matrices (`ATTN_COPIES` float32 (B, heads, N, N) per block) fit in `budget`
     bytes (at least 1). ViT-L/14 at 224 px with 4 registers (16 heads, N = 261): 16.6 MiB per image, a batch of
     61 in 1 GiB; at 518 px (N = 1374): 461 MiB per image, a batch of 2."""
-    n = tokens_per_image(foreign, img_size)
-    heads = max(b.attn.num_heads for b in foreign.blocks)
+    n = tokens_per_image(backbone, img_size)
+    heads = max(b.attn.num_heads for b in backbone.blocks)
     return max(1, budget // (ATTN_COPIES * 4 * heads * n * n))
 
 
 @torch.no_grad()
-def diagnose_fields(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[int] | None = None,
+def diagnose_fields(model: nn.Module | Backbone, images: ImageSource, blocks: Iterable[int] | None = None,
                     batch_size: int | None = None, keep_maps: int = 0, n_images: int | None = None
                     ) -> dict[str, np.ndarray]:
     """The diagnostics arrays of a pretrained model on `images` (`as_images`): `vitsinks.diagnostics.core.diagnose`,
-    the code of `python -m vitsinks.diagnose`, run on the model's view, for the chosen `blocks` (default all;
+    the code of `python -m vitsinks.diagnose`, run on the model's backbone, for the chosen `blocks` (default all;
     `block` holds their indices), with the token layout (`num_cls` too) and the QK spectrum. `batch_size` None:
     `batch_size_for` under `DEFAULT_BUDGET`."""
-    foreign = as_foreign(model)
-    require_float32(foreign)
+    backbone = as_backbone(model)
+    require_float32(backbone)
     check_batch_size(batch_size)
     images = as_images(images, n_images)
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
-    chosen = chosen_blocks(len(foreign.blocks), blocks)
-    out = core_diagnose(foreign, images, batch_size or batch_size_for(foreign, img_size), keep_maps, blocks=chosen,
-                        name=f"{foreign.name} (seen by the {foreign.family} adapter)")
-    out.update(foreign.layout_fields(img_size))
+    chosen = chosen_blocks(len(backbone.blocks), blocks)
+    out = core_diagnose(backbone, images, batch_size or batch_size_for(backbone, img_size), keep_maps, blocks=chosen,
+                        name=f"{backbone.name} (seen by the {backbone.family} adapter)")
+    out.update(backbone.layout_fields(img_size))
     out["block"] = np.array(chosen)
     return out
 
@@ -174,15 +178,17 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
     img, blk, head = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, np.arange(H), indexing="ij"))
     keep = np.ones(img.shape, dtype=bool)
     if heads is not None:
-        heads = [tuple(int(v) for v in h) if np.ndim(h) == 1 else h for h in heads]
-        if heads and isinstance(heads[0], tuple):
-            pairs = {(int(b), int(h)) for b, h in heads}
-            wrong = sorted((b, h) for b, h in pairs if b not in set(block_ids.tolist()) or not 0 <= h < H)
+        given: Sequence[Any] = heads  # ints, or (block, head) pairs as tuples, lists or arrays
+        chosen: list[Any] = [tuple(int(v) for v in h) if np.ndim(h) == 1 else h for h in given]
+        if chosen and isinstance(chosen[0], tuple):
+            pairs = {(int(b), int(h)) for b, h in chosen}
+            wrong: list[tuple[int, int]] | list[int] = sorted(
+                (b, h) for b, h in pairs if b not in set(block_ids.tolist()) or not 0 <= h < H)
             keep = np.array([(b, h) in pairs for b, h in zip(blk, head, strict=True)], dtype=bool)
         else:
-            wrong = sorted(h for h in {int(h) for h in heads} if not 0 <= h < H)
-            keep = np.isin(head, np.asarray(heads, dtype=int))
-        if wrong or not heads:
+            wrong = sorted(h for h in {int(h) for h in chosen} if not 0 <= h < H)
+            keep = np.isin(head, np.asarray(chosen, dtype=int))
+        if wrong or not chosen:
             raise BadValue(f"heads {wrong or '[]'}: choose heads 0..{H - 1} (or (block, head) pairs of the diagnosed "
                            f"blocks {block_ids.tolist()})")
     per_head = {"image": img, "block": blk, "head": head,
@@ -203,14 +209,14 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
             "checks": {"block": block_ids, "recompute_error": d["recompute_error"]}, "layout": layout}
 
 
-def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[int] | None = None,
+def diagnose(model: nn.Module | Backbone, images: ImageSource, blocks: Iterable[int] | None = None,
              heads: Sequence[int] | Sequence[tuple[int, int]] | None = None, batch_size: int | None = None,
              rules: SinkRules | None = None, n_images: int | None = None,
              neurons: bool | float = False) -> dict[str, dict[str, np.ndarray]]:
     """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model; or a
     dataset or DataLoader, `as_images`): the `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`),
     events and classes under `rules` (default `SinkRules()`, the CLI's). `neurons`: also the `neurons` table (the
-    register-neuron summary, `pretrained.neurons.neuron_table`, of the chosen blocks; one more forward pass) at the
+    register-neuron summary, `neuron_table`, of the chosen blocks; one more forward pass) at the
     summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
     if isinstance(neurons, np.bool_):
         neurons = bool(neurons)
@@ -219,38 +225,54 @@ def diagnose(model: nn.Module | Foreign, images: ImageSource, blocks: Iterable[i
     if not isinstance(neurons, bool):
         check_setting(DiagnosticsConfig, "high_norm_k", float(neurons), "neurons")
     check_rules(rules)
-    foreign = as_foreign(model)
+    backbone = as_backbone(model)
     x = as_images(images, n_images)
-    out = tables(diagnose_fields(foreign, x, blocks, batch_size), model_heads(heads, len(foreign.blocks)), rules)
+    out = tables(diagnose_fields(backbone, x, blocks, batch_size), model_heads(heads, len(backbone.blocks)), rules)
     if neurons is not False:
-        t = neuron_table(foreign, x, NEURON_K if neurons is True else float(neurons))
+        t = neuron_table(backbone, x, NEURON_K if neurons is True else float(neurons))
         keep = np.isin(t["block"], out["checks"]["block"])
         out["neurons"] = {k: v[keep] for k, v in t.items()}
     return out
 
 
-def report(model: nn.Module | Foreign, images: ImageSource, out_dir: str | Path, shown: np.ndarray | None = None,
+@torch.no_grad()
+def neuron_table(backbone: Backbone, images: torch.Tensor, k: float = NEURON_K, top: int = DEFAULTS.register_neurons,
+                 batch_size: int = 16) -> dict[str, np.ndarray]:
+    """`diagnostics.neurons.summarize_neurons` (docs/residual.md) as a table: one row per (block, unit) of each
+    block's `top` units, highest score first: `block`, `unit`, `rank` (0 first), `score` and the block's
+    `norm_share`. Blocks without a plain MLP or without outlier patches (norm > `k` x the median) have no row."""
+    got = capture(backbone, images, k, batch_size)
+    settings = DiagnosticsConfig(high_norm_k=[k], register_neurons=top)
+    by_block = summarize_neurons(backbone, None, settings, got)["by_block"]
+    rows = [(b, u, r, s, np.nan if e["norm_share"] is None else e["norm_share"])
+            for b, e in enumerate(by_block) for r, (u, s) in enumerate(zip(e["units"], e["scores"], strict=True))]
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(NEURON_COLUMNS)
+    return {name: np.asarray(col, dtype=float if name in ("score", "norm_share") else int)
+            for name, col in zip(NEURON_COLUMNS, cols, strict=True)}
+
+
+def report(model: nn.Module | Backbone, images: ImageSource, out_dir: str | Path, shown: np.ndarray | None = None,
            settings: DiagnosticsConfig | None = None, n_images: int | None = None, batch_size: int | None = None,
-           image_index: list[int] | None = None, protocol: Any = None) -> dict[str, Any]:
+           image_index: list[int] | None = None, selection: Any = None) -> dict[str, Any]:
     """What `python -m vitsinks.diagnose` writes for a checkpoint, for a pretrained model, into `out_dir`:
     `per_image.npz`, `summary.json` (events, NOP / broadcast classes, locations, the residual side), the sink table,
     the PNG plots and the page `report.html` (docs/report.md), by the same code (`diagnostics.run_diagnostics`).
     `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `diagnostics.stretched(images)`; `settings`: the
     `diagnostics` config group (`DiagnosticsConfig`); `image_index` (each image's index in its dataset) and
-    `protocol` are recorded as the CLI records them. `out_dir` must be new, empty, or an earlier diagnosis's folder:
+    `selection` are recorded as the CLI records them. `out_dir` must be new, empty, or an earlier diagnosis's folder:
     only the files an earlier diagnosis wrote there are replaced, and any other non-empty folder is refused
     (`BadValue`) before any work. Returns the summary."""
-    foreign = as_foreign(model)
-    require_float32(foreign)
+    backbone = as_backbone(model)
+    require_float32(backbone)
     check_batch_size(batch_size)
     if dataclasses.is_dataclass(settings):  # a notebook's own; the command line's were checked at composition
         check_settings(settings)
     x = as_images(images, n_images)
     if shown is not None:
         check_shown(np.asarray(shown), x)
-    bs = batch_size or batch_size_for(foreign, (int(x.shape[-2]), int(x.shape[-1])))
-    return run_diagnostics(foreign, x, stretched(x) if shown is None else np.asarray(shown), Path(out_dir),
-                           settings or DiagnosticsConfig(), image_index, protocol, batch_size=bs)
+    bs = batch_size or batch_size_for(backbone, (int(x.shape[-2]), int(x.shape[-1])))
+    return run_diagnostics(backbone, x, stretched(x) if shown is None else np.asarray(shown), Path(out_dir),
+                           settings or DiagnosticsConfig(), image_index, selection, batch_size=bs)
 
 
 def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -259,7 +281,7 @@ def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r.get(k) for r in rows] for k in keys}
 
 
-def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[tuple[int, int]] = (),
+def intervene(model: nn.Module | Backbone, images: ImageSource, heads: Sequence[tuple[int, int]] = (),
               edits: Sequence[str] = (), heldout: ImageSource | None = None, labels: torch.Tensor | None = None,
               batch_size: int = 16, rules: SinkRules | None = None, **settings: Any) -> dict[str, Any]:
     """The causal interventions (`vitsinks.interventions.intervene`, docs/interventions.md) on a pretrained model:
@@ -269,8 +291,8 @@ def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[t
     (a table: one row per image, head and edit), `checks` (the built-in checks' largest errors), `heads` (those
     edited) and `mean_skipped`. `batch_size` and the settings are checked as the command line checks `intervene.*`;
     `labels`, one class index per image, before any work."""
-    foreign = as_foreign(model)
-    require_float32(foreign)
+    backbone = as_backbone(model)
+    require_float32(backbone)
     derived = ("n_images", "heldout_images")  # the images' counts
     known = {f.name for f in dataclasses.fields(InterveneConfig)} - set(derived)
     if unknown := sorted(set(settings) - known):
@@ -279,14 +301,14 @@ def intervene(model: nn.Module | Foreign, images: ImageSource, heads: Sequence[t
     chosen = InterveneConfig(batch_size=batch_size, **settings)
     check_settings(chosen, skip=derived)
     check_rules(rules)
-    heads = model_heads(heads, len(foreign.blocks))
+    heads = model_heads(heads, len(backbone.blocks))
     images = as_images(images)
     heldout = images[:0] if heldout is None else as_images(heldout)
     labels = None if labels is None else check_labels(labels, len(images))
     cfg = dataclasses.replace(chosen, n_images=len(images), heldout_images=len(heldout),
                               heads=[f"{b}:{h}" for b, h in heads], edits=list(edits))
-    with eval_mode(foreign.model) as device:
-        res = run_interventions(foreign.subject(), images.to(device), None if labels is None else labels.to(device),
+    with eval_mode(backbone.model) as device:
+        res = run_interventions(backbone, images.to(device), None if labels is None else labels.to(device),
                                 heldout.to(device), cfg, rules, progress=False)
     return {"rows": columns(res.rows), "checks": res.checks.as_dict(), "heads": res.heads,
             "mean_skipped": dict(res.mean_skipped), "settings": dataclasses.asdict(cfg)}

@@ -35,7 +35,7 @@ from vitsinks.models.weights import DAMAGED, WEIGHT_SUFFIXES, check_finite, hub_
 from vitsinks.models.weights import load as load_weights
 from vitsinks.publish.loader import read_export
 from vitsinks.utils.errors import BadValue, InputNotFound
-from vitsinks.utils.rundir import model_folder
+from vitsinks.utils.rundir import model_folder, model_folder_path
 
 
 @dataclass
@@ -141,10 +141,13 @@ def _timm(name: str, weights: str | None) -> Loaded:
     return Loaded(f"timm:{name}", model, create_transform(**cfg), tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
+ANNOUNCED: set[str] = set()  # the save_pretrained folders whose assumed processor this process announced
+
+
 def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
     """The processor of a save_pretrained folder that holds the model alone: transformers' `ViTImageProcessor`
     resizing to the config's `image_size` (a composite config's, CLIP / SigLIP, from its `vision_config`), then
-    normalising with ImageNet's mean and std; announced in one printed line."""
+    normalising with ImageNet's mean and std; announced in one printed line (once per process and folder)."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     size = next((s for c in (config, getattr(config, "vision_config", None)) if (s := getattr(c, "image_size", None))),
@@ -153,9 +156,11 @@ def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
         raise BadValue(f"hf:{folder}: no image processor beside the model and no image_size in its config: save the "
                        f"model's processor there, processor.save_pretrained({folder!r})")
     h, w = (size, size) if isinstance(size, int) else size
-    print(f"hf:{folder}: no image processor saved beside the model: resizing to its config's image size, {h}x{w} px "
-          f"(height x width), and normalising with ImageNet's mean and std; to use the model's own, save it there: "
-          f"processor.save_pretrained({folder!r})", flush=True)
+    if folder not in ANNOUNCED:  # once per process: a command may load the model more than once
+        ANNOUNCED.add(folder)
+        print(f"hf:{folder}: no image processor saved beside the model: resizing to its config's image size, {h}x{w} "
+              f"px (height x width), and normalising with ImageNet's mean and std; to use the model's own, save it "
+              f"there: processor.save_pretrained({folder!r})", flush=True)
     return transformers.ViTImageProcessor(size={"height": h, "width": w}, image_mean=list(IMAGENET_DEFAULT_MEAN),
                                           image_std=list(IMAGENET_DEFAULT_STD))
 
@@ -260,11 +265,12 @@ def folder_name(spec: str) -> str:
     return f"{family}_{name}{at}{weights}".replace("/", "_").replace(":", "_")
 
 
-def hub_dir(spec: str, kind: str, runs_dir: str | Path) -> Path:
+def hub_dir(spec: str, kind: str, runs_dir: str | Path, claim: bool = True) -> Path:
     """`<runs_dir>/<kind>/<folder_name>`: where the commands' `hub=` route writes a model's `kind` analyses
-    (`diagnostics`, `interventions`), recording the model (`utils.rundir.model_folder`: one of another's is refused)."""
+    (`diagnostics`, `interventions`, `quant`), recording the model (`utils.rundir.model_folder`: one of another's is
+    refused; without `claim`, `model_folder_path`: looks only)."""
     spec = canonical(spec)
-    return model_folder(Path(runs_dir) / kind, spec, spec, folder_name(spec))
+    return (model_folder if claim else model_folder_path)(Path(runs_dir) / kind, spec, spec, folder_name(spec))
 
 
 LOADERS: dict[str, Callable[[str, str | None], Loaded]] = {"timm": _timm, "hf": _hf, "open_clip": _open_clip,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import Any
+from email.message import Message
+from typing import Any, cast
 
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -26,7 +27,7 @@ def package_license() -> str:
     """The license the package declares in its metadata (pyproject's `license`), else `other` (the hub's word for
     a license it does not list)."""
     try:
-        meta = importlib.metadata.metadata(PACKAGE)
+        meta = cast(Message, importlib.metadata.metadata(PACKAGE))  # an email Message: `get` gives None if absent
     except importlib.metadata.PackageNotFoundError:
         return "other"
     return str(meta.get("License-Expression") or meta.get("License") or "other").strip() or "other"

@@ -20,18 +20,18 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.configs.search import options, yaml_description
-from vitsinks.eval.results import DenseResult, LinearResult
-from vitsinks.models import MITIGATIONS, SIZES, run_variant
+from vitsinks.eval.probe_results import DenseResult, LinearResult
+from vitsinks.models import MITIGATIONS, SIZES, SinkBlock, run_variant
 from vitsinks.models.config import config_values
 from vitsinks.models.kinds import DEFAULT_KIND
-from vitsinks.publish.source import Source
-from vitsinks.quant.results import QuantResult
+from vitsinks.publish.provenance import Source
+from vitsinks.quant.quant_results import QuantResult
 from vitsinks.report.collect import result_types
 from vitsinks.utils import files
 from vitsinks.utils.rundir import FINAL, RunDir
@@ -129,7 +129,7 @@ def architecture(source: Source) -> dict[str, Any]:
     """The backbone's size, as the checkpoint holds it."""
     m = source.model
     return {"size": str(source.cfg.model.size), "width": m.embed_dim, "depth": len(m.blocks),
-            "heads": m.blocks[0].attn.num_heads, "patch": m.patch_embed.patch_size[0],
+            "heads": cast(SinkBlock, m.blocks[0]).attn.num_heads, "patch": m.patch_embed.patch_size[0],
             "image size": m.patch_embed.img_size[0], "registers": m.num_reg_tokens,
             "parameters": sum(p.numel() for p in m.parameters())}
 

@@ -31,11 +31,12 @@ from huggingface_hub.errors import HfHubHTTPError
 from omegaconf import DictConfig
 
 from vitsinks.configs.schema import to_container
+from vitsinks.configs.upgrade import saved
 from vitsinks.data.selection import IMAGENET_NORMALIZE
 from vitsinks.models import run_variant
 from vitsinks.publish import card, facts
 from vitsinks.publish.loader import CONFIG, KEY, OWN, WEIGHTS
-from vitsinks.publish.source import Source, checkpoint_path, read
+from vitsinks.publish.provenance import Source, checkpoint_path, read
 from vitsinks.publish.timm_format import CHECK_IMAGES, check_equal, to_timm, unmappable
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadFile, BadValue
@@ -45,22 +46,23 @@ FILES = (WEIGHTS, CONFIG, CARD)  # what an export writes (and uploads); nothing 
 # what a run's config says about this machine, not the model: left out of the folder's copy
 MACHINE = ("runs_dir", "ckpt", "run", "hub", "cluster", "wandb", "export")
 MACHINE_PATHS = ("data.root", "data.file_list_cache", "eval.dense_root")
-TRANSPORT = HfHubHTTPError.__bases__[0]  # huggingface_hub's HTTP library's base error (connection refused, timeout)
+# huggingface_hub's HTTP library's base error (connection refused, timeout)
+TRANSPORT: type[Exception] = HfHubHTTPError.__bases__[0]
 
 
 def preprocessing(source: Source) -> dict[str, Any]:
     """The model's evaluation preprocessing as timm's `pretrained_cfg` names it: the image size, the run's analysis
-    crop (`protocol.crop_pct`, `protocol.interpolation`) and the normalisation vitsinks' data pipeline applies."""
+    crop (`selection.crop_pct`, `selection.interpolation`) and the normalisation vitsinks' data pipeline applies."""
     size = source.model.patch_embed.img_size
     return {"input_size": [source.model.patch_embed.proj.in_channels, *size],
-            "crop_pct": float(source.cfg.protocol.crop_pct), "crop_mode": "center",
-            "interpolation": str(source.cfg.protocol.interpolation),
+            "crop_pct": float(source.cfg.selection.crop_pct), "crop_mode": "center",
+            "interpolation": str(source.cfg.selection.interpolation),
             "mean": list(IMAGENET_NORMALIZE["mean"]), "std": list(IMAGENET_NORMALIZE["std"])}
 
 
 def run_settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's resolved config without what names this machine (`MACHINE`, `MACHINE_PATHS`)."""
-    tree = {k: v for k, v in to_container(cfg).items() if k not in MACHINE}
+    tree = {k: v for k, v in saved(cfg).items() if k not in MACHINE}
     for key in MACHINE_PATHS:
         group, name = key.split(".")
         if isinstance(tree.get(group), dict) and name in tree[group]:

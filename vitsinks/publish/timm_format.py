@@ -24,15 +24,16 @@ layout (`vitsinks.publish.loader` reads both).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import timm
 import torch
 from timm.layers import LayerScale
 from torch import nn
 
-from vitsinks.models import MITIGATIONS, NoMLP, SinkViT, load_timm_state_dict
+from vitsinks.models import MITIGATIONS, NoMLP, SinkBlock, SinkViT, load_timm_state_dict
 from vitsinks.models.kinds import DEFAULT_KIND
 from vitsinks.models.mitigations.gate import G1GateMitigation
 from vitsinks.utils.errors import BadValue, CheckFailed
@@ -80,7 +81,7 @@ def unmappable(model: SinkViT) -> list[str]:
     for name, setting in model.mitigations.items():
         if setting is not None and not (name == G1GateMitigation.name and gated(model)):
             reasons.append(f"its {MITIGATIONS[name].tag(setting)} mitigation (model.{name}) has no timm counterpart")
-    blk = model.blocks[0]
+    blk = cast(SinkBlock, model.blocks[0])
     if isinstance(blk.mlp, NoMLP):
         reasons.append("its blocks are attention-only (model.mlp=false)")
     eps = sorted({float(n.eps) for n in layer_norms(model)} - {TIMM_EPS})
@@ -95,9 +96,9 @@ def unmappable(model: SinkViT) -> list[str]:
 
 def _architecture(model: SinkViT, layerscale_init: float | None) -> dict[str, Any]:
     """The arguments both timm models share: sizes, biases, LayerScale, [CLS] and registers, no head."""
-    blk = model.blocks[0]
+    blk = cast(SinkBlock, model.blocks[0])
     dim = model.embed_dim
-    hidden = blk.mlp.fc1.out_features
+    hidden = cast(nn.Linear, blk.mlp.fc1).out_features  # a timm Mlp (`unmappable` refuses the others)
     if int(dim * (hidden / dim)) != hidden:
         raise BadValue(f"an MLP of {hidden} units on width {dim} has no mlp_ratio timm rebuilds it from")
     has_ls = isinstance(blk.ls1, LayerScale)
@@ -203,7 +204,7 @@ def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmMod
     sd = vit_state(model)
     pos = "learn" if model.pos_embed is not None else "none"
     if not gated(model):
-        args.update(proj_bias=model.blocks[0].attn.proj.bias is not None, no_embed_class=False,
+        args.update(proj_bias=cast(SinkBlock, model.blocks[0]).attn.proj.bias is not None, no_embed_class=False,
                     reg_tokens=model.num_reg_tokens, pos_embed=pos, dynamic_img_size=bool(model.dynamic_img_size))
         args = {k: v for k, v in args.items() if v is not None}  # timm.create_model drops them too
         return TimmModel(VIT, vit_builder(size, args["patch_size"], args["img_size"][0]), args, sd)
@@ -211,7 +212,7 @@ def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmMod
     args.update(attn_gated=True, reg_tokens=model.num_reg_tokens, fc_norm=False, embed_proj_type="conv",
                 pos_embed="learned" if pos == "learn" else "none", pos_embed_grid_size=list(grid),
                 init_values=args["init_values"] or 1.0)  # the builder's LayerScale cannot be switched off: ones
-    return TimmModel(NAFLEX, NAFLEX_BUILDER, args, vit_to_naflex(sd, model.num_reg_tokens, grid))  # type: ignore[arg-type]
+    return TimmModel(NAFLEX, NAFLEX_BUILDER, args, vit_to_naflex(sd, model.num_reg_tokens, grid))
 
 
 def from_timm(model: SinkViT, sd: dict[str, torch.Tensor], layout: str, what: str) -> None:
@@ -231,7 +232,8 @@ def check_equal(model: SinkViT, timm_model: nn.Module) -> float:
     h, w = model.patch_embed.img_size
     x = torch.randn(CHECK_IMAGES, model.patch_embed.proj.in_channels, h, w,
                     generator=torch.Generator().manual_seed(0))
-    ours, theirs = model.float().eval().forward_features(x), timm_model.float().eval().forward_features(x)
+    features = cast(Callable[[torch.Tensor], torch.Tensor], timm_model.float().eval().forward_features)  # timm's
+    ours, theirs = model.float().eval().forward_features(x), features(x)
     if ours.shape != theirs.shape or not bool(torch.isfinite(theirs).all()):
         raise CheckFailed(f"timm's model gives features {tuple(theirs.shape)}, vitsinks' {tuple(ours.shape)}: "
                           f"nothing was written")

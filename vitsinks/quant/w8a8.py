@@ -4,7 +4,8 @@ Symmetric integer fake quantization, one scale per tensor: with `b` bits, `qmax 
 
     q(x) = s * clamp(round(x / s), -qmax, qmax)
 
-- weights (`quant.weight_bits`): every block linear layer's weight, `s_w = max |W| / qmax`, replaced in place
+- weights (`quant.weight_bits`): every block linear layer's weight (`Block.linears` of the model's `Backbone`: any
+  adapted family), `s_w = max |W| / qmax`, replaced in place
   (biases stay float: they would be int32 on hardware);
 - activations (`quant.act_bits`): every block linear layer's input, with a static scale `s_x = max |x| / qmax`
   where `max |x|` is taken over the calibration images of the float model (`fit`); a forward pre-hook quantises
@@ -21,11 +22,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from vitsinks.models import SinkViT
-from vitsinks.quant.stats import LinearSite, input_maxima, layer_paths
-from vitsinks.trainfree.base import TrainFreeMethod, register_method
+from vitsinks.models.seam import Backbone, LinearSite
+from vitsinks.quant.outliers import input_maxima, layer_paths
+from vitsinks.trainfree.applied import record, refuse_twice
+from vitsinks.trainfree.method import METHODS, TrainFreeMethod
 from vitsinks.utils.errors import BadValue, NonFinite
 
 
@@ -53,7 +54,7 @@ def _input_hook(scale: float, bits: int) -> Any:
     return hook
 
 
-@register_method
+@METHODS.register
 class W8A8(TrainFreeMethod):
     """Weights and linear-layer inputs of the blocks fake-quantised per tensor (the module docstring)."""
 
@@ -64,19 +65,20 @@ class W8A8(TrainFreeMethod):
     count_key = "calib_images"
 
     @classmethod
-    def fit(cls, model: SinkViT, images: torch.Tensor, settings: Any) -> dict[str, Any]:
+    def fit(cls, backbone: Backbone, images: torch.Tensor, settings: Any) -> dict[str, Any]:
         """The static input ranges of every block linear layer over `images` (a `QuantConfig` gives the bits)."""
-        ranges, _ = input_maxima(model, images)
+        ranges, _ = input_maxima(backbone, images)
         return w8a8_state(ranges, settings.weight_bits, settings.act_bits, len(images))
 
     @classmethod
-    def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
+    def apply(cls, backbone: Backbone, state: dict[str, Any]) -> Backbone:
         """Quantise the block linear layers' weights in place and hook their inputs with the fitted scales."""
-        quantize_layers(layer_paths(model), state)
-        return model
+        refuse_twice(backbone, cls.name)
+        record(backbone, cls.name, quantize_layers(layer_paths(backbone), state))
+        return backbone
 
 
-def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> list[RemovableHandle]:
+def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> list[Any]:
     """Fake-quantise the weights of `layers` (by name, in the order `state` was fitted) in place and hook their inputs
     with the fitted static scales (`W8A8.fit`'s state); returns the hooks' handles."""
     if list(layers) != list(state["layers"]):

@@ -1,49 +1,11 @@
 """The leaderboard's library: collect every run's registered results (`collect`), render the tables (`render`)
-and the figure (`figure`), keep what it read (`inputs`). `python -m vitsinks.leaderboard` is the command line."""
-
-from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
+and the figure (`figure`), keep what it read (`inputs`), write them all (`writer.build`).
+`python -m vitsinks.leaderboard` is the command line."""
 
 from vitsinks.report.collect import aggregate, collect, columns, run_dirs, variant_order
 from vitsinks.report.figure import figure
-from vitsinks.report.inputs import LEADERBOARD, check_names, record, recorded_title, recorded_unfinished
-from vitsinks.report.render import significant_best, to_html, to_markdown, write_runs_csv, write_table_csv
-from vitsinks.report.unfinished import split
-from vitsinks.utils import files
-from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.generations import claim, generation
+from vitsinks.report.render import significant_best, to_html, to_markdown
+from vitsinks.report.writer import build
 
 __all__ = ["aggregate", "build", "collect", "columns", "figure", "run_dirs", "significant_best", "to_html",
            "to_markdown", "variant_order"]
-
-
-def build(source: str | Path, out: str | Path, title: str | None = None) -> list[dict[str, Any]]:
-    """Collect, aggregate and write leaderboard.{md,csv,html,png}, runs.csv and the inputs (`inputs.record`);
-    returns the aggregated table. `title` defaults to the one recorded with the inputs when `source` is a
-    leaderboard's inputs folder, else "vitsinks leaderboard". Runs are taken by name (the same files, the same
-    output, whatever order a sweep listed them in). The files are one generation (`inputs.LEADERBOARD`): an earlier
-    leaderboard's are replaced, nothing else in `out` is touched, and a non-empty `out` without an earlier leaderboard
-    is refused before any work."""
-    title = title or recorded_title(source) or "vitsinks leaderboard"
-    runs = sorted(run_dirs(source), key=lambda r: r.name)
-    # derived runs that did not finish: left out, each named in a footnote with the command that finishes it
-    runs, notes = (runs, recorded_unfinished(source)) if recorded_title(source) is not None else split(runs)
-    if not runs:
-        raise InputNotFound(f"no finished run to tabulate in {source}: {' '.join(notes)}")
-    out = Path(out)
-    claim(out, LEADERBOARD)
-    check_names(runs, out)  # before any table is written: a refused leaderboard leaves the old one whole
-    rows = [collect(r) for r in runs]
-    table = aggregate(rows)
-    with generation(out, LEADERBOARD) as stage:
-        files.write_text(stage / "leaderboard.md", f"# {title}\n\n" + to_markdown(table, notes))
-        write_table_csv(table, stage / "leaderboard.csv")
-        write_runs_csv(rows, stage / "runs.csv")
-        files.write_text(stage / "leaderboard.html", to_html(table, title, notes))
-        figure(table, stage / "leaderboard.png")
-        record(runs, stage, title, notes)
-    for note in notes:
-        print(note, flush=True)
-    return table

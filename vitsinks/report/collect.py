@@ -26,7 +26,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 # the modules whose result types the leaderboard shows (each registers its own on import)
-import vitsinks.eval.results  # noqa: F401
+import vitsinks.eval.probe_results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
 import vitsinks.report.training  # noqa: F401
 from vitsinks.configs.upgrade import upgrade
@@ -34,13 +34,14 @@ from vitsinks.configs.variants import variant_order
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
-from vitsinks.quant.results import QuantResult  # registers it too
+from vitsinks.quant.quant_results import QuantResult  # registers it too
 from vitsinks.report.experiment import QUANT, SINK_RULE, defined, experiments, named, rule_setting
-from vitsinks.run.sweep import read_manifest
 from vitsinks.trainfree import edited_variant
+from vitsinks.utils.columns import GROUPS, Column
 from vitsinks.utils.errors import InputNotFound
-from vitsinks.utils.results import GROUPS, Column, Probed, result_types
+from vitsinks.utils.results import Probed, result_types
 from vitsinks.utils.rundir import RunDir, find_runs
+from vitsinks.utils.runstate import read_manifest
 from vitsinks.utils.stats import nan_mean_std
 
 NOT_COMPARABLE = "not comparable"  # a derived row's cell that its source's probe cannot be read against

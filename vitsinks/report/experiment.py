@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from vitsinks.configs.upgrade import saved_names
 from vitsinks.report.training import metrics
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir
@@ -72,7 +73,7 @@ def config_keys(cfg: DictConfig) -> dict[str, Any]:
     """Every key of the resolved config that defines the experiment (dotted, in the config's order)."""
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     assert isinstance(tree, dict)
-    return {k: v for k, v in _flat(tree).items() if not bookkeeping(k)}
+    return {k: v for k, v in _flat(saved_names(cast(dict[str, Any], tree))).items() if not bookkeeping(k)}
 
 
 def steps_trained(run: RunDir) -> int | None:
@@ -105,7 +106,7 @@ def defined(cfg: DictConfig, run: RunDir, derived: str | None) -> dict[str, Any]
     return out
 
 
-def _key(obj: dict[str, Any]) -> str:
+def _key(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 

@@ -7,19 +7,28 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from vitsinks.diagnostics.rules import CLASSES, SinkRules
 from vitsinks.diagnostics.summary import describe_rule, rule_record
 from vitsinks.models.mitigations import mitigation_columns
 from vitsinks.report.collect import NOT_COMPARABLE, columns, quality
+from vitsinks.utils.columns import SECTIONS, Column
 from vitsinks.utils.plotting import swatches_html
-from vitsinks.utils.results import SECTIONS, Column
 from vitsinks.utils.stats import welch_p
 from vitsinks.utils.tables import html_table, markdown_table, write_csv
 
+
+class ReferenceTable(TypedDict):
+    """A table of published numbers shown under the leaderboard: its header, its rows and notes."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    notes: NotRequired[list[str]]
+
+
 # The Kempner gate x register sweep (ViT-L/16 LeJEPA, 3 seeds; IN-1k is the online probe).
-REFERENCE = {
+REFERENCE: ReferenceTable = {
     "columns": ["variant", "IN-1k top-1", "ADE20K mIoU", "VOC mIoU"],
     "rows": [["base", "69.37", "16.59", "43.81"], ["reg", "69.31", "18.71", "49.90"],
              ["gate", "69.52", "18.57", "47.95"], ["gate+reg", "69.36", "19.99", "52.17"],
@@ -32,7 +41,7 @@ REFERENCE = {
 }
 # The Kempner sink table (LeJEPA ViT-L, epoch-50 checkpoints, 1,984 ADE20K val images at 224 px), counted with
 # SINK_REFERENCE_RULE: shown only beside sink counts made the same way.
-SINK_REFERENCE = {
+SINK_REFERENCE: ReferenceTable = {
     "columns": ["variant", "broadcast-like", "NOP-like", "all sinks", "on [CLS]"],
     "rows": [["base (Baseline)", "0.09", "0.25", "0.45", "0.34"], ["gate (Gating)", "3.80", "0.00", "3.88", "2.02"],
              ["global+pen (Global + Penalty)", "0.04", "0.00", "0.11", "0.11"],
@@ -113,7 +122,8 @@ def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
 def significant_best(table: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
     """Per quality column, the variant better than every other one there by Welch's test (p < ALPHA each time,
     >= MIN_SEEDS seeds per variant), if any; and the names of the columns left unmarked for too few seeds."""
-    best, few = {}, []
+    best: dict[str, str] = {}
+    few: list[str] = []
     for col in quality(table_columns(table)):
         rows = [t for t in table if not math.isnan(t[col.key][0])]
         if len(rows) < 2:

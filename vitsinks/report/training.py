@@ -1,18 +1,18 @@
-"""The training run's own results, read from `metrics.jsonl` (`vitsinks.train.tracking`): the online probe of
+"""The training run's own results, read from `metrics.jsonl` (`vitsinks.utils.metrics_log`): the online probe of
 LeJEPA runs, the SSL monitors (k-NN top-1 and RankMe, `vitsinks.objectives.monitors`) and the sink tasks' fit."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.eval.results import ONLINE_PROBE
+from vitsinks.eval.probe_results import ONLINE_PROBE
 from vitsinks.objectives.monitors import KNN, RANKME
 from vitsinks.utils import files
-from vitsinks.utils.results import Column, Probed, Result, register_result
+from vitsinks.utils.results import RESULTS, Column, Probed, Result
 from vitsinks.utils.rundir import RunDir
 
 
@@ -60,10 +60,11 @@ class _LastMetric(Result):
         """A probe trained with the run (`Column.probe`): the run's seed, and its last validation is `last.pt`'s."""
         if not cls.column.probe or math.isnan(cls.collect(run)[cls.column.key]):
             return {}
-        return {cls.column.key: Probed(OmegaConf.load(run.config).get("seed"), run.last.name)}
+        seed = cast(DictConfig, OmegaConf.load(run.config)).get("seed")  # a run's config: a mapping
+        return {cls.column.key: Probed(seed, run.last.name)}
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class OnlineProbe(_LastMetric):
     """The online probe's last validation top-1 (LeJEPA runs)."""
@@ -78,7 +79,7 @@ class OnlineProbe(_LastMetric):
 KNN_PROTOCOL, RANKME_PROTOCOL = "knn@val", "rankme@val"
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class KnnMonitor(_LastMetric):
     """The online k-NN's last validation top-1 (`monitors.knn_*`), in %."""
@@ -90,7 +91,7 @@ class KnnMonitor(_LastMetric):
                     probe=KNN_PROTOCOL)
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class RankMeMonitor(_LastMetric):
     """RankMe of the last validation's embeddings (`monitors.rankme`): an effective rank, not a %."""
@@ -106,7 +107,7 @@ class RankMeMonitor(_LastMetric):
         return value
 
 
-@register_result
+@RESULTS.register
 @dataclass
 class TaskFit(_LastMetric):
     """The sink tasks' fit: 100 x (1 - the last validation relative error)."""

@@ -13,12 +13,14 @@ lines: written again from them, the leaderboard is the same.
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from typing import cast
 
-from vitsinks.quant.results import QuantResult
-from vitsinks.run.sweep import lock_held
+from omegaconf import DictConfig, OmegaConf
+
+from vitsinks.quant.quant_results import QuantResult
 from vitsinks.trainfree.resume import describe, finish_command, status
 from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.runstate import lock_held
 
 NOTE = "Not finished"  # each footnote line starts so
 
@@ -38,7 +40,7 @@ def unfinished(run: RunDir) -> str | None:
     """The footnote line of `run` when it is a derived run that did not finish (left out of the table), else None."""
     if not run.config.is_file():
         return None
-    cfg = OmegaConf.load(run.config)
+    cfg = cast(DictConfig, OmegaConf.load(run.config))  # a run's config: a mapping
     if not OmegaConf.select(cfg, "trainfree.method") or (state := _state(run)) is None:
         return None
     fix = "tabulate again once it has finished" if state == "being written now" else \
@@ -54,7 +56,7 @@ def unfinished_quantization(run: RunDir) -> list[str]:
             continue
         shown = "are an earlier quantization's" if run.result(QuantResult.kind).is_file() else "are empty"
         fix = "tabulate again once it has finished" if state == "being written now" else \
-            f"finish it with `{finish_command(derived, OmegaConf.load(derived.config))}`"
+            f"finish it with `{finish_command(derived, cast(DictConfig, OmegaConf.load(derived.config)))}`"
         out.append(f"{NOTE}: the quantization of {run.name} ({derived.path.name}, {state}): its quantization columns "
                    f"{shown}; {fix}.")
     return out

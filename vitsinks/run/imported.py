@@ -10,11 +10,12 @@ reads it as it reads a trained run's checkpoint and the leaderboard tabulates it
                        status.json          finished, with `imported_from`
 
 `<model>` is `utils.rundir.model_name`'s (a timm name with its weights' tag). Like a trained run's, the import's data
-and seed are what later commands read unless their command line names other data. The import is made on first use, in
-a hidden folder renamed into place when whole (concurrent processes, e.g. several ranks, each make one and the first
-rename wins), and read after, also from a file moved or copied since (its bytes are the same); a folder of that name
-made of anything else (another file of the same name, other architecture settings, a trained run) is refused, never
-replaced.
+and seed are what later commands read unless their command line names other data. `planned_import` says where the
+import is and whether it is there, writing nothing (`vitsinks.run.source` resolves a command's model with it); the
+command writes it (`write_import`) when it writes its first result into it: in a hidden folder renamed into place
+when whole (concurrent processes, e.g. several ranks, each make one and the first rename wins). It is read after,
+also from a file moved or copied since (its bytes are the same); a folder of that name made of anything else
+(another file of the same name, other architecture settings, a trained run) is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import secrets
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,8 @@ import timm
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import exp_names, to_container
-from vitsinks.configs.upgrade import upgrade
-from vitsinks.models import ATTN_KINDS, model_from_config
+from vitsinks.configs.upgrade import saved, upgrade
+from vitsinks.models import ATTN_KINDS, SinkViT, model_from_config
 from vitsinks.train.checkpoint import arch_of, save_state
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
@@ -103,18 +105,23 @@ def _refusal(run: RunDir, key: dict[str, Any]) -> str | None:
     return f"{run.path} holds {what}: delete that folder, or give this model another runs_dir="
 
 
-def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any]) -> None:
-    """Write the import into a hidden folder beside `run` and rename it into place (refused if another process's
-    import got there first and differs)."""
-    model = model_from_config(cfg.model)
+def import_config(cfg: DictConfig, run: RunDir, model: SinkViT) -> DictConfig:
+    """The run config the import `run` holds (module docstring) of `cfg.model.pretrained` built as `model`."""
+    return upgrade({"name": run.name, "runs_dir": str(run.path.parent), "exp": cfg.exp, "seed": cfg.seed,
+                    "imported": run.name, "data": to_container(cfg.data),
+                    "model": {**to_container(cfg.model), "pretrained": None},
+                    "views": {"global_size": model.patch_embed.img_size[0]}})
+
+
+def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any], model: SinkViT | None = None) -> None:
+    """Write the import of `model` (default: built from `cfg.model` now) into a hidden folder beside `run` and rename
+    it into place (refused if another process's import got there first and differs)."""
+    model = model if model is not None else model_from_config(cfg.model)
     tmp = RunDir(run.path.parent / f".{run.name}.import-{secrets.token_hex(4)}")
-    run_cfg = upgrade({"name": run.name, "runs_dir": str(run.path.parent), "exp": cfg.exp, "seed": cfg.seed,
-                       "imported": run.name, "data": to_container(cfg.data),
-                       "model": {**to_container(cfg.model), "pretrained": None},
-                       "views": {"global_size": model.patch_embed.img_size[0]}})
+    run_cfg = import_config(cfg, run, model)
     try:
-        tmp.start(run_cfg)
-        save_state({"config": to_container(run_cfg), "model": model.state_dict()}, tmp.last)
+        tmp.start(saved(run_cfg))
+        save_state({"config": saved(run_cfg), "model": model.state_dict()}, tmp.last)
         digest = files.sha256(key["source"]) if key["version"] is not None else None  # a file's bytes
         files.write_json(tmp.path / SOURCE, {**key, "sha256": digest, "timm": timm.__version__})
         tmp.write_status("finished", imported_from=str(cfg.model.pretrained))
@@ -140,12 +147,23 @@ def _import_record(run: RunDir) -> dict[str, Any] | None:
     return held
 
 
-def imported_run(cfg: DictConfig) -> RunDir:
-    """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import of the
-    same source (or of a file with the same bytes) with the same architecture settings."""
+@dataclass(frozen=True)
+class PlannedImport:
+    """Where the import of a pretrained model is (`run`), what determines its weights (`key`), the command's config
+    with the tagged source (`cfg`) and whether the import is there already (`exists`); `planned_import` makes it."""
+
+    run: RunDir
+    key: dict[str, Any]
+    cfg: DictConfig
+    exists: bool
+
+
+def planned_import(cfg: DictConfig) -> PlannedImport:
+    """The import of `cfg.model.pretrained` under `cfg.runs_dir`: refused in one line (a run's checkpoint, a name of
+    a variant or of the runs folder's own folders, a folder there made of anything else), else where it is and
+    whether it is there. Looks only: nothing is written."""
     if not cfg.model.pretrained:
-        raise BadValue("name the model: ckpt=<checkpoint file>, run=<run folder> (diagnose, intervene) or "
-                       "model.pretrained=<timm name or weights file>")
+        raise BadValue("name the pretrained model: model.pretrained=<timm name or weights file>")
     source = Path(cfg.model.pretrained).expanduser()
     if in_run(source) and source.is_file() and RunDir.of_checkpoint(source).config.is_file():
         raise BadValue(f"model.pretrained={cfg.model.pretrained} is a run's checkpoint, not weights to import: "
@@ -157,9 +175,18 @@ def imported_run(cfg: DictConfig) -> RunDir:
         raise BadValue(f"model.pretrained={cfg.model.pretrained} would be imported as '{name}', which names "
                        f"{'a variant' if names_a_variant(name) else 'a folder of the runs folder'}: rename the file")
     run, key = RunDir(Path(cfg.runs_dir) / name), import_key(cfg)
+    if run.path.exists() and (refused := _refusal(run, key)) is not None:
+        raise BadValue(refused)
+    return PlannedImport(run, key, cfg, run.path.exists())
+
+
+def write_import(plan: PlannedImport, model: SinkViT | None = None) -> RunDir:
+    """The import `plan` names, written now from `model` (default: built from the config) unless it is there (then
+    read, its record updated when the file has moved)."""
+    run, key, cfg = plan.run, plan.key, plan.cfg
     if not run.path.exists():
         run.path.parent.mkdir(parents=True, exist_ok=True)
-        _make(cfg, run, key)
+        _make(cfg, run, key, model)
         print(f"imported {cfg.model.pretrained} as the run {run.path}")
     elif (refused := _refusal(run, key)) is not None:
         raise BadValue(refused)
@@ -171,24 +198,7 @@ def imported_run(cfg: DictConfig) -> RunDir:
     return run
 
 
-MODEL_SOURCES = ("ckpt", "run", "model.pretrained", "hub")  # the ways diagnose and intervene are told their model
-
-
-def one_model_source(cfg: DictConfig) -> None:
-    """A `BadValue` naming them when a command is given two of `MODEL_SOURCES` (e.g. `hub=` and `ckpt=`): it would
-    read one and silently leave the other out."""
-    given = [f"{k}={v}" for k in MODEL_SOURCES if (v := OmegaConf.select(cfg, k, default=None))]
-    if len(given) > 1:
-        raise BadValue(f"two model sources, {' and '.join(given)}: name the model once, with one of "
-                       f"{', '.join(f'{k}=' for k in MODEL_SOURCES)}")
-
-
-def checkpoint_of(cfg: DictConfig) -> Path:
-    """The checkpoint a command reads: `ckpt=`, else the import of `model.pretrained=` (`imported_run`)."""
-    return Path(cfg.ckpt) if cfg.ckpt else imported_run(cfg).last
-
-
-def with_checkpoint(cfg: DictConfig) -> DictConfig:
-    """`cfg` with `ckpt` set to `checkpoint_of(cfg)`: the commands that read `cfg.ckpt` then read a pretrained
-    model's import as any checkpoint."""
-    return cfg if cfg.ckpt else OmegaConf.merge(cfg, {"ckpt": str(checkpoint_of(cfg))})  # type: ignore[return-value]
+def imported_run(cfg: DictConfig) -> RunDir:
+    """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import of the
+    same source (or of a file with the same bytes) with the same architecture settings."""
+    return write_import(planned_import(cfg))

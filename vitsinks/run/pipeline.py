@@ -12,20 +12,21 @@ no rank waits at a collective meanwhile.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.schema import DataConfig, config_dir
-from vitsinks.data import cpu_threads
-from vitsinks.diagnose import diagnose_checkpoint, over_training
+from vitsinks.configs.schema import DataConfig
+from vitsinks.configs.search import options
+from vitsinks.data.datasets import with_masks
 from vitsinks.diagnostics.page import REPORT
-from vitsinks.eval import dense, linear
+from vitsinks.run.diagnosed import diagnose_checkpoint, over_training
+from vitsinks.run.probing import dense_probe, linear_probe
 from vitsinks.train.trainer import Trainer
+from vitsinks.utils.cpus import cpu_threads
 from vitsinks.utils.distributed import rank_world, resolve_device
+from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir
-
-SEGMENTATION_DATA = ("synthetic", "fashion_mnist", "ade20k", "voc")  # fashion_mnist: mosaics
 
 
 def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def dense_data(cfg: DictConfig) -> DictConfig | None:
     """The data config of the after-training dense probe: `eval.dense_data` (its data preset, root
     from `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
     name = str(cfg.eval.dense_data or cfg.data.name)
-    if name not in SEGMENTATION_DATA:
+    if name not in with_masks():
         if rank_world()[0] == 0:
             print(f"dense probe skipped: data={name} has no segmentation masks; set eval.dense_data=ade20k|voc (and "
                   f"eval.dense_root=...) to run it after training")
@@ -74,7 +75,11 @@ def dense_data(cfg: DictConfig) -> DictConfig | None:
     if name == cfg.data.name:
         data = cfg.data
     else:
-        preset = OmegaConf.load(config_dir() / "data" / f"{name}.yaml")
+        found = options().get("data", {}).get(name)  # the user's config folders first, as `data=` reads them
+        if found is None:
+            raise BadValue(f"eval.dense_data={name} has no config file data/{name}.yaml: add it to your config folder "
+                           f"(docs/extending.md#a-new-data-set)")
+        preset = OmegaConf.load(found)
         root = None if OmegaConf.is_missing(preset, "root") else preset.root
         data = OmegaConf.merge(OmegaConf.structured(DataConfig), {k: v for k, v in preset.items() if k != "root"},
                                {"root": root})
@@ -90,7 +95,7 @@ def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     calls it: the probes on all ranks, then the diagnostics on rank 0, which returns everything (the other ranks
     return the probes' numbers).
     """
-    with cpu_threads(cfg, resolve_device(cfg.cluster.device)):  # the training's thread count (vitsinks.data)
+    with cpu_threads(cfg, resolve_device(cfg.cluster.device)):  # the training's thread count (utils.cpus)
         out = probes(cfg, run_dir)
         if rank_world()[0] != 0:
             return out
@@ -103,13 +108,13 @@ def probes(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The linear probe (the training data) and the dense probe (`dense_data(cfg)`) of a run's `last.pt`."""
     run = RunDir(run_dir)
     out: dict[str, Any] = {}
-    ev = OmegaConf.merge(cfg, {"ckpt": str(run.last)})
+    ev = cast(DictConfig, OmegaConf.merge(cfg, {"ckpt": str(run.last)}))  # a DictConfig merged with a mapping
     if cfg.data.num_classes == 0:  # e.g. the sink tasks' per-patch targets
         if rank_world()[0] == 0:
             print(f"linear probe skipped: data={cfg.data.name} has no class labels")
     else:
-        out["linear"] = linear.run(ev, cfg.data)["best"]
+        out["linear"] = linear_probe(ev, cfg.data)["best"]
     data = dense_data(cfg)
     if data is not None:
-        out["dense"] = {k: v for k, v in dense.run(ev, data).items() if k in ("mIoU", "pixel_acc", "data")}
+        out["dense"] = {k: v for k, v in dense_probe(ev, data).items() if k in ("mIoU", "pixel_acc", "data")}
     return out

@@ -21,6 +21,7 @@ from vitsinks.run.pipeline import train_and_evaluate
 from vitsinks.train.trainer import Trainer
 from vitsinks.utils.distributed import cleanup
 from vitsinks.utils.errors import BadValue
+from vitsinks.utils.registry import import_plugins
 
 MIN_WORK_S = 60  # a job must be able to train at least this long before its time-limit signal
 
@@ -104,6 +105,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
         cfg = OmegaConf.create(config)
+        import_plugins(cfg.get("plugins") or [])  # what they register (a data set, an objective), in this process too
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         trainer = Trainer(cfg)
         sig = preemption_signal()
@@ -158,7 +160,7 @@ def job_state(job_id: str, folder: Path, run: dict[str, Any] | None = None) -> s
 
 def log_tail(job_id: str, folder: Path, lines: int = 15) -> str:
     """Last lines of a job's stderr (submitit log), or '' when there is none."""
-    job = submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id)
+    job: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id)
     for path in (job.paths.stderr, job.paths.stdout):
         if path.exists():
             return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

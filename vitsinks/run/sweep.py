@@ -1,13 +1,10 @@
-"""Sweeps: expanding `-m` overrides, the `sweep.json` manifest, and the state of each run."""
+"""Sweeps: expanding `-m` overrides, and the state of each run (the `sweep.json` manifest: `utils.runstate`)."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import itertools
 import re
-import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +12,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.inputs import quote_unicode, unicode_fix
 from vitsinks.configs.upgrade import upgrade
-from vitsinks.train.tracking import read_metrics
+from vitsinks.configs.user_inputs import quote_unicode, unicode_fix
 from vitsinks.utils import files
-from vitsinks.utils.errors import ConfigError, InputNotFound
+from vitsinks.utils.errors import ConfigError
+from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.rundir import RunDir
+from vitsinks.utils.runstate import lock_held, locked_here
 from vitsinks.utils.safeload import torch_load
 
 # Overrides already in the default run name `<exp>-<size>-<data>-s<seed>`, or that do not change what a run computes.
@@ -105,35 +103,6 @@ def run_state(run_dir: Path) -> dict[str, Any]:
     return info
 
 
-def lock_held(run: RunDir) -> bool | None:
-    """Whether a process holds the run's lock (`<run>/.lock`, flocked by the process that trains it), probed with a
-    shared lock taken and dropped at once (nothing is written); None where it cannot tell (no flock there, no
-    permission)."""
-    try:
-        with run.lock_file.open("rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
-    except FileNotFoundError:
-        return False  # never locked: no process trains it
-    except OSError:
-        return None
-
-
-def locked_here(run: RunDir) -> bool:
-    """Whether the run's last writer ran on this machine (its `.lock` records `pid N on <host>`), where the lock probe
-    can see it: flock may be local to a node (Lustre -o localflock), so a run of another node is never called killed
-    from here."""
-    try:
-        said = run.lock_file.read_text().strip()
-    except OSError:
-        return True  # never locked: nothing can hold it anywhere
-    return not said or said.endswith(f" on {socket.gethostname()}")
-
-
 def last_checkpoint_step(run: RunDir) -> int | None:
     """The step of the newest checkpoint of `run` that reads (its tensors mapped, not read), or None."""
     for path in run.resume_candidates():
@@ -176,18 +145,6 @@ def carry_over(old: dict[str, Any] | None, entries: list[dict[str, Any]], todo: 
         meta["earlier_array_job_ids"] = [*old.get("earlier_array_job_ids", []), old["array_job_id"]] if todo \
             and cluster == "slurm" else old.get("earlier_array_job_ids", [])
     return meta
-
-
-def write_manifest(path: Path, entries: list[dict[str, Any]], **meta: Any) -> None:
-    files.write_json(path, {"updated": time.strftime("%Y-%m-%d %H:%M:%S"), **meta, "runs": entries})
-
-
-def read_manifest(sweep: str | Path) -> dict[str, Any]:
-    path = Path(sweep)
-    path = path / "sweep.json" if path.is_dir() else path
-    if not path.is_file():
-        raise InputNotFound(f"no sweep manifest at {path}: pass the folder printed when the sweep was launched")
-    return files.read_json(path, "relaunch the sweep (python -m vitsinks.launch -m ...)")
 
 
 def entry(index: int, overrides: list[str], cfg: DictConfig) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What vitsinks wrote in a run folder, removed when a derived run is replaced (`trainfree.derive` with
+"""What vitsinks wrote in a run folder, removed when a derived run is replaced (`run.derive` with
 `trainfree.overwrite=true`, and `quantize` again): the results of the old edit go, the user's files stay.
 
 Removed: `config.yaml` (last: a replacement cut short leaves a run still known as derived), `status.json`,

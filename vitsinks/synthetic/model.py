@@ -7,12 +7,13 @@ attention and the diagnostics see it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from vitsinks.models import SinkBlock
+from vitsinks.models.seam import Backbone, Block
 from vitsinks.models.vit import NoMLP
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -49,6 +50,15 @@ class SeqModel(nn.Module):
         for blk in self.blocks:
             h = blk(h, is_causal=self.causal)
         return self.head(h)
+
+    def backbone(self, num_prefix: int = 0) -> Backbone:
+        """The model as the interventions and diagnostics read it (`vitsinks.models.seam.Backbone`, `causal` as the
+        model is): features -> tokens (`embed`), its blocks, `head` as the readout; `num_prefix` (0 or 1) leading
+        tokens (the BOS of the NOP task) are no content, counted as the [CLS] slot. Evaluation mode."""
+        self.eval()
+        blocks = cast("list[Block]", list(self.blocks))
+        return Backbone(self, "sequence", blocks, self.embed, self.head, num_cls=int(num_prefix), name="sequence model",
+                        causal=self.causal)
 
 
 def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: int, lr: float = 3e-3,

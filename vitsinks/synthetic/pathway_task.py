@@ -92,6 +92,8 @@ class BroadcastToy(nn.Module):
     `attention_updates` holds each layer's attention update W_O A V of the last forward pass run with gradients
     (what the penalty needs)."""
 
+    blocks: Any  # an nn.ModuleList of `SinkBlock`s (block 0's norm1 a `PositionThenNorm`), read by name
+
     def __init__(self, pathway: bool, dim: int = DIM, length: int = LENGTH, state_dim: int = STATE_DIM) -> None:
         super().__init__()
         blocks = [SinkBlock(dim, 1, mlp_ratio=4.0, qkv_bias=False, proj_bias=False, norm_layer=nn.LayerNorm,
@@ -198,7 +200,8 @@ def train_arm(arm: str, seed: int, steps: int, batch: int, lr: float, weight_dec
 @contextmanager
 def without_pathway(block: SinkBlock) -> Iterator[SinkBlock]:
     """The block with its global pathway removed (restored on exit)."""
-    pathway, block.pathway = block.pathway, None
+    pathway = block.pathway
+    block.pathway = None  # type: ignore[assignment]  # nn.Module.__setattr__ is typed without None, which it takes
     try:
         yield block
     finally:

@@ -18,16 +18,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from vitsinks.diagnostics import classify, diagnose_tokens, events, spectrum
 from vitsinks.diagnostics.fields import qk_singular_values
+from vitsinks.models import SinkBlock
 from vitsinks.models.layout import KeyLayout
-from vitsinks.synthetic.model import SeqModel, train
+from vitsinks.synthetic.model import Batch, SeqModel, train
 from vitsinks.synthetic.pathway_task import run_broadcast_pathway
 
 CONTENT = 8  # content dimension of every task
@@ -36,7 +38,7 @@ CONTENT = 8  # content dimension of every task
 TRIGGER_KINDS: tuple[str, ...] = ("softmax", "relu")
 
 
-def trigger_batch(gen: torch.Generator, batch: int = 128, length: int = 16):
+def trigger_batch(gen: torch.Generator, batch: int = 128, length: int = 16) -> Batch:
     """Features: content (8), is_bos, is_trigger. Loss weight 0 on BOS (its output is unconstrained)."""
     x = torch.zeros(batch, length, CONTENT + 2)
     x[:, 1:-1, :CONTENT] = torch.randn(batch, length - 2, CONTENT, generator=gen)
@@ -51,7 +53,7 @@ def trigger_batch(gen: torch.Generator, batch: int = 128, length: int = 16):
 
 
 def nop_batch(gen: torch.Generator, batch: int = 128, length: int = 20, control: bool = False,
-              aligned_frac: float = 0.97):
+              aligned_frac: float = 0.97) -> Batch:
     """Features: content (8), is_bos. e = first axis. Every token has random content orthogonal to e; aligned
     tokens add 3e. Target: aligned tokens unchanged, the others plus the mean of the random content (control:
     every token updated)."""
@@ -72,7 +74,7 @@ def nop_batch(gen: torch.Generator, batch: int = 128, length: int = 20, control:
     return x, y, w
 
 
-def broadcast_batch(gen: torch.Generator, batch: int = 128, length: int = 16):
+def broadcast_batch(gen: torch.Generator, batch: int = 128, length: int = 16) -> Batch:
     """Features: content (8), is_source. Target: every token plus the source's content."""
     x = torch.zeros(batch, length, CONTENT + 1)
     x[..., :CONTENT] = torch.randn(batch, length, CONTENT, generator=gen)
@@ -84,10 +86,11 @@ def broadcast_batch(gen: torch.Generator, batch: int = 128, length: int = 16):
 
 
 def _diagnose(model: SeqModel, x: torch.Tensor) -> dict[str, np.ndarray]:
+    blocks = cast("list[SinkBlock]", list(model.blocks))  # a `SeqModel`'s
     with torch.no_grad():
-        d = diagnose_tokens(model.blocks, model.embed(x), causal=model.causal)
-    d.update(spectrum(model.blocks))
-    d.update(KeyLayout(0, x.shape[1] - 1, model.blocks[0].attn.extra_keys).fields())  # a sequence: no registers
+        d = diagnose_tokens(blocks, model.embed(x), causal=model.causal)
+    d.update(spectrum(blocks))
+    d.update(KeyLayout(0, x.shape[1] - 1, blocks[0].attn.extra_keys).fields())  # a sequence: no registers
     return d
 
 
@@ -96,13 +99,13 @@ def _attention(model: SeqModel, x: torch.Tensor) -> list[torch.Tensor]:
     the model's own forward."""
     maps, h = [], model.embed(x)
     with torch.no_grad():
-        for blk in model.blocks:
+        for blk in cast("Iterable[SinkBlock]", model.blocks):  # a `SeqModel`'s
             h, it = blk.forward_explicit(h, causal=model.causal)
             maps.append(it.attn)
     return maps
 
 
-def _rel_error(model: SeqModel, batch_fn, seed: int = 123) -> float:
+def _rel_error(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], seed: int = 123) -> float:
     """Test error relative to the target's energy, on fresh sequences."""
     x, y, w = batch_fn(torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -160,7 +163,7 @@ def run_nop(steps: int = 1500, seed: int = 0) -> dict[str, Any]:
         x, _, _ = batch(torch.Generator().manual_seed(7))
         d = _diagnose(model, x)
         ev, cls = events(d), classify(d)
-        attn = model.blocks[0].attn
+        attn = cast(SinkBlock, model.blocks[0]).attn
         out["models"][name] = {
             "final_loss": curve[-1], "task_rel_error": _rel_error(model, batch),
             "sink_event_rate": float(ev.mean()), "sink_on_bos_rate": float((ev & (d["sink_idx"] == 0)).mean()),

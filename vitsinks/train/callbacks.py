@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vitsinks.backbones import adapt
 from vitsinks.diagnostics import fixed_images, run_diagnostics
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.utils.distributed import all_reduce_sum, gather_objects
@@ -89,8 +90,9 @@ class StepMetrics(Callback):
         trainer.log(metrics)
         trainer.last_metrics = metrics
         shown = metrics.get(trainer.objective.bar_metric) if trainer.objective.bar_metric else None
+        acc: dict[str, Any] = {} if shown is None else {"acc": f"{shown:.2f}"}
         self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{metrics['img_per_s']:.0f}",
-                             wait=f"{metrics['data_wait']:.0%}", **({} if shown is None else {"acc": f"{shown:.2f}"}))
+                             wait=f"{metrics['data_wait']:.0%}", **acc)
 
     def close(self, trainer: Trainer) -> None:
         if self.bar is not None:
@@ -158,7 +160,7 @@ class Diagnostics(Callback):
                 continue
             if step == trainer.progress.step:
                 print(f"redoing the diagnosis of step {step}, which was interrupted", flush=True)
-                self.diagnose(trainer, trainer.model.backbone, folder)
+                self.diagnose(trainer, trainer.backbone, folder)
             elif (path := run.step_checkpoint(step)).is_file():
                 print(f"redoing the diagnosis of step {step}, which was interrupted, from {path.name}", flush=True)
                 try:
@@ -175,7 +177,7 @@ class Diagnostics(Callback):
         run = trainer.rundir
         out = run.step_diagnostics(trainer.progress.step)
         if trainer.cfg.diagnostics.enabled and not run.summary(out.name).exists():
-            self.diagnose(trainer, trainer.model.backbone, out)
+            self.diagnose(trainer, trainer.backbone, out)
 
     def diagnose(self, trainer: Trainer, backbone: torch.nn.Module, out: Path) -> None:
         """Diagnose `backbone` into `out` on the run's fixed validation images. A diagnosis that cannot be made (its
@@ -183,10 +185,10 @@ class Diagnostics(Callback):
         d, cfg = trainer.cfg.diagnostics, trainer.cfg
         if self.images is None:
             self.images = fixed_images(trainer.val_set, d.n_images, cfg.views.global_size, cfg.data.on_bad_image,
-                                       cfg.protocol)
+                                       cfg.selection)
         images, shown, index = self.images
         try:
-            run_diagnostics(backbone, images, shown, out, d, index, cfg.protocol)
+            run_diagnostics(adapt(backbone), images, shown, out, d, index, cfg.selection)
         except BadValue as err:
             print(f"warning: {out.name} not diagnosed: {err} (python -m vitsinks.diagnose run={trainer.run_dir} "
                   f"diagnoses it later)", flush=True)

@@ -1,5 +1,9 @@
 """Checkpoints: the one loader (training state, backbone, resume candidates), the atomic writer that refuses
-non-finite weights, and the check that a checkpoint fits the run."""
+non-finite weights, the check that a checkpoint fits the run, and the classifier stored beside a backbone.
+
+A derived run's checkpoint (`vitsinks.trainfree`: a post-hoc edit of a trained backbone) names its edit and holds its
+fitted state; the post-hoc methods sit above the training code, so the loader is handed the function that puts the
+edit back (`reapply`: `vitsinks.trainfree.reapply`, which `vitsinks.run.source` passes)."""
 
 from __future__ import annotations
 
@@ -7,18 +11,19 @@ import os
 import random
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
-import vitsinks.quant  # noqa: F401 - registers the quantization's post-hoc edit (w8a8-derived checkpoints load)
 from vitsinks.configs.upgrade import upgrade
 from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, variant_name
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
-from vitsinks.trainfree import method as trainfree_method
+from vitsinks.objectives.lejepa import online_probe
 from vitsinks.utils import files
 from vitsinks.utils.distributed import gather_objects
 from vitsinks.utils.errors import BadValue, InputNotFound, NonFinite
@@ -57,7 +62,8 @@ def numpy_state(legacy: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _numpy_state() -> dict[str, Any]:
-    return numpy_state(np.random.get_state())
+    # the legacy tuple (get_state's default); numpy's stubs type the default call as legacy=False
+    return numpy_state(cast(tuple[Any, ...], np.random.get_state()))
 
 
 def _set_numpy_state(state: dict[str, Any]) -> None:
@@ -120,9 +126,14 @@ def _ranks(lo: int, hi: int) -> str:
     return f"rank {lo}" if hi - lo == 1 else f"ranks {lo}-{hi - 1}"
 
 
-def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, DictConfig]:
+Reapply = Callable[[SinkViT, str, dict[str, Any]], SinkViT]  # (model, method name, fitted state) -> the edited model
+
+
+def backbone_from_state(state: dict[str, Any], path: Path,
+                        reapply: Reapply | None = None) -> tuple[SinkViT, DictConfig]:
     """The backbone and run configuration of a loaded vitsinks checkpoint (`path` names it in errors); refuses
-    non-finite weights."""
+    non-finite weights. A derived run's post-hoc edit is put back by `reapply`; without it, a derived run is refused
+    (its model would be read without its edit)."""
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         raise BadValue(f"{path} is not a vitsinks training checkpoint (no config/model inside): pass "
                        f"runs/<name>/checkpoints/last.pt, or model.pretrained=<file> for a plain state dict")
@@ -135,16 +146,36 @@ def backbone_from_state(state: dict[str, Any], path: Path) -> tuple[SinkViT, Dic
         if "trainfree" not in state:
             raise BadValue(f"{path} names the post-hoc edit {cfg.trainfree.method} but holds no fitted state: "
                            f"derive it again (python -m vitsinks.trainfree)")
-        model = trainfree_method(str(cfg.trainfree.method)).apply(model, state["trainfree"])
+        if reapply is None:
+            raise BadValue(f"{path} is a derived run ({cfg.trainfree.method} of {cfg.trainfree.source}): read it "
+                           f"through a command (ckpt=...) or vitsinks.run.source.open_model, which put its edit back")
+        model = reapply(model, str(cfg.trainfree.method), state["trainfree"])
     return model, cfg
 
 
-def load_backbone(path: Path) -> tuple[SinkViT, DictConfig]:
-    """The backbone of a vitsinks checkpoint file, built from the configuration stored in it."""
+def load_backbone(path: str | Path, reapply: Reapply | None = None) -> tuple[SinkViT, DictConfig]:
+    """The backbone of a vitsinks checkpoint file, built from the configuration stored in it (a derived run's edit
+    put back by `reapply`, `backbone_from_state`)."""
     path = Path(path)
     if not path.is_file():
         raise InputNotFound(f"checkpoint {path} not found")
-    return backbone_from_state(load(path), path)
+    return backbone_from_state(load(path), path, reapply)
+
+
+def classifier_from_state(state: dict[str, torch.Tensor]) -> nn.Module | None:
+    """The linear classifier stored beside a vitsinks backbone in a checkpoint's `model` state: LeJEPA's online probe
+    (`probe.*`) or the supervised objective's head (`head.*`); None when the checkpoint has neither."""
+    if "probe.1.weight" in state:
+        classes, dim = state["probe.1.weight"].shape
+        module: nn.Module = online_probe(dim, classes)
+        prefix = "probe."
+    elif "head.weight" in state:
+        classes, dim = state["head.weight"].shape
+        module, prefix = nn.Linear(dim, classes), "head."
+    else:
+        return None
+    module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    return module
 
 
 WEIGHTS_ONLY = "weights_only"  # the key that marks a weights-only snapshot

@@ -32,7 +32,9 @@ def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
     `decay_all` on every parameter (the reference's: its second group decays too, so checkpoints of either setting
     have the same groups); an online probe (the parameters named with one of `probe_prefixes`) apart with its own
     learning rate and weight decay `probe_wd`; frozen parameters left out."""
-    decay, no_decay, probe = [], [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    probe: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

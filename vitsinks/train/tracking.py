@@ -7,13 +7,14 @@ import json
 import netrc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from vitsinks.configs.schema import WandbConfig
 from vitsinks.utils import files
+from vitsinks.utils.metrics_log import RERUN
 from vitsinks.utils.rundir import RunDir
 
-RERUN = "delete it and relaunch the run (its curves then start at the resumed step)"  # the fix for a torn file
+WandbMode = Literal["online", "offline", "disabled"]  # what `wandb_mode` gives (WANDB_MODE: wandb checks it)
 
 
 def wandb_mode(cfg: WandbConfig) -> str:
@@ -52,7 +53,7 @@ class Tracker:
             import wandb
 
             self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=name, id=_wandb_id(name, run_dir),
-                                  dir=str(run_dir), mode=mode, config=config, resume="allow",
+                                  dir=str(run_dir), mode=cast(WandbMode, mode), config=config, resume="allow",
                                   settings=wandb.Settings(console="off", silent=True))
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -80,9 +81,3 @@ def _wandb_id(name: str, run_dir: Path) -> str:
     digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:48] + "-" + digest
 
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All metric lines of a run (a torn last line, from a kill mid-append, dropped); a bad line elsewhere is a
-    `files.BadFile`."""
-    path = RunDir(run_dir).metrics
-    return files.read_jsonl(path, RERUN) if path.exists() else []

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -21,17 +21,20 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from vitsinks.configs.schema import to_container
-from vitsinks.data import build_dataset, compute_threads, cpu_threads, loader_workers, num_classes
+from vitsinks.configs.upgrade import saved
+from vitsinks.data import build_dataset, num_classes
+from vitsinks.data.crops import EpochSampler, sample_seed
 from vitsinks.data.loading import device_batches, train_loader
-from vitsinks.data.views import EpochSampler, sample_seed
-from vitsinks.models import model_from_config, run_variant
+from vitsinks.models import SinkViT, model_from_config, run_variant
 from vitsinks.objectives import Runtime, build_objective
 from vitsinks.train import checkpoint as ckpt
 from vitsinks.train.callbacks import Callback, OnStep, default_callbacks
 from vitsinks.train.optim import build_optimizer, load_optimizer_state
-from vitsinks.train.tracking import Tracker, read_metrics
+from vitsinks.train.tracking import Tracker
+from vitsinks.utils.cpus import compute_threads, cpu_threads, loader_workers
 from vitsinks.utils.distributed import DistInfo, all_reduce_max, all_reduce_sum, init_distributed
 from vitsinks.utils.errors import ConfigError, NonFinite
+from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.rundir import RunDir
 
 
@@ -105,7 +108,8 @@ class Trainer:
         self.num_classes = num_classes(base)
         self.train_set = self.objective.train_samples(base)
         self.objective.watch(base, self.num_classes)  # the monitors' k-NN bank: training images
-        self.sampler = EpochSampler(len(base), cfg.train.batch_size, cfg.seed, self.dist.rank, self.dist.world)
+        self.sampler = EpochSampler(len(base), cfg.train.batch_size,  # type: ignore[arg-type]  # a sized Dataset
+                                    cfg.seed, self.dist.rank, self.dist.world)
         # CPU training's compute threads (`compute_threads`): part of what a bit-identical rerun needs
         self.cpu_threads = compute_threads(cfg.train.cpu_threads, loader_workers(cfg.data.num_workers))
         self.total_steps = self.sampler.batches_per_epoch * cfg.train.epochs
@@ -116,10 +120,9 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.sampler.batches_per_epoch,
                                                          self.total_steps, self.objective.probe_prefixes, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # bf16 needs no loss scaling
-        backbone = self.model.backbone
-        backbone.set_grad_checkpointing(cfg.train.grad_checkpointing)
+        self.backbone.set_grad_checkpointing(cfg.train.grad_checkpointing)
         if cfg.train.compile:  # each block in place, before DDP: parameter names, hooks and state dicts stay eager's
-            for block in backbone.blocks:
+            for block in self.backbone.blocks:
                 block.compile()
         self.net: torch.nn.Module = self.model
         if self.dist.world > 1:
@@ -146,6 +149,11 @@ class Trainer:
         self.last_metrics: dict[str, Any] = {}  # the last logged step metrics (and final validation): the summary
         self.bad_local = 0  # unreadable training images met by this rank in this fit
 
+    @property
+    def backbone(self) -> SinkViT:
+        """The ViT being trained: the backbone of the objective's model (`Objective.build_model`)."""
+        return cast(SinkViT, self.model.backbone)
+
     # ---- state -------------------------------------------------------------------------------------------------
 
     def state_dict(self, rng_by_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -161,7 +169,7 @@ class Trainer:
             "rng": rngs[0],
             "rng_by_rank": rngs,
             "progress": asdict(self.progress),
-            "config": to_container(self.cfg),
+            "config": saved(self.cfg),
             "variant": run_variant(self.cfg),
             **({"objective": extra} if extra else {}),
         }
@@ -323,7 +331,7 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         self.resume()
-        self.rundir.start(self.cfg)
+        self.rundir.start(saved(self.cfg))
         self.write_status("running")
         p = self.progress
         self._first_bad.fill_(ALL_FINITE)

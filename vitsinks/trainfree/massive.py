@@ -1,7 +1,8 @@
 """Massive activations fixed post hoc (Sun et al. 2024, "Massive Activations in Large Language Models": their
 set-to-mean / set-to-zero intervention, not their Fix-Reg-Mean of registers; docs/trainfree.md): at the block where
 they appear, the largest channels of the residual stream set, at each image's massive token, to their mean over the
-fit images (`mean_massive`) or to 0 (`zero_massive`). No existence threshold: the largest channels are edited."""
+fit images (`mean_massive`) or to 0 (`zero_massive`). No existence threshold: the largest channels are edited. On any
+model through its `Backbone`: the edit is made at the end of the block's MLP branch (`Block.mlp_out`)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,27 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from vitsinks.configs.schema import TrainFreeConfig
 from vitsinks.diagnostics.residual import block_stats, finite_norms
-from vitsinks.models import SinkBlock, SinkViT
 from vitsinks.models.passes import block_outputs_by_batch
-from vitsinks.trainfree.base import TrainFreeMethod, register_method
+from vitsinks.models.seam import Backbone, Block
+from vitsinks.trainfree.applied import record, refuse_twice
+from vitsinks.trainfree.method import METHODS, TrainFreeMethod
 from vitsinks.utils.errors import BadValue
 
 ONSET = 0.5  # the massive block: the first whose top / median ratio reaches this share of the largest one
 
 
 @torch.no_grad()
-def block_peaks(model: SinkViT, images: torch.Tensor,
+def block_peaks(backbone: Backbone, images: torch.Tensor,
                 batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per image and block output h (tokens x channels): `top` (n, L) the largest |h| and `median` (n, L) the
     median |h| (the lower middle value), both from `residual.block_stats` as the summary's `top_activations`, and per
     channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` (n, L, D) the signed h at that token (the
     channel's massive token)."""
-    return peaks_of(block_outputs_by_batch(model, images, batch_size))
+    return peaks_of(block_outputs_by_batch(backbone, images, batch_size))
 
 
 @torch.no_grad()
@@ -71,11 +74,12 @@ def massive_state(top: torch.Tensor, median: torch.Tensor, peak_abs: torch.Tenso
 ForwardHook = Callable[..., Any]
 
 
-def fix_channels(blk: SinkBlock, channels: list[int], values: list[float]) -> None:
+def fix_channels(blk: Block, channels: list[int], values: list[float]) -> list[RemovableHandle]:
     """Hooks on `blk` that set, per image, each channel of `channels` of the block's output at its massive token (the
-    token with the largest |h| in that channel) to the matching `values`. The edit is made on the MLP branch's
-    output (`drop_path2`) from the block's mid-point (`norm2`'s input), which both the block's own forward and its
-    explicit recomputation (`forward_explicit`, the diagnostics) run through."""
+    token with the largest |h| in that channel) to the matching `values`. The edit is made on the output of the MLP
+    branch (`blk.mlp_out()`: a `SinkBlock`'s `drop_path2`, after any LayerScale) from the block's mid-point (`norm2`'s
+    input), which both the block's own forward and its explicit recomputation (`forward_explicit`, the diagnostics)
+    run through. Returns the hooks' handles."""
     ch = torch.tensor(channels, dtype=torch.long)
     target = torch.tensor(values, dtype=torch.float64)
     seen: dict[str, torch.Tensor] = {}
@@ -93,8 +97,7 @@ def fix_channels(blk: SinkBlock, channels: list[int], values: list[float]) -> No
         out[rows, token, i[None, :]] += target.to(out) - current
         return out
 
-    blk.norm2.register_forward_pre_hook(keep_mid)
-    blk.drop_path2.register_forward_hook(edit)
+    return [blk.norm2.register_forward_pre_hook(keep_mid), blk.mlp_out().register_forward_hook(edit)]
 
 
 class MassiveFix(TrainFreeMethod):
@@ -105,22 +108,24 @@ class MassiveFix(TrainFreeMethod):
     to_zero: ClassVar[bool] = False
 
     @classmethod
-    def fit(cls, model: SinkViT, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
-        return massive_state(*block_peaks(model, images), int(settings.massive))
+    def fit(cls, backbone: Backbone, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
+        return massive_state(*block_peaks(backbone, images), int(settings.massive))
 
     @classmethod
-    def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
+    def apply(cls, backbone: Backbone, state: dict[str, Any]) -> Backbone:
+        refuse_twice(backbone, "massive")
         block, channels = int(state["block"]), [int(c) for c in state["channels"]]
-        if not 0 <= block < len(model.blocks) or not all(0 <= c < model.embed_dim for c in channels):
+        depth = len(backbone.blocks)
+        width = int(backbone.blocks[0].attn.proj.weight.shape[0]) if depth else 0
+        if not 0 <= block < depth or not all(0 <= c < width for c in channels):
             raise BadValue(f"the fitted massive activations (block {block}, channels {channels}) are not in this "
-                           f"{len(model.blocks)}-block, {model.embed_dim}-wide model: the state belongs to another "
-                           f"architecture")
+                           f"{depth}-block, {width}-wide model: the state belongs to another architecture")
         values = [0.0] * len(channels) if cls.to_zero else [float(v) for v in state["means"]]
-        fix_channels(model.blocks[block], channels, values)
-        return model
+        record(backbone, "massive", fix_channels(backbone.blocks[block], channels, values))
+        return backbone
 
 
-@register_method
+@METHODS.register
 class MeanMassive(MassiveFix):
     """The massive activations set to their fitted mean (Sun et al.: the model keeps its accuracy)."""
 
@@ -128,7 +133,7 @@ class MeanMassive(MassiveFix):
     label = "mean-fixed massive activations"
 
 
-@register_method
+@METHODS.register
 class ZeroMassive(MassiveFix):
     """The massive activations set to 0 (Sun et al.: the model breaks down)."""
 

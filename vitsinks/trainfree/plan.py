@@ -17,10 +17,11 @@ import time
 import torch
 from omegaconf import DictConfig
 
+from vitsinks.data.datasets import with_masks
 from vitsinks.data.sinktasks import is_sink_task
 from vitsinks.eval.dense_protocols import resolve
 from vitsinks.models import SinkViT
-from vitsinks.run.pipeline import SEGMENTATION_DATA
+from vitsinks.models.seam import Backbone
 
 OVERHEAD = 4.0  # the probes' wall time / their images' forward time, measured on the first run's checkpoint
 FASHION_MNIST = (60000, 10000)  # its train / val images
@@ -42,21 +43,23 @@ def capped(n: int | None, cap: int | None) -> int | None:
 def probe_images(cfg: DictConfig) -> dict[str, tuple[str, int | None, int | None]]:
     """Probe -> (its data's name, train images, val images) of the probes `cfg` (a run's config) runs."""
     e = cfg.eval
-    out = {}
+    out: dict[str, tuple[str, int | None, int | None]] = {}
     if cfg.data.num_classes != 0:  # as `run.pipeline.probes`: data without class labels gets no linear probe
-        out["linear"] = (str(cfg.data.name), *(capped(n, c) for n, c in zip(
-            split_sizes(cfg.data), (e.max_train_images, e.max_val_images), strict=True)))
+        train, val = (capped(n, c) for n, c in zip(
+            split_sizes(cfg.data), (e.max_train_images, e.max_val_images), strict=True))
+        out["linear"] = (str(cfg.data.name), train, val)
     dense = str(e.dense_data or cfg.data.name)
-    if dense in SEGMENTATION_DATA:
+    if dense in with_masks():
         sizes = split_sizes(cfg.data, dense=True) if dense == cfg.data.name else (None, None)
         out["dense"] = (dense, capped(sizes[0], e.max_train_images), capped(sizes[1], e.max_val_images))
     return out
 
 
 @torch.no_grad()
-def forward_s_per_image(model: SinkViT, batch: int = 64) -> float:
-    """Seconds per image of one forward pass of `model` (eval mode, on its device): one warm-up batch, one timed."""
-    size = model.patch_embed.img_size
+def forward_s_per_image(model: SinkViT | Backbone, batch: int = 64, side: int | None = None) -> float:
+    """Seconds per image of one forward pass of `model` (eval mode, on its device) on `side` px images (default its
+    own size): one warm-up batch, one timed."""
+    size = (side, side) if side else model.patch_embed.img_size  # type: ignore[union-attr]
     x = torch.randn(batch, 3, *size, device=next(model.parameters()).device)
     model.forward_features(x)
     start = time.perf_counter()
@@ -64,13 +67,13 @@ def forward_s_per_image(model: SinkViT, batch: int = 64) -> float:
     return (time.perf_counter() - start) / batch
 
 
-def describe(cfg: DictConfig, model: SinkViT, skip: str) -> str:
-    """One line: the probes `cfg` runs on `model`, their images, a rough time, and `skip` (the switch that skips
-    them)."""
+def describe(cfg: DictConfig, model: SinkViT | Backbone, skip: str, side: int | None = None) -> str:
+    """One line: the probes `cfg` runs on `model` (of `side` px inputs, default its own size), their images, a rough
+    time, and `skip` (the switch that skips them)."""
     if not probe_images(cfg):
         return f"no probes to run: data={cfg.data.name} has no class labels and no masks"
     parts, forwards, known = [], 0.0, True
-    side = model.patch_embed.img_size[0]
+    side = side or model.patch_embed.img_size[0]  # type: ignore[union-attr]
     for probe, (data, train, val) in probe_images(cfg).items():
         what = f"{probe} ({data}, {'?' if train is None else train} train + {'?' if val is None else val} val images"
         passes = (1.0, 1.0)  # each image through the backbone once (cached features)
@@ -85,7 +88,7 @@ def describe(cfg: DictConfig, model: SinkViT, skip: str) -> str:
         parts.append(what + ")")
         known = known and train is not None and val is not None
         forwards += (train or 0) * passes[0] + (val or 0) * passes[1]
-    seconds = forwards * forward_s_per_image(model) * OVERHEAD
+    seconds = forwards * forward_s_per_image(model, side=side) * OVERHEAD
     rough = (f"roughly {max(1, round(seconds / 60))} min here" if known else
              "time: the whole split of an image folder (eval.max_train_images= / eval.max_val_images= cap it)")
     return f"probes to run: {'; '.join(parts)}: {rough}; {skip} skips them"

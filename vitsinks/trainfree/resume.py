@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.configs.posthoc import QuantConfig, TrainFreeConfig
-from vitsinks.trainfree.base import METHODS, TrainFreeMethod
+from vitsinks.configs.posthoc_schema import QuantConfig, TrainFreeConfig
+from vitsinks.trainfree.method import METHODS, TrainFreeMethod
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.rundir import RunDir
@@ -27,7 +27,9 @@ DEFAULTS = {"trainfree": TrainFreeConfig(), "quant": QuantConfig()}  # a group's
 
 def edit_settings(group: Any) -> dict[str, Any]:
     """The settings of the edit in a method's config `group` (`trainfree` or `quant`): every key but `SKIPPED`."""
-    tree = OmegaConf.to_container(group, resolve=True) if isinstance(group, DictConfig) else dict(group or {})
+    # a DictConfig's container is a dict
+    tree = (cast(dict[str, Any], OmegaConf.to_container(group, resolve=True)) if isinstance(group, DictConfig)
+            else dict(group or {}))
     return {k: v for k, v in tree.items() if k not in SKIPPED}
 
 
@@ -91,7 +93,8 @@ def describe(said: dict[str, Any]) -> str:
 def finish_command(run: RunDir, cfg: DictConfig) -> str:
     """The command that finishes the derived run `run` whose config is `cfg`: its method's command with the source
     checkpoint and every setting of the edit that is not the default (and the runs folder of a `trainfree` run)."""
-    m = METHODS.get(str(OmegaConf.select(cfg, "trainfree.method")))
+    name = str(OmegaConf.select(cfg, "trainfree.method"))
+    m = METHODS[name] if name in METHODS else None
     source = OmegaConf.select(cfg, "trainfree.source")
     if m is None or not source:
         return f"delete {run.path} and derive it again: its config does not name its edit or source"

@@ -1,8 +1,9 @@
 """Test-time registers (Jiang et al. 2025, docs/trainfree.md): one extra, untrained prefix token, and the register
-neurons' activations moved onto it from the patches."""
+neurons' activations moved onto it from the patches, on any model through its `Backbone`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -11,27 +12,32 @@ import torch
 from torch import nn
 
 from vitsinks.configs.schema import TrainFreeConfig
-from vitsinks.diagnostics.neurons import find_register_neurons, has_mlp
-from vitsinks.models import SinkViT
-from vitsinks.trainfree.base import TrainFreeMethod, register_method
+from vitsinks.diagnostics.neurons import find_register_neurons
+from vitsinks.models.seam import AddedRegister, Backbone
+from vitsinks.trainfree.applied import record, refuse_twice
+from vitsinks.trainfree.method import METHODS, TrainFreeMethod
 from vitsinks.utils.errors import BadValue
 
 
-def add_register(model: SinkViT) -> int:
-    """Append one register to the prefix of `model` ([CLS], its trained registers, then this one), zero and
-    without position embedding; `num_reg_tokens` / `num_prefix_tokens` / `reg_token` follow. Returns its index."""
-    r, dim = model.num_reg_tokens, model.embed_dim
-    ref = model.cls_token
-    zero = torch.zeros(1, 1, dim, device=ref.device, dtype=ref.dtype)
-    reg = zero if model.reg_token is None else torch.cat([model.reg_token.detach(), zero], dim=1)
-    model.reg_token = nn.Parameter(reg)
-    if model.pos_embed is not None and model.register_pos_embed:
-        # timm's layout (the position embedding covers [CLS] + registers + patches): a zero row, i.e. none
-        pe = model.pos_embed.detach()
-        model.pos_embed = nn.Parameter(torch.cat([pe[:, : 1 + r], pe.new_zeros(1, 1, dim), pe[:, 1 + r :]], dim=1))
-    model.num_reg_tokens = r + 1
-    model.num_prefix_tokens += 1
-    return model.num_prefix_tokens - 1
+def with_register(backbone: Backbone, label: str) -> AddedRegister:
+    """`backbone` with one more register after its prefix ([CLS], then its registers), zero and without position
+    embedding: its family's own (`Backbone.add_register`: a `SinkViT` gets it in its parameters, so that its own
+    forward has it too), else inserted by the returned backbone's embedding (the model unchanged). `label` names the
+    edit in the model's name."""
+    if backbone.add_register is not None:
+        return backbone.add_register(label)
+    register, base = backbone.num_prefix, backbone.embed
+    seen = {"n": -1}
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        x = base(images)
+        x = torch.cat([x[:, :register], x.new_zeros(x.shape[0], 1, x.shape[2]), x[:, register:]], dim=1)
+        seen["n"] = x.shape[1]
+        return x
+
+    grown = dataclasses.replace(backbone, embed=embed, num_registers=backbone.num_registers + 1,
+                                name=f"{backbone.name} + {label}")
+    return AddedRegister(grown, lambda: seen["n"], [])
 
 
 ActHook = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
@@ -39,9 +45,9 @@ ActHook = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
 
 def move_to_register(units: list[int], register: int, first_patch: int,
                      tokens: Callable[[], int] | None = None) -> ActHook:
-    """A forward hook for `blk.mlp.act`: each of `units` takes at token `register` its maximum over all tokens of
-    the image, and 0 at every patch token (from `first_patch` on); [CLS] and trained registers keep theirs.
-    `tokens()`: how many tokens the model's embedding made in this forward; a sequence of another length (the
+    """A forward hook for a block's MLP activation module: each of `units` takes at token `register` its maximum over
+    all tokens of the image, and 0 at every patch token (from `first_patch` on); [CLS] and trained registers keep
+    theirs. `tokens()`: how many tokens the model's embedding made in this forward; a sequence of another length (the
     registers dropped) has its register and patches elsewhere, and is refused."""
     idx = torch.tensor(units, dtype=torch.long)
 
@@ -60,11 +66,33 @@ def move_to_register(units: list[int], register: int, first_patch: int,
     return hook
 
 
-@register_method
+def neuron_sites(backbone: Backbone, neurons: Any) -> dict[int, tuple[nn.Module, list[int]]]:
+    """Each block with register neurons among `neurons` ((block, unit) pairs): its MLP activation module and units;
+    a `BadValue` for a neuron that is not in the model (a state fitted on another architecture) or a block without a
+    plain MLP (in -> activation -> out)."""
+    by_block: dict[int, list[int]] = defaultdict(list)
+    depth = len(backbone.blocks)
+    for b, u in neurons:
+        b, u = int(b), int(u)
+        parts = backbone.blocks[b].mlp_parts() if 0 <= b < depth else None
+        if parts is None and 0 <= b < depth:
+            raise BadValue(f"the test-time register's neuron (block {b}, unit {u}) is not in this {depth}-block model: "
+                           f"block {b}'s {type(backbone.blocks[b].mlp).__name__} is no plain MLP (in -> activation -> "
+                           f"out), which register neurons need")
+        if parts is None or not 0 <= u < parts.fc_in.out_features:
+            raise BadValue(f"the test-time register's neuron (block {b}, unit {u}) is not in this {depth}-block "
+                           f"model: the fitted state belongs to another architecture")
+        by_block[b].append(u)
+    return {b: (backbone.blocks[b].mlp_parts().act, units)  # type: ignore[union-attr]
+            for b, units in sorted(by_block.items())}
+
+
+@METHODS.register
 class TestTimeRegister(TrainFreeMethod):
     """fit: the top `settings.neurons` register neurons (over all blocks) on the fit images; apply: one more
-    register and, in every block with register neurons, their activations moved onto it (`move_to_register`). The
-    edited model refuses to run its blocks on fewer tokens than its embedding made (its registers dropped)."""
+    register (`with_register`) and, in every block with register neurons, their activations moved onto it
+    (`move_to_register`). The edited model refuses to run its blocks on another number of tokens than its embedding
+    made (its registers dropped)."""
 
     name = "test_time_register"
     label = "test-time register"
@@ -72,38 +100,18 @@ class TestTimeRegister(TrainFreeMethod):
     __test__ = False  # not a pytest test class
 
     @classmethod
-    def fit(cls, model: SinkViT, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
+    def fit(cls, backbone: Backbone, images: torch.Tensor, settings: TrainFreeConfig | Any) -> dict[str, Any]:
         k = float(settings.outlier_k)
-        ranked = find_register_neurons(model, images, int(settings.neurons), k)
+        ranked = find_register_neurons(backbone, images, int(settings.neurons), k)
         return {"neurons": [[b, u] for b, u, _ in ranked], "scores": [s for _, _, s in ranked], "k": k}
 
     @classmethod
-    def apply(cls, model: SinkViT, state: dict[str, Any]) -> SinkViT:
-        by_block: dict[int, list[int]] = defaultdict(list)
-        for b, u in state["neurons"]:
-            b, u = int(b), int(u)
-            if not (0 <= b < len(model.blocks)) or not has_mlp(model.blocks[b]) \
-                    or not 0 <= u < model.blocks[b].mlp.fc1.out_features:
-                raise BadValue(f"the test-time register's neuron (block {b}, unit {u}) is not in this "
-                               f"{len(model.blocks)}-block model: the fitted state belongs to another architecture")
-            by_block[b].append(u)
-        register = add_register(model)
-        model.edits.append((cls.label, 1))
-        tokens = embedded_tokens(model)
-        for b, units in sorted(by_block.items()):
-            model.blocks[b].mlp.act.register_forward_hook(
-                move_to_register(units, register, model.num_prefix_tokens, tokens))
-        return model
-
-
-def embedded_tokens(model: SinkViT) -> Callable[[], int]:
-    """How many tokens `model`'s embedding made last (a hook on `norm_pre`, the last step of `embed_tokens` and of
-    `forward_features` before the blocks): the length its blocks must see. Before any forward, the count at the
-    model's image size."""
-    seen = {"n": model.tokens_per_image()}
-
-    def keep(_module: nn.Module, _args: Any, out: torch.Tensor) -> None:
-        seen["n"] = out.shape[1]
-
-    model.norm_pre.register_forward_hook(keep)
-    return lambda: seen["n"]
+    def apply(cls, backbone: Backbone, state: dict[str, Any]) -> Backbone:
+        refuse_twice(backbone, cls.name)
+        sites = neuron_sites(backbone, state["neurons"])
+        register = backbone.num_prefix
+        grown = with_register(backbone, cls.label)
+        hooks = [act.register_forward_hook(move_to_register(units, register, register + 1, grown.tokens))
+                 for act, units in sites.values()]
+        record(grown.backbone, cls.name, [*hooks, *grown.handles], view_only=backbone.add_register is None)
+        return grown.backbone

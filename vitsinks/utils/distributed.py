@@ -68,7 +68,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
     if world > 1 and not dist.is_initialized():
-        bound = {"device_id": dev} if dev.type == "cuda" else {}
+        bound: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=PG_TIMEOUT, **bound)
     return DistInfo(rank, world, local_rank, dev)
@@ -128,6 +128,9 @@ class AllReduceBatchNorm1d(nn.BatchNorm1d):
         n = all_reduce_sum(torch.tensor(float(x.shape[0]), device=x.device))
         mean = differentiable_sum(x.sum(0)) / n
         var = differentiable_sum((x - mean).square().sum(0)) / n
+        # running statistics and a momentum: the BatchNorm1d of a projection head, built with its defaults
+        assert self.num_batches_tracked is not None and self.running_mean is not None
+        assert self.running_var is not None and self.momentum is not None
         with torch.no_grad():
             self.num_batches_tracked += 1
             self.running_mean.lerp_(mean.detach(), self.momentum)

@@ -23,7 +23,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -160,7 +160,8 @@ class _Recording:
     RuntimeError ("unexpected pos ..."), hiding that the disk was full."""
 
     def __init__(self, f: IO) -> None:
-        self.f, self.error = f, None
+        self.f = f
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         try:
@@ -185,7 +186,7 @@ def atomic_open(path: Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             recording = _Recording(f) if "b" in mode else None
-            yield recording or f
+            yield cast(IO, recording) if recording else f  # _Recording stands in for the file it wraps
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

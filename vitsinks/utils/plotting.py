@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import matplotlib
 
@@ -20,6 +21,7 @@ if "ipykernel" not in sys.modules and "MPLBACKEND" not in os.environ:
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from vitsinks.utils import files  # noqa: E402
 
@@ -83,7 +85,7 @@ def empty_note(ax: plt.Axes, text: str, clear: bool = True, size: int = 9) -> No
         ax.set_yticks([])
         for side in ax.spines.values():
             side.set_visible(False)
-    width = ax.get_position().width * ax.figure.get_figwidth() * 72  # points
+    width = ax.get_position().width * cast(Figure, ax.figure).get_figwidth() * 72  # points (no sub-figures here)
     text = "\n".join(textwrap.wrap(text, max(12, int(width / (0.55 * size)))))
     ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=size, color=EMPTY_COLOR, transform=ax.transAxes,
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -243,7 +244,7 @@ class RunDir:
                 finally:
                     self.unlock()
 
-    def start(self, cfg: DictConfig) -> None:
+    def start(self, cfg: DictConfig | dict[str, Any]) -> None:
         """Before training: remove the temp files of killed writes, write the resolved config."""
         if not self.is_main:
             return
@@ -313,7 +314,7 @@ class Stopped(BaseException):
     """SIGTERM during `RunDir.working` (a `BaseException`, so that no `except Exception` swallows it)."""
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
@@ -363,12 +364,18 @@ def model_folder(base: Path | str, source: str | None, name: str, folder_name: s
     (a file by its absolute path); `BadValue` when it holds another model's results, e.g. a second weights file of
     the same name, so that neither overwrites the other's. A folder with the record alone (an attempt that wrote
     nothing: a lock, temp files and empty folders at most) is taken over."""
+    folder = model_folder_path(base, source, name, folder_name)
+    folder.mkdir(parents=True, exist_ok=True)
+    files.write_json(folder / SOURCE, {"source": _source_id(source, name)})
+    return folder
+
+
+def model_folder_path(base: Path | str, source: str | None, name: str, folder_name: str | None = None) -> Path:
+    """Where `model_folder` would put the results of `source`, refused as it refuses them; looks only."""
     folder = Path(base) / (folder_name or model_name(source, name))
     held, held_by = _held(folder), _source_id(source, name)
     if held not in (None, held_by) and any(_holds_results(p) for p in folder.iterdir()):
         raise BadValue(f"{folder} holds the results of {held}, not of {held_by}: give this one another runs_dir=")
-    folder.mkdir(parents=True, exist_ok=True)
-    files.write_json(folder / SOURCE, {"source": held_by})
     return folder
 
 
@@ -385,15 +392,16 @@ def in_run(ckpt: Path | str) -> bool:
     return Path(ckpt).parent.name == "checkpoints"
 
 
-def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str) -> Path:
+def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str, claim: bool = True) -> Path:
     """Where the `kind` analyses (`diagnostics`, `interventions`, `quant`) of checkpoint `ckpt` go: its run's
     `<kind>/<stem>` (a run's folder itself for `quant`, whose result is `results/quant.json`), or for a loose
-    checkpoint file `<runs_dir>/<kind>/<file name>` (`model_folder`), laid out as a run's."""
+    checkpoint file `<runs_dir>/<kind>/<file name>` (`model_folder`; without `claim`, `model_folder_path`: looks
+    only), laid out as a run's."""
     ckpt = Path(ckpt)
     if in_run(ckpt):
         run = RunDir.of_checkpoint(ckpt)
         return run.path if kind == "quant" else run.path / kind / ckpt.stem
-    return model_folder(Path(runs_dir) / kind, str(ckpt), ckpt.stem)
+    return (model_folder if claim else model_folder_path)(Path(runs_dir) / kind, str(ckpt), ckpt.stem)
 
 
 def quant_result(ckpt: Path | str, runs_dir: Path | str) -> dict[str, Any] | None:

@@ -114,7 +114,7 @@ def torch_load(path: Path | str, mmap: bool = False) -> Any:
     say what it means for their kind of file)."""
     path = Path(path)
     try:
-        with warnings.catch_warnings(), torch.serialization.safe_globals(ALLOWED):
+        with warnings.catch_warnings(), torch.serialization.safe_globals([*ALLOWED]):
             warnings.simplefilter("ignore")  # torch warns about pickle protocols of foreign files
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:  # a weights-only refusal, or no pickle at all

@@ -1,129 +1,13 @@
-"""The attention-kind registry: one module per kind in this package, found and imported automatically.
+"""The attention kinds: one module per kind in this package, found and imported automatically.
 
-A kind is an `AttentionKind` subclass registered with `@register_kind`. It says how one head's scores become its
-attention matrix (`matrix`, causal masking included), whether its rows are normalised, its fused paths if it has them
-(`fused_heads` through SDPA, `flex_heads` through FlexAttention; `SinkAttention.kernel` picks one), the parameters it
-adds to the attention module (`parameters`, state-dict names kept), how the redirect edit is computed from the scores
-(`redirected`) and its formula written out naively (`reference`, for the tests).
-
-Adding a kind is one new module here (and, to train it, one `configs/exp/<name>.yaml`): `ATTN_KINDS`, `FUSED_KINDS`,
-`FLEX_KINDS`, the config enum `Attn`, the variant names, the bench and the parametrised tests derive from the
-registry.
+A kind is an `AttentionKind` subclass (`kind.py`) registered with `@KINDS.register`; `registered.py` imports them
+all. Adding a kind is one new module here (and, to train it, one `configs/exp/<name>.yaml`): `ATTN_KINDS`,
+`FUSED_KINDS`, `FLEX_KINDS`, the config enum `Attn`, the variant names, the bench and the parametrised tests derive
+from the registry.
 """
 
-from __future__ import annotations
+from vitsinks.models.kinds.kind import DEFAULT_KIND, KINDS, TINY, AttentionKind, ScoreMod, flex_lse, kind_names
+from vitsinks.models.kinds.registered import ATTN_KINDS, FLEX_KINDS, FUSED_KINDS  # imports every kind's module
 
-import functools
-import importlib
-import pkgutil
-from collections.abc import Callable
-from typing import ClassVar
-
-import torch
-from torch import nn
-from torch.nn.attention.flex_attention import AuxRequest, flex_attention
-
-from vitsinks.utils.errors import BadValue
-
-DEFAULT_KIND = "softmax"
-# The smallest normal float32: log-weight score mods treat weights below it as exact zeros (-inf), so that their
-# gradient 1 / weight stays finite (a denormal weight is below float32's resolution of any row it is in).
-TINY = torch.finfo(torch.float32).tiny
-ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@functools.cache
-def _compiled_flex() -> Callable[..., tuple[torch.Tensor, object]]:
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-             score_mod: ScoreMod | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlexAttention's (out, lse): out_i = sum_j softmax_j(w_ij) v_j and lse_i = log sum_j exp(w_ij) (natural log,
-    float32 or wider) for w = score_mod(scale q k^T); a row whose w are all -inf gives out 0, lse -inf. A kind whose
-    weights are a_ij = exp(w_ij) (w = log a, any a >= 0) gets sum_j a_ij v_j = out * exp(lse) exactly.
-
-    On CUDA the compiled (fused, memory-efficient) kernel; elsewhere torch's eager reference, which materialises
-    the scores and on CPU has no backward. q and k are cast to v's dtype (what SDPA does under autocast)."""
-    q, k = q.to(v.dtype), k.to(v.dtype)
-    fn = _compiled_flex() if q.is_cuda else flex_attention
-    try:
-        out, aux = fn(q, k, v, score_mod=score_mod, scale=scale, return_aux=AuxRequest(lse=True))
-    except NotImplementedError as err:  # e.g. no backward on CPU
-        raise BadValue(f"FlexAttention on {q.device.type}: {err} (model.fused_attention=flex; use auto, sdpa or "
-                       f"off there)") from err
-    return out, aux.lse.to(torch.promote_types(aux.lse.dtype, torch.float32))
-
-
-class AttentionKind:
-    """How a head turns scores into attention. Methods take the `SinkAttention` module (`attn`) for its
-    parameters."""
-
-    name: ClassVar[str]
-    normalised: ClassVar[bool] = True  # every row sums to 1 (the null key's share included)
-    fused: ClassVar[bool] = False  # has a `scaled_dot_product_attention` path (`fused_heads`)
-    flex: ClassVar[bool] = False  # has an exact FlexAttention path (`flex_heads`; CUDA for training)
-    null_key: ClassVar[bool] = False  # an always-present key of value 0: the last slot of the key layout
-
-    @staticmethod
-    def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
-        """Extra parameters registered on the attention module under these names."""
-        return {}
-
-    @staticmethod
-    def init_parameters(attn: nn.Module) -> None:
-        """Deterministic init of the extra parameters (called by `SinkAttention.init_weights`)."""
-
-    @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
-        """Attention (B, heads, N, K) from the scaled scores `s` (B, heads, N, K'); `future` (N, K') marks keys a
-        causal query may not see (None: bidirectional). K = K' + 1 for a kind with a `null_key` (its column last,
-        in the key layout of `vitsinks.models.layout`), else K = K'."""
-        raise NotImplementedError
-
-    @staticmethod
-    def fused_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    dropout_p: float) -> torch.Tensor:
-        """Per-head outputs (B, heads, N, head_dim) through SDPA (only kinds with `fused`)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Per-head outputs (B, heads, N, head_dim) through FlexAttention (`flex_lse`), bidirectional, without
-        dropout, equal to `matrix(...) @ v` up to rounding (only kinds with `flex`). Returns v's dtype."""
-        raise NotImplementedError
-
-    @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
-                   hidden: torch.Tensor) -> torch.Tensor:
-        """Head `head`'s attention (B, N, K) from its scores `s` (B, N, K') with the sink key (`is_sink`, (B, N, K),
-        every key of the layout: a null key's column last) removed and its share given to the other keys; `hidden`
-        (N, K) marks future keys of a causal query. A row with no key left is 0."""
-        raise NotImplementedError
-
-    @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
-        """The kind's formula written out naively on one query's visible scores `s` (K,) of head `head` in a
-        sequence of `n` tokens (causal masking done by the caller: K <= n), in float64: the tests' independent
-        truth. Kinds with a `null_key` return K + 1 weights, the null key's share last."""
-        raise NotImplementedError
-
-
-KINDS: dict[str, type[AttentionKind]] = {}
-
-
-def register_kind(cls: type[AttentionKind]) -> type[AttentionKind]:
-    """Class decorator: add an attention kind to the registry under `cls.name`."""
-    if cls.name in KINDS:
-        raise ValueError(f"attention kind {cls.name!r} is registered twice")
-    KINDS[cls.name] = cls
-    return cls
-
-
-for _info in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_info.name}")
-
-# The default first (the closed set's messages list it first), then the others by name.
-ATTN_KINDS: tuple[str, ...] = (DEFAULT_KIND, *sorted(k for k in KINDS if k != DEFAULT_KIND))
-FUSED_KINDS: tuple[str, ...] = tuple(k for k in ATTN_KINDS if KINDS[k].fused)
-FLEX_KINDS: tuple[str, ...] = tuple(k for k in ATTN_KINDS if KINDS[k].flex)
+__all__ = ["ATTN_KINDS", "DEFAULT_KIND", "FLEX_KINDS", "FUSED_KINDS", "KINDS", "TINY", "AttentionKind", "ScoreMod",
+           "flex_lse", "kind_names"]

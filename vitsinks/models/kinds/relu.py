@@ -9,12 +9,15 @@ On CUDA nothing N x N is kept for the backward, which recomputes the weights blo
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from vitsinks.models.kinds import TINY, AttentionKind, flex_lse, register_kind
+from vitsinks.models.kinds.kind import KINDS, TINY, AttentionKind, flex_lse
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
 
 def log_relu(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
@@ -24,24 +27,24 @@ def log_relu(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch
     return torch.where(pos, torch.log(torch.where(pos, score, 1.0)), float("-inf"))
 
 
-@register_kind
+@KINDS.register
 class ReLU(AttentionKind):
     name = "relu"
     normalised = False
     flex = True
 
     @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+    def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         a = F.relu(s) / s.shape[-1]
         return a.masked_fill(future, 0.0) if future is not None else a
 
     @staticmethod
-    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def flex_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, lse = flex_lse(q, k, v, attn.scale, log_relu)
         return (out * (lse - math.log(k.shape[-2])).exp().unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
         """Column s zeroed and the row rescaled to its old sum. relu's zeros are exact: a row with no positive
         score off the sink stays 0."""
@@ -51,5 +54,5 @@ class ReLU(AttentionKind):
         return torch.where(kept == 0, 0.0, rest / kept * total)  # NaN stays NaN
 
     @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+    def reference(attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
         return torch.clamp(s, min=0) / n

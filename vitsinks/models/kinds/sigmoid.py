@@ -7,12 +7,15 @@ sum_j a_ij v_j / sum_j a_ij and lse_i = log sum_j a_ij; the heads' output is out
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, ScoreMod, flex_lse, register_kind
+from vitsinks.models.kinds.kind import KINDS, AttentionKind, ScoreMod, flex_lse
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
 
 def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -31,24 +34,24 @@ def _score_mod(n: int, like: torch.Tensor) -> ScoreMod:
     return lambda score, b, h, q_idx, kv_idx: log_sigmoid(score - shift)
 
 
-@register_kind
+@KINDS.register
 class Sigmoid(AttentionKind):
     name = "sigmoid"
     normalised = False
     flex = True
 
     @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+    def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         a = torch.sigmoid(s - math.log(s.shape[-1]))
         return a.masked_fill(future, 0.0) if future is not None else a
 
     @staticmethod
-    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def flex_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, lse = flex_lse(q, k, v, attn.scale, _score_mod(k.shape[-2], k))
         return (out * lse.exp().unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
         """Column s zeroed and the row rescaled to its old sum, in log space (log A = logsigmoid, sums by
         logsumexp), so rows whose other weights underflow are still right."""
@@ -59,5 +62,5 @@ class Sigmoid(AttentionKind):
         return torch.where(log_kept == float("-inf"), 0.0, (log_rest + log_total - log_kept).exp())
 
     @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+    def reference(attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
         return 1 / (1 + torch.exp(-(s - math.log(n))))

@@ -9,14 +9,19 @@ sigmoid(lse - c) (`flex_heads`); the SDPA path instead appends the zero key and 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, flex_lse, register_kind
+from vitsinks.models.kinds.kind import KINDS, AttentionKind, flex_lse
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
 
-@register_kind
+@KINDS.register
 class SinkLogit(AttentionKind):
     name = "sink_logit"
     fused = True
@@ -24,20 +29,21 @@ class SinkLogit(AttentionKind):
     null_key = True
 
     @staticmethod
-    def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
-        return {"sink_logit": nn.Parameter(torch.zeros(num_heads, **dd))}
+    def parameters(num_heads: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, nn.Parameter]:
+        return {"sink_logit": nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))}
 
     @staticmethod
-    def init_parameters(attn: nn.Module) -> None:
-        nn.init.zeros_(attn.sink_logit)
+    def init_parameters(attn: SinkAttention) -> None:
+        nn.init.zeros_(cast(nn.Parameter, attn.sink_logit))  # registered by `parameters`
 
     @staticmethod
-    def null_logit(attn: nn.Module) -> torch.Tensor:
+    def null_logit(attn: SinkAttention) -> torch.Tensor:
         """The null key's logit per head, (heads,)."""
-        return attn.sink_logit
+        return cast(nn.Parameter, attn.sink_logit)
 
     @classmethod
-    def matrix(cls, attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+    def matrix(cls, attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         """Softmax over [scores, per-head null logit]: the null key's column last."""
         if future is not None:
             s = s.masked_fill(future, float("-inf"))
@@ -45,7 +51,7 @@ class SinkLogit(AttentionKind):
         return torch.cat([s, null], dim=-1).softmax(dim=-1)
 
     @classmethod
-    def fused_heads(cls, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def fused_heads(cls, attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     dropout_p: float) -> torch.Tensor:
         # one extra key with zero value; q . 0 = 0, so an additive bias on that column sets its logit
         B, H, N, D = k.shape
@@ -56,13 +62,13 @@ class SinkLogit(AttentionKind):
         )
 
     @classmethod
-    def flex_heads(cls, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def flex_heads(cls, attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, lse = flex_lse(q, k, v, attn.scale)
         keep = torch.sigmoid(lse - cls.null_logit(attn).to(lse.dtype).view(1, -1, 1))  # 1 - the null key's share
         return (out * keep.unsqueeze(-1)).to(v.dtype)
 
     @classmethod
-    def redirected(cls, attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    def redirected(cls, attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
         """The softmax over [scores, null logit] with the sink key masked out: a token sink's share goes to the other
         tokens and the null key (the model's own off-switch), the null key's (a sink on the null key) to the
@@ -71,7 +77,7 @@ class SinkLogit(AttentionKind):
         return torch.cat([s, null], dim=-1).masked_fill(is_sink | hidden, float("-inf")).softmax(dim=-1)
 
     @classmethod
-    def reference(cls, attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+    def reference(cls, attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
         full = torch.cat([s, cls.null_logit(attn)[head : head + 1].to(s.dtype)])
         e = torch.exp(full - full.max())
         return e / e.sum()  # the null key's share last

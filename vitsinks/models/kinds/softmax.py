@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from vitsinks.models.kinds import AttentionKind, register_kind
+from vitsinks.models.kinds.kind import KINDS, AttentionKind
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
 
-@register_kind
+@KINDS.register
 class Softmax(AttentionKind):
     name = "softmax"
     fused = True
 
     @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+    def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         if future is not None:
             s = s.masked_fill(future, float("-inf"))
         return s.softmax(dim=-1)
 
     @staticmethod
-    def fused_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def fused_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     dropout_p: float) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
     @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
         """The softmax of the scores with the sink key masked out (-inf)."""
         masked = s.masked_fill(is_sink | hidden, float("-inf"))
@@ -34,6 +38,6 @@ class Softmax(AttentionKind):
         return torch.where(empty, 0.0, masked.softmax(dim=-1))
 
     @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+    def reference(attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
         e = torch.exp(s - s.max())
         return e / e.sum()

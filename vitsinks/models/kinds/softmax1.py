@@ -4,25 +4,31 @@ null key is the last slot of the key layout, with value 0."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from vitsinks.models.kinds import register_kind
+from vitsinks.models.kinds.kind import KINDS
 from vitsinks.models.kinds.sink_logit import SinkLogit
 
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
-@register_kind
+
+@KINDS.register
 class Softmax1(SinkLogit):
     name = "softmax1"
 
     @staticmethod
-    def parameters(num_heads: int, **dd: object) -> dict[str, nn.Parameter]:
+    def parameters(num_heads: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> dict[str, nn.Parameter]:
         return {}
 
     @staticmethod
-    def init_parameters(attn: nn.Module) -> None:
+    def init_parameters(attn: SinkAttention) -> None:
         pass
 
     @staticmethod
-    def null_logit(attn: nn.Module) -> torch.Tensor:
+    def null_logit(attn: SinkAttention) -> torch.Tensor:
         return attn.qkv.weight.new_zeros(attn.num_heads)

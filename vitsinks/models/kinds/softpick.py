@@ -16,11 +16,15 @@ changes by at most EPS relative: exact to float32 rounding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from vitsinks.models.kinds import TINY, AttentionKind, flex_lse, register_kind
+from vitsinks.models.kinds.kind import KINDS, TINY, AttentionKind, flex_lse
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
+    from vitsinks.models.attention import SinkAttention
 
 EPS = 1e-8  # the reference implementation's: only matters when every score is exactly 0
 
@@ -58,19 +62,19 @@ def _log_denominator(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_id
     return _log_abs_expm1(score, positive=False)
 
 
-@register_kind
+@KINDS.register
 class Softpick(AttentionKind):
     name = "softpick"
     normalised = False
     flex = True
 
     @staticmethod
-    def matrix(attn: nn.Module, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
+    def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         e, _ = _shifted(s, future)
         return F.relu(e) / (e.abs().sum(-1, keepdim=True) + EPS)
 
     @staticmethod
-    def flex_heads(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def flex_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, lse1 = flex_lse(q, k, v, attn.scale, _log_numerator)
         _, lse2 = flex_lse(q, k, v, attn.scale, _log_denominator)
         # numerator and denominator divided by D = exp(lse2), which overflows float32 for scores above ~88; a row
@@ -81,7 +85,7 @@ class Softpick(AttentionKind):
         return (out * scale.unsqueeze(-1)).to(v.dtype)
 
     @staticmethod
-    def redirected(attn: nn.Module, s: torch.Tensor, head: int, is_sink: torch.Tensor,
+    def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
         """Column s zeroed and the row rescaled to its old sum (as relu). The other keys' weights are recomputed
         shifted by their own maximum, not the sink's: off a strong sink they underflow to exactly 0 in float32
@@ -95,6 +99,6 @@ class Softpick(AttentionKind):
         return torch.where(kept == 0, 0.0, rest / kept * total)  # NaN stays NaN
 
     @staticmethod
-    def reference(attn: nn.Module, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
+    def reference(attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
         e = torch.exp(s) - 1
         return torch.relu(e) / e.abs().sum()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitsinks.models.mitigations import SwitchMitigation, register_mitigation
+from vitsinks.models.mitigations.mitigation import MITIGATIONS, SwitchMitigation
 
 INIT_STD = 0.02  # the paper's code: torch.nn.init.normal_(k_bias / v_bias, std=0.02)
 
@@ -39,7 +39,7 @@ class AttentionBias(nn.Module):
         return self.k.expand(batch, -1, -1, -1), self.v.expand(batch, -1, -1, -1)
 
 
-@register_mitigation
+@MITIGATIONS.register
 class AttentionBiasMitigation(SwitchMitigation):
     name = "attn_bias"
     site = "keys"

@@ -8,14 +8,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
-from vitsinks.models.mitigations import BlockMitigation, register_mitigation
+from vitsinks.models.mitigations.mitigation import MITIGATIONS, BlockMitigation
+from vitsinks.utils.columns import Column
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.results import Column
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the mitigations
+    from vitsinks.models.attention import AttnInternals
+    from vitsinks.models.seam import Block
 
 Gate = StrEnum("Gate", "none elementwise headwise", module=__name__)
 GATES: tuple[str, ...] = tuple(g.value for g in Gate)
@@ -44,7 +48,7 @@ class G1Gate(nn.Linear):
         return self(x).sigmoid().view(B, N, self.num_heads, -1)
 
 
-@register_mitigation
+@MITIGATIONS.register
 class G1GateMitigation(BlockMitigation):
     name = "gate"
     site = "heads"
@@ -59,7 +63,8 @@ class G1GateMitigation(BlockMitigation):
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:
-        return Gate, dataclasses.field(default=Gate.none)
+        # dataclasses.field() is typed as its default, for class bodies
+        return Gate, cast(dataclasses.Field, dataclasses.field(default=Gate.none))
 
     @classmethod
     def setting(cls, value: Any) -> str | None:
@@ -81,14 +86,15 @@ class G1GateMitigation(BlockMitigation):
         return G1Gate(dim, num_heads, setting)
 
     @classmethod
-    def diagnostics(cls, block: nn.Module, z: torch.Tensor, it: Any,
+    def diagnostics(cls, block: Block, z: torch.Tensor, it: AttnInternals,
                     attn_energy: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """`gate_mean` (B, heads): each head's mean gate value over tokens (and channels)."""
         return None if it.gate is None else {"gate_mean": it.gate.float().mean(dim=-1).mean(dim=1)}
 
     @classmethod
-    def edit(cls, name: str, it: Any, head: int) -> Any:
+    def edit(cls, name: str, it: AttnInternals, head: int) -> AttnInternals:
         """`open_gate` / `close_gate`: head `head`'s gate set to 1 / 0 on every token (the gate's own effect)."""
+        assert it.gate is not None  # the gate's own edits: a gated block
         gate = it.gate.clone()
         gate[:, :, head] = 1.0 if name == "open_gate" else 0.0
         return it._replace(gate=gate)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -30,10 +30,14 @@ from timm.layers import LayerScale, trunc_normal_
 from torch import nn
 
 from vitsinks.models.layout import KeyLayout
-from vitsinks.models.mitigations import BlockMitigation, register_mitigation
+from vitsinks.models.mitigations.mitigation import MITIGATIONS, BlockMitigation
+from vitsinks.utils.bounded import bounded
+from vitsinks.utils.columns import Column
 from vitsinks.utils.errors import BadValue
-from vitsinks.utils.fields import bounded
-from vitsinks.utils.results import Column
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the mitigations
+    from vitsinks.models.attention import AttnInternals
+    from vitsinks.models.seam import Block
 
 RecipientGate = StrEnum("RecipientGate", "learned hier", module=__name__)
 RECIPIENT_GATES: tuple[str, ...] = tuple(g.value for g in RecipientGate)
@@ -135,7 +139,7 @@ class GlobalPathway(nn.Module):
         return torch.addcmul(o, it.gamma, it.write)
 
 
-@register_mitigation
+@MITIGATIONS.register
 class GlobalPathwayMitigation(BlockMitigation):
     name = "global_pathway"
     site = "update"
@@ -147,7 +151,7 @@ class GlobalPathwayMitigation(BlockMitigation):
 
     @classmethod
     def config_field(cls) -> tuple[Any, dataclasses.Field]:
-        return GlobalPathwayConfig, dataclasses.field(default_factory=GlobalPathwayConfig)
+        return GlobalPathwayConfig, cast(dataclasses.Field, dataclasses.field(default_factory=GlobalPathwayConfig))
 
     @classmethod
     def setting(cls, value: Any) -> GlobalPathwayConfig | None:
@@ -183,13 +187,14 @@ class GlobalPathwayMitigation(BlockMitigation):
         return GlobalPathway(dim, state_dim=setting.state_dim, gate=setting.gate, init_values=setting.layerscale_init)
 
     @classmethod
-    def diagnostics(cls, block: nn.Module, z: torch.Tensor, it: Any,
+    def diagnostics(cls, block: Block, z: torch.Tensor, it: AttnInternals,
                     attn_energy: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """Per image (B,): `pw_entropy` of the pooling weights pi, `pw_top_token` (argmax pi), `pw_gamma` (mean
         recipient gate) and `pw_share` (its update's energy over the attention's plus its own)."""
-        if block.pathway is None:
+        pathway = cast("GlobalPathway | None", getattr(block, cls.attr))  # set by `build` on every block (None: off)
+        if pathway is None:
             return None
-        pw = block.pathway.internals(z)
+        pw = pathway.internals(z)
         energy = (pw.gamma * pw.write).float().square().mean(dim=(1, 2))
         return {"pw_entropy": -(pw.pi * pw.pi.clamp_min(1e-30).log()).sum(-1),
                 "pw_top_token": pw.pi.argmax(-1).float(), "pw_gamma": pw.gamma.float().mean(dim=(1, 2)),

@@ -1,0 +1,1 @@
+"""Tests of vitsinks.backbones: the adapter contract every model family meets."""

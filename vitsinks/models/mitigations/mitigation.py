@@ -1,0 +1,224 @@
+"""The block mitigation's interface (`BlockMitigation`, `SwitchMitigation`), its registry (`MITIGATIONS`) and what
+derives from it. A mitigation is a `BlockMitigation` subclass registered with `@MITIGATIONS.register`. It declares
+
+- its config: one field `model.<name>` of `ModelConfig` (`config_field`: an enum, or a dataclass of settings);
+- its tag in variant names (`tag`, placed by `vitsinks.models.config.TAG_ORDER`);
+- the module it adds to every block (`build`), stored at `attr` of the attention or of the block, by `site`:
+  - `"heads"`: a gate on the per-head outputs before the output projection, `values(z)` broadcastable to
+    (B, N, heads, head_dim) (the G1 gate);
+  - `"keys"`: extra keys every query can attend to, `keys(batch)` -> (k, v) each (batch, heads, E, head_dim),
+    appended after the tokens as the key layout's extra slots named `slots` (the explicit attention biases);
+  - `"update"`: `add_to(o, z)` adds to the attention update o, inside the same residual branch (the global
+    pathway);
+- its diagnostics fields (`diagnostics`, `diagnostic_fields`) and how they summarise (`summarise`: by default each
+  field's mean per block, `<field>_by_block`), its leaderboard columns (`columns`, with `leaderboard_values`: by
+  default the mean over blocks of `<column>_by_block`);
+- its interventions: the edits it brings (`edits`, applied by `edit`) and, for a keys-site mitigation, the sink-value
+  edits that mean something when the sink is on its slot (`slot_edits`: an image-independent value gains nothing
+  from a donor's or a held-out mean);
+- `example`: a setting that switches it on, which the generic tests over the registry build, train, diagnose and
+  intervene.
+
+`ModelConfig`, `build_vit`, `SinkBlock`, `checkpoint.ARCH_KEYS`, the variant names, the diagnostics summary, the
+interventions and the leaderboard's columns (`mitigation_columns`) derive from the registry, so a new mitigation is
+one module here plus its exp config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitsinks.models.layout import KeyLayout
+from vitsinks.utils.columns import Column
+from vitsinks.utils.errors import BadValue
+from vitsinks.utils.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: the attention module imports the mitigations
+    from vitsinks.models.attention import AttnInternals
+    from vitsinks.models.seam import Block
+
+Site = Literal["heads", "keys", "update"]
+SITES: tuple[str, ...] = ("heads", "keys", "update")
+SINK_VALUE_EDITS: tuple[str, ...] = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value",
+                                     "shuffle_sink_value", "donor_nonsink_value")  # edit the value at the sink
+
+
+class BlockMitigation:
+    """A switch of `ModelConfig` that adds a module to every block (see the package docstring)."""
+
+    name: ClassVar[str]  # the config field, model.<name>
+    site: ClassVar[Site]
+    attr: ClassVar[str]  # attribute of the attention (heads, keys) or block (update): its state-dict prefix
+    columns: ClassVar[tuple[Column, ...]] = ()
+    diagnostic_fields: ClassVar[dict[str, float]] = {}  # field -> its value in a block without the mitigation
+    always_diagnosed: ClassVar[bool] = False  # its fields are in every diagnosis (else only where a block has it)
+    slots: ClassVar[tuple[str, ...]] = ()  # keys site: the names of the extra key slots it appends
+    slot_edits: ClassVar[tuple[str, ...]] = SINK_VALUE_EDITS  # keys site: the value edits of a sink on its slots
+    edits: ClassVar[tuple[str, ...]] = ()  # the interventions it brings (applied by `edit`)
+    example: ClassVar[Any] = None  # a config value that switches it on (the generic tests use it)
+    hub_tag: ClassVar[str] = ""  # the Hugging Face hub tag of a model with it (empty: its name, hyphenated)
+
+    @classmethod
+    def config_field(cls) -> tuple[Any, dataclasses.Field]:
+        """(type, dataclasses.field(...)) of `model.<name>`; the default is the mitigation switched off."""
+        raise NotImplementedError
+
+    @classmethod
+    def setting(cls, value: Any) -> Any:
+        """The canonical setting from a config value, a plain mapping or a keyword argument; None when off."""
+        raise NotImplementedError
+
+    @classmethod
+    def tag(cls, setting: Any) -> str | None:
+        """The variant-name tag of a canonical setting (None: no tag)."""
+        raise NotImplementedError
+
+    @classmethod
+    def arch(cls, value: Any) -> Any:
+        """What two configs must share for a checkpoint to fit (plain data; an off switch's details do not
+        matter)."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, setting: Any, dim: int, num_heads: int) -> nn.Module:
+        """The module for one block of width `dim` with `num_heads` heads (the setting is not None)."""
+        raise NotImplementedError
+
+    @classmethod
+    def diagnostics(cls, block: Block, z: torch.Tensor, it: AttnInternals,
+                    attn_energy: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """Its fields of one block (per image (B,) or per head (B, heads)) from the pre-normed input z, the
+        attention internals `it` and the attention update's mean square per image; None where the block lacks
+        it."""
+        return None
+
+    @classmethod
+    def present(cls, block: Block) -> bool:
+        """Whether `block` has this mitigation's module."""
+        return getattr(block.attn if cls.site in ("heads", "keys") else block, cls.attr, None) is not None
+
+    @classmethod
+    def summarise(cls, d: Mapping[str, np.ndarray], layout: KeyLayout) -> dict[str, Any]:
+        """Its part of a diagnostics summary from the per-image fields `d` (arrays (images, blocks[, heads])) and the
+        key layout: by default `<field>_by_block`, each field's mean per block (None where no block has it)."""
+        out: dict[str, Any] = {}
+        for k in cls.diagnostic_fields:
+            if k in d and not np.isnan(d[k]).all():
+                per_block = d[k].mean(axis=0) if d[k].ndim == 2 else d[k].mean(axis=(0, 2))
+                out[f"{k}_by_block"] = [None if np.isnan(x) else float(np.round(x, 6)) for x in per_block]
+        return out
+
+    @classmethod
+    def leaderboard_values(cls, summary: Mapping[str, Any]) -> dict[str, float]:
+        """Its leaderboard columns' values from a diagnostics summary (missing: not in the dict): by default each
+        column's `<key>_by_block` averaged over the blocks that have it."""
+        out = {}
+        for c in cls.columns:
+            values = [v for v in summary.get(f"{c.key}_by_block") or [] if v is not None]
+            if values:
+                out[c.key] = float(np.mean(values))
+        return out
+
+    @classmethod
+    def edit(cls, name: str, it: AttnInternals, head: int) -> AttnInternals:
+        """One of its `edits` applied to head `head` of a block's attention internals `it` (`AttnInternals`): the
+        edited internals (copies of what changes)."""
+        raise NotImplementedError(f"{cls.name} brings no edit {name!r}")
+
+
+class SwitchMitigation(BlockMitigation):
+    """A mitigation switched on or off (`model.<name>=true|false`, off by default), tagged `tag_name` (default its
+    name) in variant names: the config half of the contract written once."""
+
+    tag_name: ClassVar[str | None] = None
+    example = True
+
+    @classmethod
+    def config_field(cls) -> tuple[Any, dataclasses.Field]:
+        # dataclasses.field() is typed as its default, for class bodies
+        return bool, cast(dataclasses.Field, dataclasses.field(default=False))
+
+    @classmethod
+    def setting(cls, value: Any) -> bool | None:
+        if value is None or value is False or value == "false":
+            return None
+        if value is True or value == "true":
+            return True
+        raise BadValue(f"model.{cls.name} must be true or false, got {value!r}")
+
+    @classmethod
+    def tag(cls, setting: bool | None) -> str | None:
+        return None if setting is None else (cls.tag_name or cls.name)
+
+    @classmethod
+    def arch(cls, value: Any) -> bool:
+        return cls.setting(value) is not None
+
+
+def _check(cls: type[BlockMitigation]) -> None:
+    """Refuse a mitigation whose declaration is incomplete (a `ValueError` naming what is missing)."""
+    if cls.site not in SITES:
+        raise ValueError(f"mitigation {cls.name!r}: site must be one of {SITES}, not {cls.site!r}")
+    if (cls.site == "keys") != bool(cls.slots):
+        raise ValueError(f"mitigation {cls.name!r}: a keys-site mitigation names its key slots (`slots`), no other")
+    if cls.example is None or cls.setting(cls.example) is None:
+        raise ValueError(f"mitigation {cls.name!r}: `example` must be a setting that switches it on")
+
+
+MITIGATIONS: Registry[type[BlockMitigation]] = Registry(
+    "block mitigation", "a `BlockMitigation` registered with `@MITIGATIONS.register` in a module of "
+    "vitsinks/models/mitigations/ (docs/extending.md)", check=_check)
+
+
+def mitigation_columns() -> list[Column]:
+    """Every registered mitigation's leaderboard columns, in registry order."""
+    return [c for m in MITIGATIONS.values() for c in m.columns]
+
+
+def mitigation_fields() -> list[tuple[str, Any, dataclasses.Field]]:
+    """The `ModelConfig` fields of the mitigations, for `dataclasses.make_dataclass`."""
+    return [(m.name, *m.config_field()) for m in MITIGATIONS.values()]
+
+
+def settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical setting of every mitigation from a mapping of config values (absent: the schema default)."""
+    out = {}
+    for name, m in MITIGATIONS.items():
+        if name in values:
+            out[name] = m.setting(values[name])
+        else:
+            _, f = m.config_field()
+            out[name] = m.setting(f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+    return out
+
+
+def at_site(*sites: Site) -> tuple[type[BlockMitigation], ...]:
+    """The mitigations acting at any of `sites`, in registry order."""
+    return tuple(m for m in MITIGATIONS.values() if m.site in sites)
+
+
+def brought_edits() -> dict[str, type[BlockMitigation]]:
+    """Every edit a mitigation brings -> that mitigation."""
+    out: dict[str, type[BlockMitigation]] = {}
+    for m in MITIGATIONS.values():
+        for e in m.edits:
+            if e in out or e in SINK_VALUE_EDITS:
+                raise ValueError(f"edit {e!r} of mitigation {m.name!r} is already an edit")
+            out[e] = m
+    return out
+
+
+def slot_edits(slot: str) -> tuple[str, ...]:
+    """The sink-value edits that apply to a sink on extra key slot `slot`: a keys-site mitigation's `slot_edits`;
+    for a kind's null key (its value is 0 in every image: zeroed, rescaled, a donor's, a mean or a shuffled one are
+    0 again) only `donor_nonsink_value`."""
+    for m in at_site("keys"):
+        if slot in m.slots:
+            return m.slot_edits
+    return ("donor_nonsink_value",)
