@@ -62,10 +62,8 @@ def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
     ("train.precision", "fp16", "auto, bf16, fp32"),
     ("wandb.mode", "loud", "auto, online, offline, disabled"),
     ("data.on_bad_image", "ignore", "skip, error"),
-    ("data.name", "imagenet21k", "synthetic, fashion_mnist, imagenet"),
     ("diagnostics.ratio", "ratio_in", "ratio_out, ratio_head"),
     ("diagnostics.rule", "strict", "relaxed, def1"),
-    ("objective.name", "dino", "lejepa, supervised"),
     ("cluster.name", "slurmm", "local, slurm"),
     ("cluster.device", "tpu", "auto, cpu, cuda"),
 ])
@@ -76,6 +74,20 @@ def test_closed_sets_stop_at_composition_with_the_allowed_values(key: str, bad: 
     with pytest.raises(ConfigCompositionException) as err:
         load_config([f"{key}={bad}"])
     assert bad in str(err.value) and allowed in str(err.value.__cause__ or err.value)
+
+
+@pytest.mark.parametrize("key,bad,allowed", [
+    ("data.name", "imagenet21k", "synthetic, fashion_mnist, imagenet"),
+    ("objective.name", "dino", "lejepa, supervised"),
+])
+def test_open_sets_stop_at_composition_with_the_registered_values(key: str, bad: str, allowed: str) -> None:
+    import vitsinks.data  # noqa: F401 - the registries a command imports
+    import vitsinks.objectives  # noqa: F401
+    from vitsinks.utils.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config([f"{key}={bad}"])
+    assert bad in str(err.value) and allowed in str(err.value)
 
 
 def test_the_composed_values_are_plain_strings_where_they_are_saved() -> None:

@@ -6,6 +6,8 @@
   `launch -m` compose each run the same way (`vitsinks.run.sweep.expand` + `compose`): the compose API is the only
   way configs are made, so a sweep can know every run before it starts (names, the SLURM array, finished runs).
   Of Hydra's own flags, `--cfg job|hydra|all` (with `--resolve`) and `--help` are kept.
+- A config group's earlier name (`protocol=`, now `selection=`) is read as today's, with one warning line on stderr
+  (`user_inputs.renamed_groups`, where every composition starts, `schema.compose_config`: Python's too).
 - Plain commands (`leaderboard`, `synthetic`, `bench`) parse `key=value` arguments against a typed schema with
   `parse_args` (misspelt keys and wrong types name themselves) and run under `run_command`.
 - `-h` / `--help` of every command is its text from `usage.command_help`, read from the command's source: under

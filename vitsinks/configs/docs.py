@@ -145,15 +145,17 @@ def _source_comments(source: str) -> dict[str, str]:
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
     lines = source.splitlines()
-    fields: dict[str, tuple[int, int]] = {}
+    fields: list[tuple[str, int, int]] = []  # a name may appear twice (a type checker's stub without comments)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            fields[node.target.id] = (node.lineno, node.end_lineno or node.lineno)
+            fields.append((node.target.id, node.lineno, node.end_lineno or node.lineno))
         elif (isinstance(node, ast.Tuple) and node.elts and isinstance(node.elts[0], ast.Constant)
               and isinstance(node.elts[0].value, str) and len(node.elts) == 3):
-            fields.setdefault(node.elts[0].value, (node.lineno, node.end_lineno or node.lineno))
-    out = {}
-    for name, (first, last) in fields.items():
+            fields.append((node.elts[0].value, node.lineno, node.end_lineno or node.lineno))
+    out: dict[str, str] = {}
+    for name, first, last in fields:
+        if name in out:
+            continue
         above: list[str] = []
         row = first - 1
         while row >= 1 and lines[row - 1].strip().startswith("#") and row in comments:
@@ -179,7 +181,13 @@ def field_comments(cls: type) -> dict[str, str]:
             found = _source_comments(source)
             out.update({k: v for k, v in found.items() if k in klass.__annotations__})
             continue
-        out.update(_source_comments(source))
+        found = _source_comments(source)
+        declared = {n.target.id for n in ast.walk(ast.parse(source))
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        if not set(klass.__annotations__) <= declared:  # a type checker's stub of a class made by make_dataclass
+            module = _source_comments(inspect.getsource(sys.modules[klass.__module__]))
+            found = {**{k: v for k, v in module.items() if k in klass.__annotations__}, **found}
+        out.update(found)
     return out
 
 

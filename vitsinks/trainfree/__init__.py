@@ -1,5 +1,6 @@
-"""Training-free mitigations: post-hoc edits of a trained backbone, fitted on a few images (docs/trainfree.md), each
-written once on the model seam (`vitsinks.models.seam.Backbone`) for every model family.
+"""Training-free mitigations: post-hoc edits of a trained backbone, fitted on a few images (docs/trainfree.md).
+
+Each is written once on the model seam (`vitsinks.models.seam.Backbone`) for every model family.
 
 `test_time_register`, `mean_massive` and `zero_massive` register here on import; the quantization's edit is
 registered by its own module (`vitsinks.quant`). `applied` records the edits a model carries (`remove_edits`).
