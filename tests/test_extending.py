@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from tests.helpers.tiny import TINY, trained
 from vitsinks.backbones import ADAPTERS
 from vitsinks.data.datasets import DATASETS
-from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS
-from vitsinks.eval.probes import LINEAR_PROTOCOLS
 from vitsinks.models import KINDS, MITIGATIONS
 from vitsinks.objectives import OBJECTIVES
-from vitsinks.trainfree import METHODS
+from vitsinks.posthoc import METHODS
+from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.probes.linear_protocols import LINEAR_PROTOCOLS
 from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.registry import Registry
 from vitsinks.utils.results import RESULTS
@@ -54,11 +54,11 @@ from vitsinks.backbones.adapter import ADAPTERS, Adapter
 from vitsinks.backbones.timm_vit import TimmViT
 from vitsinks.data.datasets import DATASETS, DataSet
 from vitsinks.data.crops import collate_views
-from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS
-from vitsinks.eval.probes import LINEAR_PROTOCOLS, LinearProtocol
+from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.probes.linear_protocols import LINEAR_PROTOCOLS, LinearProtocol
 from vitsinks.objectives.objective import OBJECTIVES, Objective
 from vitsinks.objectives.supervised import SupervisedSamples
-from vitsinks.trainfree.method import METHODS, TrainFreeMethod
+from vitsinks.posthoc.method import METHODS, TrainFreeMethod
 
 BUILT, ADAPTED, FITTED = [], [], []  # what vitsinks asked of this module: the tests read them
 

@@ -28,7 +28,7 @@ from torch import nn
 from torchvision import transforms
 
 from vitsinks.backbones import adapt
-from vitsinks.bench.data import natural_image
+from vitsinks.benchmarks.data import natural_image
 from vitsinks.configs.schema import InterveneConfig, load_config
 from vitsinks.data.crops import SeededViews, sample_seed, seeded_rngs, view_transform
 from vitsinks.data.device_crops import view_specs

@@ -15,9 +15,9 @@ from tests.helpers.commands import one_line_error, run_module
 from tests.helpers.saved_models import model_alone
 from vitsinks.configs.schema import load_config
 from vitsinks.data import build_dataset
-from vitsinks.eval.common import limit
 from vitsinks.models.weights import load as load_file
 from vitsinks.pretrained import load
+from vitsinks.probes.common import limit
 from vitsinks.utils.rundir import RunDir
 
 DATA = ["data=synthetic", "data.image_size=32", "data.train_size=64", "data.val_size=32", "data.num_classes=4",

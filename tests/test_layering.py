@@ -9,7 +9,8 @@ The page's layer table is the one statement: this module reads it (`read_layers`
 - `init`: an `__init__.py` only re-exports (its docstring, imports, `__all__`, dunder names, and
   `import_members(__name__)`: the registration imports of the package's modules);
 - `placed`: every module has a layer, every module that runs under `python -m` is in the commands layer, and every
-  module the table names exists.
+  module the table names exists;
+- `apart`: a package holds command modules or library modules, never both (`__init__.py` files apart).
 
 `test_the_checker_catches_each_planted_violation` runs the same checks over a small package written for the test,
 with one violation of each rule planted, so that none of these tests can pass by checking nothing.
@@ -218,8 +219,17 @@ class Layering:
                                f"only re-exports (rule init: move it into a module of the package)")
         return out
 
+    def mixed(self) -> list[str]:
+        """Packages holding both command and library modules."""
+        kinds: dict[str, set[bool]] = {}
+        for m, p in self.modules.items():
+            if p.name != "__init__.py" and self.layer_of(m) is not None:
+                kinds.setdefault(m.rpartition(".")[0], set()).add(self.is_command(m))
+        return [f"package {pkg} holds command and library modules (rule apart: move the library modules to a library "
+                f"package)" for pkg, seen in sorted(kinds.items()) if len(seen) == 2]
+
     def violations(self) -> list[str]:
-        return self.unplaced() + self.climbing() + self.commanding() + self.cycles() + self.init_logic()
+        return self.unplaced() + self.climbing() + self.commanding() + self.cycles() + self.init_logic() + self.mixed()
 
 
 def _re_exports(node: ast.stmt, first: bool) -> bool:
@@ -317,6 +327,11 @@ def test_init_files_only_re_export(layering: Layering) -> None:
     assert not found, _report(found)
 
 
+def test_commands_and_library_never_share_a_package(layering: Layering) -> None:
+    found = layering.mixed()
+    assert not found, _report(found)
+
+
 PLANTED_PAGE = f"""# a package's layers
 
 {TABLE_HEADING}
@@ -351,9 +366,9 @@ CLEAN = {
     "pkg/high/__init__.py": "",
     "pkg/high/b.py": "from pkg.side import y\n",
     "pkg/cmd.py": 'from pkg.high import b\n\nif __name__ == "__main__":\n    b\n',
-    "pkg/r1.py": "import pkg.r2\n",
-    "pkg/r2.py": "import pkg.r3\n",
-    "pkg/r3.py": "",
+    "pkg/r1/__init__.py": "import pkg.r2\n",
+    "pkg/r2/__init__.py": "import pkg.r3\n",
+    "pkg/r3/__init__.py": "",
 }
 
 
@@ -370,10 +385,12 @@ def test_the_checker_catches_each_planted_violation(tmp_path: Path) -> None:
                         "importlib.import_module('pkg.cmd')  # a command\n",
         "pkg/high/__init__.py": "def helper() -> None:\n    pass\n",
         "pkg/high/run.py": 'if __name__ == "__main__":\n    pass\n',
-        "pkg/stray.py": "",
-        "pkg/r3.py": "import pkg.r1  # a loop of three\n",
+        "pkg/stray/__init__.py": "",
+        "pkg/r3/__init__.py": "import pkg.r1  # a loop of three\n",
     }
-    found = Layering(read_layers(PLANTED_PAGE), _plant(tmp_path, planted)).violations()
+    planted["pkg/high/c.py"] = ""  # a command module beside the library's
+    page = PLANTED_PAGE.replace("| `pkg.cmd` |", "| `pkg.cmd`, `pkg.high.c` |")
+    found = Layering(read_layers(page), _plant(tmp_path, planted)).violations()
     expected = [
         "pkg.stray has no layer",
         "pkg.high.run runs under python -m but is in layer 2 high",
@@ -385,6 +402,7 @@ def test_the_checker_catches_each_planted_violation(tmp_path: Path) -> None:
         "packages pkg.r1, pkg.r2, pkg.r3 import each other through one another (pkg.r1 (line 1) imports pkg.r2; "
         "pkg.r2 (line 1) imports pkg.r3; pkg.r3 (line 1) imports pkg.r1) (rule cycle",
         "pkg.high (line 1) has `def helper() -> None:`: an __init__.py only re-exports (rule init",
+        "package pkg.high holds command and library modules (rule apart",
     ]
     assert len(found) == len(expected), _report(found)
     for want in expected:

@@ -20,8 +20,9 @@ def test_commands_are_the_modules_that_run_as_main_with_their_docstring_line(tmp
     (pkg / "run.py").write_text('"""Run things.\n\nMore text.\n"""\n\nif __name__ == "__main__":\n    pass\n')
     (pkg / "library.py").write_text('"""Not a command."""\n\ndef f() -> None:\n    pass\n')
     (pkg / "tool" / "__init__.py").write_text('"""A tool package."""\n')
-    (pkg / "tool" / "__main__.py").write_text('"""`python -m pkg.tool`."""\n')
-    assert commands(pkg) == {"pkg.run": "Run things.", "pkg.tool": "A tool package."}
+    (pkg / "tool" / "__main__.py").write_text('"""`python -m pkg.tool`."""\n')  # no command: commands are modules
+    (pkg / "tool" / "go.py").write_text('"""Go.\n"""\nif __name__ == "__main__":\n    pass\n')
+    assert commands(pkg) == {"pkg.run": "Run things.", "pkg.tool.go": "Go."}
 
 
 def documented_commands() -> set[str]:

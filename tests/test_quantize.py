@@ -13,12 +13,12 @@ import torch
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit (the checkpoint loader reads derived runs with it)
 from tests.helpers.commands import run_module
 from tests.helpers.tiny import TINY, tiny_cfg, tiny_vit
+from vitsinks.posthoc import reapply
 from vitsinks.quant.quant_results import QuantResult
 from vitsinks.quant.w8a8 import scale_of
 from vitsinks.quantize import cli, probe_changes, probe_eval, quantize
 from vitsinks.train.checkpoint import load_backbone
 from vitsinks.train.trainer import Trainer
-from vitsinks.trainfree import reapply
 from vitsinks.utils.errors import BadValue, NonFinite
 from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.rundir import RunDir, find_runs

@@ -72,7 +72,7 @@ def test_the_checker_finds_each_kind_of_breach(tmp_path: Path) -> None:
         "a/test_five.py": "from ..conftest import tiny\n",
         "b/__init__.py": "X = 1\n",
         "b/util.py": "Y = 2\n",
-        "b/test_ok.py": "import vitsinks.trainfree.test_time_register\nfrom tests.helpers.tiny import tiny\n",
+        "b/test_ok.py": "import vitsinks.posthoc.test_time_register\nfrom tests.helpers.tiny import tiny\n",
     }
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -35,18 +35,18 @@ from torch import nn
 import vitsinks.quant  # noqa: F401 - registers the w8a8 edit, so the derived checkpoint loads
 from vitsinks.configs.cli import cli_keys, data_overrides, hydra_command, pick_data
 from vitsinks.data import build_dataset
-from vitsinks.eval.probe_results import DenseResult, LinearResult, probe_seed
 from vitsinks.models import SinkViT
 from vitsinks.models.seam import Backbone
 from vitsinks.models.weights import load
 from vitsinks.objectives.lejepa import online_probe, probe_accuracy
 from vitsinks.objectives.objective import Runtime
+from vitsinks.posthoc.plan import describe
+from vitsinks.probes.probe_results import DenseResult, LinearResult, probe_seed
 from vitsinks.quant.outliers import linear_input_stats
 from vitsinks.quant.quant_results import Change, QuantResult, change
 from vitsinks.quant.w8a8 import W8A8
 from vitsinks.run.derive import analyse, derive, source_model
 from vitsinks.run.source import Opened, of_checkpoint, open_model, resolve
-from vitsinks.trainfree.plan import describe
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import NonFinite

@@ -6,7 +6,7 @@
 # On a GPU machine without network access whose Python lacks some of the packages: first, on a machine with it,
 # `bash eval/gpu/wheels.sh` (downloads them into .whl/), copy the checkout with .whl/ over, run this script there
 # (~8 minutes of an H200), then copy gpu_bench.json into eval/gpu/ and render the docs table:
-#   python -m vitsinks.bench.gpu table out=eval/gpu/gpu_bench.json docs=docs/performance.md
+#   python -m vitsinks.bench gpu table out=eval/gpu/gpu_bench.json docs=docs/performance.md
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT_JSON=${1:-eval/gpu/gpu_bench.json}
@@ -18,4 +18,4 @@ if [ -d .whl ]; then  # the packages the machine's image lacks (eval/gpu/wheels.
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader || true
-$PY -m vitsinks.bench.gpu run out="$OUT_JSON" budget_s="$BUDGET"
+$PY -m vitsinks.benchmarks.gpu run out="$OUT_JSON" budget_s="$BUDGET"

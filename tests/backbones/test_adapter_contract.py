@@ -15,11 +15,11 @@ from vitsinks.configs.schema import QuantConfig, TrainFreeConfig
 from vitsinks.diagnostics import diagnose
 from vitsinks.diagnostics.neurons import find_register_neurons
 from vitsinks.models.seam import Attention, Backbone, Block
+from vitsinks.posthoc import remove_edits
+from vitsinks.posthoc.massive import MeanMassive
+from vitsinks.posthoc.test_time_register import TestTimeRegister
 from vitsinks.quant.outliers import layer_paths
 from vitsinks.quant.w8a8 import W8A8, qmax
-from vitsinks.trainfree import remove_edits
-from vitsinks.trainfree.massive import MeanMassive
-from vitsinks.trainfree.test_time_register import TestTimeRegister
 
 CASES = [pytest.param(t, id=t.name) for t in TINY_MODELS]
 

@@ -48,7 +48,7 @@ def test_guarded_prints_user_errors_on_one_line_and_keeps_tracebacks_of_bugs(cap
 
 
 def test_parse_args_names_unknown_keys_wrong_types_and_stray_words() -> None:
-    from vitsinks.bench.__main__ import BenchArgs
+    from vitsinks.bench import BenchArgs
 
     args = cli.parse_args(["train", "batch=8"], BenchArgs, "usage", positional="what")
     assert args.what == "train" and args.batch == 8 and args.size is None

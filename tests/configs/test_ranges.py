@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.timm_models import CONFIGS, images, plant_sink, timm_vit
 from vitsinks.configs.schema import load_config
 from vitsinks.pretrained import diagnose, intervene
-from vitsinks.pretrained.posthoc import fit_massive, fit_w8a8, register_neurons
+from vitsinks.pretrained.edit_calls import fit_massive, fit_w8a8, register_neurons
 from vitsinks.utils.errors import BadValue, ConfigError
 
 CALLS: list[tuple[Callable[[Any, Any, Any], Any], str, list[Any]]] = [

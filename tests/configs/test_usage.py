@@ -11,7 +11,8 @@ import pytest
 
 from tests.helpers.commands import run_module
 from vitsinks.__main__ import commands
-from vitsinks.configs import command_docs, usage
+from vitsinks.configs import usage
+from vitsinks.pages import command_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP_CPU_S = 3.0  # the bound; the help path itself takes ~0.1 s
@@ -75,7 +76,7 @@ def test_short_keys_read_from_the_source_are_the_entry_points(name: str) -> None
 def test_plain_arguments_show_type_default_and_comment() -> None:
     text = usage.command_help("vitsinks.leaderboard")
     assert "runs=<str | None> (default None): a folder of run directories" in text
-    gpu = usage.command_help("vitsinks.bench.gpu")
+    gpu = usage.command_help("vitsinks.bench", ["gpu"])  # a part's arguments: the GPU benchmark's own
     assert "what=<str> (default 'run') (or as the first bare word)" in gpu and "(default ['eager', 'compiled'])" in gpu
 
 

@@ -14,9 +14,9 @@ from vitsinks.configs.cli import compose
 from vitsinks.configs.schema import load_config
 from vitsinks.diagnose import cli as diagnose_cli
 from vitsinks.launch import cli as launch_cli
+from vitsinks.posthoc.method import METHODS
 from vitsinks.run.derive import derived_run
 from vitsinks.run.sweep import expand, name_runs
-from vitsinks.trainfree.method import METHODS
 from vitsinks.utils.errors import ConfigError
 
 

@@ -24,7 +24,7 @@ from vitsinks.data import (
 )
 from vitsinks.data.crops import EpochSampler, SeededViews, collate_views, view_transform
 from vitsinks.data.fashion_mnist import read_idx
-from vitsinks.data.synthetic import SyntheticShapes, class_spec, render
+from vitsinks.data.synthetic_images import SyntheticShapes, class_spec, render
 from vitsinks.utils.errors import BadValue
 
 

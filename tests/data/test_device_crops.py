@@ -15,7 +15,7 @@ import torch
 import torchvision.transforms.v2.functional as F
 from PIL import Image, ImageFilter, ImageOps
 
-from vitsinks.bench.data import natural_image
+from vitsinks.benchmarks.data import natural_image
 from vitsinks.configs.schema import ViewsConfig
 from vitsinks.data.crops import SeededViews, collate_views, view_transform
 from vitsinks.data.device_crops import (

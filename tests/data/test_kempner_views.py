@@ -10,7 +10,7 @@ from lightly.transforms.dino_transform import DINOViewTransform
 from PIL import Image
 from torchvision import transforms
 
-from vitsinks.bench.data import natural_image
+from vitsinks.benchmarks.data import natural_image
 from vitsinks.configs.schema import ViewsConfig, load_config
 from vitsinks.data.crops import SeededViews, collate_views, view_transform
 from vitsinks.data.device_crops import view_specs

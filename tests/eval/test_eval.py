@@ -19,10 +19,10 @@ from tests.helpers.tiny import TINY, eval_cfg, tiny_cfg, tiny_vit, trained
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.segmentation import IGNORE, SegmentationError, ade20k, build_seg_dataset, reduce_zero_label, voc
 from vitsinks.eval import dense
-from vitsinks.eval.dense_head import DenseHead, evaluate, predict_examples
-from vitsinks.eval.dense_protocols import DENSE_PROTOCOLS
-from vitsinks.eval.linear_grid import train_grid
-from vitsinks.eval.metrics import iou_from_confusion
+from vitsinks.probes.dense_head import DenseHead, evaluate, predict_examples
+from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.probes.linear_grid import train_grid
+from vitsinks.probes.metrics import iou_from_confusion
 from vitsinks.train.trainer import Trainer
 
 
@@ -172,7 +172,7 @@ def test_dense_probe_on_fashion_mnist_mosaics(runs: Path) -> None:
 
 def test_feature_caches_are_keyed_on_what_determines_them(runs: Path, tmp_path: Path) -> None:
     from vitsinks.eval import linear
-    from vitsinks.eval.features import cache_key
+    from vitsinks.probes.features import cache_key
 
     ckpt = trained(runs)
     linear.run(eval_cfg(runs, ckpt))
@@ -198,7 +198,7 @@ def test_the_dense_probe_gives_the_same_numbers_for_the_same_command(runs: Path,
     cfg = eval_cfg(runs, ckpt, "eval.dense_examples=2")
     first = dense.run(cfg)
     axes = figures[-1].axes  # rows of image | ground truth | prediction, drawn from the validation items
-    from vitsinks.eval.common import limit
+    from vitsinks.probes.common import limit
 
     val = limit(build_seg_dataset(cfg.data, "val", cfg.seed), cfg.eval.max_val_images, cfg.selection.seed)  # its order
     assert len(axes) == 6

@@ -27,7 +27,7 @@ from vitsinks.interventions.edits import (
 from vitsinks.interventions.engine import NoSinkHeads, patch_metrics, probe_metrics, select_heads
 from vitsinks.interventions.report import by_class, by_head, to_markdown, write_outputs
 from vitsinks.models import build_vit
-from vitsinks.synthetic.tasks import broadcast_batch, nop_batch, train_broadcast, train_nop
+from vitsinks.sinktasks.tasks import broadcast_batch, nop_batch, train_broadcast, train_nop
 
 
 def test_value_edit_check_matches_the_closed_form_and_catches_a_misplaced_edit() -> None:

@@ -17,7 +17,7 @@ from tests.helpers.neuron_tables import assert_table_equals, summary_rows
 from tests.helpers.tiny_models import dinov3 as build
 from vitsinks.diagnostics.core import diagnose_tokens
 from vitsinks.pretrained import adapt, diagnose, intervene
-from vitsinks.pretrained.posthoc import fit_w8a8
+from vitsinks.pretrained.edit_calls import fit_w8a8
 from vitsinks.utils.errors import BadValue
 
 DIM, HEADS, HEAD_DIM, REGISTERS, PATCH = 48, 3, 16, 4, 8

@@ -14,7 +14,7 @@ from tests.helpers.neuron_tables import assert_table_equals, summary_rows
 from tests.helpers.open_clip_models import images, own_twin, tower
 from vitsinks.backbones.views import own_linears
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.posthoc import apply_w8a8, fit_w8a8
+from vitsinks.pretrained.edit_calls import apply_w8a8, fit_w8a8
 from vitsinks.quant import W8A8
 from vitsinks.quant.outliers import layer_paths
 from vitsinks.utils.errors import BadValue

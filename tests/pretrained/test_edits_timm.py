@@ -15,8 +15,10 @@ from timm.models.vision_transformer import VisionTransformer
 from tests.helpers.timm_models import CONFIGS, SHAPE, images, own_twin, timm_vit
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.neurons import find_register_neurons, summarize_neurons
+from vitsinks.posthoc.massive import MeanMassive, ZeroMassive
+from vitsinks.posthoc.test_time_register import TestTimeRegister
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.posthoc import (
+from vitsinks.pretrained.edit_calls import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,
@@ -26,8 +28,6 @@ from vitsinks.pretrained.posthoc import (
 )
 from vitsinks.quant import W8A8
 from vitsinks.quant.outliers import layer_paths
-from vitsinks.trainfree.massive import MeanMassive, ZeroMassive
-from vitsinks.trainfree.test_time_register import TestTimeRegister
 from vitsinks.utils.errors import BadValue
 
 

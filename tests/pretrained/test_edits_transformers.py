@@ -15,7 +15,7 @@ from tests.helpers.neuron_tables import assert_table_equals, outlier_patches, su
 from tests.helpers.requirements import require
 from tests.helpers.transformers_models import REGISTERS, SMALL, build, images
 from vitsinks.pretrained import adapt, diagnose
-from vitsinks.pretrained.posthoc import (
+from vitsinks.pretrained.edit_calls import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,

@@ -15,7 +15,7 @@ from vitsinks import pretrained
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.pretrained import diagnose, intervene, report
-from vitsinks.pretrained.posthoc import (
+from vitsinks.pretrained.edit_calls import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,

@@ -9,9 +9,9 @@ import vitsinks.quant  # noqa: F401 - registers the w8a8 edit
 from tests.helpers.tiny import tiny_vit
 from vitsinks.backbones import adapt
 from vitsinks.configs.schema import QuantConfig
+from vitsinks.posthoc import METHODS
 from vitsinks.quant.w8a8 import W8A8, fake_quant, qmax, scale_of
 from vitsinks.quantize import feature_cosines
-from vitsinks.trainfree import METHODS
 from vitsinks.utils.errors import BadValue
 
 

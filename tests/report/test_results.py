@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers.tiny import tiny_vit
 from vitsinks.diagnostics import diagnose, summarize
-from vitsinks.eval.probe_results import probe_seed
 from vitsinks.interventions.report import InterventionsReport, scope_of
+from vitsinks.probes.probe_results import probe_seed
 from vitsinks.report import collect  # noqa: F401 - registers every result type the leaderboard shows
 from vitsinks.utils.results import result_types
 

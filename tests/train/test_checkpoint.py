@@ -90,7 +90,7 @@ def test_evaluation_and_diagnostics_refuse_a_checkpoint_with_nan_weights(runs: P
 
 
 def test_non_finite_features_are_refused_and_never_cached(tmp_path: Path) -> None:
-    from vitsinks.eval.features import extract
+    from vitsinks.probes.features import extract
 
     data = [(torch.zeros(2), 0)] * 4
     with pytest.raises(NonFinite, match="features are not finite"):

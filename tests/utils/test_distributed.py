@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from tests.helpers.distributed import run_ranks
 from vitsinks.data import BadImage
-from vitsinks.eval.features import extract
+from vitsinks.probes.features import extract
 from vitsinks.utils import distributed
 from vitsinks.utils.distributed import PG_TIMEOUT, gather_objects, init_distributed, resolve_device
 from vitsinks.utils.errors import NonFinite

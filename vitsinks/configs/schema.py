@@ -300,10 +300,10 @@ class EvalConfig:
     linear_last_blocks: list[int] = bounded(factory=lambda: [1, 4], ge=1)
     linear_epochs: int = bounded(10, ge=1)
     linear_batch_size: int = bounded(256, ge=1)
-    linear_protocol: str = "dinov2"  # what each head reads and its optimiser (vitsinks/eval/probes.py)
+    linear_protocol: str = "dinov2"  # what each head reads and its optimiser (vitsinks/probes/linear_protocols.py)
     dense_data: str | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
-    # The dense probe's protocol (vitsinks/eval/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
+    # The dense probe's protocol (vitsinks/probes/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
     # sliding window at full label resolution) | kempner (the reference's Linear probe at 512 px, augmented, best
     # val epoch) | kempner_cached (the same on cached features, 3 probe seeds). The fields below left at None take
     # the protocol's own value; the kempner protocols accept only dense_size and dense_epochs as overrides.

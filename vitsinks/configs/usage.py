@@ -51,18 +51,11 @@ def _first_line(path: Path) -> str:
 
 
 def commands(root: Path = PACKAGE) -> dict[str, str]:
-    """`python -m` name -> one-line description, for every command under the package folder `root`, by name: a
-    module that runs under `python -m` (an `if __name__ == "__main__":` block; its line: its docstring's first) or a
-    package with a `__main__.py` (its `__init__.py`'s), `python -m vitsinks` itself left out."""
-    found: dict[str, str] = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if path.name == "__main__.py":
-            if path.parent == root:
-                continue  # the listing itself
-            found[".".join(parts[:-1])] = _first_line(path.parent / "__init__.py") or _first_line(path)
-        elif path.name != "__init__.py" and _runs_as_main(ast.parse(path.read_text())):
-            found[".".join(parts)] = _first_line(path)
+    """`python -m` name -> one-line description (its docstring's first line), for every command under the package
+    folder `root`: a module with an `if __name__ == "__main__":` block (docs/architecture.md: where commands live)."""
+    found = {".".join(path.relative_to(root.parent).with_suffix("").parts): _first_line(path)
+             for path in sorted(root.rglob("*.py"))
+             if path.name not in ("__init__.py", "__main__.py") and _runs_as_main(ast.parse(path.read_text()))}
     return dict(sorted(found.items()))
 
 
@@ -88,8 +81,7 @@ def help_text(doc: str | None, aliases: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """A command's source: `command` (its `python -m` name) and `path` (the file that runs: a package's
-    `__main__.py`)."""
+    """A command's source: `command` (its `python -m` name) and `path` (its module's file)."""
 
     command: str
     path: Path
@@ -97,11 +89,9 @@ class Source:
     @classmethod
     def of(cls, command: str) -> Source:
         """The source of `python -m <command>`; a `LookupError` when no such vitsinks module exists."""
-        parts = command.removesuffix(".__main__").split(".")
+        parts = command.split(".")
         if parts[0] == PACKAGE.name and len(parts) > 1:
             base = PACKAGE.parent.joinpath(*parts)
-            if (base / "__main__.py").is_file():
-                return cls(".".join(parts), base / "__main__.py")
             if base.with_suffix(".py").is_file() and _runs_as_main(ast.parse(base.with_suffix(".py").read_text())):
                 return cls(".".join(parts), base.with_suffix(".py"))
         raise LookupError(f"{command} is not a vitsinks command (python -m vitsinks lists them)")
@@ -116,11 +106,8 @@ class Source:
 
     @property
     def doc(self) -> str:
-        """The running module's docstring (a package's `__main__.py`, else its `__init__.py`)."""
-        doc = ast.get_docstring(self.tree, clean=False)
-        if not doc and self.path.name == "__main__.py":
-            doc = ast.get_docstring(ast.parse((self.path.parent / "__init__.py").read_text()), clean=False)
-        return (doc or "").strip()
+        """The command module's docstring."""
+        return (ast.get_docstring(self.tree, clean=False) or "").strip()
 
     @cached_property
     def constants(self) -> dict[str, Any]:
@@ -212,16 +199,19 @@ def command_help(command: str, argv: Sequence[str] = ()) -> str:
     subs = src.subcommands()
     if words and words[0] in subs:
         return f"python -m {src.command} {words[0]}: {subs[words[0]]}\n\noptions: -h, --help (this text)"
-    part = src.path.parent / f"{words[0]}.py" if words and src.path.name == "__main__.py" else None
+    parts = src.constants.get("PARTS")  # the package of a command's parts (`bench models`: vitsinks.benchmarks.models)
+    part = PACKAGE.parent.joinpath(*parts.split("."), f"{words[0]}.py") if words and parts else None
     if src.is_hydra:
         text = help_text(src.doc, src.aliases())
     else:
         args = src.argument_lines()
         text = src.doc + ("\n\narguments (key=value):\n" + "\n".join(args) if args else "")
         text += "\n\noptions: -h, --help (this text)"
-    if part is not None and part.is_file():  # `bench models --help`: the part's own docstring too
-        doc = (ast.get_docstring(ast.parse(part.read_text())) or "").strip()
-        text += f"\n\npython -m {src.command} {words[0]}: {doc}" if doc else ""
+    if part is not None and part.is_file():  # `bench gpu --help`: the part's own docstring and arguments too
+        sub = Source(f"{src.command} {words[0]}", part)
+        args = sub.argument_lines()
+        text += f"\n\npython -m {sub.command}: {sub.doc}" if sub.doc else ""
+        text += "\n\narguments (key=value):\n" + "\n".join(args) if args else ""
     if subs:
         text += f"\n\nsub-commands (python -m {src.command} <word> --help): {', '.join(subs)}"
     return text

@@ -1,7 +1,7 @@
 """The variants: the files of the `exp` config group (`schema.exp_names`), and the order they are shown in.
 
 Every list of all variants (the leaderboard's row order, the bench, the tests, the variant tables of README.md and
-docs/variants.md written by `python -m vitsinks.configs.docs variants`) derives from `exp_names()`. The one
+docs/variants.md written by `python -m vitsinks.docs variants`) derives from `exp_names()`. The one
 hand-kept choice is `STUDY_VARIANTS`, an experiment's design: it puts the study's variants first.
 """
 

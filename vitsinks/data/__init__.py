@@ -7,7 +7,7 @@ from vitsinks.data.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
 from vitsinks.data.fashion_mnist import FashionMNIST
 from vitsinks.data.imagefolder import BadImage, ImageFolderSplit, read_item
 from vitsinks.data.sinktasks import SinkTask, is_sink_task
-from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.data.synthetic_images import SyntheticShapes
 
 __all__ = ["DATASETS", "FASHION_MNIST_ROOT", "BadImage", "FashionMNIST", "ImageFolderSplit", "SinkTask",
            "SyntheticShapes", "build_dataset", "check_root", "is_sink_task", "num_classes", "read_item"]

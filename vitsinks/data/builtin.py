@@ -16,7 +16,7 @@ from vitsinks.data.fashion_mnist import FashionMNIST
 from vitsinks.data.imagefolder import ImageFolderSplit, train_classes
 from vitsinks.data.segmentation import BackgroundIgnored, FashionMNISTMosaic, SyntheticMasks, ade20k, voc
 from vitsinks.data.sinktasks import SinkTask, sink_task_name
-from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.data.synthetic_images import SyntheticShapes
 
 
 def _length(cfg: DataConfig, split: str) -> int:
@@ -31,7 +31,7 @@ def _stream(seed: int, split: str) -> int:
 
 @DATASETS.register
 class Synthetic(DataSet):
-    """Procedural shapes (`vitsinks.data.synthetic`); its masks: `num_classes + 1` classes, 0 = background."""
+    """Procedural shapes (`vitsinks.data.synthetic_images`); its masks: `num_classes + 1` classes, 0 = background."""
 
     name = "synthetic"
     masks = True

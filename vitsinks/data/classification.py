@@ -7,7 +7,7 @@ from pathlib import Path
 from torch.utils.data import Dataset, Subset
 
 from vitsinks.data.sinktasks import SinkTask
-from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.data.synthetic_images import SyntheticShapes
 from vitsinks.utils.errors import InputNotFound
 
 

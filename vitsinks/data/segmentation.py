@@ -21,7 +21,7 @@ from torchvision.transforms import v2
 from vitsinks.configs.schema import DataConfig
 from vitsinks.data.datasets import DATASETS
 from vitsinks.data.imagefolder import BadImage, strict_loader
-from vitsinks.data.synthetic import SyntheticShapes
+from vitsinks.data.synthetic_images import SyntheticShapes
 from vitsinks.utils.errors import BadValue
 
 if TYPE_CHECKING:  # annotations only

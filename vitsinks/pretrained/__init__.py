@@ -20,8 +20,7 @@ from vitsinks.backbones import (
     adapter_for,
 )
 from vitsinks.pretrained.api import batch_size_for, diagnose, diagnose_fields, intervene, neuron_table, report, tables
-from vitsinks.pretrained.hub import Loaded, load
-from vitsinks.pretrained.posthoc import (
+from vitsinks.pretrained.edit_calls import (
     add_test_time_register,
     apply_massive,
     apply_w8a8,
@@ -30,6 +29,7 @@ from vitsinks.pretrained.posthoc import (
     register_neurons,
     remove_edits,
 )
+from vitsinks.pretrained.hub import Loaded, load
 
 __all__ = ["ADAPTERS", "Adapter", "AttentionView", "Backbone", "BlockView", "LayerScaleView", "Loaded",
            "add_test_time_register", "adapt", "adapter_for", "apply_massive", "apply_w8a8", "batch_size_for",

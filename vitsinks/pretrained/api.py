@@ -32,8 +32,8 @@ from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.passes import eval_mode
 from vitsinks.models.seam import Backbone
+from vitsinks.posthoc.applied import check_plain
 from vitsinks.pretrained.images import ImageSource, as_images
-from vitsinks.trainfree.applied import check_plain
 from vitsinks.utils.errors import BadValue
 
 ATTN_COPIES = 4  # float32 (B, H, N, N) arrays alive at once in one block's diagnosis (scores, A, and the fields')

@@ -26,10 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.configs.search import options, yaml_description
-from vitsinks.eval.probe_results import DenseResult, LinearResult
 from vitsinks.models import MITIGATIONS, SIZES, SinkBlock, run_variant
 from vitsinks.models.config import config_values
 from vitsinks.models.kinds import DEFAULT_KIND
+from vitsinks.probes.probe_results import DenseResult, LinearResult
 from vitsinks.publish.provenance import Source
 from vitsinks.quant.quant_results import QuantResult
 from vitsinks.report.collect import result_types

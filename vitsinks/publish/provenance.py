@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from vitsinks.configs.upgrade import upgrade
 from vitsinks.models import SinkViT
 from vitsinks.models.weights import load
+from vitsinks.posthoc import method as trainfree_method
 from vitsinks.train.checkpoint import backbone_from_state
-from vitsinks.trainfree import method as trainfree_method
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue, InputNotFound
 from vitsinks.utils.rundir import RunDir, in_run

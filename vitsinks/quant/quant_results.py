@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from vitsinks.eval.probe_results import LINEAR_PROBE, ONLINE_PROBE, dense_column, parse_dense_kind
+from vitsinks.probes.probe_results import LINEAR_PROBE, ONLINE_PROBE, dense_column, parse_dense_kind
 from vitsinks.quant.outliers import stat_max
 from vitsinks.utils import files
 from vitsinks.utils.results import RESULTS, Column, Result

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from vitsinks.models.seam import Backbone, LinearSite
+from vitsinks.posthoc.applied import record, refuse_twice
+from vitsinks.posthoc.method import METHODS, TrainFreeMethod
 from vitsinks.quant.outliers import input_maxima, layer_paths
-from vitsinks.trainfree.applied import record, refuse_twice
-from vitsinks.trainfree.method import METHODS, TrainFreeMethod
 from vitsinks.utils.errors import BadValue, NonFinite
 
 

@@ -25,18 +25,19 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-# the modules whose result types the leaderboard shows (each registers its own on import)
-import vitsinks.eval.probe_results  # noqa: F401
 import vitsinks.interventions.report  # noqa: F401
+
+# the modules whose result types the leaderboard shows (each registers its own on import)
+import vitsinks.probes.probe_results  # noqa: F401
 import vitsinks.report.training  # noqa: F401
 from vitsinks.configs.upgrade import upgrade
 from vitsinks.configs.variants import variant_order
 from vitsinks.diagnostics.summary import DiagnosticsSummary
 from vitsinks.models import run_variant
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_columns
+from vitsinks.posthoc import edited_variant
 from vitsinks.quant.quant_results import QuantResult  # registers it too
 from vitsinks.report.experiment import QUANT, SINK_RULE, defined, experiments, named, rule_setting
-from vitsinks.trainfree import edited_variant
 from vitsinks.utils.columns import GROUPS, Column
 from vitsinks.utils.errors import InputNotFound
 from vitsinks.utils.results import Probed, result_types

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitsinks.eval.probe_results import ONLINE_PROBE
 from vitsinks.objectives.monitors import KNN, RANKME
+from vitsinks.probes.probe_results import ONLINE_PROBE
 from vitsinks.utils import files
 from vitsinks.utils.results import RESULTS, Column, Probed, Result
 from vitsinks.utils.rundir import RunDir

@@ -17,8 +17,8 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from vitsinks.posthoc.resume import describe, finish_command, status
 from vitsinks.quant.quant_results import QuantResult
-from vitsinks.trainfree.resume import describe, finish_command, status
 from vitsinks.utils.rundir import RunDir
 from vitsinks.utils.runstate import lock_held
 

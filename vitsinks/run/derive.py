@@ -30,15 +30,15 @@ from vitsinks.configs.upgrade import saved, upgrade
 from vitsinks.data import build_dataset
 from vitsinks.data.selection import fixed_images
 from vitsinks.models import SinkViT
+from vitsinks.posthoc.method import METHODS
+from vitsinks.posthoc.method import method as get_method
+from vitsinks.posthoc.resume import keep_or_redo
 from vitsinks.pretrained.hub import folder_name
 from vitsinks.run.diagnosed import diagnose_checkpoint
 from vitsinks.run.pipeline import probes as run_probes
 from vitsinks.run.source import HUB_ANALYSES, ModelSource, Opened, open_model, resolve
 from vitsinks.run.written import clear_run
 from vitsinks.train.checkpoint import save_state
-from vitsinks.trainfree.method import METHODS
-from vitsinks.trainfree.method import method as get_method
-from vitsinks.trainfree.resume import keep_or_redo
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import BadValue

@@ -3,7 +3,7 @@
 With `eval.after_train=true` a finished run's `last.pt` gets the diagnostics, the linear probe and the dense probe.
 
 With several ranks every rank evaluates: the probes' feature extraction is sharded over the ranks and gathered on
-each (`vitsinks.eval.features.extract`, collectives every rank must join), each rank fits the same heads on the
+each (`vitsinks.probes.features.extract`, collectives every rank must join), each rank fits the same heads on the
 same features, the dense evaluation shards its images and syncs its confusion matrix, and only rank 0 writes
 (`eval.common.write_result`, the heads, the figures). The diagnostics run on rank 0 alone, after the probes, so that
 no rank waits at a collective meanwhile.

@@ -14,8 +14,8 @@ from torch.utils.data import Dataset
 
 from vitsinks.data import build_dataset, num_classes
 from vitsinks.data.segmentation import build_seg_dataset, num_seg_classes, resize_label, to_input
-from vitsinks.eval.common import limit, write_result
-from vitsinks.eval.dense_head import (
+from vitsinks.probes.common import limit, write_result
+from vitsinks.probes.dense_head import (
     DenseHead,
     augmented_batches,
     check_size,
@@ -26,12 +26,12 @@ from vitsinks.eval.dense_head import (
     plot_examples,
     predict_examples,
 )
-from vitsinks.eval.dense_protocols import resolve
-from vitsinks.eval.features import cache_key, extract, global_features, patch_features, width
-from vitsinks.eval.linear_grid import train_grid
-from vitsinks.eval.metrics import mean_std
-from vitsinks.eval.probe_results import DenseResult, LinearResult, dense_kind
-from vitsinks.eval.probes import DEFAULT_LINEAR, LINEAR_PROTOCOLS, linear_kind
+from vitsinks.probes.dense_protocols import resolve
+from vitsinks.probes.features import cache_key, extract, global_features, patch_features, width
+from vitsinks.probes.linear_grid import train_grid
+from vitsinks.probes.linear_protocols import DEFAULT_LINEAR, LINEAR_PROTOCOLS, linear_kind
+from vitsinks.probes.metrics import mean_std
+from vitsinks.probes.probe_results import DenseResult, LinearResult, dense_kind
 from vitsinks.run.source import for_probes
 from vitsinks.utils import files
 from vitsinks.utils.distributed import rank_world

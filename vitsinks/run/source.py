@@ -48,11 +48,11 @@ from vitsinks.data.selection import fixed_images, images_of, select_items, selec
 from vitsinks.models import SinkViT, model_from_config
 from vitsinks.models.seam import Backbone
 from vitsinks.models.weights import load as load_file
+from vitsinks.posthoc import method as trainfree_method
+from vitsinks.posthoc import reapply
 from vitsinks.pretrained.hub import LOADERS, Loaded, canonical, hub_dir, load
 from vitsinks.run.imported import PlannedImport, import_config, planned_import, write_import
 from vitsinks.train.checkpoint import backbone_from_state, classifier_from_state
-from vitsinks.trainfree import method as trainfree_method
-from vitsinks.trainfree import reapply
 from vitsinks.utils import files
 from vitsinks.utils.distributed import init_distributed
 from vitsinks.utils.errors import BadValue, InputNotFound

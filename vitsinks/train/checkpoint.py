@@ -3,7 +3,7 @@ non-finite weights, the check that a checkpoint fits the run, and the classifier
 
 A derived run's checkpoint (`vitsinks.trainfree`: a post-hoc edit of a trained backbone) names its edit and holds its
 fitted state; the post-hoc methods sit above the training code, so the loader is handed the function that puts the
-edit back (`reapply`: `vitsinks.trainfree.reapply`, which `vitsinks.run.source` passes)."""
+edit back (`reapply`: `vitsinks.posthoc.reapply`, which `vitsinks.run.source` passes)."""
 
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ class RunDir:
 
     @property
     def eval_cache(self) -> Path:
-        """Cached evaluation features (`vitsinks.eval.features`)."""
+        """Cached evaluation features (`vitsinks.probes.features`)."""
         return self.path / "eval_cache"
 
     def quantized(self, fmt: str) -> Path:

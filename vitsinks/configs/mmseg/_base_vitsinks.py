@@ -1,6 +1,6 @@
 # Runtime settings shared by the vitsinks mmsegmentation configs (mmengine Python configs). Needs `vitsinks[mmseg]`
-# and an mmcv with compiled ops; custom_imports registers VitsinksBackbone (vitsinks.eval.mmseg_adapter).
-custom_imports = dict(imports=["vitsinks.eval.mmseg_adapter"], allow_failed_imports=False)
+# and an mmcv with compiled ops; custom_imports registers VitsinksBackbone (vitsinks.probes.mmseg_adapter).
+custom_imports = dict(imports=["vitsinks.probes.mmseg_adapter"], allow_failed_imports=False)
 default_scope = "mmseg"
 data_preprocessor = dict(type="SegDataPreProcessor", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
                          bgr_to_rgb=True, pad_val=0, seg_pad_val=255, size=(512, 512))
