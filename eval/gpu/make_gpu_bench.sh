@@ -18,4 +18,4 @@ if [ -d .whl ]; then  # the packages the machine's image lacks (eval/gpu/wheels.
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader || true
-$PY -m vitsinks.benchmarks.gpu run out="$OUT_JSON" budget_s="$BUDGET"
+$PY -m vitsinks.bench gpu run out="$OUT_JSON" budget_s="$BUDGET"
