@@ -1,5 +1,5 @@
 """docs/extending.md followed, each recipe once, touching only the files the page names: a data set, an objective,
-two probe protocols, a model family and a post-hoc method written in a user's own module (`plugins=`) with their
+three probe protocols, a model family and a post-hoc method written in a user's own module (`plugins=`) with their
 configs in a user's config folder, run through the commands in-process; an attention kind and a block mitigation
 written into a copy of the package, trained by `python -m vitsinks.launch`. Whatever a test registers is unregistered
 after it."""
@@ -27,18 +27,19 @@ from vitsinks.models import KINDS, MITIGATIONS
 from vitsinks.objectives import OBJECTIVES
 from vitsinks.posthoc import METHODS
 from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.probes.knn_protocols import KNN_PROTOCOLS
 from vitsinks.probes.linear_protocols import LINEAR_PROTOCOLS
 from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.registry import Registry
 from vitsinks.utils.results import RESULTS
 
 REGISTRIES: tuple[Registry, ...] = (KINDS, MITIGATIONS, ADAPTERS, OBJECTIVES, DATASETS, DENSE_PROTOCOLS,
-                                    LINEAR_PROTOCOLS, METHODS, RESULTS)
+                                    LINEAR_PROTOCOLS, KNN_PROTOCOLS, METHODS, RESULTS)
 
 # A user's module, as docs/extending.md writes each part of it: every open set is registered where it is defined.
 PLUGIN = '''
-"""A user's extensions of vitsinks: a data set, an objective, a linear and a dense probe protocol, a model family
-and a post-hoc method."""
+"""A user's extensions of vitsinks: a data set, an objective, a linear, a k-NN and a dense probe protocol, a model
+family and a post-hoc method."""
 
 import dataclasses
 
@@ -55,6 +56,7 @@ from vitsinks.backbones.timm_vit import TimmViT
 from vitsinks.data.datasets import DATASETS, DataSet
 from vitsinks.data.crops import collate_views
 from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS
+from vitsinks.probes.knn_protocols import KNN_PROTOCOLS, KnnProtocol
 from vitsinks.probes.linear_protocols import LINEAR_PROTOCOLS, LinearProtocol
 from vitsinks.objectives.objective import OBJECTIVES, Objective
 from vitsinks.objectives.supervised import SupervisedSamples
@@ -131,6 +133,8 @@ class MeanToZero(Objective):
 
 
 LINEAR_PROTOCOLS.register(LinearProtocol("vsx_linear", "a [CLS]-only probe", pools=("cls",), momentum=0.0))
+KNN_PROTOCOLS.register(KnnProtocol("vsx_knn", "a patch-token vote", ks=(1, 3), k=3, temperature=1.0,
+                                   feature="avgpool"))
 DENSE_PROTOCOLS.register(dataclasses.replace(DENSE_PROTOCOLS["dinov2"], name="vsx_dense", epochs=1, batch_size=4,
                                              label="a one-epoch probe"))
 
@@ -243,14 +247,17 @@ def test_probe_protocols_of_a_users_module_probe_and_reach_the_leaderboard(plugi
     ckpt = trained(runs, "pp")
     probe = [*TINY, f"runs_dir={runs}", f"ckpt={ckpt}", f"plugins=[{plugin}]", "data=vsx_squares",
              "eval.max_train_images=16", "eval.max_val_images=8", "eval.linear_epochs=1", "eval.linear_lrs=[0.01]"]
-    _command("eval.linear", *probe, "eval.linear_protocol=vsx_linear")
+    _command("eval.linear", *probe, "eval.linear_protocol=vsx_linear", "eval.knn_protocol=vsx_knn")
     _command("eval.dense", *probe, "eval.dense_protocol=vsx_dense", "eval.dense_examples=0")
     results = runs / "pp" / "results"
     linear = json.loads((results / "linear_vsx_linear.json").read_text())
     assert linear["protocol"] == "vsx_linear" and {c["pool"] for c in linear["grid"]} == {"cls"}  # its recipe
+    knn = json.loads((results / "knn_vsx_knn.json").read_text())
+    assert (knn["protocol"], knn["feature"], knn["temperature"], knn["k"]) == ("vsx_knn", "avgpool", 1.0, 3)
+    assert [s["k"] for s in knn["by_k"]] == [1, 3] and knn["top1"] == knn["by_k"][1]["top1"]
     dense = json.loads((results / "dense_vsx_squares_vsx_dense.json").read_text())
     assert dense["protocol"] == "vsx_dense" and dense["protocol_settings"]["epochs"] == 1 and dense["classes"] == 5
-    assert not (results / "linear.json").exists()  # the default protocol's result is another file
+    assert not (results / "linear.json").exists() and not (results / "knn.json").exists()  # the defaults' files
     with pytest.raises(SystemExit) as done:
         _command("leaderboard", f"runs={runs}", f"out={runs / 'board'}", f"plugins=[{plugin}]")
     assert done.value.code == 0
@@ -258,8 +265,10 @@ def test_probe_protocols_of_a_users_module_probe_and_reach_the_leaderboard(plugi
     values = dict(zip(header.split(","), row.split(","), strict=True))
     assert float(values["linear_vsx_linear_top1"]) == pytest.approx(linear["best"]["top1"])
     assert float(values["dense_vsx_squares_vsx_dense"]) == pytest.approx(100 * dense["mIoU"])
+    assert float(values["knn_vsx_knn_probe_top1"]) == pytest.approx(knn["top1"])
     board = (runs / "board" / "leaderboard.md").read_text()
     assert "Squares mIoU (a one-epoch probe)" in board and "linear top-1 (a [CLS]-only probe)" in board
+    assert "k-NN probe top-1 (k=3, a patch-token vote)" in board
 
 
 def test_a_model_family_of_a_users_module_is_diagnosed_through_hub(plugin: str, tmp_path: Path) -> None:
@@ -275,7 +284,7 @@ def test_a_model_family_of_a_users_module_is_diagnosed_through_hub(plugin: str, 
 
 def test_a_post_hoc_method_of_a_users_module_derives_a_run_through_trainfree(plugin: str, runs: Path) -> None:
     ckpt = trained(runs, "ph")
-    _command("trainfree.__main__", *TINY, f"runs_dir={runs}", f"ckpt={ckpt}", f"plugins=[{plugin}]",
+    _command("trainfree", *TINY, f"runs_dir={runs}", f"ckpt={ckpt}", f"plugins=[{plugin}]",
              "method=vsx_damp", "fit_images=4", "probes=false")
     assert sys.modules[plugin].FITTED == [4]
     derived = runs / "ph+vsx_damp"
@@ -289,6 +298,7 @@ def test_a_post_hoc_method_of_a_users_module_derives_a_run_through_trainfree(plu
     (["data.name=vsx_none"], "data.name=vsx_none is no registered data set: choose one of synthetic, "),
     (["objective.name=vsx_none"], "objective.name=vsx_none is no registered objective: choose one of lejepa, "),
     (["eval.dense_protocol=vsx_none"], "eval.dense_protocol=vsx_none is no registered dense-probe protocol"),
+    (["eval.knn_protocol=vsx_none"], "eval.knn_protocol=vsx_none is no registered k-NN probe protocol"),
     (["plugins=[vsx_nowhere]"], "plugins: no module vsx_nowhere on the Python path"),
 ])
 def test_an_unregistered_name_stops_the_command_before_any_work(args: list[str], said: str, runs: Path,

@@ -1,9 +1,5 @@
-"""`python -m vitsinks`: the commands of the package, one line each (found in the source, not a hand-kept list).
-
-A command is a module that runs under `python -m` (it has an `if __name__ == "__main__":` block) or a package with a
-`__main__.py`; its line is the first line of its docstring (a package's: its `__init__.py`'s). The listing is
-`vitsinks.configs.usage.commands`.
-"""
+"""`python -m vitsinks`: the commands of the package, one line each, found in the source (`configs.usage.commands`:
+every module with an `if __name__ == "__main__":` block, and its docstring's first line)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
     python -m vitsinks.bench WHAT [size=NAME] [batch=N] [repeats=N]
 
-WHAT: models, train, diagnostics, eval, intervene, data, pretrained, gpu, or first-run (README command 1, timed
-whole).
+WHAT: models, train, diagnostics, eval, intervene, data, pretrained, gpu, or first-run (README command 1, timed whole).
 """
 
 from __future__ import annotations
@@ -16,11 +15,9 @@ from vitsinks.benchmarks.gpu import gpu_command
 from vitsinks.configs.cli import parse_args, run_command
 from vitsinks.utils.errors import ConfigError
 
-# benchmark -> its default model size (None: the benchmark takes none)
+# benchmark -> its default model size(s) (None: the benchmark takes none)
 BENCHMARKS = {"models": "vit_cpu", "train": None, "diagnostics": "vit_small", "eval": "vit_cpu", "intervene": "vit_cpu",
-              "data": None, "pretrained": "vit_small,vit_large",  # timm sizes, comma-separated (bench.pretrained)
-              "gpu": "vit_large,vit_base",  # gpu: sizes, comma-separated (vitsinks.benchmarks.gpu)
-              "first-run": None}  # README command 1, timed whole (vitsinks.benchmarks.first_run)
+              "data": None, "pretrained": "vit_small,vit_large", "gpu": "vit_large,vit_base", "first-run": None}
 USAGE = "python -m vitsinks.bench WHAT [size=NAME] [batch=N] [repeats=N]"
 PARTS = "vitsinks.benchmarks"  # where each benchmark lives
 MODULES = {"intervene": "interventions", "first-run": "first_run"}  # a benchmark's module, where not its name
@@ -45,7 +42,7 @@ def bench_command(argv: Sequence[str]) -> int:
         raise ConfigError(f"batch and repeats must be > 0 (got {kw})")
     run = importlib.import_module(f"{PARTS}.{MODULES.get(args.what, args.what)}").run
     default = BENCHMARKS[args.what]
-    run(**kw) if default is None else run(args.size or default, **kw)
+    print(run(**kw) if default is None else run(args.size or default, **kw))
     return 0
 
 

@@ -3,15 +3,10 @@
     python -m vitsinks.convert file=runs/<name>/checkpoints/last.pt trust=true
     python -m vitsinks.convert file=downloaded.pth trust=true out=converted.pt
 
-vitsinks reads every `torch.save` file weights-only: tensors, plain containers, numbers and strings, nothing that
-could run code (docs/commands.md#convert). A file that names other Python objects is refused with the line to run
-here. This command is the one place that reads such a file the unsafe way, which runs any code the file carries:
-run it only on a file whose origin you trust (a checkpoint of an earlier vitsinks version, whose random state held
-numpy arrays; weights saved with numpy or OmegaConf objects). A file that names anything but data types (a function,
-a script's own class) is refused here too, whatever `trust=` says. It writes the same content as plain data: numpy
-arrays become tensors, an `argparse.Namespace` or an OmegaConf config a dict, the numpy random state of a vitsinks
-checkpoint the form vitsinks writes today. Without `out=` the file is converted in place and the original kept
-beside it as `<file>.unsafe`; the result is read back weights-only and compared before the command says done.
+vitsinks reads every `torch.save` file weights-only (docs/commands.md#convert). This command reads a refused file the
+unsafe way, which runs any code it carries (use it only on a file whose origin you trust; one that names a function or
+a script's own class is refused anyway), and writes the same content as plain data, read back and compared; without
+`out=` in place, the original kept as `<file>.unsafe`.
 """
 
 from __future__ import annotations
@@ -94,8 +89,8 @@ def same(a: Any, b: Any) -> bool:
 
 
 def convert(src: Path, out: Path | None) -> Path:
-    """Write `src`'s content as plain data to `out` (None: in place, the original kept as `<src>.unsafe`) and
-    return where it went; the unsafe load this needs runs any code `src` carries."""
+    """Write `src`'s content as plain data to `out` (None: in place, the original kept) and return where; the unsafe
+    load this needs runs any code `src` carries."""
     try:
         torch_load(src)
         raise BadValue(f"{src} already loads safely (weights-only): nothing to convert")

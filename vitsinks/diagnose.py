@@ -6,17 +6,12 @@
     python -m vitsinks.diagnose hub=hf:facebook/dinov2-small data=imagenet data.root=...   # read unmodified
     python -m vitsinks.diagnose run=runs/trainfree/hf_<folder>+test_time_register      # a derived run: its last.pt
 
-The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`).
-Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json` with the residual side, PNG
-plots, the visual report `report.html`); `run=` of a trained run adds `<run>/diagnostics/over_training.{png,json,
-csv}`, the training curves `<run>/diagnostics/training_curves.png` and the run's page `<run>/diagnostics/report.html`
-(a run without periodic checkpoints, an import or a derived run, is diagnosed as its `last.pt`).
-`diagnostics.residual=false` / `diagnostics.report=false` leave the residual side / the pages out. A pretrained
-model's run is its import (`run.imported`: `<runs_dir>/<model>/`, written with the outputs), so its outputs sit in
-that run as a trained run's do; a loose checkpoint file's go to `<runs_dir>/diagnostics/<model>/`
-(`utils.rundir.analyses_dir`). `hub=` reads a timm, transformers or open_clip model (or an exported folder)
-unmodified, through its family's adapter (docs/pretrained.md), with its own preprocessing; its outputs go to
-`<runs_dir>/diagnostics/<hub>/`.
+The model is any source a command takes (`ckpt=`, `run=`, `model.pretrained=`, `hub=`; docs/commands.md#diagnose).
+Outputs go to `<run>/diagnostics/<checkpoint>/` (`per_image.npz`, `summary.json`, PNG plots, `report.html`); `run=`
+of a trained run adds the over-training plot and tables, the training curves and the run's page in `<run>/diagnostics/`.
+A pretrained model's run is its import (`<runs_dir>/<model>/`); a loose checkpoint file's or a `hub=` model's
+outputs go to `<runs_dir>/diagnostics/<model>/`.
+`diagnostics.residual=false` / `diagnostics.report=false` leave the residual side / the pages out.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ from vitsinks.utils.rundir import RunDir
 
 
 def over_a_run(run: RunDir) -> bool:
-    """`run=` names a run to diagnose over training (checkpoints or diagnoses of its steps), not one model (an
-    import, a derived run: its `last.pt`)."""
+    """`run=` names a run to diagnose over training, not one model (an import, a derived run)."""
     return bool(run.step_checkpoints() or run.diagnosed_steps()) or not run.last.is_file()
 
 

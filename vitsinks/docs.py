@@ -2,9 +2,6 @@
 
     python -m vitsinks.docs > docs/commands-options.md    # every command's options (printed)
     python -m vitsinks.docs variants                       # README.md's variant list, docs/variants.md's table
-
-Both are made from what the code declares (`vitsinks.pages.options_page`); tests compare the committed pages with
-this output.
 """
 
 from __future__ import annotations

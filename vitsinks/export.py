@@ -4,15 +4,10 @@
     python -m vitsinks.export run=runs/<name> out=exports/<name>          # the run's last checkpoint
     python -m vitsinks.export run=runs/<name> out=exports/<name> push=true repo=<user>/<name>
 
-`out` (a new or empty folder, or an earlier export of the same checkpoint, whose files are replaced) gets
-`model.safetensors`, `config.json` and `README.md`, a model card with the hub's metadata and the run's facts: the
-variant, data and recipe, steps, the probes with their protocols, the sinks by class and location, where the run
-differs from the reference's recipe, and the results still missing with the commands that make them. A variant timm
-builds from a config (the base ViT, registers, the elementwise gate) is written in timm's own layout and loads with
-`timm.create_model("local-dir:<out>", pretrained=True)` (or `hf-hub:<repo>`); every exported folder loads with
-`vitsinks.pretrained.load("vitsinks:<out>")`. A derived run (a training-free edit, the W8A8 copy) is refused: its
-edit is not in any weights file. `push=true repo=<user>/<name>` uploads the folder with huggingface_hub to
-`HF_ENDPOINT` (default the Hugging Face hub; `private=true` for a new private repository); `license=` sets the card's.
+`out` (a new or empty folder, or an earlier export of the same checkpoint) gets `model.safetensors`, `config.json`
+and a model card `README.md`; a variant timm builds is written in timm's layout (`timm.create_model("local-dir:<out>",
+pretrained=True)`), and every export loads with `vitsinks.pretrained.load("vitsinks:<out>")`. A derived run is refused.
+`push=true` uploads the folder to `HF_ENDPOINT` (`private=true`: a new private repository); `license=` sets the card's.
 """
 
 from __future__ import annotations

@@ -8,18 +8,12 @@
     python -m vitsinks.intervene ckpt=... nshards=4 cluster=slurm   # the 4 shards as one SLURM job array
     python -m vitsinks.intervene merge=runs/<name>/interventions/last
 
-The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`).
-Edits the first `n_images` validation images of the checkpoint's data (or `data=`'s) in the order of `selection` (a
-seeded permutation of the split by default; `selection=kempner_causal` is the reference's preset: 4,096 edited
-images, 4,096 held out, batches of 32); `mean_sink_value` and `mean_registers` average over the next
-`intervene.heldout_images` of that order (disjoint). Every row of interventions.csv names its image's split index
-(and the donor's, and the random patch drawn), so any row can be recomputed. Outputs in
-`<run>/interventions/<checkpoint>/` (a pretrained model's run is its import, `<runs_dir>/<model>/`, written with
-the outputs; a loose checkpoint file's folder is `<runs_dir>/interventions/<model>/`; a `hub=` model, read
-unmodified through its family's adapter with its own preprocessing, `<runs_dir>/interventions/<hub>/`; or
-`intervene.out`):
-interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png and the resolved config.yaml.
-Interventions run in float32 on the configured device (`cluster.device`).
+The model is any source a command takes (`ckpt=`, `run=`, `model.pretrained=`, `hub=`). Edits the first `n_images`
+validation images in the order of `selection` (`mean_sink_value` and `mean_registers` average over the next
+`intervene.heldout_images`), in float32 on `cluster.device`; every row of interventions.csv names its images' split
+indices. Outputs (interventions.csv, by_head.csv, by_class.md, summary.json, interventions.png, config.yaml) in
+`<run>/interventions/<checkpoint>/` (a loose checkpoint file's or a hub model's: `<runs_dir>/interventions/<model>/`)
+or `intervene.out`.
 """
 
 from __future__ import annotations
@@ -54,28 +48,22 @@ ALIASES = ("n_images", "heldout_images", "heads", "edits", "shard", "nshards", "
 
 
 def output_dir(cfg: DictConfig, source: ModelSource | None = None, write: bool = True) -> Path:
-    """`intervene.out`, else the model's `interventions` folder (`ModelSource.analyses`: `<run>/interventions/
-    <checkpoint>`; a loose checkpoint file's or a hub model's `<runs_dir>/interventions/<model>`), made and recorded
-    as the model's with `write` (without: looks only; another model's folder is refused either way)."""
+    """`intervene.out`, else the model's `interventions` folder (`ModelSource.analyses`), made and recorded as
+    the model's with `write` (another model's folder is refused either way)."""
     if cfg.intervene.out:
         return Path(cfg.intervene.out)
     return (source or resolve(cfg)).analyses("interventions", cfg.runs_dir, write)
 
 
-def reusable_diagnosis(source: ModelSource, data_keys: Sequence[str] | None) -> Path | None:
-    """The diagnostics fields (`per_image.npz`) of the checkpoint's run, when they are at least as new as the
-    checkpoint and the command line chose no other data; else None."""
+def _stage1(source: ModelSource, data_keys: Sequence[str] | None,
+            index: list[int]) -> tuple[Path, dict[str, np.ndarray]] | None:
+    """(the checkpoint's `per_image.npz`, its fields of the edited images) when it is not older than the
+    checkpoint, no other data was chosen and it holds these very images in this order; else None."""
     path = source.checkpoint
     if path is None or not in_run(path) or data_keys or not path.is_file():
         return None
     npz = RunDir.of_checkpoint(path).per_image(path.stem)
-    return npz if npz.is_file() and npz.stat().st_mtime >= path.stat().st_mtime else None
-
-
-def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
-    """The checkpoint's diagnostics fields of the edited images, when they were computed on these very images (the
-    same split indices, in the same order); else None (stage 1 is recomputed)."""
-    if npz is None:
+    if not npz.is_file() or npz.stat().st_mtime < path.stat().st_mtime:
         return None
     try:
         d = files.read_npz(npz, "")
@@ -85,12 +73,11 @@ def _stage1(npz: Path | None, index: list[int]) -> dict[str, np.ndarray] | None:
     images, n = d["sink_idx"].shape[0], len(index)
     if images < n or "image_index" not in d or d["image_index"][:n].tolist() != index:
         return None
-    return {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
+    return npz, {k: v[:n] if v.ndim and v.shape[0] == images else v for k, v in d.items()}
 
 
 def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str, Any], Path]:
-    """Interventions of one shard (all heads when nshards=1); writes the shard or the final outputs and returns
-    (the summary or the shard's metadata, the output folder)."""
+    """Interventions of one shard (all heads when nshards=1), written: (summary or shard metadata, output folder)."""
     st, source = cfg.intervene, resolve(cfg)
     output_dir(cfg, source, write=False)  # a folder of another model's is refused before the model is loaded
     model = open_model(source, cfg)
@@ -99,13 +86,13 @@ def run(cfg: DictConfig, data_keys: Sequence[str] | None = ()) -> tuple[dict[str
     claim(out, report.INTERVENTIONS)  # before any work: a folder of the user's is refused, nothing written into it
     target = out / report.SHARDS / f"{st.shard}-of-{st.nshards}" if st.nshards > 1 else out
     with files.FileLock(target.parent / f".{target.name}.lock", f"the interventions in {target}", INTERVENING):
-        return _run(cfg, st, model, reusable_diagnosis(source, data_keys), data_keys, out)
+        return _run(cfg, st, model, data_keys, out)
 
 
 INTERVENING = "wait for it to finish: another command writes the same interventions (or give intervene.out=)"
 
 
-def _run(cfg: DictConfig, st: DictConfig, model: Opened, npz: Path | None, data_keys: Sequence[str] | None,
+def _run(cfg: DictConfig, st: DictConfig, model: Opened, data_keys: Sequence[str] | None,
          out: Path) -> tuple[dict[str, Any], Path]:
     """`run`'s work, under the lock of its output."""
     source, data = model.source, pick_data(cfg.data, model.cfg.data, data_keys)
@@ -120,9 +107,9 @@ def _run(cfg: DictConfig, st: DictConfig, model: Opened, npz: Path | None, data_
     device = resolve_device(cfg.cluster.device)
     subject = model.to(device).backbone.eval()
     rules = SinkRules.from_config(cfg.diagnostics)
-    stage1 = _stage1(npz, index)
+    reused = _stage1(source, data_keys, index)
     res = intervene(subject, x.to(device), None if labels is None else labels.to(device), x_held.to(device), st,
-                    rules, stage1, index=index, heldout_index=heldout_index)
+                    rules, None if reused is None else reused[1], index=index, heldout_index=heldout_index)
     settings = {k: v for k, v in to_container(st).items() if k not in ("shard", "merge", "out")}
     protocol = to_container(cfg.selection)  # written as `protocol`, as always
     key_src = json.dumps([source.identity(), to_container(data), settings, protocol, rules.rule, rules.eps,
@@ -138,7 +125,7 @@ def _run(cfg: DictConfig, st: DictConfig, model: Opened, npz: Path | None, data_
             "donor_cosine_form": res.donor_cosine_form, "min_class_events": st.min_class_events,
             "mean_source": res.mean_source,
             "mean_sink_value_skipped": res.mean_skipped, "mean_registers_source": res.register_mean_source,
-            "checks": res.checks.as_dict(), "stage1": f"reused {npz}" if stage1 is not None else "computed",
+            "checks": res.checks.as_dict(), "stage1": f"reused {reused[0]}" if reused else "computed",
             "rule": rules.record(),
             "shard": st.shard, "nshards": st.nshards, "key": hashlib.sha1(key_src.encode()).hexdigest()}
     config = saved_yaml(cfg)
@@ -167,7 +154,6 @@ def submit_shards(cfg: DictConfig, data_keys: Sequence[str] | None) -> Path:
             raise InputNotFound(f"checkpoint {path} not found")
     out = output_dir(cfg)
     claim(out, report.INTERVENTIONS)
-    # a DictConfig merged with a mapping: a DictConfig
     cfgs = [cast(DictConfig, OmegaConf.merge(cfg, {"intervene": {"shard": k}})) for k in range(cfg.intervene.nshards)]
     jobs = slurm.submit(cfgs, slurm.logs_dir(cfg), job=partial(shard_job, data_keys=data_keys))
     (out / report.SHARDS).mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,12 +27,9 @@ from vitsinks.utils.errors import ConfigError, UserError
 from vitsinks.utils.metrics_log import read_metrics
 from vitsinks.utils.runstate import read_manifest, write_manifest
 
-log = logging.getLogger("vitsinks")
-
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train (then, with `eval.after_train`, evaluate) one run in this process (rank layout from torchrun/SLURM
-    variables) and return its summary."""
+    """Train (then, with `eval.after_train`, evaluate) one run in this process and return its summary."""
     trainer = Trainer(cfg)
     n = sum(p.numel() for p in trainer.backbone.parameters())
     if trainer.dist.is_main:
@@ -82,7 +78,11 @@ def _absolute(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def submit_one(cfg: DictConfig) -> None:
+def single(cfg: DictConfig) -> None:
+    """One run: here, or submitted as one SLURM job."""
+    if cfg.cluster.name != "slurm":
+        run(cfg)
+        return
     cfg = _absolute(cfg)
     slurm.check_submittable(cfg)
     job = slurm.submit([cfg], slurm.logs_dir(cfg))[0]
@@ -90,17 +90,8 @@ def submit_one(cfg: DictConfig) -> None:
     print(f"logs: {job.paths.stdout}, {job.paths.stderr}")
 
 
-def single(cfg: DictConfig) -> None:
-    """One run: here, or submitted as one SLURM job."""
-    if cfg.cluster.name == "slurm":
-        submit_one(cfg)
-    else:
-        run(cfg)
-
-
 def study_sweep(overrides: list[str]) -> list[str]:
-    """A sweep's overrides with `study=<name>` replaced by the study's sweep (its `hydra.sweeper.params`, in their
-    order; configs/README.md); as in Hydra, a key the command line also gives takes the command line's value."""
+    """The overrides with `study=<name>` replaced by its `hydra.sweeper.params` (the command line wins)."""
     chosen = [o for o in overrides if o.split("=", 1)[0] == "study"]
     if not chosen:
         return list(overrides)
@@ -117,8 +108,7 @@ def study_sweep(overrides: list[str]) -> list[str]:
 
 
 def multirun(overrides: list[str]) -> int:
-    """Expand the sweep (a study's included), skip finished runs, then run the rest here in turn or submit them as one
-    job array."""
+    """Expand the sweep, skip finished runs, then run the rest here in turn or submit them as one job array."""
     overrides = study_sweep(overrides)
     combos = sw.expand(overrides)
     cfgs = [_absolute(compose(o)) for o in combos]
@@ -131,8 +121,7 @@ def multirun(overrides: list[str]) -> int:
     entries = [sw.entry(i, o, c) for i, (o, c) in enumerate(zip(combos, cfgs, strict=True))]
     todo = [i for i, c in enumerate(cfgs) if not sw.is_finished(Path(entries[i]["run_dir"]), c)]
     meta = sw.carry_over(old, entries, todo, cfgs[0].cluster.name)
-    meta["command"] = "python -m vitsinks.launch -m " + " ".join(overrides)
-    meta["sweep_dir"] = str(folder)
+    meta.update(command="python -m vitsinks.launch -m " + " ".join(overrides), sweep_dir=str(folder))
     failed = 0
     if cfgs[0].cluster.name == "slurm":
         slurm.check_submittable(cfgs[todo[0] if todo else 0])
@@ -162,9 +151,7 @@ def multirun(overrides: list[str]) -> int:
 
 
 def status(sweep: str) -> int:
-    """Each run of a sweep: SLURM state, step, last loss; the tail of the log for failures, a killed run (status.json
-    says running but no process holds the run) among them, and what is wrong with a run's unreadable files. Exit 1
-    if any failed or was killed."""
+    """Each run of a sweep (SLURM state, step, last loss) and each failure's log tail; 1 if any failed or was killed."""
     manifest = read_manifest(sweep)
     folder = Path(manifest["sweep_dir"]) / "slurm"
     rows, failures, notes = [], [], []
@@ -184,8 +171,7 @@ def status(sweep: str) -> int:
     for line in notes:
         print(line)
     for e, state in failures:
-        what = f"killed ({state['note']}): relaunch the sweep to resume it" if state["status"] == "killed" \
-            else "failed"
+        what = f"killed ({state['note']}): relaunch the sweep to resume it" if state["status"] == "killed" else "failed"
         tail = slurm.log_tail(e["job_id"], folder) if e.get("job_id") else state.get("error") or e.get("state", "")
         print(f"\n--- {e['name']} ({e.get('job_id') or 'local'}) {what}; last log lines:\n{tail}"
               if tail else f"\n--- {e['name']} ({e.get('job_id') or 'local'}) {what}")

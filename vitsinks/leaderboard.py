@@ -4,17 +4,9 @@
     python -m vitsinks.leaderboard runs=runs [out=eval/leaderboard]  # every run directory under a folder
     python -m vitsinks.leaderboard runs=eval/leaderboard/inputs      # again, from its inputs, with today's code
 
-Per run: the configuration, the online probe (val top-1), the linear probe, the dense probes (mIoU) and the
-diagnostics summary (sinks per image: NOP-like, broadcast-like, on [CLS] / register / patch; massive-activation
-ratio). One row per experiment as mean +- std over seeds: runs of a variant that differ in anything but the seed
-(config, steps trained, an edit's checkpoint, quantization format, sink rule) are separate rows named by what
-differs (`vitsinks.report.experiment`), and each quantization format has its own columns. A variant is marked in
-a quality column only where Welch's t-test says it beats every other variant there (`significant_best`); the
-footnotes say which sink rule the summaries counted with, and the reference's sinks per image appear only beside
-counts made the reference's way.
-Writes leaderboard.{md,csv,html,png}, runs.csv and `inputs/` (the files it read from each run, and its title:
-enough to write it again with today's code, `bash eval/regenerate.sh`) into `out`. The columns are the registered
-results' and the block mitigations' (the library is `vitsinks.report`).
+One row per experiment (runs that differ only in the seed) as mean +- std over seeds: the probes and the diagnostics
+summary; a variant is marked where Welch's t-test says it beats every other. Writes leaderboard.{md,csv,html,png},
+runs.csv and `inputs/` (the files it read: enough to write it again) into `out` (docs/report.md).
 """
 
 from __future__ import annotations

@@ -5,19 +5,12 @@
     python -m vitsinks.quantize model.pretrained=<timm name or file> data=imagenet data.root=...
     python -m vitsinks.quantize hub=hf:facebook/dinov2-small data=imagenet data.root=...
 
-The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`; one
-already edited by a post-hoc method is refused). On `quant.n_images` validation images (in the order of `selection`;
-a hub model's through its own preprocessing): the kurtosis and max |x| of the input of every linear layer of every
-block, and the change simulated W8A8 (symmetric, per tensor, weights and linear-layer inputs of the blocks; static
-ranges calibrated on the first `quant.calib_images` TRAIN images) makes: the cosine of the final and of every block's
-tokens to the float model's (through the model seam), the online probe's top-1 (LeJEPA runs) and, with
-`quant.probes`, the linear and dense probes' (re-run on the quantized backbone with the images the run's own probes
-used; it says which and roughly how long first, and `probes=false` skips them). The quantized model is the derived
-run `<run>/quant/w8a8/` (its `status.json`: `finished` once the result is written; every command reads it, a hub
-model's by loading the hub model again with the fitted quantization on); the result is `<run>/results/quant.json`.
-A pretrained model's `<run>` is its import (`run.imported`: `<runs_dir>/<model>/`, written with the result; its
-probes' changes are measured once its own linear / dense results are there); a loose checkpoint file's or a hub
-model's `<run>` is `<runs_dir>/quant/<model>/` (where `eval.linear` / `eval.dense` write their results too).
+The model is any source a command takes (`ckpt=`, `run=`, `model.pretrained=`, `hub=`; not an edited one). On
+`quant.n_images` validation images: the kurtosis and max |x| of every linear layer's input in the blocks, and what
+simulated W8A8 (calibrated on `quant.calib_images` TRAIN images) changes: the cosine of the final and of every block's
+tokens to the float model's, the online probe's top-1 and, with `quant.probes`, the linear and dense probes'. Writes
+the derived run `<run>/quant/w8a8/` and `<run>/results/quant.json` (a loose checkpoint file's or a hub model's
+`<run>`: `<runs_dir>/quant/<model>/`).
 """
 
 from __future__ import annotations
@@ -38,7 +31,8 @@ from vitsinks.data import build_dataset
 from vitsinks.models import SinkViT
 from vitsinks.models.seam import Backbone
 from vitsinks.models.weights import load
-from vitsinks.objectives.lejepa import online_probe, probe_accuracy
+from vitsinks.objectives.lejepa import probe_top1
+from vitsinks.objectives.monitors import embed, probe_batches
 from vitsinks.objectives.objective import Runtime
 from vitsinks.posthoc.plan import describe
 from vitsinks.probes.probe_results import DenseResult, LinearResult, probe_seed
@@ -47,6 +41,7 @@ from vitsinks.quant.quant_results import Change, QuantResult, change
 from vitsinks.quant.w8a8 import W8A8
 from vitsinks.run.derive import analyse, derive, source_model
 from vitsinks.run.source import Opened, of_checkpoint, open_model, resolve
+from vitsinks.train.checkpoint import classifier_from_state
 from vitsinks.utils import files
 from vitsinks.utils.distributed import resolve_device
 from vitsinks.utils.errors import NonFinite
@@ -57,8 +52,7 @@ BATCH = 64  # images per forward pass
 
 @torch.no_grad()
 def block_outputs(model: Backbone, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(final normed tokens (B, N, D), every block's output tokens [L x (B, N, D)]): each block's real forward and
-    the readout, through the seam."""
+    """(final normed tokens (B, N, D), every block's output tokens [L x (B, N, D)]), through the seam."""
     x, outs = model.embed_tokens(images), []
     for i in range(len(model.blocks)):
         x = model.block(i, x)
@@ -67,15 +61,13 @@ def block_outputs(model: Backbone, images: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def token_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per image, the mean over tokens of the cosine between the token features of `a` and `b` (B, N, D) -> (B,),
-    in float64."""
+    """Per image, the mean over tokens of the float64 cosine of the token features of `a` and `b`: (B, N, D) -> (B,)."""
     return F.cosine_similarity(a.double(), b.double(), dim=-1).mean(dim=-1)
 
 
 @torch.no_grad()
 def feature_cosines(fp32: Backbone, quant: Backbone, images: torch.Tensor) -> tuple[float, list[float]]:
-    """(final-feature cosine, per-block residual-stream cosine): `token_cosine` of the two models' tokens, mean
-    over `images`. Non-finite features are a `NonFinite` error."""
+    """(final-feature cosine, per-block cosines): mean `token_cosine` over `images`; non-finite: `NonFinite`."""
     device = next(fp32.parameters()).device
     final_sum, block_sum = 0.0, torch.zeros(len(fp32.blocks), dtype=torch.float64)
     for lo in range(0, len(images), BATCH):
@@ -92,42 +84,20 @@ def feature_cosines(fp32: Backbone, quant: Backbone, images: torch.Tensor) -> tu
     return final_sum / n, (block_sum / n).tolist()
 
 
-class _Probed(nn.Module):
-    """A backbone with the online probe, shaped as `probe_accuracy` reads a `LeJEPAModel`."""
-
-    def __init__(self, backbone: SinkViT, probe: nn.Module) -> None:
-        super().__init__()
-        self.backbone, self.probe = backbone, probe
-
-
-def load_online_probe(ckpt: Path, dim: int) -> nn.Module | None:
-    """The online probe (LayerNorm + Linear, `probe.*` in the checkpoint's `model`) of a LeJEPA run's checkpoint;
-    None without one."""
-    state = load(ckpt)
-    sd = {k.removeprefix("probe."): v for k, v in state.get("model", {}).items() if k.startswith("probe.")}
-    if not sd:
-        return None
-    probe = online_probe(dim, int(sd["1.weight"].shape[0]))
-    probe.load_state_dict(sd)
-    return probe
-
-
+@torch.no_grad()
 def online_change(cfg: DictConfig, fp32: SinkViT, quant: SinkViT, device: torch.device) -> Change | None:
-    """The online probe's top-1 (%) on the float and on the quantized features, as the run's validation computes
-    it (`lejepa.probe_accuracy`, float32); None when `cfg.ckpt` has no probe (a hub model has none)."""
-    probe = load_online_probe(Path(cfg.ckpt), fp32.embed_dim) if cfg.ckpt else None
-    if probe is None:
+    """The online probe's top-1 (%) on the float and quantized features; None without a LeJEPA probe."""
+    state = load(Path(cfg.ckpt)).get("model", {}) if cfg.ckpt else {}
+    if "probe.1.weight" not in state:
         return None
-    probe = probe.to(device)
-    val = build_dataset(cfg.data, "val", cfg.seed)
-    runtime = Runtime(device)
-    return change(*(100 * probe_accuracy(_Probed(m, probe), val, cfg, runtime)  # type: ignore[arg-type]
+    probe, runtime = cast(nn.Module, classifier_from_state(state)).to(device).eval(), Runtime(device)
+    batches = probe_batches(build_dataset(cfg.data, "val", cfg.seed), cfg)
+    return change(*(100 * probe_top1(probe, embed(m.eval(), batches, device, runtime.autocast), runtime)
                     for m in (fp32, quant)))
 
 
 def source_probes(run: RunDir, ckpt: str | None) -> dict[str, dict[str, Any]]:
-    """The source run's linear and dense results of this checkpoint, by kind (results of another checkpoint of
-    the run are left out, with a note)."""
+    """The source run's linear and dense results of this checkpoint, by kind (another checkpoint's: a note)."""
     if not ckpt:
         return {}
     found = {p.stem: files.read_json(p, reprobe(p, ckpt)) for p in [run.result(LinearResult.kind),
@@ -147,19 +117,9 @@ def reprobe(result: Path, ckpt: str) -> str:
     return f"rerun `python -m {command} ckpt={ckpt}`"
 
 
-def eval_overrides() -> list[str] | None:
-    """The `eval.*` keys the running command's command line set (without the `eval.` prefix); None outside a
-    command (called from Python)."""
-    keys = cli_keys()
-    return None if keys is None else [k.removeprefix("eval.") for k in keys if k.startswith("eval.")]
-
-
 def probe_eval(cfg: DictConfig, src: DictConfig, source: dict[str, dict[str, Any]],
                overridden: Sequence[str] | None) -> DictConfig:
-    """The eval settings of the quantized run's probes: the source run's own (`src.eval`) with the command line's
-    `eval.*` keys `overridden` on top (from Python, `overridden` None: `cfg.eval`), and the images the source's
-    probes used (`max_train_images` / `max_val_images`: the largest counts they record, so that each probe sees its
-    split as it did)."""
+    """The probes' eval: `src.eval` with `cfg.eval`'s `overridden` keys (None: `cfg.eval`), the source's counts."""
     ev = cfg.eval if overridden is None else OmegaConf.merge(src.eval, {k: OmegaConf.select(cfg.eval, k)
                                                                         for k in overridden})
     counts = {split: [r[f"{split}_images"] for r in source.values() if r.get(f"{split}_images")]
@@ -168,8 +128,7 @@ def probe_eval(cfg: DictConfig, src: DictConfig, source: dict[str, dict[str, Any
 
 
 def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Change | None, dict[str, Change]]:
-    """(linear top-1 change, dense mIoU changes by kind), in %, of the quantized run `run` against the source's
-    results; a probe whose images differ from the source's is left out with a note."""
+    """(linear top-1 change, dense mIoU changes by kind), in %, against the source's results."""
     linear, dense = None, {}
     for kind, src_res in source.items():
         path = run.result(kind)
@@ -192,8 +151,7 @@ def probe_changes(run: RunDir, source: dict[str, dict[str, Any]]) -> tuple[Chang
 
 
 def quantize(cfg: DictConfig) -> tuple[QuantResult, Path]:
-    """Run the analysis (module docstring) on the model of `cfg` (any source, `run.source`); write and return the
-    result and its path."""
+    """Run the analysis (module docstring) on the model of `cfg`; write and return the result and its path."""
     source = resolve(cfg)
     source.analyses("quant", cfg.runs_dir, claim=False)  # a folder of another model's: refused before loading
     model = source_model(cfg)  # one already edited is refused
@@ -211,51 +169,42 @@ def _quantize(cfg: DictConfig, model: Opened, out: RunDir, derived_dir: RunDir) 
     q, src, recorded = cfg.quant, model.cfg, model.source.recorded
     data = pick_data(cfg.data, src.data, data_overrides())
     ckpt = recorded if model.source.trained else None  # the online probe is a vitsinks checkpoint's
-    # DictConfigs merged with mappings: DictConfigs
     run_cfg = cast(DictConfig, OmegaConf.merge(src, {"data": data, "selection": cfg.selection, "ckpt": ckpt}))
-    model.to(resolve_device(cfg.cluster.device))
+    device = model.to(resolve_device(cfg.cluster.device)).device
     images, _, _ = model.pictures(build_dataset(data, "val", src.seed), q.n_images, cfg.selection, data.on_bad_image,
                                   model.inputs.size[0])
     by_block = linear_input_stats(model.backbone, images, BATCH)
 
     source = source_probes(out, recorded) if q.probes else {}
-    derive_cfg = cast(DictConfig, OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, eval_overrides())}))
+    keys = cli_keys()  # None outside a command (called from Python)
+    overridden = None if keys is None else [k.removeprefix("eval.") for k in keys if k.startswith("eval.")]
+    derive_cfg = cast(DictConfig, OmegaConf.merge(cfg, {"eval": probe_eval(cfg, src, source, overridden)}))
     derived = derive(derive_cfg, method=W8A8.name, settings=q, out=derived_dir,
                      overwrite=True)  # the quantized copy belongs to this command's result, replaced with it
     with derived.working():  # `finished` once the result is written
-        return measure(cfg, derived, model, images, by_block, source, run_cfg, out.result(QuantResult.kind))
-
-
-def measure(cfg: DictConfig, derived: RunDir, model: Opened, images: torch.Tensor,
-            by_block: dict[str, dict[str, list[float | None]]],
-            source: dict[str, dict[str, Any]], run_cfg: DictConfig, path: Path) -> tuple[QuantResult, Path]:
-    """The changes the quantized run `derived` makes against the float `model` on `images` (and, with `source`,
-    in the source's probes); the result written to `path`."""
-    device = model.device
-    quant = open_model(of_checkpoint(derived.last), cfg).to(device)
-    if source:
-        print(describe(quant.cfg, quant.backbone, "probes=false", quant.inputs.size[0]), flush=True)
-    cosine, by_block_cosine = feature_cosines(model.backbone, quant.backbone, images)
-    online = None  # the online probe is a vitsinks checkpoint's
-    if isinstance(model.module, SinkViT) and isinstance(quant.module, SinkViT):
-        online = online_change(run_cfg, model.module, quant.module, device)
-    linear: Change | None = None
-    dense: dict[str, Change] = {}
-    if source:
-        # no diagnostics of the quantized model: its fake-quant rounding flips on float32 noise between the fused
-        # forward and the explicit recomputation, which the diagnostics' recompute check rightly refuses
-        analyse(derived, probes=True, diagnose=False)
+        quant = open_model(of_checkpoint(derived.last), cfg).to(device)
+        if source:
+            print(describe(quant.cfg, quant.backbone, "probes=false", quant.inputs.size[0]), flush=True)
+        cosine, by_block_cosine = feature_cosines(model.backbone, quant.backbone, images)
+        online = None  # the online probe is a vitsinks checkpoint's
+        if isinstance(model.module, SinkViT) and isinstance(quant.module, SinkViT):
+            online = online_change(run_cfg, model.module, quant.module, device)
+        if source:
+            # no diagnostics of the quantized model: its fake-quant rounding flips on float32 noise between the fused
+            # forward and the explicit recomputation, which the diagnostics' recompute check rightly refuses
+            analyse(derived, probes=True, diagnose=False)
+        elif q.probes:
+            print("note: the source has no linear or dense results of this checkpoint: the probes were not re-run")
         linear, dense = probe_changes(derived, source)
-    elif cfg.quant.probes:
-        print("note: the source has no linear or dense results of this checkpoint: the probes were not re-run")
-    state = load(derived.last)["trainfree"]
-    result = QuantResult(checkpoint=model.source.recorded, weight_bits=int(state["weight_bits"]),
-                         act_bits=int(state["act_bits"]), calib_images=int(state["calib_images"]),
-                         n_images=len(images), by_block=by_block, feature_cosine=cosine,
-                         feature_cosine_by_block=by_block_cosine, online_top1=online, linear_top1=linear,
-                         dense=dense)
-    files.write_json(path, result.to_json())
-    return result, path
+        state = load(derived.last)["trainfree"]
+        result = QuantResult(checkpoint=recorded, weight_bits=int(state["weight_bits"]),
+                             act_bits=int(state["act_bits"]), calib_images=int(state["calib_images"]),
+                             n_images=len(images), by_block=by_block, feature_cosine=cosine,
+                             feature_cosine_by_block=by_block_cosine, online_top1=online, linear_top1=linear,
+                             dense=dense)
+        path = out.result(QuantResult.kind)
+        files.write_json(path, result.to_json())
+        return result, path
 
 
 def main(cfg: DictConfig) -> None:

@@ -2,11 +2,9 @@
 
     python -m vitsinks.synthetic task=trigger|nop|broadcast|broadcast_pathway|all [steps=N] [seed=0] [out=...]
 
-Trains the task's minimal transformer(s) on the CPU, writes `<out>/<task>.json` and `<out>/<task>.png`, and prints
-what the task guarantees. `broadcast_pathway` also takes `n_seeds=` (seeds seed..seed+n-1), `batch=`, `lr=`,
-`cm_penalty=` (lambda_B of its penalised arm, on the sum over its two layers) and `device=` (cpu, cuda, ...); its
-defaults are the CPU setting of the README, and `n_seeds=5 steps=30000 batch=1024 lr=5e-4 device=cuda` is the
-reference's.
+Trains the task's minimal transformer(s), writes `<out>/<task>.json` and `<out>/<task>.png` and prints what the task
+guarantees. `broadcast_pathway` also takes `n_seeds=`, `batch=`, `lr=`, `cm_penalty=` (lambda_B of its penalised arm)
+and `device=`; `n_seeds=5 steps=30000 batch=1024 lr=5e-4 device=cuda` is the reference's setting.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -46,7 +43,8 @@ def synthetic_command(argv: Sequence[str]) -> int:
     names = list(TASKS) if args.task == "all" else [args.task]
     if any(n not in TASKS for n in names):
         raise ConfigError(f"unknown task {args.task!r}; choose one of {[*TASKS, 'all']}")
-    extra = {k: args[k] for k in PATHWAY_ONLY if args[k] is not None}
+    given = {k: args[k] for k in ("steps", *PATHWAY_ONLY) if args[k] is not None}
+    extra = [k for k in given if k != "steps"]
     if extra and names != ["broadcast_pathway"]:
         raise ConfigError(f"{', '.join(extra)} apply to task=broadcast_pathway only")
     bad = [f"{k}={args[k]}" for k in ("steps", "n_seeds", "batch", "lr") if args[k] is not None and args[k] <= 0]
@@ -60,10 +58,7 @@ def synthetic_command(argv: Sequence[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        kwargs: dict[str, Any] = {"seed": args.seed, **extra}
-        if args.steps is not None:
-            kwargs["steps"] = args.steps
-        result = TASKS[name](**kwargs)
+        result = TASKS[name](seed=args.seed, **given)
         files.write_json(out / f"{name}.json", result)
         FIGURES[name](result, out / f"{name}.png")
         print(f"{name}: {out / (name + '.json')}, {out / (name + '.png')}")

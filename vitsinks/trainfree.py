@@ -1,19 +1,15 @@
-"""Training-free mitigations from the command line (docs/trainfree.md).
+"""Training-free mitigations: post-hoc edits of a trained backbone or a hub model, fitted on a few images.
 
     python -m vitsinks.trainfree ckpt=runs/<name>/checkpoints/last.pt method=test_time_register
     python -m vitsinks.trainfree ckpt=... method=mean_massive probes=false       # diagnostics only
     python -m vitsinks.trainfree model.pretrained=<timm name or file> method=test_time_register data=imagenet ...
     python -m vitsinks.trainfree hub=hf:facebook/dinov2-small method=test_time_register data=imagenet ...
 
-The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`).
-Fits the edit on the first `trainfree.fit_images` TRAIN images of the model's data (a hub model's: `data=`'s),
-writes the derived run `<runs_dir>/<source>+<method>/` (a checkpoint that every command reads with the edit on; a
-hub model's: `<runs_dir>/trainfree/<hub>+<method>/`, holding the hub model's name and the fitted state, which every
-command reads by loading the hub model again with the edit on), then diagnoses it and,
-with `trainfree.probes` (default), runs its linear and dense probes as after training (it says which, on how many
-images and roughly how long first; `probes=false` skips them). Its `status.json` says `finished` once the last
-result is written (`failed` or `stopped` otherwise). The leaderboard shows it as the row `<variant> + <method
-label>` beside the trained variants (a hub model's derived run is no leaderboard row).
+The model is any source a command takes (`ckpt=`, `run=`, `model.pretrained=`, `hub=`). Fits the edit on the first
+`trainfree.fit_images` TRAIN images of the model's data, writes the derived run `<runs_dir>/<source>+<method>/` (a hub
+model's: `<runs_dir>/trainfree/<hub>+<method>/`), which every command reads with the edit on, then diagnoses it and,
+with `trainfree.probes` (default), runs its linear and dense probes. Its `status.json` says `finished` once the last
+result is written; the leaderboard shows it as the row `<variant> + <method label>` (not a hub model's).
 """
 
 from __future__ import annotations

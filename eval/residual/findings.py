@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from vitsinks.posthoc import mitigations
 from vitsinks.probes.probe_results import run_probe_seeds
 from vitsinks.report.leaderboard_inputs import INPUTS, RECORD
-from vitsinks.posthoc import mitigations
 from vitsinks.utils import files
 from vitsinks.utils.errors import InputNotFound, UserError
 from vitsinks.utils.rundir import RunDir

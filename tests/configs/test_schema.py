@@ -127,7 +127,7 @@ def test_every_imported_package_is_declared() -> None:
                 top = name.split(".")[0]
                 if top in stdlib or top == "vitsinks":
                     continue
-                installed = dists.get(top, [{"mmseg": "mmsegmentation"}.get(top, top)])  # optional, not installed
+                installed = dists.get(top, [{"mmseg": "mmsegmentation", "mmcv": "mmcv-lite"}.get(top, top)])  # optional
                 if not {d.lower().replace("_", "-") for d in installed} & declared:
                     missing.add(f"{top} ({path.name})")
     assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
@@ -146,10 +146,11 @@ def test_readme_install_commands_refresh_package_lists_and_stop_the_cluster() ->
 
 from vitsinks.configs import schema  # noqa: E402
 from vitsinks.configs import upgrade as upgrade_module  # noqa: E402
+from vitsinks.configs.checks import NumericField, check_config, numeric_fields  # noqa: E402
 from vitsinks.configs.upgrade import upgrade  # noqa: E402
 from vitsinks.utils.errors import BadValue, ConfigError  # noqa: E402
 
-NUMERIC = list(schema.numeric_fields())
+NUMERIC = list(numeric_fields(schema.Config))
 
 
 def test_the_schema_walk_finds_nested_and_list_fields() -> None:
@@ -165,7 +166,7 @@ def test_every_numeric_field_of_the_schema_declares_a_range() -> None:
     assert not missing, f"numeric fields without a range (declare one with vitsinks.utils.bounded.bounded): {missing}"
 
 
-def _outside(f: schema.NumericField, op: str, bound: float) -> float:
+def _outside(f: NumericField, op: str, bound: float) -> float:
     """The nearest value of the field's type that the bound refuses."""
     step = 1 if f.kind is int else 1e-3
     return f.kind({">=": bound - step, ">": bound, "<=": bound + step, "<": bound}[op])
@@ -188,21 +189,21 @@ def test_a_value_just_outside_a_bound_is_refused_on_one_line(composed, f, op: st
     bad = _outside(f, op, bound)
     OmegaConf.update(cfg, f.key, [bad] if f.is_list else bad)
     with pytest.raises(ConfigError) as err:
-        schema.check_config(cfg)
+        check_config(cfg)
     message = str(err.value)
     shown = f"[{bad}]" if f.is_list else f"{bad}"
     assert "\n" not in message and f"{f.key}={shown} (" in message and f"{op} {bound:g}" in message, message
     if op in (">=", "<="):  # an inclusive bound itself is accepted (whatever else the value breaks)
         OmegaConf.update(cfg, f.key, [bound] if f.is_list else f.kind(bound))
         try:
-            schema.check_config(cfg)
+            check_config(cfg)
         except ConfigError as again:
             assert f"{f.key}=" not in str(again) or "not a multiple" in str(again) or "divisible" in str(again)
 
 
 def test_none_means_the_default_and_is_not_checked(composed) -> None:
     assert composed.train.max_steps is None and composed.model.depth is None
-    schema.check_config(composed)  # no range complains about the None fields
+    check_config(composed)  # no range complains about the None fields
 
 
 @pytest.mark.parametrize("override", ["views.hflip=1.5", "views.color_jitter=-0.1", "objective.slices=0",
@@ -254,7 +255,7 @@ def test_inf_and_nan_are_refused_as_not_finite_in_every_float_field(composed) ->
             cfg = composed.copy()
             OmegaConf.update(cfg, f.key, [bad] if f.is_list else bad)
             with pytest.raises(ConfigError) as err:
-                schema.check_config(cfg)
+                check_config(cfg)
             must = "every entry must be" if f.is_list else "must be"
             said = "finite" if allowed == "finite" else f"finite and {allowed}"
             assert f"{f.key}={[bad] if f.is_list else bad} ({must} {said})" in str(err.value), str(err.value)

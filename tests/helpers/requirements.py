@@ -27,7 +27,7 @@ def require(module: str) -> ModuleType:
         try:
             return importlib.import_module(module)
         except ImportError as e:
-            pytest.fail(f"{module} is missing ({e}); CI installs the extras: pip install -e '.[dev,hf,clip]'",
+            pytest.fail(f"{module} is missing ({e}); CI installs the extras: pip install -e '.[dev,hf,clip,mmseg]'",
                         pytrace=False)
     return pytest.importorskip(module)
 

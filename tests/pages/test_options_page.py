@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -13,11 +12,9 @@ from pathlib import Path
 import pytest
 
 from vitsinks.__main__ import commands
-from vitsinks.configs import cli
 from vitsinks.configs.schema import Config
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation, mitigation_columns
-from vitsinks.pages import command_docs
 from vitsinks.pages import options_page as docs
 from vitsinks.utils.bounded import bounded
 
@@ -137,15 +134,10 @@ def test_types_and_what_a_field_admits() -> None:
     assert docs.admits(by_name["inline"], hints["inline"]) == ""
 
 
-def test_short_keys_are_read_from_a_hydra_command() -> None:
-    module = types.ModuleType("fake_command")
-    module.hydra_command = cli.hydra_command
-    module.cli = cli.hydra_command(lambda cfg: None, aliases={"n": "intervene.n", "k": "intervene.k"})
-    assert command_docs.is_hydra(module)
-    assert command_docs.short_keys(module) == {"n": "intervene.n", "k": "intervene.k"}
-    described = command_docs.describe_short_keys(command_docs.short_keys(module))
+def test_short_keys_are_described_with_their_shared_prefix_said_once() -> None:
+    described = docs.describe_short_keys({"n": "intervene.n", "k": "intervene.k"})
     assert described == "`n=`, `k=` (each for `intervene.<key>=`)"
-    assert command_docs.describe_short_keys({"n": "a.n", "m": "b.m"}) == "`n=` (`a.n=`), `m=` (`b.m=`)"
+    assert docs.describe_short_keys({"n": "a.n", "m": "b.m"}) == "`n=` (`a.n=`), `m=` (`b.m=`)"
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

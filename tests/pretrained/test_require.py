@@ -18,7 +18,7 @@ def test_missing_library_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_missing_library_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match=r"pip install -e '\.\[dev,hf,clip\]'"):
+    with pytest.raises(pytest.fail.Exception, match=r"pip install -e '\.\[dev,hf,clip,mmseg\]'"):
         require(MISSING)
 
 

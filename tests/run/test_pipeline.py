@@ -119,6 +119,7 @@ def test_after_train_on_two_ranks_finishes_and_both_ranks_agree(runs: Path) -> N
     assert reports[0].endswith("diagnosed True") and reports[1].endswith("diagnosed False")
     assert reports[0].rsplit(" diagnosed", 1)[0] == reports[1].rsplit(" diagnosed", 1)[0]  # the same probes
     assert (runs / "at/results/linear.json").is_file() and (runs / "at/diagnostics/final/summary.json").is_file()
+    assert json.loads((runs / "at/results/knn.json").read_text())["train_images"] == 16  # beside it, every shard's
     assert not list((runs / "at/eval_cache").glob("*rank*"))  # the shards were merged and removed
 
 

@@ -63,7 +63,7 @@ def test_a_field_a_registry_names_is_checked_when_the_config_is_composed(monkeyp
     reg: Registry[str] = Registry("tiny set", "nowhere")
     monkeypatch.setitem(FIELDS, "data.name", reg)  # data.name checked against this registry alone
     reg.register("synthetic", name="synthetic")
-    from vitsinks.configs.schema import check_config
+    from vitsinks.configs.checks import check_config
 
     check_config(compose_config([]))  # the default, registered
     with pytest.raises(ConfigError, match=r"data.name=imagenet is no registered tiny set: choose one of synthetic;"):

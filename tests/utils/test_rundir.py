@@ -199,7 +199,7 @@ PACKAGE = Path(rundir.__file__).resolve().parents[1]
 SAMPLE = {int: 1234567, str: "SAMPLE"}  # the arguments RunDir's methods are called with; parts naming them are not
 PATH_CALLS = ("glob", "rglob", "joinpath", "with_name", "with_suffix", "Path", "PurePath", "join")
 # a layout name the package may spell out, with why: (file under vitsinks/, the literal)
-NOT_A_RUNS = {("configs/docs.py", "config.yaml"): "the package's own Hydra config (configs/config.yaml), not a run's"}
+NOT_A_RUNS = {("pages/options_page.py", "config.yaml"): "the package's own Hydra config (configs/config.yaml)"}
 
 
 def layout_names() -> set[str]:

@@ -1,6 +1,5 @@
-"""Every model family as the one model seam (`vitsinks.models.seam.Backbone`): the adapter registry (`registry`),
-the base views of a foreign library's blocks (`views`) and one module per family (`native`: vitsinks' own `SinkViT`;
-`timm_vit`, `timm_eva`, `transformers_vit`, `open_clip_vit`), imported here so that each registers its adapter.
+"""Every model family as the one model seam (`vitsinks.models.seam.Backbone`): the adapter registry, the base views of
+a foreign library's blocks (`views`) and one module per family, imported here so that each registers its adapter.
 `adapt(model)` builds a model's `Backbone`. See docs/pretrained.md."""
 
 from vitsinks.backbones import native, open_clip_vit, timm_eva, timm_vit, transformers_vit  # noqa: F401 - register

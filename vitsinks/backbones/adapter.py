@@ -1,9 +1,6 @@
-"""The adapter registry: one adapter per model family (`vitsinks.backbones`, one module each).
-
-An adapter is an `Adapter` subclass registered with `@ADAPTERS.register`. It recognises a model object of its family
-(`matches`, by type: no weights are loaded, nothing is downloaded) and builds its `Backbone` (`adapt`): the blocks
-(the model's own, or views of them), the embedding, the readout and the token layout located from the model's own
-config. `adapt(model)` asks the adapters in registry order (`priority`, then name) and uses the first that matches.
+"""The adapter registry: one `Adapter` per model family (`vitsinks.backbones`), registered with `@ADAPTERS.register`.
+It recognises a model of its family by type (`matches`: nothing loaded or downloaded) and builds its `Backbone`
+(`adapt`). `adapt(model)` uses the first adapter that matches, in registry order (`priority`, then name).
 """
 
 from __future__ import annotations
@@ -48,6 +45,5 @@ def adapter_for(model: nn.Module) -> type[Adapter]:
 
 
 def adapt(model: nn.Module | Backbone) -> Backbone:
-    """`model` (vitsinks' own ViT or an unmodified pretrained ViT of an adapted family) as a `Backbone` (a `Backbone`
-    is returned as it is)."""
+    """`model` (a ViT of an adapted family) as a `Backbone`; a `Backbone` is returned as it is."""
     return model if isinstance(model, Backbone) else adapter_for(model).adapt(model)

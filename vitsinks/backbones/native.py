@@ -1,8 +1,5 @@
-"""vitsinks' own `SinkViT`: its blocks already are the seam's (`SinkBlock`), so the backbone reads the model itself.
-
-A test-time register goes into the model itself (`add_register`: a zero register without position embedding after
-[CLS] and the trained registers), so that every reader of the model, its own `forward_features` and timm's
-`forward_intermediates` included, sees it.
+"""vitsinks' own `SinkViT`: its blocks already are the seam's (`SinkBlock`), so the backbone reads the model itself. A
+test-time register goes into the model itself (`add_register`), so that every reader of the model sees it.
 """
 
 from __future__ import annotations
@@ -55,11 +52,9 @@ class Restore:
 
 
 def add_register(model: SinkViT, label: str, head: nn.Module | None = None) -> AddedRegister:
-    """Append one register to the prefix of `model` ([CLS], its trained registers, then this one), zero and without
-    position embedding; `num_reg_tokens` / `num_prefix_tokens` / `reg_token` follow and `variant` names `label`.
-    Returns the edited model's backbone, how many tokens its embedding made last (a hook on `norm_pre`, the last step
-    of `embed_tokens` and of timm's forwards before the blocks; before any forward, the count at the model's image
-    size) and the handles that take the register off."""
+    """Append one zero register without position embedding after [CLS] and the trained registers of `model`, named
+    `label` in its `variant`. Returns the edited model's backbone, how many tokens its embedding made last (a hook on
+    `norm_pre`; before any forward, the count at the model's image size) and the handles that take it off."""
     restore = Restore(model)
     r, dim = model.num_reg_tokens, model.embed_dim
     ref = model.cls_token
@@ -68,7 +63,7 @@ def add_register(model: SinkViT, label: str, head: nn.Module | None = None) -> A
     reg = zero if model.reg_token is None else torch.cat([model.reg_token.detach(), zero], dim=1)
     model.reg_token = nn.Parameter(reg)
     if model.pos_embed is not None and model.register_pos_embed:
-        # timm's layout (the position embedding covers [CLS] + registers + patches): a zero row, i.e. none
+        # the position embedding covers [CLS] + registers + patches: a zero row, i.e. none
         pe = model.pos_embed.detach()
         model.pos_embed = nn.Parameter(torch.cat([pe[:, : 1 + r], pe.new_zeros(1, 1, dim), pe[:, 1 + r :]], dim=1))
     model.num_reg_tokens = r + 1

@@ -1,11 +1,8 @@
 """open_clip's image towers: `open_clip.transformer.VisionTransformer` of the default `ResidualAttentionBlock`s
-(`nn.MultiheadAttention` with a fused `in_proj_weight`, optional LayerScale `ls_1` / `ls_2`), alone or as the
-`visual` of a `CLIP` / `CustomTextCLIP`. A `TimmModel` tower (`visual.trunk`) is a timm model: the timm adapter views
-its trunk. open_clip is never imported here: a model is recognised by its class's module and name.
-
-Layout: a [CLS] (`class_embedding`) then the patches, no registers. The embedding is the tower's own `_embeds`
-(patches, [CLS], position embedding, `ln_pre`); the readout is `ln_post` over every token (open_clip pools first
-where `final_ln_after_pool`; then the [CLS] of the readout equals its pooled token before the projection).
+(`nn.MultiheadAttention` with a fused `in_proj_weight`, optional LayerScale `ls_1` / `ls_2`), alone or as the `visual`
+of a `CLIP` / `CustomTextCLIP`; a `TimmModel` tower's trunk goes to the timm adapter. open_clip is never imported here:
+a model is recognised by its class's module and name. Layout: a [CLS] then the patches; the embedding is the tower's
+own `_embeds`, the readout `ln_post` over every token.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def _is(model: object, module: str, *names: str) -> bool:
 
 
 def visual(model: nn.Module) -> Any:
-    """The image tower: `model.visual` of a CLIP model, else `model` (typed loosely: open_clip is never imported
-    here, its modules are read by name)."""
+    """The image tower (typed loosely): `model.visual` of a CLIP model, else `model`."""
     return model.visual if _is(model, "open_clip.model", "CLIP", "CustomTextCLIP") else model
 
 
@@ -57,16 +53,14 @@ class MHAView(AttentionView):
         q, k, v = qkv.chunk(3, dim=-1)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-
     def through_proj(self, _mha: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                      _out: Any) -> tuple[torch.Tensor, None]:
-        """A forward hook on the `nn.MultiheadAttention`: its output recomputed (SDPA, as the softmax kind's fused
-        path) with `out_proj` called as a module, so that a hook on `out_proj` sees its input; the fused path
-        applies its weight functionally."""
+        """A forward hook on the `nn.MultiheadAttention`: its output recomputed with `out_proj` called as a module
+        (the fused path applies its weight functionally), so that a hook on `out_proj` sees its input."""
         q, k, v = (args[i] if i < len(args) else kwargs.get(name) for i, name in enumerate(("query", "key", "value")))
         if not (k is q and v is q) or kwargs.get("attn_mask") is not None or kwargs.get("key_padding_mask") is not None:
             raise BadValue("W8A8 on an open_clip block covers its self-attention without masks only")
-        # `query` is required by the attention; the kinds take a `SinkAttention` (softmax reads nothing off it)
+        # the kinds take a `SinkAttention` (softmax reads nothing off it)
         heads = self.kind.fused_heads(cast("SinkAttention", self), *self._qkv(cast(torch.Tensor, q)), 0.0)
         return self.combine(heads, None), None
 
@@ -84,8 +78,7 @@ class Handles:
 
 @dataclass(frozen=True)
 class InProj:
-    """`nn.MultiheadAttention`'s q, k, v projection (`in_proj_weight`) as a linear layer for W8A8: its input is the
-    output of the block's `ln_1`, hooked there (what the block's attention and the views' recomputation both read)."""
+    """`nn.MultiheadAttention`'s `in_proj_weight` as a linear layer for W8A8: its input hooked at the block's `ln_1`."""
 
     attn: MHAView
     norm: nn.Module
@@ -103,8 +96,7 @@ class InProj:
 
 @dataclass(frozen=True)
 class OutProj:
-    """`nn.MultiheadAttention.out_proj` as a linear layer for W8A8: while its input is hooked, the attention's output
-    is recomputed through it (`MHAView.through_proj`; the attention runs twice in the model's own forward)."""
+    """`nn.MultiheadAttention.out_proj` for W8A8: while hooked, the attention's output is recomputed through it."""
 
     attn: MHAView
 
@@ -132,17 +124,10 @@ class ResidualBlockView(BlockView):
         return plain_mlp(self.mlp, ("c_fc", "gelu", "c_proj"), getattr(self.ls2, "gamma", None))
 
     def linears(self) -> Mapping[str, LinearSite]:
-        """W8A8's layers by a `SinkBlock`'s names: the fused q, k, v projection (its input: `ln_1`'s output), the
-        output projection (called as a module while hooked), the MLP's `c_fc` and `c_proj`."""
+        """W8A8's layers by a `SinkBlock`'s names: `InProj`, `OutProj`, the MLP's `c_fc` and `c_proj`."""
         mlp = self.block.mlp
         return {"attn.qkv": InProj(self.attn, self.block.ln_1), "attn.proj": OutProj(self.attn), "mlp.fc1": mlp.c_fc,
                 "mlp.fc2": mlp.c_proj}
-
-    def real_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
-
-    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 @ADAPTERS.register

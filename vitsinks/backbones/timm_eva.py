@@ -1,17 +1,8 @@
-"""timm's `Eva` (DINOv3 in timm: `vit_*_patch16_dinov3*`; EVA / EVA02; the `vit_*_rope_*` models): pre-norm
-`EvaBlock`s of `EvaAttention` (a fused qkv Linear with q / v biases, or separate q, k, v Linears; optional q/k norm;
-a rotary position embedding on the patches; scale norm; sigmoid gate), LayerScale `gamma_1` / `gamma_2`.
-
-The layout comes from the model: `cls_token` (a [CLS] first, or none), `reg_token` registers after it, then the
-patches; `num_prefix_tokens` is their sum. The embedding is timm's own (`_pos_embed`, which also gives the rotary
-embedding (RoPE) for the batch's grid, as `Eva.forward_features` computes it); the view keeps the RoPE for the blocks
-(`GridRope`), and the attention view rotates q and k of the tokens after the prefix with timm's own
-`apply_rot_embed_cat`, as `EvaAttention.forward` does.
-
-`EvaAttention` skips a fixed `num_prefix_tokens` in the rotation. To run the library's own forward on a sequence with
-another prefix (the `drop_registers` edit, a test-time register), the block view sets that attribute to the sequence's
-prefix for the call and restores it after (`prefix_tokens`): the library then computes what it computes for a model
-with that many registers.
+"""timm's `Eva` (DINOv3 in timm, EVA / EVA02, the `vit_*_rope_*` models): pre-norm `EvaBlock`s of `EvaAttention`
+(fused or separate q, k, v, optional q/k norm, RoPE on the patches, scale norm, sigmoid gate), LayerScale `gamma_1` /
+`gamma_2`. The embedding is timm's `_pos_embed`, whose RoPE the view keeps for the blocks (`GridRope`); the attention
+view rotates q and k with timm's `apply_rot_embed_cat`. `EvaAttention` skips a fixed `num_prefix_tokens` in the
+rotation, so the block view sets it to each sequence's prefix for the call (`prefix_tokens`).
 """
 
 from __future__ import annotations
@@ -27,9 +18,8 @@ from timm.models.eva import Eva, EvaAttention, EvaBlock
 from torch import nn
 
 from vitsinks.backbones.adapter import ADAPTERS, Adapter
-from vitsinks.backbones.timm_vit import TimmAttention
-from vitsinks.backbones.views import BlockView, GridRope, LayerScaleView
-from vitsinks.models.mlp import MLPParts, timm_mlp_parts
+from vitsinks.backbones.timm_vit import TimmAttention, TimmBlock, timm_backbone
+from vitsinks.backbones.views import GridRope, LayerScaleView
 from vitsinks.models.seam import Backbone, Block, LinearSite
 from vitsinks.utils.errors import BadValue
 
@@ -77,21 +67,15 @@ class EvaAttentionView(TimmAttention):
         return q, k, v
 
 
-class EvaBlockView(BlockView):
+class EvaBlockView(TimmBlock):
     """timm's `EvaBlock`: x + gamma_1 * attn(norm1(x), rope), then x + gamma_2 * mlp(norm2(x))."""
-
-    mlp: nn.Module  # an EvaBlock always has its MLP
 
     def __init__(self, block: EvaBlock, rope: GridRope | None) -> None:
         ls1 = None if block.gamma_1 is None else LayerScaleView(block.gamma_1)
+        ls2 = nn.Identity() if block.gamma_2 is None else LayerScaleView(block.gamma_2)
         attn = cast(EvaAttention, block.attn)  # `check_eva`: timm's EvaAttention
-        super().__init__(block, EvaAttentionView(attn, rope), block.norm1, ls1, block.mlp, block.drop_path2)
-        self.norm2 = block.norm2
-        self.ls2 = nn.Identity() if block.gamma_2 is None else LayerScaleView(block.gamma_2)
+        super().__init__(block, EvaAttentionView(attn, rope), ls1, ls2)
         self.rope = rope
-
-    def mlp_parts(self) -> MLPParts | None:
-        return timm_mlp_parts(self)  # the view has timm's names: `mlp`, and `ls2` for gamma_2
 
     def linears(self) -> Mapping[str, LinearSite]:
         if self.block.attn.qkv is not None and self.block.attn.q_bias is not None:
@@ -105,9 +89,6 @@ class EvaBlockView(BlockView):
         rope, prefix = self.rope.get(x.shape[1])
         with prefix_tokens(self.block.attn, prefix):
             return self.block(x, rope=rope)
-
-    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 def check_eva(model: Eva) -> None:
@@ -140,11 +121,6 @@ class TimmEva(Adapter):
     def adapt(cls, model: nn.Module) -> Backbone:
         model = cast(Eva, model)  # `matches` recognised it
         check_eva(model)
-        num_cls = int(model.cls_token is not None)
-        registers = 0 if model.reg_token is None else int(model.reg_token.shape[1])
-        if model.num_prefix_tokens != num_cls + registers:
-            raise BadValue(f"timm reports {model.num_prefix_tokens} prefix tokens for {num_cls} [CLS] and "
-                           f"{registers} registers: an unknown token layout")
         rope = None if model.rope is None else GridRope(model.num_prefix_tokens + 1)  # + 1: a test-time register
 
         def embed(images: torch.Tensor) -> torch.Tensor:
@@ -155,8 +131,6 @@ class TimmEva(Adapter):
                 rope.set(rot, rot.shape[-2])
             return model.norm_pre(x)
 
-        name = getattr(model, "pretrained_cfg", {}).get("architecture") or type(model).__name__
-        head = model.forward_head if model.num_classes else None
         blocks: list[Block] = [EvaBlockView(cast(EvaBlock, b), rope) for b in model.blocks]  # `check_eva`
-        return Backbone(model, cls.family, blocks, embed, model.norm, tuple(model.patch_embed.patch_size), registers,
-                        num_cls, head, name)
+        registers = 0 if model.reg_token is None else int(model.reg_token.shape[1])
+        return timm_backbone(model, cls.family, blocks, embed, registers)

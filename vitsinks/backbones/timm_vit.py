@@ -1,12 +1,10 @@
 """timm's `VisionTransformer` (DeiT, AugReg, DINOv2 and its register models, CLIP / SigLIP towers in timm, ...):
 pre-norm `Block`s of timm's `Attention` (fused qkv, optional q/k norm, output norm and sigmoid gate, LayerScale).
-
-The layout comes from the model's config: `cls_token` (a [CLS] first, or none), `num_reg_tokens` registers after it,
-then the patches; `num_prefix_tokens` is their sum. The embedding is timm's own (`_pos_embed` covers every
-position-embedding layout: `no_embed_class`, registers with or without a position)."""
+The layout: `cls_token` (or none), `num_reg_tokens` registers, the patches; the embedding is timm's own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -19,6 +17,7 @@ from vitsinks.backbones.views import AttentionView, BlockView
 from vitsinks.models import SinkViT
 from vitsinks.models.mlp import MLPParts, timm_mlp_parts
 from vitsinks.models.seam import Backbone
+from vitsinks.models.seam import Block as SeamBlock
 from vitsinks.utils.errors import BadValue
 
 if TYPE_CHECKING:  # annotations only
@@ -26,8 +25,7 @@ if TYPE_CHECKING:  # annotations only
 
 
 class TimmAttention(AttentionView):
-    """timm's `Attention`: q, k, v from its fused `qkv` Linear, then `q_norm` / `k_norm`; `norm` (scale norm), the
-    sigmoid `gate` and `proj` after the heads."""
+    """timm's `Attention`: fused `qkv`, `q_norm` / `k_norm`; `norm`, the sigmoid `gate` and `proj` after the heads."""
 
     def __init__(self, attn: Attention | EvaAttention) -> None:
         super().__init__(attn.num_heads, attn.head_dim, attn.proj, attn.scale, attn.norm)
@@ -50,22 +48,20 @@ class TimmAttention(AttentionView):
 
 
 class TimmBlock(BlockView):
-    """timm's `Block`: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x)))."""
+    """timm's `Block` (and `EvaBlock`): x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x)))."""
 
-    def __init__(self, block: Block) -> None:
-        attn = cast(Attention, block.attn)  # `check_block`: timm's Attention
-        super().__init__(block, TimmAttention(attn), block.norm1, block.ls1, block.mlp, block.drop_path2)
-        self.norm2, self.ls2 = block.norm2, block.ls2
+    mlp: nn.Module  # a timm block always has its MLP
+
+    def __init__(self, block: nn.Module, attn: AttentionView, ls1: nn.Module | None, ls2: nn.Module) -> None:
+        b: Any = block  # timm's `Block` or `EvaBlock`
+        super().__init__(block, attn, b.norm1, ls1, b.mlp, b.drop_path2)
+        self.norm2, self.ls2 = b.norm2, ls2
 
     def mlp_parts(self) -> MLPParts | None:
-        return timm_mlp_parts(self.block)
-
-    def real_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
+        return timm_mlp_parts(self)  # the view has timm's names, `mlp` and `ls2`
 
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.block
-        return x + b.drop_path2(b.ls2(b.mlp(b.norm2(x))))
+        return x + self.block.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 def check_block(i: int, block: nn.Module) -> None:
@@ -95,11 +91,20 @@ class TimmViT(Adapter):
             """Tokens entering block 0, as `VisionTransformer.forward_features`."""
             return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))
 
-        num_cls = int(model.cls_token is not None)
-        if model.num_prefix_tokens != num_cls + model.num_reg_tokens:
-            raise BadValue(f"timm reports {model.num_prefix_tokens} prefix tokens for {num_cls} [CLS] and "
-                           f"{model.num_reg_tokens} registers: an unknown token layout")
-        name = getattr(model, "pretrained_cfg", {}).get("architecture") or type(model).__name__
-        head = model.forward_head if model.num_classes else None
-        return Backbone(model, cls.family, [TimmBlock(cast(Block, b)) for b in model.blocks], embed, model.norm,
-                       tuple(model.patch_embed.patch_size), model.num_reg_tokens, num_cls, head, name)
+        timm_blocks: list[Any] = list(model.blocks)  # `check_block`: timm's Blocks of timm's Attention
+        blocks: list[SeamBlock] = [TimmBlock(b, TimmAttention(b.attn), b.ls1, b.ls2) for b in timm_blocks]
+        return timm_backbone(model, cls.family, blocks, embed, model.num_reg_tokens)
+
+
+def timm_backbone(model: Any, family: str, blocks: list[SeamBlock], embed: Callable[[torch.Tensor], torch.Tensor],
+                  registers: int) -> Backbone:
+    """The `Backbone` of a timm model (`VisionTransformer`, `Eva`): its final norm, patch size, head and name, a [CLS]
+    where it has `cls_token`; a `BadValue` where timm's `num_prefix_tokens` is not [CLS] + `registers`."""
+    num_cls = int(model.cls_token is not None)
+    if model.num_prefix_tokens != num_cls + registers:
+        raise BadValue(f"timm reports {model.num_prefix_tokens} prefix tokens for {num_cls} [CLS] and "
+                       f"{registers} registers: an unknown token layout")
+    name = getattr(model, "pretrained_cfg", {}).get("architecture") or type(model).__name__
+    head = model.forward_head if model.num_classes else None
+    return Backbone(model, family, blocks, embed, model.norm, tuple(model.patch_embed.patch_size), registers, num_cls,
+                    head, name)

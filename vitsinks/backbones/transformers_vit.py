@@ -1,19 +1,9 @@
 """Hugging Face transformers vision towers (the module layout of transformers >= 5): `Dinov2Model`,
-`Dinov2WithRegistersModel`, `DINOv3ViTModel`, `ViTModel`, `CLIPVisionModel`, `SiglipVisionModel`, and the models
-that hold one
-(`vision_model`, `dinov2`, `vit`: `CLIPModel`, `Dinov2ForImageClassification`, ...; the classifier is not read yet).
-
-Each is a pre-norm encoder whose attention has separate `q_proj`, `k_proj`, `v_proj` Linears and an output `o_proj` /
-`out_proj`, with per-architecture names for the norms and LayerScale (`SPECS`). transformers is never imported here:
-a model is recognised by its class's module and name, so vitsinks does not depend on it (the `vitsinks[hf]` extra).
-
-The layout comes from the config: a [CLS] first except for SigLIP (none), `num_register_tokens` registers after it
-(DINOv2 with registers, DINOv3), then the patches. The readout is the model's final norm over every token (CLIP's
-`post_layernorm` is applied to the pooled [CLS] only by transformers; here to every token, [CLS] as transformers).
-
-DINOv3 rotates q and k of the patches by a rotary position embedding (RoPE) that depends on the image's grid: the
-view's embedding computes it with the model's own module (`rope_embeddings`, as its forward does), keeps it for the
-blocks (`GridRope`), and the attention view applies the model's own `apply_rotary_pos_emb` before the scores.
+`Dinov2WithRegistersModel`, `DINOv3ViTModel`, `ViTModel`, `CLIPVisionModel`, `SiglipVisionModel`, and the models that
+hold one (`vision_model`, `dinov2`, `vit`: `CLIPModel`, `Dinov2ForImageClassification`, ...; their classifier unread).
+Each architecture's names are in `SPECS`; transformers is never imported here (a model is recognised by its class's
+module and name). Layout: a [CLS] (none for SigLIP), `num_register_tokens` registers, the patches; the readout is the
+final norm over every token. DINOv3's RoPE comes from the model's own `rope_embeddings`, kept for the blocks.
 """
 
 from __future__ import annotations
@@ -37,9 +27,8 @@ WRAPPED = ("vision_model", "dinov2", "vit")  # where a model that holds a vision
 
 @dataclass(frozen=True)
 class Spec:
-    """Where one architecture keeps its parts: dotted paths from the tower (`layers`, `embed`, `readout`, the rotary
-    position embedding `rope`: pixels -> (cos, sin)) or from a layer (`attn`, `norm1`, `norm2`, LayerScale `ls1` /
-    `ls2` (attribute `lambda1`), `mlp`)."""
+    """Where one architecture keeps its parts: dotted paths from the tower (`layers`, `embed`, `readout`, `rope`:
+    pixels -> (cos, sin)) or from a layer (`attn`, `norm1`, `norm2`, LayerScale `ls1` / `ls2` with `lambda1`, `mlp`)."""
 
     layers: str
     embed: tuple[str, ...]  # applied in order to the pixels
@@ -98,8 +87,7 @@ def tower(model: nn.Module) -> nn.Module:
 
 
 class HFAttention(AttentionView):
-    """Separate q, k, v projections (no q/k norm), RoPE where the model has it, softmax, then the output
-    projection."""
+    """Separate q, k, v projections (no q/k norm), RoPE where the model has it, then the output projection."""
 
     def __init__(self, attn: nn.Module, rope: GridRope | None = None) -> None:
         heads = int(_first(attn, "num_attention_heads", "num_heads"))
@@ -108,7 +96,7 @@ class HFAttention(AttentionView):
         self.module: Any = attn  # transformers' attention module, its projections read by name
         self.rope = rope
         if rope is not None:
-            # the function the attention's own forward calls (its modeling module's, never a copy)
+            # the function the attention's own forward calls
             rotate = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
             if rotate is None:
                 raise BadValue(f"{type(attn).__module__} has no apply_rotary_pos_emb: a transformers RoPE layout this "
@@ -121,7 +109,7 @@ class HFAttention(AttentionView):
 
     def _qkv(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.module
-        q, k, v = self.split_heads(m.q_proj(z)), self.split_heads(m.k_proj(z)), self.split_heads(m.v_proj(z))
+        q, k, v = (self.split_heads(p(z)) for p in (m.q_proj, m.k_proj, m.v_proj))
         if self.rope is not None:
             q, k = self.rotate(q, k, *self.rope.get(z.shape[1])[0])
         return q, k, v
@@ -155,10 +143,6 @@ class HFBlock(BlockView):
         else:
             out = self.block(x, None, position_embeddings=self.rope.get(x.shape[1])[0])
         return out[0] if isinstance(out, tuple) else out  # transformers < 5 returned a tuple
-
-    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.mlp(self.norm2(x))
-        return x + (y if self.branch is None else self.branch(y))  # the model's own LayerScale module, if any
 
 
 def _embed(model: nn.Module, spec: Spec, rope: GridRope | None) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,25 +1,7 @@
 """The base views through which a foreign (unmodified, pretrained) ViT's blocks are the seam's `Block` and `Attention`
-(`vitsinks.models.seam`), as vitsinks' own `SinkBlock` / `SinkAttention` are.
-
-The diagnostics (`diagnostics.core.diagnose_tokens`), the interventions (`interventions.engine`) and the post-hoc
-edits read a block as
-
-- `blk(x)`: the block's real forward (fused SDPA or whatever the library runs), which moves the residual stream on;
-- `blk.forward_explicit(x)` -> (out, `AttnInternals`): the same block rebuilt from the explicit attention matrix
-  A, the values v and the gate, recomputed from the module's own q, k, v parameters (a fused kernel never
-  materialises A); `recompute_error` checks that `out` equals the real forward;
-- `blk.norm1`, `blk.ls1` (with `gamma` where the model has LayerScale), `blk.mlp`, `blk.norm2`, `blk.ls2`,
-  `blk.mlp_parts()` (the register neurons: `models.mlp.MLPParts`), `blk.mlp_out()` (the module whose output is the
-  whole MLP branch, the massive-activation fix), `blk.linears()` (W8A8's layers),
-  `blk.from_heads(x, heads_out, gate)` (the block from edited head outputs);
-- `blk.attn`: `num_heads`, `head_dim`, `proj.weight` (dim, heads * head_dim), `qkv.weight` (3 * dim, dim: q rows,
-  then k, then v; the QK spectrum), `extra_keys` (none), `attn_kind` ("softmax"), `internals`, `redirected`, `combine`.
-
-A family module (`vitsinks.backbones`) subclasses `AttentionView` (`_qkv`, `qkv_weight`, optionally `_gate`) and
-`BlockView` (`real_forward`, `mlp_residual`, `mlp_parts`, optionally `linears`; `norm2`, `ls2` and the MLP branch's
-last module)
-over its library's modules; nothing is copied or converted: the views call the model's own submodules and read their
-parameters. Views assume evaluation mode (dropout and stochastic depth off), as every analysis pass sets.
+(`vitsinks.models.seam`). A family module subclasses `AttentionView` and `BlockView` over its library's modules
+(docs/pretrained.md); nothing is copied or converted: the views call the model's own submodules and read their
+parameters. They assume evaluation mode (dropout and stochastic depth off).
 """
 
 from __future__ import annotations
@@ -31,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import nn
 
-from vitsinks.models.attention import AttnInternals
+from vitsinks.models.attention import AttnInternals, merge_heads
 from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.mlp import MLPParts
 from vitsinks.models.seam import LinearSite
@@ -43,8 +25,7 @@ if TYPE_CHECKING:  # annotations only
 
 @dataclass(frozen=True)
 class WeightView:
-    """Something with a `.weight`, where the diagnostics read `blk.attn.qkv.weight` of a model with separate q, k, v
-    projections (the three weights stacked, q first)."""
+    """A `.weight` for `blk.attn.qkv.weight` of a model with separate q, k, v projections (stacked, q first)."""
 
     weight: torch.Tensor
 
@@ -61,11 +42,9 @@ class LayerScaleView(nn.Module):
 
 
 class GridRope:
-    """The rotary position embedding (RoPE) of the batch the view's embedding saw last, as the model's own forward
-    computes it for that batch's grid and hands it to every block. A block's tokens do not tell the grid (N = prefix
-    + rows * cols), so the embedding keeps it here for the block views (`value`, covering `patches` tokens: the last
-    ones). `get(n)` refuses a sequence of n tokens that it does not cover with `max_prefix` or fewer tokens before the
-    patches (a stale embedding of another image size)."""
+    """The rotary position embedding (RoPE) of the batch the view's embedding saw last, kept for the block views (a
+    block's tokens do not tell the grid). `get(n)` refuses a sequence it does not cover with at most `max_prefix`
+    tokens before the `patches` (a stale embedding of another image size)."""
 
     def __init__(self, max_prefix: int) -> None:
         self.max_prefix = int(max_prefix)
@@ -86,10 +65,14 @@ class GridRope:
         return self.value, prefix
 
 
+def bidirectional(causal: bool) -> None:
+    """A `BadValue` for causal attention (pretrained ViTs have none)."""
+    if causal:
+        raise BadValue("pretrained ViTs are bidirectional: no causal attention")
+
+
 class AttentionView(nn.Module):
-    """A foreign softmax self-attention seen as a `SinkAttention` (see the module docstring). Subclasses give the
-    per-head q, k, v of a pre-normed input (`_qkv`, after any q/k norm), the stacked projection weight
-    (`qkv_weight`) and, where the model has one, the per-head output gate (`_gate`)."""
+    """A foreign softmax self-attention seen as a `SinkAttention`; subclasses give `_qkv`, `qkv_weight`, `_gate`."""
 
     attn_kind: ClassVar[str] = "softmax"
     kind: ClassVar[type[AttentionKind]] = KINDS["softmax"]
@@ -129,18 +112,15 @@ class AttentionView(nn.Module):
 
     def internals(self, z: torch.Tensor, causal: bool = False) -> AttnInternals:
         """Explicit attention matrix (B, heads, N, N), values and gate for a pre-normed input `z`."""
-        if causal:
-            raise BadValue("pretrained ViTs are bidirectional: no causal attention")
+        bidirectional(causal)
         q, k, v = self._qkv(z)
         s = (q * self.scale) @ k.transpose(-2, -1)
-        # the kinds take a `SinkAttention`; the softmax kind reads nothing off the module
+        # the kinds take a `SinkAttention`; softmax reads nothing off it
         return AttnInternals(self.kind.matrix(cast("SinkAttention", self), s, None), v, self._gate(z))
 
     def redirected(self, z: torch.Tensor, head: int, sink: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """Head `head`'s attention (B, N, N) with key `sink[b]` masked out of image b's scores (the redirect edit,
-        as `SinkAttention.redirected`)."""
-        if causal:
-            raise BadValue("pretrained ViTs are bidirectional: no causal attention")
+        """Head `head`'s attention (B, N, N) with key `sink[b]` redirected, as `SinkAttention.redirected`."""
+        bidirectional(causal)
         q, k, _ = self._qkv(z)
         s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)
         B, n, keys = s.shape
@@ -150,13 +130,8 @@ class AttentionView(nn.Module):
         return self.kind.redirected(cast("SinkAttention", self), s, head, is_sink, hidden)  # as in `internals`
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        """(B, heads, N, head_dim) -> (B, N, dim): merge the heads, the model's output norm if any, gate, output
-        projection."""
-        B, H, N, D = heads_out.shape
-        y = self.out_norm(heads_out.transpose(1, 2).reshape(B, N, H * D))
-        if gate is not None:
-            y = (y.view(B, N, H, D) * gate).view(B, N, H * D)
-        return self.proj(y)
+        """(B, heads, N, head_dim) -> (B, N, dim): merged heads, output norm, gate, output projection."""
+        return self.proj(merge_heads(heads_out, gate, self.out_norm))
 
 
 def own_linears(block: nn.Module) -> dict[str, nn.Linear]:
@@ -172,10 +147,8 @@ def own_linears(block: nn.Module) -> dict[str, nn.Linear]:
 
 
 class BlockView(nn.Module):
-    """A foreign pre-norm block x + ls1(attn(norm1(x))), then its MLP residual, seen as a `SinkBlock`. Subclasses
-    give the real forward (`real_forward`) and the second residual branch (`mlp_residual`); `branch` is the model's
-    module whose output is that whole branch as it is added to the stream (`mlp_out`; default the MLP: a block
-    without LayerScale there)."""
+    """A foreign pre-norm block x + ls1(attn(norm1(x))), then its MLP residual, seen as a `SinkBlock`. `branch`: the
+    model's module whose output is the whole MLP branch as it is added to the stream (`mlp_out`; default the MLP)."""
 
     norm2: nn.Module
     ls2: nn.Module
@@ -183,41 +156,40 @@ class BlockView(nn.Module):
     def __init__(self, block: nn.Module, attn: AttentionView, norm1: nn.Module, ls1: nn.Module | None = None,
                  mlp: nn.Module | None = None, branch: nn.Module | None = None) -> None:
         super().__init__()
-        # the library's block, typed loosely: a family reads its submodules by their library names
-        self.block: Any = block
+        self.block: Any = block  # typed loosely: a family reads its submodules by their library names
         self.attn, self.norm1 = attn, norm1
         self.ls1 = nn.Identity() if ls1 is None else ls1
         self.mlp = mlp
         self.branch = branch
 
     def real_forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The library's own forward of the block."""
+        return self.block(x)
 
     def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
-        """x + the MLP branch (x: the stream after the attention residual)."""
-        raise NotImplementedError
+        """x + the MLP branch (x: the stream after the attention residual), through the model's own `branch`."""
+        if self.mlp is None:
+            return x
+        y = self.mlp(self.norm2(x))
+        return x + (y if self.branch is None else self.branch(y))
 
     def mlp_parts(self) -> MLPParts | None:
-        """The MLP as the register neurons read it (`models.mlp.MLPParts`: input layer, activation, output layer,
-        LayerScale gain); None for an MLP that is no plain one (this default: a family gives its own)."""
+        """The MLP as the register neurons read it (`models.mlp.MLPParts`); None for no plain MLP (this default)."""
         return None
 
     def mlp_out(self) -> nn.Module:
-        """The model's module whose output is the block's whole MLP branch (after any LayerScale), as the block adds
-        it to the stream: a forward hook there edits the block's output (`trainfree.massive`)."""
+        """The model's module whose output is the block's whole MLP branch, as it is added to the stream."""
         out = self.branch if self.branch is not None else self.mlp
         if out is None:
             raise BadValue(f"the {type(self.block).__name__} has no MLP branch")
         return out
 
     def linears(self) -> Mapping[str, LinearSite]:
-        """The block's linear layers for W8A8 by their path in the block, in module order: every `nn.Linear` of the
-        model's block (`own_linears`). A family whose projections are no `nn.Linear` overrides it (open_clip)."""
+        """The block's linear layers for W8A8 by their path in the block (`own_linears`)."""
         return own_linears(self.block)
 
     def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-        if is_causal:
-            raise BadValue("pretrained ViTs are bidirectional: no causal attention")
+        bidirectional(is_causal)
         return self.real_forward(x)
 
     def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:

@@ -1,8 +1,5 @@
-"""`python -m vitsinks.bench data`: CPU time per image of the paper recipe's views (4 global views of 224 px, in
-`views.style=dino`, the style the device path implements) on ImageNet-size JPEGs, side by side in one run: the CPU
-pipeline (`views.backend=cpu`: decode, lightly's transforms on PIL) against the fast path's CPU part
-(`views.backend=device`: decode, crop, flip, uint8); and the device part's time per image on this machine's training
-device."""
+"""`python -m vitsinks.bench data`: CPU time per image of the paper recipe's views (`views.style=dino`) on
+ImageNet-size JPEGs, `views.backend=cpu` against the CPU part of `views.backend=device`, and the device part's time."""
 
 from __future__ import annotations
 
@@ -23,14 +20,12 @@ from vitsinks.data.imagefolder import ImageFolderSplit
 
 
 def natural_image(seed: int, width: int = 500, height: int = 375) -> Image.Image:
-    """A seeded photo-like RGB image: smooth colour noise at several scales (1/f-like) plus fine texture, so that
-    JPEG decoding, resampling and blurring cost what they cost on photographs."""
+    """A seeded photo-like RGB image (colour noise at several scales): it costs what photographs cost to process."""
     rng = np.random.default_rng(seed)
     img = np.zeros((height, width, 3))
     for cell, weight in ((64, 1.0), (16, 0.5), (4, 0.25), (1, 0.12)):
         noise = rng.standard_normal((height // cell + 2, width // cell + 2, 3)).astype(np.float32)
-        layer = np.stack([np.asarray(Image.fromarray(noise[..., c]).resize((width, height),
-                                                                                      Image.Resampling.BICUBIC))
+        layer = np.stack([np.asarray(Image.fromarray(noise[..., c]).resize((width, height), Image.Resampling.BICUBIC))
                           for c in range(3)], -1)
         img += weight * layer
     img = (img - img.mean((0, 1))) / img.std((0, 1)) * rng.uniform(30, 60, 3) + rng.uniform(70, 180, 3)
@@ -62,8 +57,7 @@ def cpu_times(fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int
 
 
 def device_ms(views: DeviceViews, dataset: SeededViews, n: int, repeats: int) -> float:
-    """Median ms per image of the device part (the crops already on its device): wall time on CUDA, CPU time on
-    a CPU."""
+    """Median ms per image of the device part (crops already there): wall time on CUDA, CPU time on a CPU."""
     crops, _, _ = collate_crops([dataset[i] for i in range(n)])
     assert isinstance(crops, ViewBatch)  # n readable images
     batch = crops.to(views.device)
@@ -81,7 +75,7 @@ def device_ms(views: DeviceViews, dataset: SeededViews, n: int, repeats: int) ->
 
 
 def run(batch: int = 32, repeats: int = 5) -> str:
-    """Print and return the per-image table and the ratio (target >= 4)."""
+    """Return the per-image table and the ratio (target >= 4)."""
     v = load_config(["recipe=paper", "views.style=dino"]).views  # the style both backends have
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what a loader worker runs with: the times are per core (on a CPU, all of them)
@@ -106,10 +100,8 @@ def run(batch: int = 32, repeats: int = 5) -> str:
             [f"views.backend=device, device part on {device.type}"
              + (" (wall time)" if device.type == "cuda" else " (CPU time)"), f"{stage:.2f}",
              f"{1e3 / stage:.0f}" if device.type != "cuda" else "", ""]]
-    out = (f"paper recipe views ({len(view_specs(v))} x {v.global_size} px), {batch} JPEGs of 500 x 375, CPU time (one "
-           f"thread, as in a loader worker), median of {repeats} interleaved rounds\n\n"
-           + table(rows, ["pipeline", "ms per image", "images/s per core", "MB shipped per image"])
-           + f"\n\nCPU time per image, cpu pipeline / device path's CPU part: {med:.2f}x (IQR {lo:.2f}-{hi:.2f}; "
-             f"target >= 4)")
-    print(out)
-    return out
+    return (f"paper recipe views ({len(view_specs(v))} x {v.global_size} px), {batch} JPEGs of 500 x 375, CPU time "
+            f"(one thread, as in a loader worker), median of {repeats} interleaved rounds\n\n"
+            + table(rows, ["pipeline", "ms per image", "images/s per core", "MB shipped per image"])
+            + f"\n\nCPU time per image, cpu pipeline / device path's CPU part: {med:.2f}x (IQR {lo:.2f}-{hi:.2f}; "
+              f"target >= 4)")

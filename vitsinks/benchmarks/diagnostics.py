@@ -46,7 +46,7 @@ def peak_rss_mb(mode: str, size: str, batch: int) -> float:
 
 
 def run(size: str = "vit_small", batch: int = 8, repeats: int = 5) -> str:
-    """Print and return the time and memory ratios."""
+    """Return the time and memory ratios."""
     model, x = _setup(size, batch)
     backbone = adapt(model)
     settings = DiagnosticsConfig()
@@ -69,9 +69,7 @@ def run(size: str = "vit_small", batch: int = 8, repeats: int = 5) -> str:
             ["... with the register neurons (the whole residual suite) / forward", f"{med_all:.2f}",
              f"{lo_all:.2f}-{hi_all:.2f}", "<= 3"],
             ["peak memory above the model, diagnostics / forward", f"{mem:.2f}", "", ""]]
-    out = (f"diagnostics (all per-image fields, the residual side, spectra, recomputation check) on {size}, "
-           f"batch {batch}, {repeats} interleaved rounds; peak memory above the loaded model: forward {fwd:.0f} MB, "
-           f"diagnostics {diag:.0f} MB"
-           f"\n\n" + table(rows, ["measure", "ratio", "IQR", "target"]))
-    print(out)
-    return out
+    return (f"diagnostics (all per-image fields, the residual side, spectra, recomputation check) on {size}, "
+            f"batch {batch}, {repeats} interleaved rounds; peak memory above the loaded model: forward {fwd:.0f} MB, "
+            f"diagnostics {diag:.0f} MB"
+            f"\n\n" + table(rows, ["measure", "ratio", "IQR", "target"]))

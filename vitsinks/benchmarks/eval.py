@@ -14,7 +14,7 @@ from vitsinks.probes.features import global_features, patch_features
 
 
 def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 5, images: int = 256) -> str:
-    """Print and return the ratio (target <= 0.1) and the feature-extraction throughput."""
+    """Return the ratio (target <= 0.1) and the feature-extraction throughput."""
     torch.manual_seed(0)
     spec = SIZES[size]
     model = build_vit(size).eval().requires_grad_(False)
@@ -48,7 +48,5 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 5, images: int = 
     rows = [["cached dense-probe epoch / backbone pass", f"{med:.3f}", f"{lo:.3f}-{hi:.3f}", "<= 0.1"],
             ["feature extraction, dense (img/s)", f"{dense_ips:.0f}", "", ""],
             ["feature extraction, linear: [CLS] x 4 blocks + avgpool (img/s)", f"{linear_ips:.0f}", "", ""]]
-    out = (f"evaluation on {size}, {images} images of {spec.img_size} px, batch {batch}, {repeats} interleaved "
-           f"rounds\n\n" + table(rows, ["measure", "value", "IQR", "target"]))
-    print(out)
-    return out
+    return (f"evaluation on {size}, {images} images of {spec.img_size} px, batch {batch}, {repeats} interleaved "
+            f"rounds\n\n" + table(rows, ["measure", "value", "IQR", "target"]))

@@ -1,11 +1,5 @@
 """`python -m vitsinks.bench first-run`: README command 1 (`python -m vitsinks.launch exp=gate+reg`), timed whole in a
-child process (wall, CPU of the process and its loader workers, machine load), with its CPU time split by phase.
-
-The child runs the command exactly as a user does, with `runs_dir=` a temporary folder; timers wrap the phases'
-functions (training steps, waiting for data, validation, the SSL monitors, checkpoints with their diagnoses, the
-probes, the final diagnosis, the page), each second in one phase. "other" is what no timer covers: imports, building
-the model and data, logging.
-"""
+child process (wall, CPU with its loader workers, machine load), its CPU time split by phase (each second in one)."""
 
 from __future__ import annotations
 
@@ -39,9 +33,7 @@ def _cpu() -> float:
 
 def _timed(fn: Callable[..., Any], phase: str, acc: dict[str, list[float]],
            stack: list[list[float]]) -> Callable[..., Any]:
-    """`fn` adding its wall and CPU seconds to `acc[phase]`, less those of the timed calls it makes (`stack`: the
-    calls under way, each with its inner calls' seconds), so that each second counts in one phase only: the
-    monitors inside a validation count as monitors, not as validation."""
+    """`fn` adding its wall and CPU seconds to `acc[phase]`, less those of the timed calls it makes."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -140,8 +132,6 @@ def report(m: dict[str, Any]) -> str:
 
 
 def run() -> str:
-    """Measure, print and return the report."""
-    text = report(measure())
-    print(text)
-    return text
+    """Measure and return the report."""
+    return report(measure())
 

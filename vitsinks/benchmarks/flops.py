@@ -16,28 +16,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitsinks.models import model_from_config
 from vitsinks.objectives import Runtime, build_objective
 
-# Dense (no 2:4 sparsity) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, which print the sparse figure
-# (marked *): H100 SXM and H200 SXM 1,979* -> 989.5; H100 NVL and H200 NVL 1,671* -> 835.5; H100 PCIe 1,513* -> 756.5;
-# GH200 as the H100 SXM; H800 as the H100 of the same form; A100 and A800 312 (624*); L40S 362.05 (733*); L40 181.05
-# (362.1*); L4 121 (242*); A10 125 (250*); B200 (HGX, per GPU) 4.5 PFLOPS* -> 2,250. The first pattern found in the
-# upper-cased `torch.cuda.get_device_name()` wins ("NVIDIA H100 80GB HBM3" is the SXM part, "NVIDIA H100 PCIe" the
-# PCIe one, "NVIDIA H200" the SXM one); an unknown name has no peak (MFU null).
+# Dense (half the datasheets' 2:4-sparse figure) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; the first
+# pattern found in the upper-cased device name wins ("NVIDIA H100 80GB HBM3" is the SXM part).
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    (r"GH200", 989.5),
-    (r"H200 NVL", 835.5),
-    (r"H200", 989.5),
-    (r"H100 NVL", 835.5),
-    (r"H100 PCIE", 756.5),
-    (r"H100", 989.5),
-    (r"H800 PCIE", 756.5),
-    (r"H800", 989.5),
-    (r"A100", 312.0),
-    (r"A800", 312.0),
-    (r"L40S", 362.05),
-    (r"L40\b", 181.05),
-    (r"\bL4\b", 121.0),
-    (r"\bA10\b", 125.0),
-    (r"B200", 2250.0),
+    (r"GH200", 989.5), (r"H200 NVL", 835.5), (r"H200", 989.5), (r"H100 NVL", 835.5), (r"H100 PCIE", 756.5),
+    (r"H100", 989.5), (r"H800 PCIE", 756.5), (r"H800", 989.5), (r"A100", 312.0), (r"A800", 312.0), (r"L40S", 362.05),
+    (r"L40\b", 181.05), (r"\bL4\b", 121.0), (r"\bA10\b", 125.0), (r"B200", 2250.0),
 )
 
 
@@ -58,8 +42,7 @@ def mfu(flops_per_step: float, step_s: float, peak: float | None) -> float | Non
 
 
 def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of the matrix products and convolutions `fn()` runs (what `FlopCounterMode` counts; elementwise work,
-    norms and the optimizer's arithmetic are not counted, as in the usual MFU definition)."""
+    """FLOPs of the matrix products and convolutions `fn()` runs (`FlopCounterMode`'s count, the usual MFU one)."""
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
@@ -82,11 +65,7 @@ def meta_views(cfg: DictConfig, batch: int) -> tuple[list[torch.Tensor], torch.T
 
 
 def step_flops(cfg: DictConfig, inputs: list[torch.Tensor], targets: Any, num_classes: int = 1000) -> int:
-    """Model FLOPs of one training step of the run `cfg` (forward + backward of the objective's `step_terms`, as the
-    Trainer runs it) on a batch given as meta tensors (`meta_views`, or a real batch's shapes), counted on the meta
-    device: a ViT-L/16 step costs no memory and a second or two.
-
-    The count is the model's, independent of the kernels that run it (flash attention, fused or compiled code)."""
+    """Model FLOPs of one training step (`step_terms`, forward + backward) of the run `cfg` on meta tensors."""
     objective = build_objective(cfg, MetaRuntime(torch.device("meta")))
     with torch.device("meta"):
         model = objective.setup_model(model_from_config(cfg.model), num_classes)

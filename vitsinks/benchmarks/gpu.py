@@ -4,14 +4,10 @@
     python -m vitsinks.bench gpu device=cpu size=vit_cpu img_size=32 batch=2    # a dry run of the whole path
     python -m vitsinks.bench gpu table out=gpu_bench.json [docs=docs/performance.md]
 
-`run`: the real training step (`Trainer.train_step` of the paper recipe: LeJEPA, 4 global views, bf16 autocast) of
-every `configs/exp` variant per size, eager and with `train.compile`: step time, images/s, model FLOPs (counted on
-meta tensors), MFU against the device's bf16 dense peak, peak memory, compile time; then the data pipeline's
-images/s per loader worker count on real-size JPEGs. Tasks run most important first and a task whose expected
-time exceeds what is left of `budget_s` is recorded as skipped; the JSON at `out` is rewritten after every task.
-Without CUDA (and `device` not `cpu`) it prints one line saying so and exits 0, touching nothing.
-`table`: the Markdown table of `out` (a skeleton of unmeasured rows when `out` does not exist), printed and, with
-`docs`, written between the gpu-bench markers of that file.
+`run`: `Trainer.train_step` of the paper recipe for every `configs/exp` variant per size, eager and compiled (step time,
+images/s, MFU, peak memory, compile time), then the loader's images/s per worker count; a task that would overrun
+`budget_s` is skipped, `out` rewritten after every task; without CUDA (and `device` not `cpu`) it says so and exits 0.
+`table`: the Markdown table of `out`, printed and, with `docs`, written between that file's gpu-bench markers.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from omegaconf import DictConfig
 from vitsinks.benchmarks.data import natural_image
 from vitsinks.benchmarks.flops import meta_views, mfu, peak_tflops, step_flops
 from vitsinks.benchmarks.gpu_report import render, update_docs
-from vitsinks.configs.cli import parse_args, run_command
+from vitsinks.configs.cli import parse_args
 from vitsinks.configs.schema import exp_names, load_config
 from vitsinks.data.crops import sample_seed
 from vitsinks.models import SIZES
@@ -47,7 +43,6 @@ from vitsinks.utils.errors import ConfigError
 USAGE = ("python -m vitsinks.bench gpu [run|table] [size=vit_large,vit_base] [batch=64] [steps=5] [warmup=3] "
          "[budget_s=S] [device=auto|cuda|cpu] [img_size=224] [variants=[...]] [modes=[eager,compiled]] [data=true] "
          "[workers=[...]] [overrides=[...]] [out=gpu_bench.json] [docs=FILE.md]")
-DEFAULT_SIZES = "vit_large,vit_base"
 MODES = ("eager", "compiled")
 REFERENCE = "base"  # the variant every other one is compared with
 DATA = "data"  # the data-pipeline task
@@ -57,7 +52,7 @@ JPEG_SIZES = ((500, 375), (375, 500))  # ImageNet's most common image sizes (lan
 @dataclass
 class GpuArgs:
     what: str = "run"  # run | table
-    size: str = DEFAULT_SIZES  # comma-separated sizes, most important first
+    size: str = "vit_large,vit_base"  # comma-separated sizes, most important first
     batch: int = 64  # images per step (each with the recipe's views): the paper's global 256 on 4 GPUs
     steps: int = 5  # timed steps per row (median)
     warmup: int = 3  # untimed steps first (the first compiles)
@@ -86,8 +81,7 @@ class Task:
 
 
 def plan(sizes: Sequence[str], variants: Sequence[str], modes: Sequence[str], data: bool = True) -> list[Task]:
-    """The tasks, most important first: per size the reference eager and compiled, then the other variants eager;
-    then the data pipeline; then the other variants compiled (each compile costs about a minute at ViT-L), per size."""
+    """The tasks, most important first: per size the reference, the others eager; data; the others compiled."""
     first = [v for v in variants if v == REFERENCE]
     others = [v for v in variants if v != REFERENCE]
     now: list[Task] = []
@@ -115,9 +109,7 @@ class Budget:
 
 
 def estimate(task: Task, rows: Sequence[dict[str, Any]], args: GpuArgs) -> float | None:
-    """Expected wall time of `task`: that of the last finished row of the same size and mode, else of the same mode
-    at another size (the first sizes are the largest: an overestimate), else None; the data pipeline: its timing
-    caps plus start-up."""
+    """Expected wall time of `task`: the last finished row's of its mode (and size, if any), else None."""
     if task.exp == DATA:
         return len(args.workers) * (args.data_s + 3.0) + args.data_images * 0.02  # + writing the JPEGs
     done = [r for r in rows if r["mode"] == task.mode and r["status"] == "ok"]
@@ -127,8 +119,7 @@ def estimate(task: Task, rows: Sequence[dict[str, Any]], args: GpuArgs) -> float
 
 def bench_config(size: str, exp: str, compiled: bool, batch: int, args: GpuArgs, device: str, runs_dir: str,
                  data: Sequence[str] = ("data.num_workers=0",)) -> DictConfig:
-    """The paper recipe's run config (bf16 autocast on CUDA) of one row, `train.compile` on when `compiled`; `data`:
-    the data settings (default: the synthetic images, read in the main process)."""
+    """The paper recipe's run config of one row (`data`: the data settings, default synthetic images)."""
     s = args.img_size
     return load_config(["recipe=paper", f"exp={exp}", f"model={size}", f"model.img_size={s}", f"views.global_size={s}",
                         f"data.image_size={s}", f"train.batch_size={batch}", f"train.compile={compiled}",
@@ -141,24 +132,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _architecture(cfg: DictConfig) -> dict[str, Any]:
-    m = cfg.model
-    return {"attn": str(m.attn), "gate": str(m.gate), "registers": int(m.registers),
-            "pathway": bool(m.global_pathway.enabled), "cm_penalty": float(cfg.objective.cm_penalty)}
-
-
 def measure_row(task: Task, args: GpuArgs, device: str, runs_dir: str, batches: dict[str, Any],
                 flops: dict[tuple[str, str], int], peak: float | None) -> dict[str, Any]:
-    """Time `args.steps` training steps of `task` after `args.warmup` untimed ones, on one real batch of the run's
-    loader (the same batch every step); `batches` and `flops` are caches shared by the rows."""
+    """Time `args.steps` training steps of `task` after `args.warmup` untimed ones on one real batch."""
     t0 = time.perf_counter()
     cfg = bench_config(task.size, task.exp, task.mode == "compiled", args.batch, args, device, runs_dir)
     trainer = Trainer(cfg)
     dev = trainer.device
     built = time.perf_counter()
     if "batch" not in batches:  # the recipe's views are the same for every variant: one batch for all rows
-        inputs, targets, _ = next(iter(trainer.loader(0)))
-        batches["batch"] = (inputs, targets)
+        batches["batch"] = next(iter(trainer.loader(0)))[:2]
     inputs, targets = batches["batch"]
     key = (task.size, task.exp)
     if key not in flops:  # the model's FLOPs: on plain views (a views.backend=device batch's augmentation is not)
@@ -176,7 +159,10 @@ def measure_row(task: Task, args: GpuArgs, device: str, runs_dir: str, batches: 
     timed = sorted(times[args.warmup:])
     step = statistics.median(timed)
     q = statistics.quantiles(timed, n=4) if len(timed) > 1 else [step, step, step]
-    row = {"size": task.size, "exp": task.exp, "mode": task.mode, "status": "ok", "arch": _architecture(cfg),
+    m = cfg.model
+    arch = {"attn": str(m.attn), "gate": str(m.gate), "registers": int(m.registers),
+            "pathway": bool(m.global_pathway.enabled), "cm_penalty": float(cfg.objective.cm_penalty)}
+    row = {"size": task.size, "exp": task.exp, "mode": task.mode, "status": "ok", "arch": arch,
            "batch": args.batch, "views": cfg.views.n_global + cfg.views.n_local,
            "tokens": trainer.backbone.tokens_per_image(), "step_ms": step * 1e3,
            "step_ms_iqr": [q[0] * 1e3, q[2] * 1e3], "images_per_s": args.batch / step,
@@ -191,8 +177,7 @@ def measure_row(task: Task, args: GpuArgs, device: str, runs_dir: str, batches: 
 
 
 def write_jpegs(root: Path, n: int, classes: int = 8, seed: int = 0) -> dict[str, Any]:
-    """`n` real-size JPEGs (quality 90, `JPEG_SIZES`, `bench.data.natural_image`: they compress and decode like
-    photographs) in ImageFolder layout under `root/train` (`root/val`: the same class folders, empty)."""
+    """`n` photo-like JPEGs in ImageFolder layout under `root/train` (`root/val`: its class folders, empty)."""
     total = 0
     for c in range(classes):
         (root / "val" / f"c{c}").mkdir(parents=True, exist_ok=True)
@@ -206,8 +191,7 @@ def write_jpegs(root: Path, n: int, classes: int = 8, seed: int = 0) -> dict[str
 
 
 def time_loader(loader: Iterable[Any], warm: int, cap_s: float) -> tuple[int, float]:
-    """(images, seconds) of the batches after the first `warm` (workers starting, their prefetch filling), timed
-    for at most `cap_s` seconds or to the end of the epoch."""
+    """(images, seconds) of the batches after the first `warm`, timed for at most `cap_s` seconds."""
     images, start, now = 0, None, 0.0
     for i, (_, targets, _) in enumerate(loader):
         now = time.perf_counter()
@@ -221,15 +205,12 @@ def time_loader(loader: Iterable[Any], warm: int, cap_s: float) -> tuple[int, fl
 
 
 def measure_data(args: GpuArgs, device: str, runs_dir: str, report: Callable[[dict[str, Any]], None]) -> None:
-    """The training loader's images/s (each with the recipe's views) per worker count, on real-size JPEGs read
-    through `data=imagenet` (the files sit in the page cache: decoding and views, not the disk); `report` gets the
-    files' description, then one row per worker count."""
+    """The training loader's images/s per worker count on page-cached JPEGs (`report` gets each row)."""
     cpus = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "jpegs"
         report({"jpegs": write_jpegs(root, args.data_images), "cpus": cpus})
         for w in sorted({min(w, cpus) for w in args.workers}):
-            # the loader is measured: the model only has to exist
             cfg = bench_config("vit_cpu", REFERENCE, False, args.data_batch, args, device, runs_dir,
                                ("data=imagenet", f"data.root={root}", f"data.num_workers={w}"))
             trainer = Trainer(cfg)
@@ -370,5 +351,3 @@ def gpu_command(argv: Sequence[str]) -> int:
     bench(args)  # type: ignore[arg-type]
     return 0
 
-
-main = run_command(gpu_command)

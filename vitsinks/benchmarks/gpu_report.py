@@ -27,10 +27,8 @@ def _reference(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any
 
 
 def target(row: dict[str, Any], base: dict[str, Any] | None, device: str | None) -> tuple[str, bool | None]:
-    """(the issue's target for this row, met or not; None: not measured) - empty text where none applies.
-
-    `base` at ViT-L/16 on an H100 / H200: MFU >= 45%. A variant whose architecture differs from `base`'s only in its
-    attention kind: step time <= 1.15x base's; only in its gate: <= (its FLOPs / base's) + 0.05 x base's."""
+    """(this row's target or "", met or not or None): `base` at ViT-L/16 on an H100 / H200: MFU >= 45%; a variant
+    differing from `base` only in attention kind: step <= 1.15x base's, only in gate: <= FLOP ratio + 0.05."""
     if row["exp"] == "base":
         if row["size"] != MFU_SIZE or not re.search(MFU_DEVICES, device or ""):
             return "", None

@@ -22,8 +22,7 @@ def gate_flop_share(dim: int, tokens: int) -> float:
 
 
 def pathway_flop_share(dim: int, tokens: int, state_dim: int = 64) -> float:
-    """Extra forward FLOPs of the global pathway relative to a block, per token: pooling score, value into the
-    state, recipient gate, gated write-back (the state's output projection is once per image)."""
+    """Extra forward FLOPs of the global pathway relative to a block, per token."""
     block = 12 * dim * dim + 2 * tokens * dim
     return (dim * (state_dim + 3) + state_dim * dim / tokens) / block
 
@@ -53,8 +52,7 @@ def _exp_step(exp: str, size: str, x: torch.Tensor) -> tuple[Callable[[], None],
 
 
 def activation_mib(step: Callable[[], None], model: torch.nn.Module) -> float:
-    """MiB of the tensors autograd keeps for the backward of one `step` (the activations: the memory that grows
-    with the batch), the parameters' own storage left out; measured on any device (saved-tensor hooks)."""
+    """MiB of the tensors autograd keeps for the backward of one `step`, the parameters left out."""
     own = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}  # storage -> bytes: views of one storage count once
 
@@ -70,7 +68,7 @@ def activation_mib(step: Callable[[], None], model: torch.nn.Module) -> float:
 
 
 def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: list[str] | None = None) -> str:
-    """Print and return the Markdown table of time ratios to timm (and of global+pen to base)."""
+    """Return the Markdown table of time ratios to timm (and of global+pen to base)."""
     torch.manual_seed(0)
     spec = SIZES[size]
     x = torch.randn(batch, 3, spec.img_size, spec.img_size)
@@ -101,5 +99,4 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: lis
         share = pathway_flop_share(spec.embed_dim, tokens)
         row = ["global+pen / base", f"{med:.3f}", f"{lo:.3f}-{hi:.3f}", f"<= {1 + share + 0.05:.3f}"]
         out += "\n\n" + table([row], ["ratio", "time", "IQR", "target (pathway FLOP share + 5%)"])
-    print(out)
     return out

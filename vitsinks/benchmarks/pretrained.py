@@ -1,6 +1,5 @@
-"""`python -m vitsinks.bench pretrained`: `vitsinks.pretrained.diagnose`, and `intervene` with one edit of one head,
-on unmodified timm ViTs (random weights, no download): seconds per image and the ratio to one plain forward of the
-same images, side by side."""
+"""`python -m vitsinks.bench pretrained`: `vitsinks.pretrained.diagnose` and `intervene` (one edit of one head) on
+timm ViTs with random weights: seconds per image and the ratio to one plain forward of the same images."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def timm_model(size: str, img_size: int = 224) -> torch.nn.Module:
 
 @torch.no_grad()
 def plant_cls_sink(model: VisionTransformer, block: int) -> None:
-    """Head 0 of `block` (timm, no q/k norm) sends every query to [CLS]: equal queries, keys reading channel 0 only,
-    where [CLS] stands out (random weights have no sink for `intervene` to edit)."""
+    """Head 0 of `block` sends every query to [CLS] (random weights have no sink to edit)."""
     attn = cast(Attention, model.blocks[block].attn)
     qkv, hd, dim = attn.qkv, attn.head_dim, model.embed_dim
     assert qkv.bias is not None and model.cls_token is not None  # timm's ViTs: a qkv bias and [CLS]
@@ -42,10 +40,8 @@ def plant_cls_sink(model: VisionTransformer, block: int) -> None:
 
 
 def measure(size: str, batch: int, repeats: int, img_size: int = 224) -> dict[str, float]:
-    """Median seconds per image of a plain forward, of `diagnose` (every block and head) and of `intervene` (one
-    edit, `zero_sink_value`, of head 0 of the middle block, where a [CLS] sink is planted; its own diagnosis pass
-    included), and the median, least and largest of their per-round ratios to the forward, over `repeats`
-    interleaved rounds after one warm-up round (few rounds: a range, not quartiles)."""
+    """Median seconds per image of a plain forward, `diagnose` and `intervene` (head 0 of the middle block, with a
+    planted [CLS] sink), and the median, least and largest of their per-round ratios to the forward."""
     if batch < 2:
         raise BadValue(f"the pretrained benchmark needs batch >= 2 (the interventions' donor), got {batch}")
     model = cast(VisionTransformer, timm_model(size, img_size))  # the TIMM_MODELS: timm ViTs
@@ -67,8 +63,7 @@ def measure(size: str, batch: int, repeats: int, img_size: int = 224) -> dict[st
 
 
 def run(size: str = "vit_small,vit_large", batch: int | None = None, repeats: int = 2, img_size: int = 224) -> str:
-    """Print and return the table: one row per size (comma-separated), `batch` images each (default
-    `DEFAULT_BATCH`)."""
+    """Return the table: one row per size (comma-separated), `batch` images each."""
     rows = []
     for name in size.split(","):
         n = batch or DEFAULT_BATCH.get(name, 2)
@@ -76,11 +71,9 @@ def run(size: str = "vit_small,vit_large", batch: int | None = None, repeats: in
         rows.append([f"{TIMM_MODELS.get(name, name)} ({m['params_m']:.0f}M)", str(n), f"{m['forward_s']:.3f}",
                      *(f"{m[f'{w}_s']:.3f} ({m[f'{w}_ratio']:.2f}x, {m[f'{w}_lo']:.2f}-{m[f'{w}_hi']:.2f})"
                        for w in ("diagnose", "intervene"))])
-    out = (f"vitsinks.pretrained.diagnose (every block and head, float32, the recomputation check) and intervene (one "
-           f"edit of head 0 of the middle block, a planted [CLS] sink) against one plain forward, random weights, "
-           f"{img_size} px, {repeats} interleaved rounds after a warm-up; torch threads {torch.get_num_threads()}, "
-           f"{os.cpu_count()} cores\n\n"
-           + table(rows, ["model", "images", "forward s/image", "diagnose s/image (x forward, range)",
-                          "intervene s/image (x forward, range)"]))
-    print(out)
-    return out
+    return (f"vitsinks.pretrained.diagnose (every block and head, float32, the recomputation check) and intervene (one "
+            f"edit of head 0 of the middle block, a planted [CLS] sink) against one plain forward, random weights, "
+            f"{img_size} px, {repeats} interleaved rounds after a warm-up; torch threads {torch.get_num_threads()}, "
+            f"{os.cpu_count()} cores\n\n"
+            + table(rows, ["model", "images", "forward s/image", "diagnose s/image (x forward, range)",
+                           "intervene s/image (x forward, range)"]))

@@ -7,11 +7,12 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
+from vitsinks.utils.tables import markdown_table
+
 
 def interleaved(fns: Mapping[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
                 seed: int = 0) -> dict[str, list[float]]:
-    """Time each callable `repeats` times, in a shuffled order every round, after `warmup` untimed rounds (what
-    they return is dropped)."""
+    """Time each callable `repeats` times, in a shuffled order every round, after `warmup` untimed rounds."""
     order = list(fns)
     rng = random.Random(seed)
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -34,6 +35,4 @@ def ratio_stats(num: list[float], den: list[float]) -> tuple[float, float, float
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     """A Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(markdown_table(header, rows))

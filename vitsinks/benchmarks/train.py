@@ -7,6 +7,7 @@ import time
 from typing import cast
 
 import torch
+from torch.utils.data import Dataset
 
 from vitsinks.benchmarks.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import load_config
@@ -42,7 +43,7 @@ def _phases(trainer: Trainer, views: list[torch.Tensor], labels: torch.Tensor) -
 
 
 def run(batch: int = 64, repeats: int = 10) -> str:
-    """Print and return the step-time split and the view-throughput ratio."""
+    """Return the step-time split and the view-throughput ratio."""
     cfg = load_config([f"train.batch_size={batch}", "wandb.mode=disabled", "runs_dir=/nonexistent-bench"])
     trainer = Trainer(cfg)
     loader = iter(trainer.loader(0))
@@ -66,27 +67,12 @@ def run(batch: int = 64, repeats: int = 10) -> str:
     base = SyntheticShapes(cfg.data.image_size, 64, cfg.data.num_classes)
     images = [base[i][0] for i in range(len(base))]
     tf = cast(SeededViews, trainer.train_set).transform  # LeJEPA's training items
-    ours = SeededViews(ImageList(images), tf, seed=0)
+    ours = SeededViews(cast(Dataset, [(im, 0) for im in images]), tf, seed=0)  # pre-decoded: only the views timed
     times = interleaved({"lightly": lambda: [tf(im) for im in images],
                          "vitsinks": lambda: [ours[i] for i in range(len(images))]}, repeats=repeats)
     med_r, lo, hi = ratio_stats(times["lightly"], times["vitsinks"])
-    out = (f"train step on {cfg.model.size}, batch {batch}, {cfg.views.n_global} global {cfg.views.global_size}px + "
-           f"{cfg.views.n_local} local {cfg.views.local_size}px views (median of {repeats} steps)\n\n"
-           + table(split, ["phase", "ms", "share of step"])
-           + f"\n\nview generation throughput, vitsinks pipeline / lightly transform called directly: {med_r:.3f} "
-             f"(IQR {lo:.3f}-{hi:.3f}; target >= 0.95)")
-    print(out)
-    return out
-
-
-class ImageList(torch.utils.data.Dataset):
-    """Pre-decoded `(PIL image, 0)` items, so only view generation is timed."""
-
-    def __init__(self, images: list) -> None:
-        self.images = images
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int) -> tuple:
-        return self.images[i], 0
+    return (f"train step on {cfg.model.size}, batch {batch}, {cfg.views.n_global} global {cfg.views.global_size}px + "
+            f"{cfg.views.n_local} local {cfg.views.local_size}px views (median of {repeats} steps)\n\n"
+            + table(split, ["phase", "ms", "share of step"])
+            + f"\n\nview generation throughput, vitsinks pipeline / lightly transform called directly: {med_r:.3f} "
+              f"(IQR {lo:.3f}-{hi:.3f}; target >= 0.95)")

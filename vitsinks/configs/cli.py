@@ -1,21 +1,10 @@
 """The one command-line layer of every entry point: Hydra set-up, argument parsing and error-to-exit-code handling.
 
-- Hydra commands (`launch`, `diagnose`, `intervene`, `eval.linear`, `eval.dense`) are built with `hydra_command`:
-  short aliases (`n_images=` for `diagnostics.n_images=`) rewritten, the config composed ONCE with Hydra's compose
-  API (`compose`) and checked (`check_config`), then the command's function gets that typed config. The sweeps of
-  `launch -m` compose each run the same way (`vitsinks.run.sweep.expand` + `compose`): the compose API is the only
-  way configs are made, so a sweep can know every run before it starts (names, the SLURM array, finished runs).
-  Of Hydra's own flags, `--cfg job|hydra|all` (with `--resolve`) and `--help` are kept.
-- A config group's earlier name (`protocol=`, now `selection=`) is read as today's, with one warning line on stderr
-  (`user_inputs.renamed_groups`, where every composition starts, `schema.compose_config`: Python's too).
-- Plain commands (`leaderboard`, `synthetic`, `bench`) parse `key=value` arguments against a typed schema with
-  `parse_args` (misspelt keys and wrong types name themselves) and run under `run_command`.
-- `-h` / `--help` of every command is its text from `usage.command_help`, read from the command's source: under
-  `python -m` it is printed before the command imports torch (`vitsinks/__init__.py`), here when called in-process.
-- `compose` turns a configuration that does not compose into a `ConfigError`; `guarded` turns a `UserError` into
-  `error: <message>` on one line with its exit code (1; a failed built-in check `CheckFailed`: 3), and so a write
-  the file system refused (`files.fault`: permission, read-only, full disk); any other exception is a bug and keeps
-  its traceback. `VITSINKS_TRACEBACK=1` shows the traceback of user errors too.
+- Hydra commands (`hydra_command`): short aliases rewritten, the config composed once (`compose`, as every run of
+  a sweep is) and checked, then given to the command's function; `--cfg job|hydra|all` (`--resolve`) and `--help`.
+- Plain commands parse `key=value` arguments against a typed schema (`parse_args`) and run under `run_command`.
+- `guarded` prints a `UserError` (and a write the file system refused) as `error: <message>` on one line and exits
+  with its code; any other exception is a bug and keeps its traceback (`VITSINKS_TRACEBACK=1`: user errors too).
 """
 
 from __future__ import annotations
@@ -36,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
-from vitsinks.configs.schema import check_config, compose_config
+from vitsinks.configs.checks import check_config
+from vitsinks.configs.schema import compose_config
 from vitsinks.configs.usage import FLAGS_USAGE, command_help, help_text, wants_help
 from vitsinks.configs.user_inputs import unicode_fix
 from vitsinks.utils.cpus import cpu_threads, runs_on_cpu
@@ -99,26 +89,22 @@ def cli_keys() -> list[str] | None:
 
 
 def data_overrides() -> list[str] | None:
-    """The `data` / `data.*` keys the running command's command line set; None outside a command (called from
-    Python)."""
+    """The `data` / `data.*` keys the running command's command line set; None outside a command."""
     keys = cli_keys()
     return None if keys is None else [k for k in keys if k.split(".")[0] == "data"]
 
 
 def pick_seed(cfg_seed: int, ckpt_seed: int, overridden: Sequence[str] | None) -> int:
-    """The seed of a command reading a checkpoint (its probes' data, head init and shuffling): the command line's
-    `seed=` when it gave one, or `cfg_seed` when called from Python (`overridden` None); else the checkpoint's own
-    training seed. So a checkpoint is probed alike after training, by a later command, and as the source of a
-    post-hoc edit (whose run keeps its source's seed): an edit's change of a probe is the edit's, not a seed's."""
-    if overridden is None or "seed" in overridden:
-        return int(cfg_seed)
-    return int(ckpt_seed)
+    """The seed of a command reading a checkpoint: the command line's `seed=` when it gave one, or `cfg_seed` when
+    called from Python (`overridden` None); else the checkpoint's own training seed, so that a checkpoint is probed
+    alike after training, by a later command and as the source of a post-hoc edit."""
+    return int(cfg_seed) if overridden is None or "seed" in overridden else int(ckpt_seed)
 
 
 def pick_data(cfg_data: DictConfig, ckpt_data: DictConfig, overridden: Sequence[str] | None) -> DictConfig:
     """The data a command reading a checkpoint uses: the command line's when it chose a dataset (`data=`,
-    `data.name=`, `data.root=`) or when called from Python (`overridden` None); else the checkpoint's own training
-    data with the command line's other `data.*` settings (e.g. `data.on_bad_image=error`)."""
+    `data.name=`, `data.root=`) or from Python (`overridden` None); else the checkpoint's own with the command
+    line's other `data.*` settings."""
     if overridden is None or any(k in ("data", "data.name", "data.root") for k in overridden):
         return cfg_data
     return OmegaConf.merge(ckpt_data, {k[len("data."):]: OmegaConf.select(cfg_data, k[len("data."):])
@@ -126,10 +112,9 @@ def pick_data(cfg_data: DictConfig, ckpt_data: DictConfig, overridden: Sequence[
 
 
 def compose(overrides: Sequence[str], check: bool = True, hydra: bool = False) -> DictConfig:
-    """The config of these overrides, composed as the command line does, checked (`check_config`) unless `check` is
-    False; `hydra` keeps Hydra's own node (see `schema.compose_config`). A composition error (unknown group or
-    option, misspelt key, wrong type, value outside a closed set) becomes a `ConfigError` with Hydra's message on
-    one line. Errors of vitsinks' own code keep their type and traceback."""
+    """The config of these overrides, composed as the command line does and checked (`check_config`) unless not
+    `check`; `hydra` keeps Hydra's own node. A composition error (unknown group or option, misspelt key, wrong type,
+    value outside a closed set) becomes a `ConfigError` with Hydra's message on one line."""
     try:
         cfg = compose_config(list(overrides), hydra=hydra)
     except (HydraException, OmegaConfBaseException) as err:  # a non-ASCII value Hydra's grammar refused: the fix
@@ -190,8 +175,7 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 @contextmanager
 def hydra_context(cfg: DictConfig) -> Iterator[None]:
-    """What Hydra sets up around a job, for the config `cfg` composed with its Hydra node: `HydraConfig` (the
-    command line's overrides, read by `data_overrides`) and logging; `HydraConfig` is cleared afterwards."""
+    """What Hydra sets up around a job (`HydraConfig`, cleared afterwards, and logging) for `cfg` with its node."""
     HydraConfig.instance().set_config(cfg)
     configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
     try:
@@ -202,8 +186,7 @@ def hydra_context(cfg: DictConfig) -> Iterator[None]:
 
 def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | None = None,
                   lists: Sequence[str] = ()) -> HydraMain:
-    """The `main(argv)` of a Hydra command running `fn(cfg)`: aliases rewritten, the config composed once and
-    checked, errors on one line (see the module docstring)."""
+    """The `main(argv)` of a Hydra command running `fn(cfg)` (see the module docstring)."""
 
     def main(argv: Sequence[str] | None = None) -> None:
         args = rewrite_aliases(sys.argv[1:] if argv is None else list(argv), aliases or {}, lists)
@@ -224,8 +207,7 @@ def hydra_command(fn: Callable[[DictConfig], Any], aliases: dict[str, str] | Non
 
 
 def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """`fn(cfg)` with CPU work on `train.cpu_threads` threads (default one per core the loader workers leave free): on
-    a shared machine more threads than free cores make every small op wait for a thread without a core."""
+    """`fn(cfg)` with CPU work on `train.cpu_threads` threads (`cpus.compute_threads`)."""
     with cpu_threads(cfg, torch.device("cpu" if runs_on_cpu(cfg) else "meta")):  # meta: left alone
         return fn(cfg)
 
@@ -233,17 +215,13 @@ def _with_cpu_threads(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 def parse_args(argv: Sequence[str], schema: type | dict[str, Any], usage: str,
                positional: str | None = None) -> DictConfig:
     """`key=value` arguments merged onto a structured schema (a dataclass, or a dict of the defaults); `positional`
-    names one leading bare word.
-
-    Unknown keys, wrong types and stray words are a `ConfigError` naming them, with `usage`.
-    """
+    names one leading bare word. Unknown keys, wrong types and stray words are a `ConfigError` naming them."""
     args = list(argv)
     base = OmegaConf.structured(schema)
     extra: dict[str, Any] = {}
     if positional and args and "=" not in args[0]:
         extra[positional] = args.pop(0)
-    stray = [a for a in args if "=" not in a]
-    if stray:
+    if stray := [a for a in args if "=" not in a]:
         raise ConfigError(f"unexpected argument(s) {' '.join(stray)}; usage: {usage}")
     # a string field takes its value as written (`title=a: b` is a title, not the YAML mapping {a: b})
     literal = {k: v for k, _, v in (a.partition("=") for a in args)
@@ -256,8 +234,7 @@ def parse_args(argv: Sequence[str], schema: type | dict[str, Any], usage: str,
 
 
 def module_help(fn: Callable[..., Any], argv: Sequence[str]) -> str:
-    """The `--help` of the command whose module defines `fn` (`usage.command_help`; its docstring when that module
-    is no vitsinks command)."""
+    """The `--help` of the command whose module defines `fn` (`usage.command_help`; else the module's docstring)."""
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     spec = getattr(module, "__spec__", None)  # `python -m` runs a module as __main__ with its real name in its spec
     try:
@@ -267,8 +244,7 @@ def module_help(fn: Callable[..., Any], argv: Sequence[str]) -> str:
 
 
 def run_command(fn: Callable[[Sequence[str]], int | None]) -> PlainMain:
-    """The `main(argv)` of a plain command: `fn(argv)` returns its exit code (None: 0); errors handled; `-h` /
-    `--help` print the command's help (`usage.command_help`) and exit 0."""
+    """The `main(argv)` of a plain command: `fn(argv)` returns its exit code (None: 0); `-h` prints its help."""
 
     def main(argv: Sequence[str] | None = None) -> NoReturn:
         args = sys.argv[1:] if argv is None else list(argv)

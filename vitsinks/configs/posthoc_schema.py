@@ -1,6 +1,5 @@
-"""The configs of the post-hoc analyses of a trained backbone: simulated quantization (`quant.*`) and the
-training-free mitigations (`trainfree.*`); part of the run config's schema (`vitsinks.configs.schema`, which
-re-exports them)."""
+"""The configs of the post-hoc commands on a trained backbone, `quant.*`, `trainfree.*` and `export.*` (re-exported
+by `vitsinks.configs.schema`)."""
 
 from __future__ import annotations
 
@@ -39,3 +38,14 @@ class TrainFreeConfig:
     probes: bool = True  # after the diagnostics, the linear and dense probes of the edited model (as after training)
     overwrite: bool = False  # replace its derived run (else: refused; an unfinished one of the same edit is redone)
     source: str | None = None  # set by vitsinks.trainfree: the checkpoint the edit was fitted on
+
+
+@dataclass
+class ExportConfig:
+    """Where the folder goes and whether it is published (`vitsinks.publish`, docs/export.md)."""
+
+    out: str | None = None  # the folder to write: new or empty, or an earlier export of the same checkpoint
+    push: bool = False  # upload the folder to the Hugging Face hub (export.repo; the endpoint: HF_ENDPOINT)
+    repo: str | None = None  # the hub repository, <user or organisation>/<name> (created if it does not exist)
+    private: bool = False  # create the hub repository private (an existing one keeps its visibility)
+    license: str | None = None  # the card's license (None: the package's own, else `other`)

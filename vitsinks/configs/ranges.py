@@ -1,7 +1,6 @@
-"""The command line's range checks for the Python API: an argument that sets what a config field sets is checked
-against the range that field declares (`bounded`, one place per setting), in the words of `schema.check_config`,
-naming the command line's key, e.g. `weight_bits=1 (must be >= 2 and <= 16; the command line's
-quant.weight_bits)`."""
+"""The command line's range checks for the Python API: an argument that sets a config field is checked against the
+range that field declares, naming the command line's key (`weight_bits=1 (must be >= 2 and <= 16; the command
+line's quant.weight_bits)`)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,14 @@ import typing
 from functools import cache
 from typing import Any
 
-from vitsinks.configs.schema import Config, NumericField, numeric_fields
+from vitsinks.configs.checks import NumericField, numeric_fields
+from vitsinks.configs.schema import Config
 from vitsinks.utils.errors import BadValue
 
 
 @cache
 def _fields(schema: type) -> dict[str, NumericField]:
-    """The numeric fields of the config dataclass `schema` (its own, not those of nested groups) by name, their keys
-    those of the whole config (`quant.weight_bits`) when `schema` is one of its groups."""
+    """The own numeric fields of the config dataclass `schema` by name, keyed as in the whole config."""
     hints = typing.get_type_hints(Config)
     group = next((f.name for f in dataclasses.fields(Config) if hints[f.name] is schema), None)
     prefix = "" if schema is Config or group is None else f"{group}."
@@ -27,8 +26,8 @@ def _fields(schema: type) -> dict[str, NumericField]:
 
 def check_setting(schema: type, field: str, value: Any, name: str | None = None) -> None:
     """A `BadValue` unless `value`, the API's argument `name` (default `field`), is what the command line accepts for
-    the field `field` of the config dataclass `schema`: a number (an integer for an int field) in its declared range
-    (each entry of a list field's; a single number checked as one entry). None is not checked ("the default")."""
+    the field `field` of the config dataclass `schema` (a single number for a list field is one entry); None is
+    not checked."""
     nf = _fields(schema).get(field)
     if nf is None:
         raise TypeError(f"{schema.__name__} has no numeric field {field!r}")
@@ -47,13 +46,10 @@ def check_setting(schema: type, field: str, value: Any, name: str | None = None)
     if problem:
         raise BadValue(f"{problem.removesuffix(')')}; the command line's {nf.key})")
 
+
 def check_settings(settings: object, skip: tuple[str, ...] = ()) -> None:
-    """Every numeric field of the config dataclass instance `settings` (e.g. a `DiagnosticsConfig` a notebook built)
-    checked as the command line checks it (`check_setting`), but those in `skip`."""
+    """Every numeric field of the config dataclass instance `settings` but those in `skip` (`check_setting`)."""
     schema: type = type(settings)
     for name in _fields(schema):
         if name not in skip:
-            check_setting(type(settings), name, getattr(settings, name))
-
-
-__all__ = ["check_setting", "check_settings"]
+            check_setting(schema, name, getattr(settings, name))

@@ -1,15 +1,8 @@
-"""Typed configuration: dataclasses that back the Hydra configs of this folder.
-
-The dataclasses are the schema: Hydra merges the YAML files into them in struct mode, so a misspelt key or a
-value of the wrong type fails at composition with a message that names it.
-"""
+"""Typed configuration: the dataclasses behind the Hydra configs of this folder. Hydra merges the YAML files into
+them in struct mode, so a misspelt key or a value of the wrong type fails at composition, naming it."""
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,19 +15,16 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from vitsinks.configs.posthoc_schema import QuantConfig, TrainFreeConfig  # noqa: F401 - the post-hoc analyses'
-from vitsinks.configs.publish import ExportConfig  # noqa: F401 - the export command's
+from vitsinks.configs.checks import check_config
+from vitsinks.configs.posthoc_schema import ExportConfig, QuantConfig, TrainFreeConfig  # noqa: F401
 from vitsinks.configs.search import user_folders
-from vitsinks.configs.user_inputs import name_problem, quote_unicode, renamed_groups, renamed_user_groups, yaml_named
+from vitsinks.configs.user_inputs import quote_unicode, renamed_groups, renamed_user_groups, yaml_named
 
 # The model's config and closed sets live with the model (their registries build them); re-exported here.
 from vitsinks.models.config import Attn, ModelConfig, PatchEmbed, PosEmbed  # noqa: F401
 from vitsinks.models.mitigations.gate import Gate  # noqa: F401
 from vitsinks.models.mitigations.global_pathway import GlobalPathwayConfig, RecipientGate  # noqa: F401
-from vitsinks.models.vit import SIZES
-from vitsinks.utils.bounded import Range, bounded, range_of
-from vitsinks.utils.errors import ConfigError
-from vitsinks.utils.registry import FIELDS, import_plugins
+from vitsinks.utils.bounded import bounded
 
 # Closed sets: a value outside them stops at composition with the allowed values (member names are the values). The
 # open sets (data sets, objectives, probe protocols) are `str` fields checked against their registries (`check_config`).
@@ -43,6 +33,7 @@ Precision = StrEnum("Precision", "auto bf16 fp32", module=__name__)
 WandbMode = StrEnum("WandbMode", "auto online offline disabled", module=__name__)
 SinkRule = StrEnum("SinkRule", "relaxed def1", module=__name__)
 SinkRatio = StrEnum("SinkRatio", "ratio_out ratio_head", module=__name__)
+DenseBackend = StrEnum("DenseBackend", "native mmseg", module=__name__)
 ClusterName = StrEnum("ClusterName", "local slurm", module=__name__)
 Device = StrEnum("Device", "auto cpu cuda", module=__name__)
 SigregForm = StrEnum("SigregForm", "per_view_global pooled_per_rank", module=__name__)
@@ -186,9 +177,8 @@ class WandbConfig:
 class SelectionConfig:
     """Which images of a split an analysis reads and how they are preprocessed (`vitsinks.data.selection`).
 
-    The named presets (`selection=kempner_sinktable`, `selection=kempner_causal`; `protocol=` earlier) set these and
-    the analysis settings of the reference's protocols. `name` is written into every output as `protocol` (the name
-    outputs and saved configs have always used, `configs.upgrade`), so that a table says which selection made it.
+    The presets (`selection=kempner_sinktable`, `selection=kempner_causal`) also set the analysis settings of the
+    reference's protocols. `name` is written into every output as `protocol`, so that a table says which made it.
     """
 
     name: str = "vitsinks"
@@ -227,10 +217,7 @@ class DiagnosticsConfig:
 class InterveneConfig:
     """Causal interventions (`vitsinks.intervene`, docs/fidelity.md): one head edited at a time, attention held fixed.
 
-    Head selection (when `heads` is empty) per class (NOP / broadcast): heads with >= `min_events` events of that
-    class among the images, the `top_k` of blocks >= 1 and the `top_k_block0` of block 0 by event count; a head
-    enters a class's means if it has >= `min_class_events` events of that class. Events and classes follow the
-    `diagnostics` settings (rule, eps, ratio, use_stable_rank).
+    Head selection when `heads` is empty (`min_events`, `top_k`, ...): docs/interventions.md.
     """
 
     n_images: int = bounded(256, ge=2)  # validation images edited, the first n of the `selection` order
@@ -287,9 +274,9 @@ class ClusterConfig:
 class EvalConfig:
     """Frozen-backbone evaluations (`vitsinks.eval.linear`, `vitsinks.eval.dense`) and what runs after training.
 
-    `after_train` (on by default): diagnostics, linear probe and dense probe of the final checkpoint, in the
-    training job, so that every finished run has the numbers a leaderboard compares; data without class labels (the
-    sink tasks) has no probes.
+    `after_train` (on by default): diagnostics, linear probe (with the k-NN probe, `knn`) and dense probe of the
+    final checkpoint, in the training job, so that every finished run has the numbers a leaderboard compares; data
+    without class labels (the sink tasks) has no probes.
     """
 
     after_train: bool = True
@@ -301,6 +288,8 @@ class EvalConfig:
     linear_epochs: int = bounded(10, ge=1)
     linear_batch_size: int = bounded(256, ge=1)
     linear_protocol: str = "dinov2"  # what each head reads and its optimiser (vitsinks/probes/linear_protocols.py)
+    knn: bool = True  # eval.linear also runs the k-NN probe on the features it cached (no training: seconds)
+    knn_protocol: str = "dino"  # the k-NN probe's feature, ks and temperature (vitsinks/probes/knn_protocols.py)
     dense_data: str | None = None  # after_train: (default: the training data when it has masks)
     dense_root: str | None = None
     # The dense probe's protocol (vitsinks/probes/dense_protocols.py, eval/README.md): dinov2 (BatchNorm + 1x1 conv,
@@ -315,6 +304,10 @@ class EvalConfig:
     dense_batch_size: int | None = bounded(None, ge=1)  # dinov2 only (16)
     dense_augment: bool | None = None  # dinov2 only (false: cached features; true: random resized crop + flip)
     dense_examples: int = bounded(4, ge=0)  # val images drawn as image | ground truth | prediction
+    # Who trains and scores the dense probe: native (vitsinks' own, every protocol) | mmseg (mmsegmentation's
+    # datasets, segmentor, Runner and IoUMetric, for the dinov2 protocol on ade20k or voc; `vitsinks[mmseg]`)
+    dense_backend: DenseBackend = DenseBackend.native
+    dense_mmseg_config: str = "linear"  # mmseg backend: mmseg/<name>_<data>.py in the config folders
 
 
 @dataclass
@@ -352,9 +345,8 @@ class Config:
 
 
 class UserConfigs(SearchPathPlugin):
-    """Hydra's search path with the user's config folders (`search.user_folders`: `$VITSINKS_CONFIGS`, `./configs`,
-    the checkout's `configs/`) before the package's, so that their files win; only where the package's configs are
-    the primary ones (any other Hydra app of the process is left alone)."""
+    """Hydra's search path with the user's config folders (`search.user_folders`) before the package's, so that
+    their files win; only where the package's configs are the primary ones."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         main = SearchPathQuery(provider="main", path=str(config_dir()))
@@ -365,8 +357,7 @@ class UserConfigs(SearchPathPlugin):
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (the `schema` entry of `config.yaml`) and the user's config
-    folders with its search path (`UserConfigs`)."""
+    """Register the schema with Hydra (the `schema` entry of `config.yaml`) and the user's config folders."""
     ConfigStore.instance().store(name="schema", node=Config)
     Plugins.instance().register(UserConfigs)
     renamed_user_groups()
@@ -389,20 +380,14 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
 
 
 def compose_config(overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
-    """The config of these overrides as Hydra composes it (not checked; `hydra=True` keeps the `hydra` node, which
-    carries the command line's overrides and the logging set-up), from the user's config folders over the package's
-    (`search`; a missing folder named by `$VITSINKS_CONFIGS` is an `InputNotFound`)."""
+    """The config of these overrides as Hydra composes it from the user's config folders over the package's (not
+    checked; `hydra=True` keeps the `hydra` node: the command line's overrides and the logging set-up), its `exp`
+    the name of the exp file chosen (so that a file needs no `exp:` key of its own)."""
     user_folders()
     register_configs()
     overrides = renamed_groups(overrides or [])
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"), yaml_named():  # broken YAML: a line
-        cfg = compose(config_name="config", overrides=quote_unicode(overrides or []), return_hydra_config=True)
-    return _named_by_exp_file(cfg, hydra)
-
-
-def _named_by_exp_file(cfg: DictConfig, hydra: bool) -> DictConfig:
-    """`cfg` with `exp` set to the name of the exp file Hydra chose (`exp=<name>`: `exp/<name>.yaml`, so a file
-    needs no `exp:` key of its own; none chosen: the schema's default), and the `hydra` node only if `hydra`."""
+        cfg = compose(config_name="config", overrides=quote_unicode(overrides), return_hydra_config=True)
     choice = cfg.hydra.runtime.choices.get("exp")
     with open_dict(cfg):
         if choice is not None:
@@ -413,89 +398,7 @@ def _named_by_exp_file(cfg: DictConfig, hydra: bool) -> DictConfig:
 
 
 def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose the config from Python, exactly as the command line does (used by tests and notebooks), and
-    check its numbers (`check_config`)."""
+    """The config of these overrides, composed and checked (`check_config`) as the command line does."""
     cfg = compose_config(overrides)
     check_config(cfg)
     return cfg
-
-
-@dataclass(frozen=True)
-class NumericField:
-    """One int / float field of the schema (or a list of them: `is_list`), its dotted key and declared range."""
-
-    key: str
-    owner: type
-    name: str
-    kind: type  # int or float
-    is_list: bool
-    range: Range | None
-
-
-def _numeric_kind(hint: Any) -> tuple[type, bool] | None:
-    """(int | float, is a list) for `int`, `float | None`, `list[float]`, ...; None for any other type."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return _numeric_kind(args[0]) if len(args) == 1 else None
-    if typing.get_origin(hint) is list and len(args) == 1:
-        inner = _numeric_kind(args[0])
-        return (inner[0], True) if inner and not inner[1] else None
-    return (hint, False) if hint in (int, float) else None
-
-
-def _nested(hint: Any) -> type | None:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and len(args) == 1:
-        hint = args[0]
-    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
-
-
-def numeric_fields(schema: type | None = None, prefix: str = "") -> Iterator[NumericField]:
-    """Every numeric field of a config dataclass (default: the whole `Config`), nested dataclasses included."""
-    schema = schema or Config
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        if (sub := _nested(hints[f.name])) is not None:
-            yield from numeric_fields(sub, key + ".")
-        elif (kind := _numeric_kind(hints[f.name])) is not None:
-            yield NumericField(key, schema, f.name, kind[0], kind[1], range_of(f))
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Numbers out of range and sizes that do not fit, checked once after composition: `ConfigError` naming the
-    field, its value and what is allowed. Every numeric field of the schema is checked against the range it declares
-    (`bounded`); None means "the default" and is not checked. The closed sets are enums, checked by OmegaConf; the
-    modules of `plugins` are imported first, then each field a registry names (`Registry.fields`: `data.name`,
-    `objective.name`, ...) must hold one of its names, for every registry imported by now (a command imports those
-    it uses)."""
-    import_plugins(cfg.get("plugins") or [])
-    problems = [reg.unknown(value, key) for key, reg in FIELDS.items()
-                if (value := OmegaConf.select(cfg, key, default=None)) is not None and str(value) not in reg]
-    for nf in numeric_fields():
-        value = OmegaConf.select(cfg, nf.key, default=None)
-        if value is not None and nf.range is not None and (problem := nf.range.problem(nf.key, value, nf.is_list)):
-            problems.append(problem)
-    m = cfg.model
-    if m.size not in SIZES:
-        problems.append(f"model.size={m.size} (choose one of {', '.join(sorted(SIZES))})")
-    else:
-        spec = SIZES[m.size]
-        img, patch = m.img_size or spec.img_size, m.patch_size or spec.patch_size
-        dim, heads = m.embed_dim or spec.embed_dim, m.num_heads or spec.num_heads
-        if img > 0 and patch > 0 and img % patch:
-            problems.append(f"model.img_size={img} is not a multiple of model.patch_size={patch}")
-        if dim > 0 and heads > 0 and dim % heads:
-            problems.append(f"model.embed_dim={dim} is not divisible by model.num_heads={heads}")
-    if cfg.get("imported"):
-        problems.append(f"imported={cfg.imported} (set by vitsinks on the run it imports a pretrained model as: pass "
-                        f"model.pretrained=<timm name or weights file>)")
-    st = cfg.intervene
-    if st.shard is not None and st.nshards is not None and st.shard >= st.nshards:
-        problems.append(f"intervene.shard={st.shard} (must be < intervene.nshards={st.nshards})")
-    if cfg.views.style == "kempner" and cfg.views.backend == "device":
-        problems.append("views.style=kempner with views.backend=device (the device path has the dino style only: set "
-                        "views.backend=cpu, or views.style=dino)")
-    problems += [p for p in [name_problem(cfg)] if p]  # before anything runs: a folder the file system can hold
-    if problems:
-        raise ConfigError("invalid setting" + ("s" if len(problems) > 1 else "") + ": " + "; ".join(problems))

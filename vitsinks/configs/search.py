@@ -1,16 +1,7 @@
-"""Where the Hydra configs are found: the user's `configs/` folders, layered over the package's own.
-
-A user's folder holds config groups as the package does (`cluster/<name>.yaml`, `study/<name>.yaml`, ...): a file of
-the same group and name as one of the package's replaces it, any other adds an option. The folders, first match wins:
-
-1. `$VITSINKS_CONFIGS`: a folder from anywhere (or several, `:`-separated, the first winning); a folder it names that
-   does not exist is an error naming it;
-2. `./configs`, in the working directory;
-3. the checkout's `configs/` (beside `vitsinks/`), when the package runs from a source checkout (an editable install);
-4. the package's own `vitsinks/configs/`: the root config, every group's defaults, the shipped presets.
-
-A non-editable install run from a folder without `configs/` finds the package's alone. Standard library only: `usage`
-lists the options from here without importing Hydra (`schema.compose_config` gives Hydra the same folders).
+"""Where the Hydra configs are found, first match winning: `$VITSINKS_CONFIGS` (folders, `:`-separated), `./configs`,
+the checkout's `configs/` (a source checkout), then the package's own `vitsinks/configs/`. A user's folder holds config
+groups as the package does: a file of the same group and name replaces the package's, any other adds an option.
+Standard library only (`usage` lists the options without importing Hydra).
 """
 
 from __future__ import annotations
@@ -22,24 +13,20 @@ from vitsinks.utils.errors import InputNotFound
 
 ENV = "VITSINKS_CONFIGS"
 PACKAGE_CONFIGS = Path(__file__).resolve().parent
-# a config group's earlier name -> its name; the command line and a user's folder still read the earlier one
-# (`user_inputs.renamed_groups`, `user_inputs.renamed_user_groups`)
+# a config group's earlier name -> its name, still read on the command line and in a user's folder (`user_inputs`)
 RENAMED_GROUPS = {"protocol": "selection"}
 CHECKOUT = PACKAGE_CONFIGS.parents[1]  # the repository root when the package runs from a source checkout
 
 
 def checkout_configs() -> Path | None:
-    """The checkout's `configs/` when the package runs from a source checkout (its `pyproject.toml` names vitsinks);
-    None for an installed package."""
+    """The checkout's `configs/` when the package runs from a source checkout, else None."""
     project = CHECKOUT / "pyproject.toml"
-    if not (CHECKOUT / "configs").is_dir() or not project.is_file():
-        return None
-    return CHECKOUT / "configs" if 'name = "vitsinks"' in project.read_text() else None
+    ours = (CHECKOUT / "configs").is_dir() and project.is_file() and 'name = "vitsinks"' in project.read_text()
+    return CHECKOUT / "configs" if ours else None
 
 
 def env_folders(strict: bool = True) -> list[Path]:
-    """The folders `$VITSINKS_CONFIGS` names; one that does not exist is an `InputNotFound` (skipped when not
-    `strict`)."""
+    """The folders `$VITSINKS_CONFIGS` names; a missing one is an `InputNotFound` (skipped when not `strict`)."""
     found = []
     for entry in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
         folder = Path(entry).expanduser().resolve()
@@ -52,8 +39,7 @@ def env_folders(strict: bool = True) -> list[Path]:
 
 
 def user_folders(strict: bool = True) -> list[Path]:
-    """The user's config folders, highest priority first: `$VITSINKS_CONFIGS`, `./configs`, the checkout's
-    `configs/` (each once; see the module docstring)."""
+    """The user's config folders, highest priority first (see the module docstring)."""
     here = Path.cwd() / "configs"
     candidates = [*env_folders(strict), *([here.resolve()] if here.is_dir() else []), checkout_configs()]
     out: list[Path] = []
@@ -69,8 +55,7 @@ def search_path(strict: bool = True) -> list[Path]:
 
 
 def options(folders: list[Path] | None = None) -> dict[str, dict[str, Path]]:
-    """Config group -> option -> the file that wins, over `folders` (default: `search_path(strict=False)`), groups
-    and options sorted by name."""
+    """Config group -> option -> the file that wins over `folders` (default: every config folder), sorted by name."""
     found: dict[str, dict[str, Path]] = {}
     for folder in reversed(folders if folders is not None else search_path(strict=False)):
         for yml in folder.glob("*/*.yaml"):
@@ -79,8 +64,7 @@ def options(folders: list[Path] | None = None) -> dict[str, dict[str, Path]]:
 
 
 def yaml_description(text: str) -> str:
-    """The first comment block of a config file's `text` (without `@package` and without indented example lines):
-    what the option is, as the docs and the model cards say it."""
+    """The first comment block of a config file's `text` (without `@package` and indented example lines)."""
     out: list[str] = []
     for line in text.splitlines():
         if "@package" in line:

@@ -1,6 +1,5 @@
-"""The one upgrade path of saved configs (checkpoints' `config`, runs' config.yaml) written by older versions: onto
-today's schema (`vitsinks.configs.schema.Config`); and the form a run config is saved in (`saved`), whose sections
-keep the names saved files have always had (`SAVED_AS`), so that a run's files stay as they were."""
+"""The one upgrade path of saved configs (checkpoints' `config`, runs' config.yaml) onto today's schema, and the form
+a run config is saved in (`saved`: its sections under the names saved files have always had, `SAVED_AS`)."""
 
 from __future__ import annotations
 
@@ -35,10 +34,9 @@ def _put(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def upgrade(old: dict[str, Any] | DictConfig | ListConfig, source: str = "a saved config") -> DictConfig:
-    """A run's saved config on the current schema: renamed fields moved (`RENAMED`), retired ones dropped
-    (`REMOVED`), fields added since at the schema's defaults (the values older code had), typed like a composed
-    config, so code reads it by attribute without defaults. Ranges are not checked (an old run stays readable);
-    a key the schema does not know is a `BadValue` naming it and `source`."""
+    """A run's saved config on the current schema, typed like a composed config: renamed fields moved (`RENAMED`),
+    retired ones dropped (`REMOVED`), fields added since at their defaults. Ranges are not checked; a key the schema
+    does not know is a `BadValue` naming it and `source`."""
     tree = OmegaConf.to_container(OmegaConf.create(old) if not isinstance(old, DictConfig) else old, resolve=True)
     assert isinstance(tree, dict)
     tree = cast(dict[str, Any], tree)  # a config's keys are strings
@@ -60,8 +58,7 @@ def saved_names(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def saved(cfg: DictConfig) -> dict[str, Any]:
-    """A run config as vitsinks saves it (a run's config.yaml, a checkpoint's `config`, an export's settings):
-    resolved plain data, its sections under their saved names (`SAVED_AS`); `upgrade` reads it back."""
+    """A run config as vitsinks saves it: resolved plain data, its sections under their saved names (`SAVED_AS`)."""
     return saved_names(to_container(cfg))
 
 

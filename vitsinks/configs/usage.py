@@ -1,18 +1,7 @@
-"""`--help` / `-h` of every command and sub-command, read from the command's source without importing it.
-
-`python -m vitsinks.<command> --help` is answered here before the command module is imported (`early_help`,
-which `vitsinks/__init__.py` imports, calls `answer_help` when `python -m` runs with a help flag), so help costs
-about 0.1 s of CPU instead of the ~4 s of importing torch, timm and the command. The text is the running module's
-docstring and:
-
-- a Hydra command (its module calls `cli.hydra_command`): the config groups with their options and its short keys
-  (the `aliases=` of that call, evaluated on the module's literal constants), as `cli.hydra_command` prints them;
-- a plain command: the fields of its `*Args` dataclasses, with their types, defaults and comments;
-- a sub-command (`launch status --help`): the docstring of the module's `<word>_command` function.
-
-This module imports only the standard library (and `configs.search`); it also finds the commands (`commands`,
-the listing of `python -m vitsinks`). The commands' in-process entry points (`cli.hydra_command`,
-`cli.run_command`, `launch.cli`) print the same text (tests/configs/test_usage.py checks that they agree).
+"""`--help` / `-h` of every command and sub-command, read from the command's source without importing it (so that
+`python -m vitsinks.<command> --help`, answered by `early_help`, never imports torch), and the list of commands.
+The text is the module's docstring and its config groups and short keys (a Hydra command), the fields of its
+`*Args` dataclasses (a plain command), or a `<word>_command` function's docstring (a sub-command).
 """
 
 from __future__ import annotations
@@ -51,8 +40,8 @@ def _first_line(path: Path) -> str:
 
 
 def commands(root: Path = PACKAGE) -> dict[str, str]:
-    """`python -m` name -> one-line description (its docstring's first line), for every command under the package
-    folder `root`: a module with an `if __name__ == "__main__":` block (docs/architecture.md: where commands live)."""
+    """`python -m` name -> its docstring's first line, for every module under the package folder `root` with an
+    `if __name__ == "__main__":` block."""
     found = {".".join(path.relative_to(root.parent).with_suffix("").parts): _first_line(path)
              for path in sorted(root.rglob("*.py"))
              if path.name not in ("__init__.py", "__main__.py") and _runs_as_main(ast.parse(path.read_text()))}
@@ -144,20 +133,15 @@ class Source:
         found = [self.keyword(c, "aliases") for c in self.calls("hydra_command")]
         return dict(next((a for a in found if a), {}))
 
-    def functions(self) -> dict[str, ast.FunctionDef]:
-        return {n.name: n for n in self.tree.body if isinstance(n, ast.FunctionDef)}
-
     def subcommands(self) -> dict[str, str]:
-        """Sub-command word -> its docstring: the module's `<word>_command` functions, but the command's own
-        (`leaderboard_command` of `vitsinks.leaderboard`)."""
-        own = self.command.split(".")[-1]
-        return {name.removesuffix("_command"): (ast.get_docstring(fn) or "").strip()
-                for name, fn in self.functions().items()
-                if name.endswith("_command") and name.removesuffix("_command") != own}
+        """Sub-command word -> its docstring: the module's `<word>_command` functions, but the command's own."""
+        words = {fn.name.removesuffix("_command"): fn for fn in self.tree.body
+                 if isinstance(fn, ast.FunctionDef) and fn.name.endswith("_command")}
+        return {word: (ast.get_docstring(fn) or "").strip() for word, fn in words.items()
+                if word != self.command.split(".")[-1]}
 
     def default(self, node: ast.expr) -> str:
-        """A field's default as written, with the module's constants and `field(default_factory=lambda: ...)`
-        evaluated where they can be."""
+        """A field's default as written, evaluated where it can be (the module's constants, `default_factory`)."""
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "field":
             factory = next((k.value for k in node.keywords if k.arg == "default_factory"), None)
             node = factory.body if isinstance(factory, ast.Lambda) else node
@@ -192,8 +176,7 @@ class Source:
 
 
 def command_help(command: str, argv: Sequence[str] = ()) -> str:
-    """The `--help` of `python -m <command> <argv>`: the sub-command's when the first bare word of `argv` names
-    one, else the command's (module docstring)."""
+    """The `--help` of `python -m <command> <argv>` (a sub-command's when the first bare word of `argv` names one)."""
     src = Source.of(command)
     words = [a for a in argv if "=" not in a and not a.startswith("-")]
     subs = src.subcommands()
@@ -210,30 +193,21 @@ def command_help(command: str, argv: Sequence[str] = ()) -> str:
     if part is not None and part.is_file():  # `bench gpu --help`: the part's own docstring and arguments too
         sub = Source(f"{src.command} {words[0]}", part)
         args = sub.argument_lines()
-        text += f"\n\npython -m {sub.command}: {sub.doc}" if sub.doc else ""
+        text += f"\n\n{sub.doc}" if sub.doc.startswith("`python -m") else f"\n\npython -m {sub.command}: {sub.doc}"
         text += "\n\narguments (key=value):\n" + "\n".join(args) if args else ""
     if subs:
         text += f"\n\nsub-commands (python -m {src.command} <word> --help): {', '.join(subs)}"
     return text
 
 
-def invoked() -> tuple[str | None, list[str]]:
-    """(the module `python -m` runs, its arguments) while `python -m` imports its packages; (None, []) otherwise."""
-    if sys.argv[:1] != ["-m"]:
-        return None, []
-    orig = list(getattr(sys, "orig_argv", []))
-    at = orig.index("-m", 1) if "-m" in orig[1:] else -1
-    return (orig[at + 1], orig[at + 2:]) if 0 < at < len(orig) - 1 else (None, [])
-
-
 def answer_help() -> None:
-    """Print the help and exit 0 when `python -m vitsinks.<command>` was run with `-h` / `--help`; else return (the
-    command runs as usual)."""
-    module, argv = invoked()
-    if module is None or not wants_help(argv):
+    """Print the help and exit 0 when `python -m vitsinks.<command>` was run with `-h` / `--help`; else return."""
+    orig = list(getattr(sys, "orig_argv", []))  # while `python -m` imports its packages, sys.argv[0] is "-m"
+    at = orig.index("-m", 1) if "-m" in orig[1:] else -1
+    if sys.argv[:1] != ["-m"] or not 0 < at < len(orig) - 1 or not wants_help(orig[at + 2:]):
         return
     try:
-        text = command_help(module, argv)
+        text = command_help(orig[at + 1], orig[at + 2:])
     except LookupError:
         return  # not a command of this package (or `python -m vitsinks`, the listing): it prints its own
     print(text)

@@ -1,13 +1,7 @@
-"""What a user types or writes that Hydra or the file system would answer with a traceback, answered in one line:
-
-- a user config file that is not valid YAML (`yaml_named`): the file, the line, the problem and the package file it
-  overrides;
-- a value with a non-ASCII character (`quote_unicode`): Hydra's override grammar reads only ASCII outside quotes, so
-  such a value is quoted before Hydra parses it where quoting cannot change its meaning, and otherwise answered with
-  the quoting fix (`unicode_fix`);
-- a run name the file system cannot hold (`name_problem`): checked with the config, before anything runs;
-- a config group under its earlier name (`search.RENAMED_GROUPS`: `protocol=` for `selection=`), on the command line
-  (`renamed_groups`) or as a user's config folder (`renamed_user_groups`): read as today's, said once on stderr.
+"""What a user types or writes that Hydra or the file system would answer with a traceback, answered in one line: a
+config file that is not valid YAML (`yaml_named`), a non-ASCII value (`quote_unicode`, `unicode_fix`), a run name
+the file system cannot hold (`name_problem`), and a config group under its earlier name (`renamed_groups`,
+`renamed_user_groups`: read as today's, said once on stderr).
 """
 
 from __future__ import annotations
@@ -31,8 +25,7 @@ HOW_TO_QUOTE = "docs/commands.md, How arguments work"
 
 @contextmanager
 def yaml_named() -> Iterator[None]:
-    """Around Hydra's composition: a config file that does not parse (`yaml.YAMLError`) becomes a `ConfigError` of one
-    line naming the file, the line, the problem and the package file it replaces."""
+    """Around Hydra's composition: a config file that does not parse becomes a `ConfigError` (`broken_yaml`)."""
     try:
         yield
     except yaml.YAMLError as err:
@@ -40,7 +33,8 @@ def yaml_named() -> Iterator[None]:
 
 
 def broken_yaml(err: yaml.YAMLError) -> str:
-    """The one-line message of a config file that is not valid YAML."""
+    """The one-line message of a config file that is not valid YAML: the file, the line, the problem and the package
+    file it overrides."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = " ".join(str(getattr(err, "problem", None) or err).split())
     if mark is None:
@@ -51,8 +45,7 @@ def broken_yaml(err: yaml.YAMLError) -> str:
 
 
 def overridden(path: Path) -> str:
-    """What the config file `path` stands for: the package file of the same group and name it replaces, or the
-    option it adds."""
+    """What the config file `path` stands for: the package file it replaces, or the option it adds."""
     resolved = path.resolve()
     if resolved.is_relative_to(PACKAGE_CONFIGS):
         return "a file of vitsinks' own configs"
@@ -66,17 +59,15 @@ def overridden(path: Path) -> str:
     return "it is a config file Hydra read"
 
 
-# characters of Hydra's override grammar that give a value structure (lists, dicts, sweeps, calls, quotes, escapes,
-# interpolations): a value holding one is never quoted by vitsinks (its meaning could change)
+# characters of Hydra's override grammar that give a value structure: a value holding one is never quoted by vitsinks
 GRAMMAR = set("[]{}()'\"\\=")
 OVERRIDE = re.compile(r"^(?P<key>[+~]{0,2}[^=]+)=(?P<value>.*)$", re.S)
 
 
 def quote_unicode(overrides: Sequence[str]) -> list[str]:
     """`overrides` with every unquoted value (each element of a comma sweep) that holds a non-ASCII character put in
-    single quotes (`name=été` -> `name='été'`): Hydra's grammar reads such characters only inside quotes, and a
-    quoted string means what the unquoted one would. Values holding grammar characters (`GRAMMAR`) are left as
-    they are (Hydra's error is then answered by `unicode_fix`)."""
+    single quotes (`name=été` -> `name='été'`), which Hydra's grammar reads only inside quotes; values holding
+    `GRAMMAR` characters are left as they are (`unicode_fix` answers Hydra's error)."""
     out = []
     for o in overrides:
         m = OVERRIDE.match(o)
@@ -89,9 +80,7 @@ def quote_unicode(overrides: Sequence[str]) -> list[str]:
 
 
 def unicode_fix(overrides: Sequence[str]) -> str | None:
-    """The one-line fix for the first override with a non-ASCII character, which Hydra's grammar refused (None: none
-    has one): one whose value holds grammar characters (`GRAMMAR`) and so was not quoted by `quote_unicode`, or a
-    non-ASCII key."""
+    """The one-line fix for the first override with a non-ASCII character, which Hydra refused (None: none has one)."""
     for o in overrides:
         if o.isascii():
             continue
@@ -105,8 +94,7 @@ def unicode_fix(overrides: Sequence[str]) -> str | None:
 
 
 # the most bytes vitsinks adds to a run's name in the names it gives folders: a sweep's suffix (`-<settings>`, at most
-# 48 characters then a hash; `vitsinks.run.sweep.name_runs`) and a derived run's `@step_XXXXXXX+<method>`
-# (`vitsinks.run.derive.derived_run`; 24 bytes for the method's name, tests/configs/test_user_inputs.py holds them)
+# 48 characters; `vitsinks.run.sweep.name_runs`) and a derived run's `@step_XXXXXXX+<method>` (`run.derive`)
 NAME_SUFFIX = 1 + 48 + len("@step_0000000+") + 24
 NAME_MAX = 255  # where the file system does not say (`os.pathconf` unavailable)
 
@@ -156,8 +144,8 @@ def tell_once(line: str) -> None:
 
 
 def renamed_groups(overrides: Sequence[str]) -> list[str]:
-    """`overrides` with a config group's earlier name (`protocol=<name>`, `protocol.<field>=...`, `~protocol`)
-    spelt as today (`selection=...`); a command line that used one is told so in one line on stderr."""
+    """`overrides` with a config group's earlier name (`search.RENAMED_GROUPS`: `protocol=...`, `protocol.<field>=`,
+    `~protocol`) spelt as today (`selection=...`), told once on stderr."""
     out, old, new = [], [], []
     for o in overrides:
         m = GROUP_KEY.match(o)
@@ -174,8 +162,8 @@ def renamed_groups(overrides: Sequence[str]) -> list[str]:
 
 def renamed_user_groups() -> None:
     """Every option a user's config folder keeps under a group's earlier name (`protocol/<name>.yaml`) registered as
-    an option of the group (Hydra's ConfigStore), its `protocol:` section read as `selection:`; said once on stderr.
-    One named as a shipped option is refused, naming the fix: the package's file would win over it."""
+    an option of the group, its `protocol:` section read as `selection:`, told once on stderr; one named as a shipped
+    option is refused (the package's file would win)."""
     for old, new in RENAMED_GROUPS.items():
         for folder in reversed(user_folders(strict=False)):  # the first folder's option is stored last: it wins
             fix = (f"move its files to {folder / new}/ (and name a `# @package _global_` file's `{old}:` section "
@@ -184,8 +172,7 @@ def renamed_user_groups() -> None:
                 if (PACKAGE_CONFIGS / new / yml.name).is_file():
                     raise ConfigError(f"{yml}: the `{old}` config group is now `{new}`, and vitsinks ships its own "
                                       f"{new}={yml.stem}, which would win: {fix}")
-                text = yml.read_text()
-                glob = "@package _global_" in text
+                glob = "@package _global_" in yml.read_text()
                 try:
                     with yml.open() as stream:  # a broken file's error names it
                         tree = yaml.safe_load(stream) or {}

@@ -1,6 +1,5 @@
-"""The data sets vitsinks ships, in `DATASETS` (`vitsinks.data.datasets`): the procedural `synthetic` default (with
-masks), offline `fashion_mnist` (and its mosaics with masks), ImageFolder `imagenet`, the sink tasks, and the
-segmentation sets `ade20k` and `voc` (their images come with their label maps only)."""
+"""The data sets vitsinks ships, registered in `DATASETS`: `synthetic`, `fashion_mnist`, `imagenet`, the sink tasks,
+and the segmentation sets `ade20k` and `voc`."""
 
 from __future__ import annotations
 
@@ -20,12 +19,11 @@ from vitsinks.data.synthetic_images import SyntheticShapes
 
 
 def _length(cfg: DataConfig, split: str) -> int:
-    """A generated split's length: `data.train_size` or `data.val_size`."""
     return cfg.train_size if split == "train" else cfg.val_size
 
 
 def _stream(seed: int, split: str) -> int:
-    """The generator seed of a generated split: train and val are disjoint streams of the same generator."""
+    """The generator seed of a generated split: train and val are disjoint streams."""
     return seed * 2 + (split != "train")
 
 

@@ -22,11 +22,8 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def kempner_view(size: int, scale: Sequence[float], v: ViewsConfig) -> T.Compose:
-    """One view of KempnerInstitute/attention_sink's `src/data.py` `MultiViewTransform` (commit a83cd59), its
-    transforms in its order, with its strengths: a bilinear random resized crop (torchvision's default), colour
-    jitter (0.8, 0.8, 0.8, 0.2), grayscale, a 7-px Gaussian blur (sigma 0.1-2), solarize at 128 (its RandomApply
-    wraps RandomSolarize's own p 0.5), flip, ToTensor, ImageNet normalisation. The probabilities are the run's
-    (`recipe=paper`: the reference's). Every draw is from torch's global generator."""
+    """One view of KempnerInstitute/attention_sink's `src/data.py` `MultiViewTransform` (commit a83cd59), with the
+    run's probabilities (`recipe=paper`: the reference's); every draw from torch's global generator."""
     return T.Compose([
         T.RandomResizedCrop(size, scale=tuple(scale)),
         T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=v.color_jitter),
@@ -40,19 +37,16 @@ def kempner_view(size: int, scale: Sequence[float], v: ViewsConfig) -> T.Compose
 
 
 def view_transform(v: ViewsConfig) -> MultiViewTransform:
-    """`n_global` global and `n_local` local views (crop, jitter, grey, blur, solarize, flip), applied in turn.
-
-    `style=dino`: lightly's DINO views; `style=kempner`: the reference's (`kempner_view`), the same pipeline for
-    every view (the reference has global views only; local ones take `local_size` / `local_scale`)."""
+    """`n_global` global and `n_local` local views: lightly's DINO views (`style=dino`) or the reference's
+    (`kempner_view`, the same pipeline for every view)."""
     if v.style == "kempner":
         return MultiViewTransform([kempner_view(v.global_size, v.global_scale, v) for _ in range(v.n_global)]
                                   + [kempner_view(v.local_size, v.local_scale, v) for _ in range(v.n_local)])
 
     def one(size: int, scale: Sequence[float], blur: float, solarize: float) -> DINOViewTransform:
-        return DINOViewTransform(
-            crop_size=size, crop_scale=cast(tuple[float, float], tuple(scale)), hf_prob=v.hflip, cj_prob=v.color_jitter,
-            random_gray_scale=v.grayscale, gaussian_blur=blur, solarization_prob=solarize,
-        )
+        return DINOViewTransform(crop_size=size, crop_scale=cast(tuple[float, float], tuple(scale)), hf_prob=v.hflip,
+                                 cj_prob=v.color_jitter, random_gray_scale=v.grayscale, gaussian_blur=blur,
+                                 solarization_prob=solarize)
 
     # DINO's asymmetry: the first global view is always blurred, the second sometimes solarized.
     globals_ = [one(v.global_size, v.global_scale, 1.0 if i == 0 else v.blur, 0.0 if i == 0 else v.solarize)
@@ -68,14 +62,9 @@ def sample_seed(*keys: int) -> int:
 
 @contextmanager
 def seeded_rngs(seed: int) -> Iterator[None]:
-    """Seed the RNGs the view transforms draw from: torch's CPU generator (torchvision's transforms: every draw of
-    `style=kempner`, the crops, flips, jitter and grayscale of `style=dino`) and numpy's global one (lightly's
-    blur and solarize). Python's `random` is not drawn from by either.
-
-    The torch generator is restored afterwards, so the training step's own draws (SIGReg slices, dropout) do
-    not depend on how many images were loaded. numpy's global generator is left seeded: nothing but the
-    transforms uses it, and saving/restoring it would cost more than the transform (see `bench train`).
-    """
+    """Seed the RNGs the view transforms draw from: torch's CPU generator, restored afterwards so that the training
+    step's own draws do not depend on the images loaded, and numpy's global one (lightly's), left seeded (nothing
+    else uses it, and restoring it costs more than a transform)."""
     gen = torch.random.default_generator
     state = gen.get_state()
     gen.manual_seed(seed)
@@ -87,12 +76,9 @@ def seeded_rngs(seed: int) -> Iterator[None]:
 
 
 class SeededViews(Dataset):
-    """Views of `base[i]` drawn with RNGs seeded by (seed, epoch, i): independent of workers, ranks and resumes.
-    `transform`: lightly's views (`view_transform`), or the device path's crops (`device_crops.CropFlipViews`).
-
-    A corrupt image yields None (dropped by `collate_views`, which counts it) or, with `on_bad_image="error"`,
-    raises `BadImage` naming the file.
-    """
+    """Views of `base[i]` (`transform`: `view_transform`'s or `device_crops.CropFlipViews`) drawn with RNGs seeded by
+    (seed, epoch, i): independent of workers, ranks and resumes. A corrupt image yields None (`collate_views`
+    counts it) or, with `on_bad_image="error"`, raises `BadImage`."""
 
     def __init__(self, base: Dataset, transform: Any, seed: int, on_bad_image: str = "skip") -> None:
         self.base, self.transform, self.seed, self.on_bad_image = base, transform, seed, on_bad_image
@@ -120,11 +106,8 @@ def collate_views(batch: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor, i
 
 
 class EpochSampler(Sampler[int]):
-    """One seeded permutation per epoch, cut into global batches; yields this rank's slice of each batch.
-
-    Rank r of W takes items [r * B/W, (r + 1) * B/W) of every global batch of B, so the union over ranks of
-    step k's batch is exactly the single-process batch k. `set_epoch(e, start_batch)` resumes mid-epoch.
-    """
+    """One seeded permutation per epoch, cut into global batches; yields this rank's slice of each batch, so the union
+    over ranks of step k's batch is the single-process batch k. `set_epoch(e, start_batch)` resumes mid-epoch."""
 
     def __init__(self, n: int, global_batch: int, seed: int, rank: int = 0, world: int = 1) -> None:
         if global_batch % world:

@@ -1,11 +1,5 @@
-"""The data sets by name (`data.name`): the `DataSet` interface and its registry, `DATASETS`.
-
-A data set says how to build a split of itself from the `data` config: `images` (items `(PIL image, label)`: a class
-index, a sink task's targets, or for a set with label maps only (ADE20K, VOC) its label map) and, when the dense
-probe takes it (`masks`), `segmentation` (items `(PIL image, uint8 label map)`, 255 = ignore). The shipped ones are
-in `vitsinks.data.builtin`; a new one is a `DataSet` registered with `@DATASETS.register` in a module of
-`plugins=` plus its `configs/data/<name>.yaml` (docs/extending.md).
-"""
+"""The data sets by name (`data.name`): the `DataSet` interface and its registry, `DATASETS` (the shipped ones in
+`vitsinks.data.builtin`; a new one: docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -30,14 +24,14 @@ class DataSet:
 
     @classmethod
     def images(cls, cfg: DataConfig, split: str, seed: int) -> Dataset:
-        """The items of `split` (train | val) for training, the linear probe and the analyses; fails early on a bad
-        root. `seed`: the run's (a generated set draws train and val as disjoint streams of it)."""
+        """The `(PIL image, label)` items of `split` (train | val); the label is a class index, a sink task's targets,
+        or a segmentation set's label map. Fails early on a bad root; `seed`: the run's."""
         raise NotImplementedError
 
     @classmethod
     def segmentation(cls, cfg: DataConfig, split: str, seed: int, voc_background: bool = True) -> Dataset:
-        """The `(PIL image, label map)` items of `split` for the dense probe (`masks` sets only); with
-        `voc_background=False` a background class is ignored (255)."""
+        """The `(PIL image, uint8 label map)` items of `split` for the dense probe (`masks` sets only; 255 = ignore);
+        with `voc_background=False` a background class is ignored."""
         raise BadValue(f"data={cls.name} has no segmentation masks: use {', '.join(with_masks())} for the dense probe")
 
 
@@ -52,7 +46,6 @@ def with_masks() -> list[str]:
 
 
 def build_dataset(cfg: DataConfig | DictConfig, split: str, seed: int = 0) -> Dataset:
-    """The `(PIL image, label)` dataset of `split` (train | val) named by `cfg.name` (ADE20K / VOC: the label is
-    the label map); fails early on a bad root."""
+    """The `(PIL image, label)` dataset of `split` (train | val) named by `cfg.name` (`DataSet.images`)."""
     return DATASETS.get(str(cfg.name)).images(cast(DataConfig, cfg), split, seed)  # a `data` DictConfig reads as one
 

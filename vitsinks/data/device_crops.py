@@ -1,12 +1,7 @@
-"""The fast path of the multi-crop views (`views.backend=device`, docs/data.md).
-
-The loader workers decode each image and do the geometric part of every view (random resized crop, bicubic with
-antialiasing, horizontal flip) on uint8 tensors, and draw the view's photometric parameters; the training device
-applies the photometric part batched, each sample with its own parameters (kornia): colour jitter in the sample's
-own order of brightness / contrast / saturation / hue (as torchvision's ColorJitter), grayscale, Gaussian blur,
-solarize and the normalisation. Every setting (sizes, ranges, probabilities, DINO's per-view asymmetry) is read
-from the CPU pipeline's own transforms (`view_transform`), so the two backends cannot drift apart; the parameters
-are drawn under the same per-sample seed (`SeededViews`), so they are a pure function of (seed, epoch, index).
+"""The fast path of the multi-crop views (`views.backend=device`, docs/data.md): the loader workers crop and flip
+(uint8) and draw each view's photometric parameters (`CropFlipViews`); the training device applies jitter,
+grayscale, blur, solarize and normalisation batched, per sample (`DeviceViews`). Every setting is read from the CPU
+pipeline's own transforms (`view_specs`), so that the two backends cannot drift apart.
 """
 
 from __future__ import annotations
@@ -35,24 +30,24 @@ COL = {name: i for i, name in enumerate(PARAMS)}
 
 @dataclass(frozen=True)
 class ViewSpec:
-    """One view's settings, as the CPU pipeline's transforms hold them."""
+    """One view's settings, as the CPU pipeline's transforms hold them (the defaults: a transform it lacks)."""
 
     size: tuple[int, int]
     scale: tuple[float, float]
     ratio: tuple[float, float]
-    hflip: float
-    jitter: float
-    brightness: tuple[float, float]
-    contrast: tuple[float, float]
-    saturation: tuple[float, float]
-    hue: tuple[float, float]
-    gray: float
-    blur: float
-    sigmas: tuple[float, float]
-    solarize: float
-    threshold: int  # solarize inverts the 8-bit values >= threshold
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+    hflip: float = 0.0
+    jitter: float = 0.0
+    brightness: tuple[float, float] = (1.0, 1.0)
+    contrast: tuple[float, float] = (1.0, 1.0)
+    saturation: tuple[float, float] = (1.0, 1.0)
+    hue: tuple[float, float] = (0.0, 0.0)
+    gray: float = 0.0
+    blur: float = 0.0
+    sigmas: tuple[float, float] = (1.0, 1.0)
+    solarize: float = 0.0
+    threshold: int = 128  # solarize inverts the 8-bit values >= threshold
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
 
 
 def _pair(x: Any) -> tuple[float, float]:
@@ -61,10 +56,7 @@ def _pair(x: Any) -> tuple[float, float]:
 
 def _spec(transforms: Sequence[Any]) -> ViewSpec:
     """The ViewSpec of one DINOViewTransform's composed transforms (torchvision v1 or v2 classes alike)."""
-    got: dict[str, Any] = {"hflip": 0.0, "jitter": 0.0, "brightness": (1.0, 1.0), "contrast": (1.0, 1.0),
-                           "saturation": (1.0, 1.0), "hue": (0.0, 0.0), "gray": 0.0, "blur": 0.0,
-                           "sigmas": (1.0, 1.0), "solarize": 0.0, "threshold": 128, "mean": (0.0,) * 3,
-                           "std": (1.0,) * 3}
+    got: dict[str, Any] = {}
     for t in transforms:
         name = type(t).__name__
         if name == "RandomResizedCrop":
@@ -115,23 +107,15 @@ def draw_photometric(s: ViewSpec) -> list[float]:
             between(s.sigmas, u[7]), float(u[8] < s.solarize)]
 
 
-def to_uint8(img: Image.Image | torch.Tensor) -> torch.Tensor:
-    """A (3, H, W) uint8 tensor of an image (a PIL image, or a (3, H, W) uint8 tensor)."""
-    if isinstance(img, torch.Tensor):
-        return img
-    return TF.pil_to_tensor(img if img.mode == "RGB" else img.convert("RGB"))
-
-
 class CropFlipViews:
-    """The workers' part: the views of one image as uint8 (3, s, s) crops (random resized crop, bicubic with
-    antialiasing, then the horizontal flip), and their photometric parameters (V, len(PARAMS)) for `DeviceViews`.
-    Draws from torch's global generator, which `SeededViews` seeds per sample."""
+    """The workers' part: the views of one image as uint8 (3, s, s) crops (bicubic random resized crop, then flip) and
+    their photometric parameters (V, len(PARAMS)), drawn from torch's global generator (`SeededViews` seeds it)."""
 
     def __init__(self, specs: Sequence[ViewSpec]) -> None:
         self.specs = list(specs)
 
     def __call__(self, img: Image.Image | torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        x = to_uint8(img)
+        x = img if isinstance(img, torch.Tensor) else TF.pil_to_tensor(img if img.mode == "RGB" else img.convert("RGB"))
         views, rows = [], []
         for s in self.specs:
             i, j, h, w = T.RandomResizedCrop.get_params(x, list(s.scale), list(s.ratio))
@@ -182,17 +166,16 @@ BLUR_PASSES = 3  # Pillow's GaussianBlur: three extended box blurs
 
 
 def box_radius(sigma: torch.Tensor, passes: int = BLUR_PASSES) -> torch.Tensor:
-    """The fractional box radius of one pass of Pillow's GaussianBlur(radius=sigma): `passes` such "extended box"
-    blurs have variance sigma^2 (Gwosdek et al. 2011, as Pillow's BoxBlur.c computes it)."""
+    """The fractional box radius of one of the `passes` "extended box" blurs of Pillow's GaussianBlur(radius=sigma)
+    (Gwosdek et al. 2011, as Pillow's BoxBlur.c computes it)."""
     s2 = sigma.double() ** 2 / passes
     whole = torch.floor((torch.sqrt(12 * s2 + 1) - 1) / 2)
     return whole + (2 * whole + 1) * (whole * (whole + 1) - 3 * s2) / (6 * (s2 - (whole + 1) ** 2))
 
 
 def box_kernels(sigma: torch.Tensor, half: int) -> torch.Tensor:
-    """(B, 2 half + 1) 1-D kernels of one box pass: weight 1 / (2 R + 1) within the integer radius, the rest
-    shared by the two pixels just outside it. (A sampled Gaussian kernel of sigma < 0.5 px blurs far less than
-    Pillow does.)"""
+    """(B, 2 half + 1) 1-D kernels of one box pass: weight 1 / (2 R + 1) within the integer radius, the rest shared by
+    the two pixels just outside it."""
     radius = box_radius(sigma)[:, None]
     inner = torch.floor(radius)
     w_in = 1 / (2 * radius + 1)
@@ -234,16 +217,14 @@ class DeviceViews:
 
     def _apply(self, x: torch.Tensor, p: torch.Tensor, mask: torch.Tensor,
                fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        """`fn(rows, their parameters)` on the rows of `x` (in place) where the host mask (B,) is set; the rows are
-        chosen on the host from the host parameters, so the device never waits on a mask."""
+        """`fn(rows, their parameters)` on the rows of `x` (in place) where the host mask (B,) is set."""
         rows = mask.nonzero().flatten()
         if len(rows):
             idx = self._put(rows)
             x.index_copy_(0, idx, fn(x.index_select(0, idx), p.index_select(0, idx)).contiguous())
 
     def photometric(self, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """Jitter, grayscale, blur, solarize, normalise (B, 3, H, W) uint8 images on the device; `p` (B,
-        len(PARAMS)) on the host."""
+        """Jitter, grayscale, blur, solarize, normalise (B, 3, H, W) uint8 images; `p` (B, len(PARAMS)) on the host."""
         x = x.to(self.device, non_blocking=True).float().div_(255)
         pd = self._put(p)
         on = p[:, COL["jitter"]] > 0

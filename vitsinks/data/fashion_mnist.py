@@ -33,10 +33,8 @@ def _find(root: Path, stem: str) -> Path:
     for name in (f"{stem}.gz", stem):
         if (root / name).is_file():
             return root / name
-    raise InputNotFound(
-        f"Fashion-MNIST file {stem}(.gz) not found in {root}: install it with `apt-get install dataset-fashion-mnist` "
-        f"or point data.root at a folder holding the four IDX files"
-    )
+    raise InputNotFound(f"Fashion-MNIST file {stem}(.gz) not found in {root}: install it with `apt-get install "
+                        f"dataset-fashion-mnist` or point data.root at a folder holding the four IDX files")
 
 
 class FashionMNIST(Dataset):

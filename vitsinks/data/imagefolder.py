@@ -30,15 +30,13 @@ def strict_loader(path: str) -> Image.Image:
     """Open and fully decode an image as RGB; a corrupt or unreadable file raises `BadImage` naming it."""
     try:
         with open(path, "rb") as f:
-            img = Image.open(f)
-            return img.convert("RGB")
+            return Image.open(f).convert("RGB")
     except (OSError, ValueError, SyntaxError) as err:
         raise BadImage(f"cannot decode image {path}: {err}") from err
 
 
 def read_item(dataset: Dataset, index: int, on_bad_image: str = "skip") -> Any:
-    """`dataset[index]`; an unreadable image is None (a warning) under `skip`, or `BadImage` with the fix under
-    `error`. Every split goes through here: one bad file never stops a run whose policy is `skip`."""
+    """`dataset[index]`; an unreadable image is None (a warning) under `skip`, or `BadImage` under `error`."""
     try:
         return dataset[index]
     except BadImage as err:
@@ -63,8 +61,8 @@ SETTLED_S = 2.0  # a folder modified this recently may change within its mtime's
 
 def scan_folder(directory: str, class_to_idx: dict[str, int], extensions: tuple[str, ...]
                 ) -> tuple[list[tuple[str, int]], dict[str, int]]:
-    """torchvision's `make_dataset` walk (the same samples in the same order), also returning the mtime (ns) of
-    every folder it listed, each taken before the listing: a later change of any listing changes one of them."""
+    """torchvision's `make_dataset` walk (the same samples in the same order), with the mtime (ns) of every folder
+    it listed, each taken before the listing."""
     samples: list[tuple[str, int]] = []
     mtimes: dict[str, int] = {directory: os.stat(directory).st_mtime_ns}  # its listing: the class folders
 
@@ -108,10 +106,9 @@ def _mtime(path: str) -> int | None:
 
 
 class FileListCache:
-    """The file list of an ImageFolder split, cached under `folder` in a text file per (split folder, classes,
-    extensions): a JSON header with the mtime of every folder listed, then `label<TAB>relative path` lines. It is
-    used only while every one of those folders has its recorded mtime (a file added, removed or renamed anywhere
-    changes its folder's), and written only when no folder changed during the scan or just before it."""
+    """The file list of an ImageFolder split, cached under `folder` per (split folder, classes, extensions): a JSON
+    header with the mtime of every folder listed, then `label<TAB>relative path` lines; used only while every folder
+    has its recorded mtime, written only when none changed during the scan or just before it."""
 
     def __init__(self, folder: str | Path, directory: str, class_to_idx: dict[str, int],
                  extensions: tuple[str, ...]) -> None:
@@ -136,8 +133,7 @@ class FileListCache:
         return samples if len(samples) == head["count"] else None  # else a truncated file
 
     def save(self, samples: list[tuple[str, int]], mtimes: dict[str, int], started_ns: int) -> bool:
-        """Write the list atomically; False (nothing written) when a folder changed during or just before the scan
-        or could not be listed, or a path holds a tab or a newline."""
+        """Write the list atomically; False (nothing written) when it may be stale or a path holds a tab or newline."""
         if any(m < 0 or m > started_ns - SETTLED_S * 1e9 or _mtime(d) != m for d, m in mtimes.items()) or any(
                 "\t" in p or "\n" in p for p, _ in samples):
             log.info("the file list of %s is not cached: it changed during or just before the scan", self.directory)
@@ -157,28 +153,22 @@ class FileListCache:
 
 
 class ImageFolderSplit(ImageFolder):
-    """torchvision's ImageFolder on `<root>/<split>`, with a loader that reports corrupt files clearly.
-
-    `classes`: the class list that numbers the labels (pass the train split's for every other split); a split
-    whose class folders differ from it is a `BadValue`, never a silent shift of the labels. `cache`: a folder for
-    the file list (`FileListCache`), so that a restart does not list the whole split again; None: no cache.
-    """
+    """torchvision's ImageFolder on `<root>/<split>`, with a loader that reports corrupt files clearly. `classes`:
+    the class list that numbers the labels (the train split's; other class folders are a `BadValue`); `cache`: a
+    folder for the file list (`FileListCache`; None: no cache)."""
 
     def __init__(self, root: str | Path, split: str = "train", classes: list[str] | None = None,
                  cache: str | Path | None = None) -> None:
         self.expected_classes, self.cache = classes, cache
         folder = Path(root) / split
         if not folder.is_dir():
-            raise InputNotFound(
-                f"no {split!r} split at {folder}: data.root must hold {split}/<class>/<images> "
-                f"(ImageNet: train/n01440764/*.JPEG, val/n01440764/*.JPEG)"
-            )
+            raise InputNotFound(f"no {split!r} split at {folder}: data.root must hold {split}/<class>/<images> "
+                                f"(ImageNet: train/n01440764/*.JPEG, val/n01440764/*.JPEG)")
         try:
             super().__init__(str(folder), loader=strict_loader, allow_empty=classes is not None)
         except FileNotFoundError as err:
-            raise InputNotFound(
-                f"{folder} has no class folders with images: expected {folder}/<class>/<image files> ({err})"
-            ) from err
+            raise InputNotFound(f"{folder} has no class folders with images: expected {folder}/<class>/<image "
+                                f"files> ({err})") from err
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         found, _ = super().find_classes(directory)

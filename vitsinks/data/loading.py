@@ -1,6 +1,5 @@
-"""The training loader: one DataLoader for the whole fit (persistent workers, prefetching), the epoch carried to
-the workers in every item's key, and on CUDA a side stream that copies the next batch while the current one trains.
-"""
+"""The training loader: one DataLoader for the whole fit (persistent workers, the epoch carried in every item's key)
+and, on CUDA, a side stream that copies the next batch while the current one trains."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from vitsinks.data.crops import EpochSampler, sample_seed
 
 
 class EpochKeys(Sampler[tuple[int, int]]):
-    """The indices of an `EpochSampler` as `(epoch, index)` keys, the epoch read when an epoch's iteration starts:
-    persistent workers hold a copy of the dataset made once, so the epoch must travel with the items."""
+    """The indices of an `EpochSampler` as `(epoch, index)` keys: persistent workers hold a copy of the dataset made
+    once, so the epoch must travel with the items."""
 
     def __init__(self, sampler: EpochSampler) -> None:
         self.sampler = sampler
@@ -29,8 +28,7 @@ class EpochKeys(Sampler[tuple[int, int]]):
 
 
 class EpochKeyed(Dataset):
-    """`dataset[index]` at key `(epoch, index)`, with `dataset.epoch` set to that epoch first (in whichever process
-    reads the item)."""
+    """`dataset[index]` at key `(epoch, index)`, with `dataset.epoch` set to that epoch first."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -46,19 +44,15 @@ class EpochKeyed(Dataset):
 
 def train_loader(dataset: Dataset, sampler: EpochSampler, collate: Callable[[list[Any]], Any], workers: int,
                  prefetch_factor: int, device: torch.device, seed: int) -> DataLoader:
-    """The DataLoader of a fit: `sampler.set_epoch` chooses what the next iteration yields. Workers persist across
-    epochs and each prepares `prefetch_factor` batches ahead; batches are pinned for CUDA."""
-    return DataLoader(
-        EpochKeyed(dataset), batch_size=sampler.local, sampler=EpochKeys(sampler), collate_fn=collate,
-        num_workers=workers, drop_last=True, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-        prefetch_factor=prefetch_factor if workers > 0 else None,
-        generator=torch.Generator().manual_seed(sample_seed(seed, 0, 1)),  # keeps the global RNG intact
-    )
+    """The DataLoader of a fit (`sampler.set_epoch` chooses what the next iteration yields); pinned for CUDA."""
+    return DataLoader(EpochKeyed(dataset), batch_size=sampler.local, sampler=EpochKeys(sampler), collate_fn=collate,
+                      num_workers=workers, drop_last=True, pin_memory=device.type == "cuda",
+                      persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
+                      generator=torch.Generator().manual_seed(sample_seed(seed, 0, 1)))  # keeps the global RNG intact
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
-    """`obj` with its tensors on `device` (asynchronous copies), through lists, tuples, named tuples and dicts; an
-    object with its own `to` (e.g. `ViewBatch`) moves itself."""
+    """`obj` with its tensors on `device` (asynchronous copies), through containers; a `ViewBatch` moves itself."""
     if isinstance(obj, torch.Tensor) or (hasattr(obj, "to") and hasattr(obj, "_fields")):
         return obj.to(device, non_blocking=True)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
@@ -82,8 +76,7 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 
 class CudaPrefetcher:
-    """Batches of `loader` already on the GPU: batch k + 1 is copied on a side stream while batch k trains; the
-    compute stream waits for the copy only when it takes the batch."""
+    """Batches of `loader` already on the GPU: batch k + 1 is copied on a side stream while batch k trains."""
 
     def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
         self.loader, self.device = loader, device

@@ -1,9 +1,5 @@
-"""Segmentation datasets for the dense probes: ADE20K, Pascal VOC 2012, and the synthetic masks.
-
-Each item is `(PIL RGB image, uint8 label map)` with 255 = ignore; labels are checked against the class count.
-Also the pixel side of the probes: whole-image resizes (image bilinear, labels nearest) and the joint random resized
-crop + flip of an image and its labels.
-"""
+"""Segmentation datasets for the dense probes (items `(PIL RGB image, uint8 label map)`, 255 = ignore) and the pixel
+side of the probes: whole-image resizes and the joint random resized crop + flip of an image and its labels."""
 
 from __future__ import annotations
 
@@ -99,11 +95,7 @@ def ade20k(root: str | Path, split: str, num_classes: int = 150) -> SegFiles:
 
 def voc(root: str | Path, split: str, num_classes: int = 21, aug: bool = False) -> SegFiles:
     """`VOCdevkit/VOC2012` under `root` (or `root` itself); split lists in ImageSets/Segmentation."""
-    base = Path(root)
-    for sub in ("VOCdevkit/VOC2012", "VOC2012"):
-        if (base / sub).is_dir():
-            base = base / sub
-            break
+    base = next((Path(root) / s for s in ("VOCdevkit/VOC2012", "VOC2012") if (Path(root) / s).is_dir()), Path(root))
     use_aug = aug and split == "train"
     list_file = base / "ImageSets" / "Segmentation" / (f"{split}_aug.txt" if use_aug else f"{split}.txt")
     label_dir = base / ("SegmentationClassAug" if use_aug else "SegmentationClass")
@@ -141,8 +133,8 @@ class SyntheticMasks(Dataset):
 
 
 class FashionMNISTMosaic(Dataset):
-    """Fashion-MNIST mosaics: 2-4 real items placed on a `size` x `size` canvas; each item's pixels (grey level
-    > 30) labelled with its class + 1, 0 = background. Item `i` is a pure function of (seed, i)."""
+    """Fashion-MNIST mosaics: 2-4 items on a `size` x `size` canvas, each one's pixels (grey level > 30) labelled with
+    its class + 1; a pure function of (seed, i)."""
 
     def __init__(self, base: Dataset, size: int, length: int, seed: int = 0) -> None:
         self.base, self.size, self.length, self.seed = base, size, length, seed
@@ -206,8 +198,7 @@ def resize_label(label: np.ndarray, size: int) -> torch.Tensor:
 
 
 class JointCropFlip:
-    """One random resized crop (area share `scale`, aspect `ratio`) to size x size and a horizontal flip with
-    probability 1/2, applied identically to an image (bilinear) and its labels (nearest); torch's global RNG."""
+    """One random resized crop and a flip (p 1/2), alike for an image (bilinear) and its labels (nearest)."""
 
     def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float]) -> None:
         self.tf = v2.Compose([v2.RandomResizedCrop(size, scale=scale, ratio=ratio, antialias=True),
@@ -222,9 +213,7 @@ class JointCropFlip:
 
 def build_seg_dataset(cfg: DataConfig | DictConfig, split: str, seed: int = 0,
                       voc_background: bool = True) -> Dataset:
-    """The segmentation dataset named by `cfg.name` (ade20k | voc | synthetic | fashion_mnist mosaics: any
-    registered data set with `masks`); `voc_background=False`: VOC's background class ignored (`BackgroundIgnored`)."""
-    # a `data` DictConfig reads as a DataConfig
+    """The segmentation dataset named by `cfg.name` (`DataSet.segmentation`)."""
     return DATASETS.get(str(cfg.name)).segmentation(cast(DataConfig, cfg), split, seed, voc_background)
 
 

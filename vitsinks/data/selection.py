@@ -1,14 +1,8 @@
 """Which images of a split an analysis reads, in which order, and how they are preprocessed.
 
-Every command that uses n images of a split (the diagnostics at every checkpoint, `diagnose`, `intervene`, the
-evaluation subsets) takes them from one order: a seeded permutation of the split (`selection.order=permuted`, the
-default) or an image list shipped as a text file (`selection.image_list`), never the split's first n files. Splits
-in ImageFolder order are sorted by class, so the first 256 ImageNet val images cover about 6 classes.
-
-The permutation is `torch.randperm(len(split), generator=torch.Generator().manual_seed(selection.seed))` over the
-split in its own order (ImageFolder: class folders then file names, sorted; ADE20K / VOC: sorted file names), so
-position k of it is the same image on every machine. Edited and held-out images of `intervene` are consecutive,
-disjoint ranges of this one order.
+Every command that uses n images of a split takes them from one order: a seeded permutation of the split in its own
+(sorted) order, `permutation(len(split), selection.seed)`, so that position k is the same image on every machine;
+or an image list (`selection.image_list`); never the split's first n files (ImageFolder's are sorted by class).
 """
 
 from __future__ import annotations
@@ -46,23 +40,15 @@ def item_names(dataset: Dataset) -> list[str] | None:
     return None
 
 
-def list_path(image_list: str) -> Path:
-    """An image list: a file path, or the name of a list shipped in `vitsinks/data/lists/`."""
-    path = Path(image_list).expanduser()
-    if path.is_file():
-        return path
-    shipped = LISTS_DIR / image_list
-    if shipped.is_file():
-        return shipped
-    have = ", ".join(sorted(p.name for p in LISTS_DIR.glob("*.txt")))
-    raise InputNotFound(f"selection.image_list={image_list}: no such file (and no shipped list of that name; "
-                        f"shipped: {have})")
-
-
 def read_list(image_list: str) -> list[str]:
-    """The file names of an image list (one per line; blank lines and `#` comments ignored)."""
-    lines = list_path(image_list).read_text().splitlines()
-    return [s for line in lines if (s := line.strip()) and not s.startswith("#")]
+    """The file names of an image list, a file or the name of a list shipped in `vitsinks/data/lists/` (one per line;
+    blank lines and `#` comments ignored)."""
+    path = next((p for p in (Path(image_list).expanduser(), LISTS_DIR / image_list) if p.is_file()), None)
+    if path is None:
+        have = ", ".join(sorted(p.name for p in LISTS_DIR.glob("*.txt")))
+        raise InputNotFound(f"selection.image_list={image_list}: no such file (and no shipped list of that name; "
+                            f"shipped: {have})")
+    return [s for line in path.read_text().splitlines() if (s := line.strip()) and not s.startswith("#")]
 
 
 def split_order(dataset: Dataset, selection: SelectionConfig) -> list[int]:
@@ -75,8 +61,7 @@ def split_order(dataset: Dataset, selection: SelectionConfig) -> list[int]:
                            f"(a generated dataset): drop selection.image_list or use an on-disk dataset")
         where = {name: i for i, name in enumerate(names)}
         wanted = read_list(selection.image_list)
-        missing = [w for w in wanted if w not in where]
-        if missing:
+        if missing := [w for w in wanted if w not in where]:
             raise InputNotFound(f"{len(missing)} of the {len(wanted)} images of selection.image_list="
                                 f"{selection.image_list} are not in the split (first: {missing[0]}): point data.root "
                                 f"at the dataset the list was made for")
@@ -88,12 +73,9 @@ def split_order(dataset: Dataset, selection: SelectionConfig) -> list[int]:
 
 def select_items(dataset: Dataset, counts: Sequence[int], selection: SelectionConfig, on_bad_image: str = "skip",
                  up_to: bool = False) -> list[tuple[list[Any], list[int]]]:
-    """Consecutive, disjoint groups of readable items in the analysis order: `counts=[4096, 4096]` gives the
-    first 4,096 readable images and the next 4,096. Returns (items, their indices in the split) per group.
-
-    Unreadable images are skipped under `on_bad_image=skip` (the group takes the next one). Asking for more
-    readable images than the order holds is an error naming the counts; with `up_to`, one group of at most
-    `counts[0]` readable images is returned instead (an error only when none is readable)."""
+    """Consecutive, disjoint groups of readable items in the analysis order (`counts=[4096, 4096]`: the first 4,096
+    readable images and the next 4,096), as (items, their indices in the split) per group. More than the order holds
+    is an error; with `up_to`, one group of at most `counts[0]` is returned instead."""
     order = split_order(dataset, selection)
     readable = ((item, i) for i in order if (item := read_item(dataset, i, on_bad_image)) is not None)
     if up_to:
@@ -124,15 +106,13 @@ def analysis_crop(size: int, crop_pct: float = DEFAULT_CROP_PCT, interpolation: 
 
 def analysis_transform(size: int, crop_pct: float = DEFAULT_CROP_PCT,
                        interpolation: str = "bicubic") -> T.Compose:
-    """The deterministic view of probes and analyses: shorter side resized to `round(size / crop_pct)`
-    (256 for 224 px), centre crop `size`, ImageNet mean / std, fp32."""
+    """The view of probes and analyses: resize to `round(size / crop_pct)`, centre crop `size`, ImageNet mean / std."""
     return T.Compose([analysis_crop(size, crop_pct, interpolation), T.ToTensor(),
                       T.Normalize(IMAGENET_NORMALIZE["mean"], IMAGENET_NORMALIZE["std"])])
 
 
 def stretched(images: torch.Tensor) -> np.ndarray:
-    """Model inputs (n, 3, H, W) as uint8 RGB (n, H, W, 3) for plots and pages, each image min-max stretched to its
-    own range (for inputs whose normalisation is not known here)."""
+    """Model inputs (n, 3, H, W) as uint8 RGB (n, H, W, 3) for plots, each image min-max stretched to its range."""
     x = images.detach().float().cpu()
     lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
     return ((x - lo) / (hi - lo).clamp_min(1e-12) * 255).round().byte().permute(0, 2, 3, 1).numpy()
@@ -140,19 +120,15 @@ def stretched(images: torch.Tensor) -> np.ndarray:
 
 def images_of(items: list[tuple], size: int,
               selection: SelectionConfig | None = None) -> tuple[torch.Tensor, np.ndarray]:
-    """Dataset items' images as a normalised batch (n, 3, size, size), preprocessed as `selection` says
-    (`analysis_transform`), and as uint8 RGB for plots.
-
-    Datasets of tensors (the sink tasks) are taken as they are, shown min-max scaled per image."""
+    """Dataset items' images as a normalised batch (n, 3, size, size), preprocessed as `selection` says, and as uint8
+    RGB for plots; tensors (the sink tasks) are taken as they are, shown min-max scaled."""
     first = [item[0] for item in items]
     if isinstance(first[0], torch.Tensor):  # tensor datasets (the sink tasks) are model inputs already
         x = torch.stack(first)
         return x, stretched(x)
     crop, *rest = selection_transform(size, selection).transforms  # crop once: the model's view is what plots show
     cropped = [crop(im.convert("RGB")) for im in first]
-    x = torch.stack([T.Compose(rest)(im) for im in cropped])
-    show = np.stack([np.asarray(im) for im in cropped])
-    return x, show
+    return torch.stack([T.Compose(rest)(im) for im in cropped]), np.stack([np.asarray(im) for im in cropped])
 
 
 def selection_transform(size: int, selection: SelectionConfig | None = None) -> T.Compose:
@@ -163,12 +139,10 @@ def selection_transform(size: int, selection: SelectionConfig | None = None) -> 
 
 def fixed_images(dataset: Dataset, n: int, size: int, on_bad_image: str = "skip",
                  selection: SelectionConfig | None = None) -> tuple[torch.Tensor, np.ndarray, list[int]]:
-    """The first `n` readable images of `dataset` in the order of `selection` (a seeded permutation by default,
-    `split_order`; all of them when it holds fewer), see `images_of`, and their indices in the
-    split."""
+    """The first `n` readable images of `dataset` in the order of `selection` (all when it holds fewer), as
+    `images_of` gives them, and their indices in the split."""
     p = selection or SelectionConfig()
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise BadValue("the validation split is empty: there is no image to diagnose")
     ((items, idx),) = select_items(dataset, [n], p, on_bad_image, up_to=True)
-    x, shown = images_of(items, size, p)
-    return x, shown, idx
+    return (*images_of(items, size, p), idx)

@@ -1,18 +1,13 @@
-"""ViT sink tasks whose right answer about sinks is known (`data=sinktask_nop`, `data=sinktask_broadcast`).
+"""ViT sink tasks whose right answer about sinks is known (`data=sinktask_nop`, `data=sinktask_broadcast`); each item
+is a pure function of (seed, index).
 
-Images are patch grids of Gaussian noise rescaled to one norm per patch (the content: every patch then enters
-the pre-norm at the same scale, so the tasks are exactly solvable by an attention-only block); a marker, a
-constant `marker / sqrt(patch pixels)` on every pixel of the first channel (a unit direction e of the
-patch-pixel space, scaled), flags special patches; the content is orthogonal to e. Targets are per patch, in
-patch-pixel space (B, P, C * p * p), with a weight per patch; the supervised objective embeds them into the
-residual stream with the model's own isometric patch embedding (see `vitsinks.objectives.supervised`).
+Images are patch grids of Gaussian noise rescaled to one norm per patch (the content, orthogonal to the marker's
+unit direction e: the first channel, every pixel); a marker `marker * e` flags special patches. Targets are per
+patch, in patch-pixel space (P, C * p * p), with a weight per patch (`vitsinks.objectives.supervised` embeds them).
 
-- `nop`: `round(marked_frac * P)` (at least 1) marked patches at random positions must receive the mean content
-  of all patches; every other patch must leave the network unchanged. The marked patches carry half of the loss
-  weight (like the trigger position of Ran-Milo's task), so updating nobody is not a cheap way out.
-- `broadcast`: one source patch at a random position, flagged by the marker: its content is added to every patch.
-
-Each item is a pure function of (seed, split, index): the same command sees the same data.
+- `nop`: `round(marked_frac * P)` (at least 1) marked patches must receive the mean content of all patches; every
+  other patch must leave the network unchanged. The marked patches carry half of the loss weight.
+- `broadcast`: one source patch, flagged by the marker: its content is added to every patch.
 """
 
 from __future__ import annotations
@@ -95,6 +90,3 @@ def is_sink_task(name: str) -> bool:
 
 def sink_task_name(name: str) -> str:
     return name.removeprefix("sinktask_")
-
-
-__all__ = ["TASKS", "SinkTask", "is_sink_task", "sink_task_name"]

@@ -1,10 +1,7 @@
 """The embedded default dataset: procedural textured shapes on textured, cluttered backgrounds.
 
-Every image is a pure function of (seed, index): drawn on the fly, at any resolution, with no file. A class is
-a (shape, texture) pair with a class-specific hue, so it is learnable from shape, texture and colour. Each image
-has one large main object (its label) and up to two smaller distractors of other classes, over a background of
-smooth colour noise and random strokes. The per-pixel mask holds 0 for background and `class + 1` for object
-pixels, so the same data feeds the linear probe (labels) and the dense probe (masks, `num_classes + 1` classes).
+Every image is a pure function of (seed, index). A class is a (shape, texture) pair with its own hue; each image has
+one main object (its label) and up to two smaller distractors; the mask holds 0 for background, else `class + 1`.
 """
 
 from __future__ import annotations

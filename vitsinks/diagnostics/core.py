@@ -1,14 +1,8 @@
 """`diagnose(model, images)`: every sink field of every (image, block, head), from the model's own internals.
 
-The blocks run their normal (fused) forward to move the residual stream on; next to it each block is rebuilt
-from `SinkAttention.internals` (`Block.forward_explicit`), which both yields A, v and the gate and checks
-that the explicit computation reproduces the model (`recompute_error`). Only one block's attention matrices
-are alive at a time.
-
-For softmax-family attention `mass` is the share of each query's attention on the sink (rows sum to 1, or to
-less than 1 with a sink logit). ReLU and sigmoid attention rows are not normalised: there `mass` is the mean
-raw weight on the dominant key, comparable across heads of one model but not a probability, and the 0.5 / 0.9
-sink thresholds are in those raw units.
+Each block runs its normal (fused) forward and is rebuilt beside it from `SinkAttention.internals`
+(`Block.forward_explicit`), which yields A, v and the gate and checks the recomputation (`recompute_error`). For
+ReLU and sigmoid attention `mass` is in raw (unnormalised) weight units (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -22,7 +16,15 @@ from torch import nn
 
 from vitsinks.backbones import adapt
 from vitsinks.diagnostics.fields import FIELDS, head_fields, qk_spectrum
+from vitsinks.diagnostics.head_shape import (
+    ATTENTION_FIELDS,
+    attention_shape,
+    head_update_norms,
+    projection_input,
+    update_shares,
+)
 from vitsinks.diagnostics.neurons import NeuronCollector
+from vitsinks.diagnostics.persistence import massive_emergence
 from vitsinks.diagnostics.residual import block_stats
 from vitsinks.models.attention import AttnInternals
 from vitsinks.models.common_mode import common_mode_terms_per_image
@@ -45,27 +47,17 @@ def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = Fal
                     neurons: NeuronCollector | None = None) -> dict[str, np.ndarray]:
     """Fields for token inputs `x` (B, N, dim) run through `blocks`; arrays are (B, L, H) unless noted.
 
-    Beside the fields of docs/fidelity.md: `prefix_mass`, the mean over queries of the attention on the first
-    `num_prefix`
-    tokens ([CLS] and registers: a sink split over several registers shows here, not in `mass`), and
-    `gate_mean`, the head's mean gate value over tokens (NaN without a gate).
-
-    Also (B, L): the common-mode terms of each block's attention update and the global pathway's fields (see
-    `update_fields`); `token_norm_max`, `token_norm_median`, `massive_ratio`, `massive_token` of each block's output
-    residual stream; `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N), the mean
-    attention each key receives, for the attention-map plots, and `token_norms` (keep_maps, L, N), the norm of every
-    token of each block's output.
-
-    The residual side (docs/residual.md, `residual.block_stats` of each block's output): `res_norm` (B, L, N) every
-    token's norm, `res_top` (B, L, TOP) the largest |h| over tokens x channels, `res_abs_median` (B, L) the median
-    |h|, `res_top_channel` / `res_top_token` (B, L) where the largest sits; `res_norm_in` (B, N) every token's norm
-    entering block 0 (what block 0's attention sees, as block b - 1's output is what block b's sees).
-
-    With `neurons` (a `NeuronCollector` of the same blocks), the register neurons' activations are collected from
-    the same forward pass.
+    Beside the fields of docs/fidelity.md: `prefix_mass` (attention on the first `num_prefix` tokens), the attention's
+    shape (`head_shape.attention_shape`), the update's common-mode terms, heads' shares and mitigation fields
+    (`update_fields`), the massive tokens' emergence (`persistence.massive_emergence`, (B, L)), the output stream's
+    token norms (`token_norm_max`,
+    `token_norm_median`, `massive_ratio`, `massive_token`), the residual side (`res_*`, docs/residual.md) and
+    `recompute_error` (L,); with `keep_maps`, `attn_col_mean` (keep_maps, L, H, N) and `token_norms` (keep_maps, L,
+    N) for the plots. With `neurons` (a `NeuronCollector` of the same blocks), the register neurons' activations are
+    collected from the same forward pass.
     """
     blocks = list(blocks)
-    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass")}
+    per_block: dict[str, list[torch.Tensor]] = {k: [] for k in (*FIELDS, "prefix_mass", *ATTENTION_FIELDS)}
     norms_max, norms_med, norms_arg, maps = [], [], [], []
     errors: list[float] = []  # per block
     res: dict[str, list[torch.Tensor]] = {}
@@ -87,6 +79,8 @@ def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = Fal
         for k in FIELDS:
             per_block[k].append(fields[k])
         per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
+        for k, v in attention_shape(it.attn).items():
+            per_block[k].append(v)
         if keep_maps:
             maps.append(it.attn[:keep_maps].float().mean(-2))
         del it, out
@@ -110,28 +104,29 @@ def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = Fal
         massive_token=torch.stack(norms_arg, 1).cpu().numpy(), recompute_error=np.array(errors),
         res_norm_in=norm_in.cpu().numpy(),
     )
+    result.update(massive_emergence(result["res_norm"]))
     if keep_maps:
         result["attn_col_mean"] = torch.stack(maps, 1).cpu().numpy()
         result["token_norms"] = result["res_norm"][:keep_maps].astype(np.float32)
     return result
 
 
-def diagnosed_mitigations(blocks: Iterable[Block]) -> list[type[BlockMitigation]]:
-    """The registered mitigations whose fields a diagnosis of `blocks` holds: those diagnosed always, and the others
-    where some block has them."""
-    blocks = list(blocks)
+def diagnosed_mitigations(blocks: list[Block]) -> list[type[BlockMitigation]]:
+    """The registered mitigations whose fields a diagnosis of `blocks` holds (always diagnosed, or in some block)."""
     return [m for m in MITIGATIONS.values() if m.diagnostic_fields and
             (m.always_diagnosed or any(m.present(blk) for blk in blocks))]
 
 
 def update_fields(blk: Block, x: torch.Tensor, it: AttnInternals,
                   mitigations: Iterable[type[BlockMitigation]]) -> dict[str, torch.Tensor]:
-    """Per image (B,) of one block: `cm_num` / `cm_den`, the common-mode terms of the attention update
-    o = ls1 * attn(z) (`models.common_mode`); and each mitigation's fields (per head (B, heads) at the heads,
-    per image (B,) at the update), its `diagnostic_fields` fill values in a block without it."""
-    o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate))
+    """Per image (B,) of one block: the common-mode terms `cm_num` / `cm_den` of its attention update, the heads'
+    shares of it (`head_shape.update_shares`: `update_share` per head, `head_util`), and each mitigation's fields (per
+    head or per image; its `diagnostic_fields` fill values in a block without it)."""
+    with projection_input(blk.attn) as seen:
+        o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate))
     num, den = common_mode_terms_per_image(o)
-    out = {"cm_num": num, "cm_den": den}
+    norms = head_update_norms(seen[-1], blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
+    out = {"cm_num": num, "cm_den": den, **update_shares(norms)}
     z = blk.norm1(x)
     for m in mitigations:
         got = m.diagnostics(blk, z, it, den)
@@ -150,13 +145,8 @@ def spectrum(blocks: Iterable[Block]) -> dict[str, np.ndarray]:
 
 def concat_fields(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Join per-batch `diagnose_tokens` results along images (the recomputation error: its maximum)."""
-    out = {}
-    for k in parts[0]:
-        if k == "recompute_error":
-            out[k] = np.max(np.stack([p[k] for p in parts]), axis=0)
-        else:
-            out[k] = np.concatenate([p[k] for p in parts if k in p], axis=0)
-    return out
+    return {k: np.max(np.stack([p[k] for p in parts]), axis=0) if k == "recompute_error"
+            else np.concatenate([p[k] for p in parts if k in p], axis=0) for k in parts[0]}
 
 
 @torch.no_grad()
@@ -165,30 +155,24 @@ def diagnose_inputs(blocks: Iterable[Block], embed_fn: Callable[[torch.Tensor], 
                     num_prefix: int = 1, neurons: NeuronCollector | None = None, chosen: Sequence[int] | None = None,
                     name: str = "the model") -> dict[str, np.ndarray]:
     """`diagnose_chosen` (default: every block) over `inputs` in batches (each embedded by `embed_fn`), joined along
-    images; a recomputation that differs from `name`'s own forward is refused (`check_recomputation`)."""
+    images; a recomputation that differs from `name`'s own forward by more than `RECOMPUTE_TOL` is refused."""
     blocks = list(blocks)
     chosen = list(range(len(blocks))) if chosen is None else list(chosen)
     parts = [diagnose_chosen(blocks, embed_fn(inputs[lo : lo + batch_size]), chosen, max(0, keep_maps - lo),
                              num_prefix, neurons, causal)
              for lo in range(0, len(inputs), batch_size)]
     out = concat_fields(parts)
-    check_recomputation(out["recompute_error"], chosen, name,
-                        "the diagnostics would describe another computation than the model's, nothing was written")
+    errors = out["recompute_error"]
+    worst = int(np.argmax(errors))
+    if errors[worst] > RECOMPUTE_TOL:
+        raise CheckFailed(f"the explicit recomputation of block {chosen[worst]} differs from {name}'s own forward by "
+                          f"{errors[worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): the diagnostics would "
+                          f"describe another computation than the model's, nothing was written")
     return out
 
 
-def check_recomputation(errors: np.ndarray, blocks: Sequence[int], model: str, consequence: str) -> None:
-    """Refuse a diagnosis whose explicit recomputation of some block (`errors` per block, `blocks` their indices)
-    differs from `model`'s own forward by more than `RECOMPUTE_TOL`; `consequence` says what that means."""
-    worst = int(np.argmax(errors))
-    if errors[worst] > RECOMPUTE_TOL:
-        raise CheckFailed(f"the explicit recomputation of block {blocks[worst]} differs from {model}'s own forward by "
-                          f"{errors[worst]:.2e} (relative; tolerance {RECOMPUTE_TOL:.0e}): {consequence}")
-
-
 def chosen_blocks(n_blocks: int, blocks: Iterable[int] | None) -> list[int]:
-    """Sorted distinct block indices of `blocks` (negative ones from the last; None: every block); a `BadValue`
-    for an index outside the model or an empty choice."""
+    """Sorted distinct indices of `blocks` (negative: from the last; None: all); `BadValue` if none or outside."""
     asked = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
     wrong = [b for b in asked if not -n_blocks <= b < n_blocks]
     if wrong or not asked:
@@ -204,14 +188,14 @@ def _join_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     for k in parts[0]:
         if k not in out:
             out[k] = np.concatenate([p[k] for p in parts], axis=1)
+    out.update(massive_emergence(out["res_norm"]))  # over the chosen blocks together, not each alone
     return out
 
 
 def diagnose_chosen(blocks: Sequence[Block], x: torch.Tensor, chosen: Sequence[int], keep_maps: int = 0,
                     num_prefix: int = 1, neurons: NeuronCollector | None = None,
                     causal: bool = False) -> dict[str, np.ndarray]:
-    """`diagnose_tokens` of the `chosen` blocks only: every block up to the last chosen runs its real forward (the
-    stream stays right), each chosen one is diagnosed alone (its real forward a second time)."""
+    """`diagnose_tokens` of the `chosen` blocks only, each diagnosed alone on the stream the blocks before make."""
     if list(chosen) == list(range(len(blocks))):
         return diagnose_tokens(blocks, x, causal, keep_maps, num_prefix, neurons)
     if neurons is not None or causal:
@@ -229,17 +213,10 @@ def diagnose_chosen(blocks: Sequence[Block], x: torch.Tensor, chosen: Sequence[i
 def diagnose(model: Backbone | nn.Module, images: torch.Tensor, batch_size: int = 16, keep_maps: int = 4,
              neurons: NeuronCollector | None = None, blocks: Iterable[int] | None = None,
              name: str = "the model") -> dict[str, np.ndarray]:
-    """All diagnostics of a model (its `Backbone`, or a model of an adapted family: vitsinks' own ViT, a timm,
-    transformers or open_clip one, `vitsinks.backbones.adapt`) on `images` (n, 3, H, W), batched; arrays shaped
-    (images, blocks, heads); with `neurons` (a `NeuronCollector` of the backbone's blocks) the
-    register neurons are collected on the way. `blocks`: diagnose only these (see `diagnose_chosen`; the arrays'
-    block axis then follows them).
-
-    Adds the key layout (`KeyLayout.fields`: `num_prefix`, `num_registers`, `num_patches`, `extra_keys`) so the
-    sink location ([CLS], register, patch, an extra key slot) can be read from `sink_idx`, and `grid` (patch rows,
-    columns) for the attention maps. A recomputation that differs from `name`'s own forward is refused
-    (`check_recomputation`).
-    """
+    """All diagnostics of a model (its `Backbone`, or a model of an adapted family) on `images` (n, 3, H, W),
+    batched: arrays (images, blocks, heads), the key layout (`KeyLayout.fields`) and `grid` (patch rows, columns).
+    `neurons`: a `NeuronCollector` of its blocks, filled on the way; `blocks`: only these (`diagnose_chosen`). A
+    recomputation that differs from `name`'s own forward is refused (`CheckFailed`)."""
     backbone = adapt(model)
     chosen = chosen_blocks(len(backbone.blocks), blocks)
     with eval_mode(backbone) as device:

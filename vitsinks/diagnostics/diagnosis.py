@@ -24,8 +24,7 @@ from vitsinks.utils import files
 from vitsinks.utils.generations import Kind, claim, generation
 from vitsinks.utils.rundir import LOCK, PER_IMAGE, SOURCE, SUMMARY
 
-# A diagnosis's folder holds one generation of its files (`utils.generations`); `legacy`: the names the versions
-# before the record wrote there (a fixed list), `keep`: the diagnosis's lock and the record of a model's folder
+# One generation of a diagnosis's files (`utils.generations`); `legacy`: the names written before the record
 DIAGNOSIS = Kind("diagnosis", marks=(PER_IMAGE,), keep=(SOURCE, LOCK), last=SUMMARY, legacy=(
     PER_IMAGE, SUMMARY, "sink_table.md", "sink_table.csv", REPORT, REPORT_JSON, "attention_maps.png",
     "nop_broadcast_scatter.png", "sink_heatmap.png", "sink_location_by_block.png", "massive_activations.png",
@@ -37,20 +36,13 @@ def run_diagnostics(model: Backbone | nn.Module, images: torch.Tensor, shown: np
                     selection: SelectionConfig | None = None,
                     quant: dict[str, Any] | None = None, trainfree: dict[str, Any] | None = None,
                     batch_size: int = 16) -> dict[str, Any]:
-    """Diagnose `model` (its `Backbone`, or a model of an adapted family: `vitsinks.backbones.adapt`) on `images`,
-    `batch_size` at
-    a time; write `per_image.npz`, `summary.json`, the sink table in the reference's
-    layout (`sink_table.md`, `sink_table.csv`, block 0 counted with `block0`) and the PNG plots into `out_dir`.
+    """Diagnose `model` (its `Backbone`, or a model of an adapted family) on `images`, `batch_size` at a time, and
+    write `per_image.npz`, `summary.json`, the sink table (`sink_table.md` / `.csv`), the PNG plots and, with
+    `settings.report`, the report page (with the `quant` and `trainfree` panels) into `out_dir` (docs/commands.md).
 
-    `settings` is a `DiagnosticsConfig` (rule, eps, ratio, use_stable_rank, plots); None means its defaults.
-    `image_index` (each image's index in its split) and `selection` (its name) are recorded in the outputs. With
-    `settings.residual` the summary has the residual side (docs/residual.md) with the register neurons; with
-    `settings.report` the visual report page (`report.html`, docs/report.md) is written too, with the panels of a
-    quantization result (`quant`, results/quant.json) and of a training-free edit (`trainfree`, its settings).
-    The outputs are one generation (`DIAGNOSIS`, `utils.generations`): every file an older diagnosis wrote in
-    `out_dir` is replaced or removed, and nothing else there; `summary.json` comes last (a folder without it holds
-    an interrupted diagnosis). A non-empty folder without an earlier diagnosis is refused before any work, and so is
-    a second diagnosis of the same folder at the same time (`BadValue`).
+    `settings`: a `DiagnosticsConfig` (None: its defaults); `image_index` and `selection` are recorded. The outputs
+    are one generation (`DIAGNOSIS`, `utils.generations`), `summary.json` last; a non-empty folder without an earlier
+    diagnosis, and a second diagnosis of the same folder at the same time, are refused before any work (`BadValue`).
     """
     st = settings or DiagnosticsConfig()
     claim(out_dir, DIAGNOSIS)  # before the lock file: a folder of the user's gets nothing, not even a lock

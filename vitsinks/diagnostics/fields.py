@@ -1,7 +1,5 @@
 """Per-head sink fields (docs/fidelity.md) from one block's explicit attention internals, and the QK spectrum.
-
-Shapes: A (B, H, N, N) with queries i on dim -2 and keys j on dim -1; v (B, H, N, hd); `w_o` the output
-projection weight (dim, H * hd); `ls` the LayerScale gamma (dim,) or None.
+Shapes: A (B, H, N, N), queries on dim -2, keys on dim -1; v (B, H, N, hd); `w_o` (dim, H * hd); `ls` (dim,) or None.
 """
 
 from __future__ import annotations

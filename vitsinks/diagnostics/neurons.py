@@ -1,16 +1,7 @@
-"""Register neurons (Jiang et al. 2025, "Vision Transformers Don't Need Trained Registers"; docs/trainfree.md): the
-few MLP units whose activations put the high-norm artifacts on patch tokens.
-
-The outlier tokens of an image are its PATCH tokens whose residual-stream norm at the output of the model's last
-block exceeds `k` x the median norm of all its tokens at that block (`residual.high_norm`, the summary's test, at the
-last block). The score of unit u of block b is, averaged over the images with at least one outlier token, the mean of
-|a_u| over that image's outlier tokens, a_u being the unit's activation (the output of the MLP's activation module).
-The units are ranked over all blocks together (`find_register_neurons`) or per block (`summarize_neurons`). A block
-is read through `blk.mlp_parts()` (`models.mlp.MLPParts`: input layer, activation, output layer, LayerScale gain),
-which every block of the seam gives (`vitsinks.models.seam.Block`: `SinkBlock` and every family's view); only a plain
-MLP (in -> act -> out, no hidden-layer
-norm) has register neurons here (`has_mlp`): in a gated MLP (GluMlp, SwiGLU) `act` is only the gate, and a
-hidden-layer norm makes a unit's contribution non-linear.
+"""Register neurons (Jiang et al. 2025; docs/trainfree.md#register-neurons): the few MLP units whose activations put
+the high-norm artifacts on patch tokens, scored at the outlier patch tokens of the last block (`residual.high_norm`)
+and ranked over all blocks (`find_register_neurons`) or per block (`summarize_neurons`). Only a plain MLP (in -> act
+-> out, no hidden-layer norm, read through `blk.mlp_parts()`) has register neurons here (`has_mlp`).
 """
 
 from __future__ import annotations
@@ -22,7 +13,6 @@ from typing import Any
 
 import torch
 from timm.layers import Mlp
-from torch import nn
 
 from vitsinks.configs.schema import DiagnosticsConfig
 from vitsinks.diagnostics.residual import check_ks, high_norm
@@ -33,8 +23,7 @@ from vitsinks.utils.errors import BadValue
 
 
 def neuron_k(ks: Sequence[float]) -> float:
-    """The threshold the register-neuron ranking uses among `diagnostics.high_norm_k`: the lower middle value of
-    the sorted list (5.0 of the default [2, 5, 10, 20]: 2 also catches ordinary spread, 20 misses milder artifacts)."""
+    """The register-neuron threshold among `diagnostics.high_norm_k`: the lower middle value of the sorted list."""
     check_ks(ks)
     vals = sorted(float(k) for k in ks)
     if not vals:
@@ -43,9 +32,7 @@ def neuron_k(ks: Sequence[float]) -> float:
 
 
 def has_mlp(blk: Block) -> bool:
-    """Whether a block has units register neurons can be among: a plain MLP (`blk.mlp_parts()`; for a `SinkBlock`, a
-    timm `Mlp`, exactly that class, without a hidden-layer norm). `NoMLP` (`model.mlp=false`) has no units; another
-    MLP (GluMlp, SwiGLU, a hidden norm) is not supported (`unsupported_mlp`)."""
+    """Whether a block has a plain MLP (`blk.mlp_parts()`) whose units register neurons can be among."""
     return blk.mlp_parts() is not None
 
 
@@ -60,9 +47,8 @@ def unsupported_mlp(blk: Block) -> str | None:
 
 
 def mlp_update(blk: Block, units: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
-    """The direct part of `units` (K,) of the block's MLP update at tokens with hidden activations `acts` (n, H):
-    gamma * W_out[:, units] a_units (n, D), gamma the MLP LayerScale gain (1 without); in float64. The output
-    layer's bias is no unit's. Only for a block with `has_mlp` (nothing between the activation and the output)."""
+    """The direct part gamma * W_out[:, units] a_units (n, D) of `units` (K,) of a `has_mlp` block's MLP update at
+    tokens with hidden activations `acts` (n, H), in float64 (no bias; gamma the MLP LayerScale gain, 1 without)."""
     parts = blk.mlp_parts()
     assert parts is not None  # a block with `has_mlp`
     w = parts.fc_out.weight
@@ -73,9 +59,7 @@ def mlp_update(blk: Block, units: torch.Tensor, acts: torch.Tensor) -> torch.Ten
 
 @dataclass
 class OutlierActivations:
-    """What `capture` keeps: per block (None without an MLP) the sum over images with an outlier token of the
-    mean |activation| over their outlier tokens (H,), and at every outlier token (all images together) the
-    activations (n, H) and the block's output (n, D); `images` counts the images with an outlier token."""
+    """What `capture` keeps per block: the outlier tokens' activation scores, activations and outputs."""
 
     score_sum: list[torch.Tensor | None]
     acts: list[list[torch.Tensor]] = field(default_factory=list)
@@ -89,18 +73,14 @@ class OutlierActivations:
 
 
 def outlier_mask(norms: torch.Tensor, k: float, num_prefix: int) -> torch.Tensor:
-    """(B, N) bool on the device of `norms`: the patch tokens (from `num_prefix` on) that `residual.high_norm` marks
-    at threshold `k` (norm above k x the image's median token norm), `norms` (B, N) at the last block."""
+    """(B, N) bool: the patch tokens (from `num_prefix` on) that `residual.high_norm` marks at `k` in `norms`."""
     mask = torch.from_numpy(high_norm(norms.detach().float().cpu().numpy(), k, "the high-norm threshold k"))
     mask[:, :num_prefix] = False
     return mask.to(norms.device)
 
 
 class NeuronCollector:
-    """Collects `OutlierActivations` of `blocks` at threshold `k` batch by batch, beside a forward pass that is run
-    anyway (the diagnosis's): inside `recording()` the blocks' MLP activations are kept (the first call of each
-    block's MLP only: an explicit recomputation of the block does not overwrite them), and `add_batch(outs)` keeps
-    those at the outlier tokens of the batch, `outs` being every block's output."""
+    """Collects `OutlierActivations` of `blocks` at `k` beside a forward pass (`recording()`, `add_batch`)."""
 
     def __init__(self, blocks: Sequence[Block], k: float, num_prefix: int) -> None:
         (self.k,) = check_ks([k], "the high-norm threshold k")
@@ -109,20 +89,14 @@ class NeuronCollector:
         self.got = OutlierActivations([None] * n, [[] for _ in range(n)], [[] for _ in range(n)])
         self._store: dict[int, torch.Tensor] = {}
 
-    @staticmethod
-    def activation(blk: Any) -> nn.Module | None:
-        """The module whose output is a block's MLP activations (its units), None where it has none (`has_mlp`)."""
-        parts = blk.mlp_parts()
-        return None if parts is None else parts.act
-
     @contextmanager
     def recording(self) -> Iterator[None]:
         """Keep each block's MLP activations of the batch that runs inside."""
         def keep(b: int) -> Any:
             return lambda _m, _i, out: self._store.setdefault(b, out)
 
-        acts = [(b, self.activation(blk)) for b, blk in enumerate(self.blocks)]
-        handles = [act.register_forward_hook(keep(b)) for b, act in acts if act is not None]
+        handles = [parts.act.register_forward_hook(keep(b)) for b, blk in enumerate(self.blocks)
+                   if (parts := blk.mlp_parts()) is not None]
         try:
             yield
         finally:
@@ -151,8 +125,7 @@ class NeuronCollector:
 
 @torch.no_grad()
 def capture(backbone: Backbone, images: torch.Tensor, k: float, batch_size: int = 16) -> OutlierActivations:
-    """Run the model on `images` in batches and keep the MLP activations at the outlier tokens (`OutlierActivations`;
-    `outlier_mask` with threshold `k`)."""
+    """`OutlierActivations` of the model's MLPs at the outlier tokens (threshold `k`) of `images`, in batches."""
     collector = NeuronCollector(backbone.blocks, k, backbone.num_prefix)
     with collector.recording():
         for outs in block_outputs_by_batch(backbone, images, batch_size):
@@ -162,9 +135,7 @@ def capture(backbone: Backbone, images: torch.Tensor, k: float, batch_size: int 
 
 def find_register_neurons(model: Backbone, images: torch.Tensor, top: int, k: float, batch_size: int = 16,
                           max_block: int | None = None) -> list[tuple[int, int, float]]:
-    """The `top` register neurons of a model (its `Backbone`) on `images` over all blocks (or blocks 0..`max_block`
-    only), highest score first: (block, unit, score). `BadValue` when no image has an outlier token at threshold `k`
-    (nothing to rank), and for a model without an MLP or with one `has_mlp` does not support."""
+    """The `top` register neurons (block, unit, score) over blocks 0..`max_block`; `BadValue` if none to rank."""
     if top < 1:
         raise BadValue(f"ask for at least one register neuron, got top={top}")
     depth = len(model.blocks)
@@ -191,8 +162,7 @@ def find_register_neurons(model: Backbone, images: torch.Tensor, top: int, k: fl
 
 
 def norm_share(blk: Block, units: torch.Tensor, acts: torch.Tensor, outs: torch.Tensor) -> float | None:
-    """Mean over the outlier tokens of 1 - ||x_t - c(t)|| / ||x_t||, x_t the block's output at token t (`outs`,
-    (n, D)) and c(t) the direct part of `units` of its MLP update (`mlp_update`); None without outlier tokens."""
+    """Mean over outlier tokens of 1 - ||x_t - c(t)|| / ||x_t|| (c: `mlp_update` of `units`); None without any."""
     if not len(acts):
         return None
     x = outs.double()
@@ -203,11 +173,7 @@ def norm_share(blk: Block, units: torch.Tensor, acts: torch.Tensor, outs: torch.
 
 def summarize_neurons(model: Backbone, images: torch.Tensor | None, settings: DiagnosticsConfig | Any,
                       got: OutlierActivations | None = None) -> dict[str, Any]:
-    """summary.json's `register_neurons`: per block the `register_neurons` top units of the block (their indices
-    and scores, highest first) and their `norm_share`, at the threshold `neuron_k(high_norm_k)`, from `got` (what a
-    `NeuronCollector` kept during the diagnosis) or else a pass of its own over `images`. A block without an MLP or
-    with an unsupported one (`has_mlp`), or a model without any outlier token on the images, gets empty lists and a
-    null share."""
+    """summary.json's `register_neurons` (docs/trainfree.md) from `got` (a collector's) or a pass over `images`."""
     if got is None:
         if images is None:
             raise ValueError("summarize_neurons needs the images or what a NeuronCollector kept")

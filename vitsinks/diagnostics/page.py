@@ -1,10 +1,5 @@
-"""The checkpoint's visual report page (docs/report.md): one HTML page per diagnosed checkpoint
-(`checkpoint_report`) beside a JSON file holding every number the page shows (the run's page over training:
-`vitsinks.diagnostics.run_page`).
-
-A page is rendered from its JSON: the maps' PNGs are drawn from the JSON's map values, the tables' cells are the
-JSON's numbers through `num`. The pictures are inline (data URIs), so a page works wherever its folder is copied.
-"""
+"""The checkpoint's visual report page (docs/report.md): one self-contained HTML page per diagnosed checkpoint
+(`checkpoint_report`), rendered from the JSON file beside it that holds every number the page shows."""
 
 from __future__ import annotations
 
@@ -31,17 +26,18 @@ from vitsinks.diagnostics.page_figures import (
     png_uri,
     residual_figure,
     scale_factor,
-    table,
     upscale,
 )
 from vitsinks.diagnostics.rules import BROADCAST_MAX_RANK, BROADCAST_MIN, CLASSES, NOP_MAX, ROUTED_MIN
 from vitsinks.diagnostics.summary import LOCATIONS, describe_rule, layout_of
 from vitsinks.models import NoMLP
 from vitsinks.models.layout import KeyLayout
+from vitsinks.models.passes import eval_mode
 from vitsinks.models.seam import Backbone
 from vitsinks.utils import files
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.plotting import swatches_html
+from vitsinks.utils.tables import html_table
 
 REPORT, REPORT_JSON, TRAINING_PNG = "report.html", "report.json", "training_curves.png"
 
@@ -60,24 +56,19 @@ def rounded(x: Any) -> Any:
 @torch.no_grad()
 def final_patches(model: Backbone, images: torch.Tensor) -> np.ndarray:
     """The final-norm patch features (n, P, dim) of `images`, in eval mode."""
-    was = model.training
-    model.eval()
-    out = model.forward_features(images.to(next(model.parameters()).device))[:, model.num_prefix:]
-    model.train(was)
-    return out.float().cpu().numpy()
+    with eval_mode(model) as device:
+        return model.forward_features(images.to(device))[:, model.num_prefix:].float().cpu().numpy()
 
 
 def _prefix(col: np.ndarray, layout: KeyLayout, name: str, agg: Any) -> dict[str, Any]:
-    """[CLS]'s value (None without a [CLS]), each register's, and (with registers) `agg` of the registers' under
-    `name`."""
+    """[CLS]'s value (None without one), each register's, and with registers their `agg` under `name`."""
     regs = col[layout.register_slice]
     return {"cls": rounded(col[0]) if layout.cls else None, "registers": rounded(regs),
             **({name: rounded(agg(regs))} if len(regs) else {})}
 
 
 def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, Any]:
-    """One image's maps per block: the strongest head's attention received per key (its prefix shares apart) and
-    the token norms, each over the patch grid with the range it is coloured on."""
+    """One image's maps per block: the strongest head's attention per key and the token norms, with their ranges."""
     layout, (gh, gw) = layout_of(d), (int(g) for g in d["grid"])
     cols = [d["attn_col_mean"][i, b, h].astype(np.float64) for b, h in enumerate(heads)]
     grids = [c[layout.patch_slice].reshape(gh, gw) for c in cols]
@@ -101,18 +92,14 @@ def image_maps(d: dict[str, np.ndarray], heads: list[int], i: int) -> dict[str, 
 
 
 def _residual(res: dict[str, Any] | None, model: Backbone) -> dict[str, Any]:
-    """The shown part of summary["residual"] (schema: docs/report.md), keys absent from it left out; a block without
-    register neurons gets the reason (`why`)."""
+    """The shown part of summary["residual"] (docs/report.md); a block without register neurons gets `why`."""
     if not res:
         return {}
-    out: dict[str, Any] = {}
-    if "norm_quantiles_by_block" in res:
-        out["norm_quantiles_by_block"] = res["norm_quantiles_by_block"]
+    keys = ("norm_quantiles_by_block", "high_norm", "top_activations", "register_neurons")
+    out: dict[str, Any] = {k: res[k] for k in keys if k in res}
     if "high_norm" in res:
         out["high_norm"] = [{"k": float(k), **v} for k, v in sorted(res["high_norm"].items(), key=lambda kv:
                                                                        float(kv[0]))]
-    if "top_activations" in res:
-        out["top_activations"] = res["top_activations"]
     if "register_neurons" in res:
         k = neuron_k([float(x) for x in res.get("high_norm") or {}] or DiagnosticsConfig().high_norm_k)
         out["register_neurons"] = {**res["register_neurons"], "by_block": [
@@ -165,6 +152,7 @@ def checkpoint_data(model: Backbone, images: torch.Tensor, d: dict[str, np.ndarr
         "images": maps,
         "pca": {"explained_variance_ratio": rounded(evr), "patches": int(n * gh * gw)},
         "residual": _residual(summary.get("residual"), model),
+        "depth": {k: summary.get(k) for k in DEPTH_PARTS},
         "quant": _quant(quant),
         "trainfree": trainfree,
         "posthoc": model.family == "vitsinks",  # a hub model read unmodified has no quantize / trainfree results
@@ -172,8 +160,7 @@ def checkpoint_data(model: Backbone, images: torch.Tensor, d: dict[str, np.ndarr
 
 
 def _quant(quant: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The shown part of the quant result: its cosines as 1 - cosine (a cosine of 0.99991 would read 1), and the
-    checkpoint as `<run>/checkpoints/<file>` (no machine's folders)."""
+    """The shown part of the quant result: cosines as 1 - cosine, the checkpoint as `<run>/checkpoints/<file>`."""
     if not quant:
         return quant
     out = {k: v for k, v in quant.items() if k not in ("feature_cosine", "feature_cosine_by_block")}
@@ -189,7 +176,7 @@ def _quant(quant: dict[str, Any] | None) -> dict[str, Any] | None:
 # --- the checkpoint page's HTML ---------------------------------------------------------------------------------
 def _spi_table(spi: dict[str, dict[str, float]], table_id: str) -> str:
     locations = [loc for loc in spi["all"] if loc != "all"]  # the layout's: the tokens', then any extra key slot
-    return table(["class", *locations, "all"], [[c, *(num(spi[c][loc]) for loc in (*locations, "all"))]
+    return html_table(["class", *locations, "all"], [[c, *(num(spi[c][loc]) for loc in (*locations, "all"))]
                                                for c in (*CLASSES, "all")], table_id)
 
 
@@ -219,7 +206,7 @@ def _headline(data: dict[str, Any]) -> str:
 <p class="note">Counted with: {html.escape(data['rule']['text'])}. Settings: {_settings(data['rule'])}.</p>
 <p class="legend">classes in the figures: {swatches_html(CLASSES)}</p>
 <div class="row">{spi}<div><h3>strongest head per block (mean over all diagnosed images)</h3>
-{table(head, rows, 'strongest-heads')}</div></div>""")
+{html_table(head, rows, 'strongest-heads')}</div></div>""")
 
 
 def _bar(shares: list[tuple[str, float]], title: str) -> str:
@@ -305,28 +292,59 @@ def _maps(data: dict[str, Any], shown: np.ndarray) -> str:
     return panel("maps", "Attention, token norms and PCA per image and block", legend + cards)
 
 
+DEPTH_PARTS = ("head_shape", "sink_lifetime", "massive_emergence")  # summary.json's parts the depth panel shows
+
+
+def _depth_html(depth: dict[str, Any]) -> str:
+    """The panel of summary.json's `head_shape`, `sink_lifetime` and `massive_emergence` (docs/sinks.md)."""
+    shape, life, emerge = (depth.get(k) or {} for k in DEPTH_PARTS)
+    if not (shape or life or emerge):
+        return panel("depth", "Heads and depth", '<p class="note">Not in this summary (it is older than these '
+                     "measures: re-run the diagnosis).</p>")
+    notes = []
+    if life:
+        where = ", ".join(f"{k} {num(v)}" for k, v in life["span_by_location"].items() if v is not None)
+        notes.append(f"Sink keys per image (a key that is a sink in some block): {num(life['keys_per_image'])}; their "
+                     f"mean lifetime {num(life['mean_span'])} blocks" + (f" ({where})." if where else "."))
+    if emerge:
+        notes.append(f"Massive tokens (norm above {num(emerge['k'])}x the median of their image and block): on "
+                     f"{num(emerge['images_with'])} of the images, the first at block {num(emerge['first_block'])} "
+                     f"(median); their norm's coefficient of variation afterwards {num(emerge['cv'])}.")
+    conc = shape.get("concentration_by_block")
+    given: dict[str, list | None] = {
+        "concentration (median)": None if conc is None else [math.inf if v is None else v for v in conc],
+        "attention on itself": shape.get("diag_mass_by_block"), "head utilisation": shape.get("head_util_by_block"),
+        "sink keys starting": life.get("starts_by_block"), "ending": life.get("ends_by_block"),
+        "massive tokens appearing": emerge.get("new_by_block"), "their CV afterwards": emerge.get("cv_by_block")}
+    columns = {k: v for k, v in given.items() if v is not None}
+    n_blocks = max(len(v) for v in columns.values())
+    rows = [[num(b), *(num(v[b]) for v in columns.values())] for b in range(n_blocks)]
+    return panel("depth", "Heads and depth", "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes) +
+                 "<h3>per block (concentration: a head's largest over its median column sum, median over images and "
+                 "heads; per image: sink keys and massive tokens)</h3>" +
+                 html_table(["block", *columns], rows, "depth-blocks"))
+
+
 def _residual_html(res: dict[str, Any]) -> str:
     if not res:
         return panel("residual", "Residual side", '<p class="note">No residual measures in this summary '
                      "(summary.json has no `residual`: diagnostics.residual was off, or it is older).</p>")
-    parts, notes = [], []
+    parts = []
     q, top = res.get("norm_quantiles_by_block"), res.get("top_activations")
     if q or top:
         parts.append(f'<img class="fig" src="{residual_figure(q, top and top["ratio_by_block"])}" '
                      f'alt="residual measures per block">')
-    n_blocks = len(next(iter(q.values()))) if q else len(top["ratio_by_block"]) if top else 0
-    if q or top:
+        n_blocks = len(next(iter(q.values()))) if q else len(top["ratio_by_block"]) if top else 0
         head = ["block", *(q or {}), *(["top", "second", "third", "median", "ratio", "channel", "at"] if top else [])]
         rows = [[num(b), *(num(v[b]) for v in (q or {}).values()),
                  *([*(num(v) for v in top["top_by_block"][b]), num(top["median_by_block"][b]),
                     num(top["ratio_by_block"][b]), num(top["channel_by_block"][b]), top["location_by_block"][b]]
                    if top else [])] for b in range(n_blocks)]
         parts.append(f"<h3>token-norm quantiles and top activations (|activation| of the residual stream) per block"
-                     f"</h3>{table(head, rows, 'residual-blocks')}")
-    for key, what in (("norm_quantiles_by_block", "norm quantiles"), ("top_activations", "top activations"),
-                      ("high_norm", "high-norm tokens"), ("register_neurons", "register neurons")):
-        if key not in res:
-            notes.append(f"{what}: not in this summary.")
+                     f"</h3>{html_table(head, rows, 'residual-blocks')}")
+    notes = [f"{what}: not in this summary." for key, what in (
+        ("norm_quantiles_by_block", "norm quantiles"), ("top_activations", "top activations"),
+        ("high_norm", "high-norm tokens"), ("register_neurons", "register neurons")) if key not in res]
     if "high_norm" in res:
         hn = res["high_norm"]
         blocks = len(hn[0]["per_image_by_block"]) if hn else 0
@@ -338,13 +356,13 @@ def _residual_html(res: dict[str, Any]) -> str:
         parts.append("<h3>high-norm tokens per block: norm above k x the median norm of their image and block "
                      "(&gt; kx) at its output: how many per image, where they sit (per image); sink share: of those "
                      "entering the block (the previous block's output), the share that are its sinks</h3>"
-                     f"{table(head, rows, 'high-norm')}")
+                     f"{html_table(head, rows, 'high-norm')}")
     if "register_neurons" in res:
         rows = [[num(b), e.get("why") or ", ".join(f"{num(u)} ({num(s)})" for u, s in zip(e["units"], e["scores"],
                                                                                           strict=True)),
                  num(e.get("norm_share"))] for b, e in enumerate(res["register_neurons"]["by_block"])]
         parts.append(f"<h3>register neurons per block: MLP units (score), highest first</h3>"
-                     f"{table(['block', 'units (score)', 'norm share'], rows, 'register-neurons')}")
+                     f"{html_table(['block', 'units (score)', 'norm share'], rows, 'register-neurons')}")
     body = "".join(parts) + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
     return panel("residual", "Residual side", body)
 
@@ -367,12 +385,12 @@ def _quant_html(quant: dict[str, Any] | None) -> str:
             f"{num(quant.get('act_bits'))} bits, ranges calibrated on {num(quant.get('calib_images'))} images, "
             f"measured on {num(quant.get('n_images'))}; 1 - cosine of the final features to fp32's: "
             f"{num(quant.get('feature_cosine_error'))}.")
-    tops = table(["result", "fp32", "quantized", "change"], top, "quant-top") if top else (
+    tops = html_table(["result", "fp32", "quantized", "change"], top, "quant-top") if top else (
         '<p class="note">No probe to compare: the checkpoint has no online probe, and no linear or dense result of '
         "it was probed again quantized.</p>")
     return panel("quant", "Quantization", f"<p>{meta}</p>{tops}"
                  f"<h3>per block: kurtosis and inf-norm of each linear layer's input</h3>"
-                 f"{table(head, rows, 'quant-blocks')}")
+                 f"{html_table(head, rows, 'quant-blocks')}")
 
 
 def _trainfree_html(tf: dict[str, Any] | None) -> str:
@@ -380,7 +398,7 @@ def _trainfree_html(tf: dict[str, Any] | None) -> str:
         return panel("trainfree", "Training-free mitigation", '<p class="note">None: the backbone as trained.</p>')
     rows = [[k, num(v) if isinstance(v, int | float) else html.escape(str(v))] for k, v in tf.items()]
     return panel("trainfree", "Training-free mitigation", "<p>This backbone was edited after training:</p>" +
-                 table(["setting", "value"], rows, "trainfree"))
+                 html_table(["setting", "value"], rows, "trainfree"))
 
 
 def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
@@ -390,8 +408,8 @@ def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
             f"{num(m['registers'])} registers, {num(m['grid'][0])} x {num(m['grid'][1])} patches at "
             f"{num(m['image_size'][0])} x {num(m['image_size'][1])} px; {num(m['images_shown'])} of the "
             f"{num(m['images_diagnosed'])} diagnosed images shown.")
-    body = _headline(data) + _maps(data, shown) + _residual_html(data["residual"])
-    nav = [("headline", "sinks"), ("maps", "maps"), ("residual", "residual")]
+    body = _headline(data) + _maps(data, shown) + _residual_html(data["residual"]) + _depth_html(data.get("depth", {}))
+    nav = [("headline", "sinks"), ("maps", "maps"), ("residual", "residual"), ("depth", "depth")]
     if data.get("posthoc", True):  # vitsinks' own checkpoints: the quantize and trainfree commands' panels
         body += _quant_html(data["quant"]) + _trainfree_html(data["trainfree"])
         nav += [("quant", "quantization"), ("trainfree", "training-free")]
@@ -401,11 +419,9 @@ def checkpoint_html(data: dict[str, Any], shown: np.ndarray) -> str:
 def checkpoint_report(model: Backbone, images: torch.Tensor, shown: np.ndarray, d: dict[str, np.ndarray],
                       summary: dict, out_dir: Path, n_images: int = 4, quant: dict | None = None,
                       trainfree: dict | None = None, name: str | None = None) -> Path:
-    """Write `out_dir/report.html` and `out_dir/report.json` (every number the page shows) for one diagnosed
-    checkpoint: `d` from `diagnose(model, images)`, `summary` from `summarize(d)`, `shown` the images as uint8 RGB
-    (n, H, W, 3); the first `n_images` images are shown. `quant` is a results/quant.json, `trainfree` the
-    checkpoint's `trainfree` settings when it is an edited backbone; `name` titles the page (default the folder's
-    name). Returns the page's path."""
+    """Write `out_dir/report.html` and `report.json` for one diagnosed checkpoint (`d` from `diagnose`, `summary`
+    from `summarize`, `shown` the images as uint8 RGB (n, H, W, 3), the first `n_images` shown; `quant` a
+    results/quant.json, `trainfree` an edited backbone's settings; `name` the title); returns the page's path."""
     out_dir, shown = Path(out_dir), np.asarray(shown)
     if shown.ndim != 4 or shown.shape[-1] != 3 or shown.dtype != np.uint8 or len(shown) < min(n_images, len(images)):
         raise BadValue(f"shown must hold the images as uint8 RGB (n, H, W, 3), one per image, got {shown.dtype} "

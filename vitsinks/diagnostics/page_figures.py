@@ -1,7 +1,6 @@
 """The look of the report pages (`vitsinks.diagnostics.page`): how numbers are written (`num`), the page chrome (CSS,
-sections, tables, colour bars), and the pictures: maps over the patch grid as nearest-neighbour PNGs, the PCA colours
-of the final patch features and the matplotlib figures, all inline data URIs, so that a page keeps working wherever
-its folder is copied."""
+sections, tables, colour bars), and the pictures (maps over the patch grid, PCA colours, matplotlib figures) as
+inline PNG data URIs."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ from vitsinks.utils.plotting import (
     index_ticks,
     log_axis,
 )
-from vitsinks.utils.tables import html_table
 
 ATTN_CMAP, NORM_CMAP = "inferno", "viridis"
 MIN_SIDE = 128  # pictures smaller than this are enlarged by a whole factor, nearest-neighbour
@@ -72,11 +70,6 @@ def page(title: str, meta: str, body: str, links: list[tuple[str, str]]) -> str:
 def panel(anchor: str, title: str, body: str) -> str:
     """One section of a page."""
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>\n{body}</section>\n'
-
-
-def table(header: list[str], rows: list[list[str]], table_id: str) -> str:
-    """A table of already formatted cells (`vitsinks.utils.tables.html_table`, every cell escaped)."""
-    return html_table(header, rows, table_id)
 
 
 def cbar(gradient: str, lo: str, hi: str) -> str:
@@ -144,10 +137,9 @@ def gradient_css(cmap: str, stops: int = 9) -> str:
 
 
 def pca_colours(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The first three principal components of patch features (n, P, D), fitted over all n x P patches together, as
-    colours in [0, 1] (n, P, 3), each component min-max scaled over every patch; and each component's share of the
-    total variance (3,). The sign of each component is fixed so that its largest-magnitude loading is positive
-    (ties: the lowest channel), which makes the colours a function of the features alone."""
+    """The first three principal components of patch features (n, P, D), fitted over all patches, min-max scaled to
+    colours in [0, 1] (n, P, 3), and their shares of the variance (3,); each sign fixed so that the largest loading
+    is positive (ties: the lowest channel), which makes the colours a function of the features alone."""
     n, p, dim = feats.shape
     x = feats.reshape(n * p, dim).astype(np.float64)
     if not np.isfinite(x).all():
@@ -178,26 +170,21 @@ def residual_figure(quantiles: dict[str, list[float]] | None, ratio: list[float]
         for name, vals in quantiles.items():
             ax.plot(range(len(vals)), vals, "o-", ms=3, label=name)
         log_axis(ax, [v for vals in quantiles.values() for v in vals])
-        ax.set_xlabel("block (output residual stream)")
-        ax.set_ylabel("token L2 norm")
+        ax.set(xlabel="block (output residual stream)", ylabel="token L2 norm",
+               xticks=range(len(next(iter(quantiles.values())))))
         ax.set_title("token-norm quantiles over tokens x images", fontsize=9)
         ax.legend(fontsize=7)
-        ax.set_xticks(range(len(next(iter(quantiles.values())))))
     if ratio:
         ax = axes.pop(0)
         ax.plot(range(len(ratio)), ratio, "s-", color="tab:red", ms=3)
-        ax.set_xlabel("block")
-        ax.set_ylabel("top |activation| / median")
+        ax.set(xlabel="block", ylabel="top |activation| / median", xticks=range(len(ratio)))
         ax.set_title("top activation ratio", fontsize=9)
-        ax.set_xticks(range(len(ratio)))
     return figure_uri(fig)
 
 
 def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass: np.ndarray,
                          residual: dict[str, Any]) -> str:
-    """Sinks per image by class vs step (in words when there is none); the strongest head's mass per block vs step
-    (heatmap); and, when the summaries have them, the residual measures vs step (largest token norm and top
-    activation ratio, max over blocks)."""
+    """Sinks per image by class, the strongest head's mass per block and the residual measures, vs step."""
     n = 2 + bool(residual)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4))
     x = np.arange(len(steps))
@@ -205,8 +192,7 @@ def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass
     for name, vals in spi.items():
         axes[0].plot(x, vals, "o-", ms=3, label=CLASS_LABELS[name], color=CLASS_COLORS[name])
     index_ticks(axes[0], labels)
-    axes[0].set_xlabel("checkpoint step")
-    axes[0].set_ylabel("sink heads per image (blocks 1..L-1)")
+    axes[0].set(xlabel="checkpoint step", ylabel="sink heads per image (blocks 1..L-1)")
     most = max((v for vals in spi.values() for v in vals), default=0.0)
     axes[0].set_ylim(0, max(1.0, 1.1 * most))
     axes[0].set_title("sinks per image by class", fontsize=9)
@@ -218,9 +204,7 @@ def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass
                         extent=(-0.5, len(steps) - 0.5, -0.5, mass.shape[0] - 0.5))
     annotate_cells(axes[1], mass)
     index_ticks(axes[1], labels)
-    axes[1].set_yticks(range(mass.shape[0]))
-    axes[1].set_xlabel("checkpoint step")
-    axes[1].set_ylabel("block")
+    axes[1].set(yticks=range(mass.shape[0]), xlabel="checkpoint step", ylabel="block")
     axes[1].set_title("strongest head's sink mass per block", fontsize=9)
     fig.colorbar(im, ax=axes[1], label="mean mass over images")
     if residual:
@@ -229,8 +213,7 @@ def over_training_figure(steps: Sequence[int], spi: dict[str, list[float]], mass
             ax.plot(x, [np.nan if v is None else v for v in vals], style, ms=3, label=label)
         log_axis(ax, [v for vals in residual.values() for v in vals if v is not None])
         index_ticks(ax, labels)
-        ax.set_xlabel("checkpoint step")
-        ax.set_ylabel("max over blocks")
+        ax.set(xlabel="checkpoint step", ylabel="max over blocks")
         ax.set_title("residual side", fontsize=9)
         ax.legend(fontsize=7)
     return figure_uri(fig)
@@ -242,10 +225,7 @@ SINK_MEASURES = {"max_strongest_mass": "strongest head's mass (max over blocks)"
 
 
 def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) -> plt.Figure:
-    """A run's training curves: the training loss (log), the online probe (every logged training batch, and the
-    validation top-1) with the k-NN monitor's validation top-1, or the sink task's validation error; the continuous
-    sink measures of the diagnosed checkpoints (`SINK_MEASURES`); RankMe of the validation embeddings; all against
-    the step. A panel without data says why in words."""
+    """A run's training curves vs step (docs/report.md); a panel without data says why in words."""
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1.15, 0.85]})
     series = training.get("series", {})
     loss = series.get("loss")
@@ -260,15 +240,12 @@ def training_figure(training: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
     axes[0].set_title("loss", fontsize=9)
     probe, val, knn = series.get("probe_acc"), series.get("val/probe_acc"), series.get("val/knn_top1")
     if probe or val or knn:
-        if probe:
-            axes[1].plot(*zip(*[(s, 100 * v) for s, v in probe], strict=True), "-", lw=0.8, alpha=0.6,
-                         color="tab:blue", label="online probe, training batch")
-        if val:
-            axes[1].plot(*zip(*[(s, 100 * v) for s, v in val], strict=True), "o-", ms=4, color="tab:red",
-                         label="online probe, validation")
-        if knn:
-            axes[1].plot(*zip(*[(s, 100 * v) for s, v in knn], strict=True), "s--", ms=4, color="tab:green",
-                         label="k-NN, validation")
+        for pts, style, kw in ((probe, "-", {"lw": 0.8, "alpha": 0.6, "color": "tab:blue",
+                                             "label": "online probe, training batch"}),
+                               (val, "o-", {"ms": 4, "color": "tab:red", "label": "online probe, validation"}),
+                               (knn, "s--", {"ms": 4, "color": "tab:green", "label": "k-NN, validation"})):
+            if pts:
+                axes[1].plot(*zip(*[(s, 100 * v) for s, v in pts], strict=True), style, **kw)
         axes[1].set_ylabel("top-1 (%)")
         axes[1].legend(fontsize=7)
         axes[1].set_title("online probe" + (" and k-NN monitor" if knn else ""), fontsize=9)

@@ -47,9 +47,7 @@ def _where(d: dict[str, np.ndarray], i: int, blk: int, h: int) -> str:
 
 def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rules: SinkRules | None = None,
                    top: int = 5, n_images: int = 3) -> Path:
-    """The `top` heads that are sinks most often under `rules` (then those with the most attention on one key) on
-    the first `n_images` images, each image once: the image, then per head the mean attention each patch receives,
-    on one colour scale (its colour bar). A head is called a sink only where the rule counts an event."""
+    """The `top` heads that are sinks most often under `rules` on the first `n_images` images, on one colour scale."""
     rules = rules or SinkRules()
     maps = d["attn_col_mean"]  # (m, L, H, K): every key of the layout
     m = min(maps.shape[0], n_images, len(images))
@@ -79,8 +77,7 @@ def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rul
             if i == 0:
                 ax.set_title(f"block {b} head {h}", fontsize=8)
         for ax in axes[i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
     axes[0, 0].set_title("input", fontsize=8)
     fig.colorbar(im, ax=axes[:, 1:].ravel().tolist(), shrink=0.8, label="attention received per patch\n(mean over "
                  "queries)")
@@ -93,8 +90,7 @@ def attention_maps(d: dict[str, np.ndarray], images: np.ndarray, path: Path, rul
 
 
 def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, rules: SinkRules | None = None) -> Path:
-    """Value-norm ratio vs stable rank of every (image, block, head): sink events (under `rules`) coloured by block
-    (its colour bar), the other heads in grey, with the class boundaries in the classes' colours."""
+    """Value-norm ratio vs stable rank of every (image, block, head), sink events coloured by block, class bounds."""
     rules = rules or SinkRules()
     ev, ratio = rules.events(d), rules.ratio
     L = ev.shape[1]
@@ -112,8 +108,8 @@ def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, rules: SinkRules
     if rules.use_stable_rank:
         ax.axhline(BROADCAST_MAX_RANK, color=CLASS_COLORS["broadcast"], ls=":", lw=1)
     log_axis(ax, [*d[ratio].reshape(-1).tolist(), NOP_MAX, BROADCAST_MIN], which="x")
-    ax.set_xlabel(f"{ratio} (dominant key's value norm / mean of the others, log)")
-    ax.set_ylabel("stable rank of the head update")
+    ax.set(xlabel=f"{ratio} (dominant key's value norm / mean of the others, log)",
+           ylabel="stable rank of the head update")
     n = int(ev.sum())
     ax.set_title(f"{n} sink events ({rule_name(rules)})" if n else
                  f"no sink event ({rule_name(rules)}): every (image, block, head) is grey", fontsize=9)
@@ -122,8 +118,7 @@ def nop_broadcast_scatter(d: dict[str, np.ndarray], path: Path, rules: SinkRules
 
 
 def sink_heatmap(d: dict[str, np.ndarray], path: Path, rules: SinkRules | None = None) -> Path:
-    """Per (block, head): the fraction of images on which it is a sink under `rules` (in words when none is), and
-    its mean mass (the share of attention on its top key), which moves before any event."""
+    """Per (block, head): the share of images on which it is a sink under `rules`, and its mean mass."""
     rules = rules or SinkRules()
     freq, mass = rules.events(d).mean(axis=0), d["mass"].mean(axis=0)
     L, H = freq.shape
@@ -138,17 +133,13 @@ def sink_heatmap(d: dict[str, np.ndarray], path: Path, rules: SinkRules | None =
         im = ax.imshow(vals, vmin=0, vmax=1, cmap="magma", aspect="auto")
         annotate_cells(ax, vals)
         fig.colorbar(im, ax=ax, label=label)
-        ax.set_xticks(range(H))
-        ax.set_yticks(range(L))
-        ax.set_xlabel("head")
-        ax.set_ylabel("block")
+        ax.set(xticks=range(H), yticks=range(L), xlabel="head", ylabel="block")
     return save_figure(fig, path)
 
 
 def location_by_block(summary: dict[str, Any], path: Path) -> Path:
     """Sinks per image in each block, stacked by location and split by NOP / broadcast class."""
-    loc = summary["location_by_block"]
-    cls = summary["class_by_block"]
+    loc, cls = summary["location_by_block"], summary["class_by_block"]
     L = len(loc["cls"])
     x = np.arange(L)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
@@ -161,8 +152,7 @@ def location_by_block(summary: dict[str, Any], path: Path) -> Path:
         for name in names:
             ax.bar(x, groups[name], bottom=bottom, color=colors[name], label=labels[name])
             bottom += np.array(groups[name])
-        ax.set_xlabel("block")
-        ax.set_xticks(x)
+        ax.set(xlabel="block", xticks=x)
         ax.set_title(title, fontsize=9)
         ax.set_ylim(bottom=0, top=max(1.0, float(bottom.max()) * 1.1))
         if bottom.any():
@@ -183,8 +173,7 @@ def massive_activations(d: dict[str, np.ndarray], path: Path) -> Path:
     ax2 = ax.twinx()
     ax2.plot(range(L), np.median(d["token_norm_max"], 0), "s--", color="tab:red", label="max token norm")
     ax2.set_ylabel("max token norm", color="tab:red")
-    ax.set_xlabel("block (output residual stream)")
-    ax.set_ylabel("max / median")
+    ax.set(xlabel="block (output residual stream)", ylabel="max / median")
     ax.set_title("massive activations", fontsize=9)
     ax.legend(loc="upper left", fontsize=7)
     return save_figure(fig, path)
@@ -194,9 +183,7 @@ QUANTILE_MARKERS = {"q50": "o", "q90": "^", "q99": "s", "max": "x"}
 
 
 def residual_norms(summary: dict[str, Any], path: Path) -> Path:
-    """Per block, the distribution of the residual token norms (share of the tokens in each log-spaced bin, over
-    images x tokens, on a log colour scale so that a few high-norm tokens show) with its quantiles marked on it,
-    and the quantiles against the block."""
+    """Per block, the token-norm histogram (log colours) with its quantiles marked, and the quantiles vs block."""
     r = summary["residual"]
     edges = np.array(r["norm_hist"]["edges"])
     counts = np.array(r["norm_hist"]["counts_by_block"], dtype=float)
@@ -214,23 +201,18 @@ def residual_norms(summary: dict[str, Any], path: Path) -> Path:
         axes[1].plot(range(L), qs[name], marker=marker, label=name)
     axes[0].set_xscale("log")
     axes[0].xaxis.set_minor_formatter(NullFormatter())  # the minor labels of a short log axis overlap
-    axes[0].set_yticks(range(L))
-    axes[0].set_xlabel("token norm ||h|| (log)")
-    axes[0].set_ylabel("block (output residual stream)")
+    axes[0].set(yticks=range(L), xlabel="token norm ||h|| (log)", ylabel="block (output residual stream)")
     axes[0].set_title("token-norm histogram per block", fontsize=9)
     axes[0].legend(fontsize=7, loc="upper left")
     log_axis(axes[1], [v for vals in qs.values() for v in vals])
-    axes[1].set_xticks(range(L))
-    axes[1].set_xlabel("block")
-    axes[1].set_ylabel("token norm (over images x tokens)")
+    axes[1].set(xticks=range(L), xlabel="block", ylabel="token norm (over images x tokens)")
     axes[1].set_title("token-norm quantiles per block", fontsize=9)
     axes[1].legend(fontsize=7)
     return save_figure(fig, path)
 
 
 def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
-    """Per block: high-norm tokens per image at each threshold k (norm > k x the image's median) at its output, the
-    share of those entering it that are its attention sinks, and the largest activation / median |h|."""
+    """Per block: high-norm tokens per image at each k, the share entering it that are its sinks, top |h| / median."""
     r = summary["residual"]
     high, top = r["high_norm"], r["top_activations"]
     L = len(top["ratio_by_block"])
@@ -258,8 +240,7 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
     axes[2].set_title("largest activation (its token's location, channel)", fontsize=9)
     for ax, x in zip(axes, ("block (its output)", "block (the tokens entering it)", "block (its output)"),
                      strict=True):
-        ax.set_xlabel(x)
-        ax.set_xticks(range(L))
+        ax.set(xlabel=x, xticks=range(L))
     for ax in axes[:2]:
         if high:
             ax.legend(fontsize=7)
@@ -267,9 +248,7 @@ def high_norm_tokens(summary: dict[str, Any], path: Path) -> Path:
 
 
 def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path) -> Path:
-    """Sinks per image by class vs step, the blocks where sinks sit vs step (emergence stages), and the mass of
-    each block's strongest head vs step (how concentrated attention gets, also before any event); a panel without
-    any sink event says so in words."""
+    """Sinks per image by class, sink frequency and the strongest head's mass per block, all vs step."""
     rules = rules_of(summaries[-1] if summaries else None)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     none = f"no sink event ({rule_name(rules)}) at any of the {len(steps)} checkpoints"
@@ -281,8 +260,7 @@ def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path)
     most = max([s["sinks_per_image"]["all"]["all"] for s in summaries]
                + [s["sinks_per_image_block0"]["all"]["all"] for s in summaries])
     axes[0].set_ylim(bottom=0, top=max(1.0, most * 1.1))
-    axes[0].set_xlabel("step")
-    axes[0].set_ylabel("sinks per image (blocks 1..L-1)")
+    axes[0].set(xlabel="step", ylabel="sinks per image (blocks 1..L-1)")
     if most:
         axes[0].legend(fontsize=7)
     else:
@@ -299,17 +277,14 @@ def over_training(steps: list[int], summaries: list[dict[str, Any]], path: Path)
                        extent=(-0.5, len(steps) - 0.5, -0.5, grid.shape[0] - 0.5))
         annotate_cells(ax, grid)
         index_ticks(ax, [str(s) for s in steps])
-        ax.set_yticks(range(grid.shape[0]))
-        ax.set_xlabel("checkpoint step")
-        ax.set_ylabel("block")
+        ax.set(yticks=range(grid.shape[0]), xlabel="checkpoint step", ylabel="block")
         fig.colorbar(im, ax=ax, label=label)
     return save_figure(fig, path)
 
 
 def all_plots(d: dict[str, np.ndarray], summary: dict[str, Any], images: np.ndarray, out: Path,
               ratio: str = "ratio_out") -> list[Path]:
-    """Every per-checkpoint plot into `out`, events and classes counted with the summary's rule (`ratio` for a
-    summary that does not record it)."""
+    """Every per-checkpoint plot into `out`, counted with the summary's rule (else the defaults with `ratio`)."""
     rules = rules_of(summary, ratio)
     return [
         attention_maps(d, images, out / "attention_maps.png", rules),

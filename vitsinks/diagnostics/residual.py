@@ -1,6 +1,5 @@
-"""The residual side of sinks (docs/residual.md): token norms, high-norm tokens and massive activations of the
-residual stream at each block's output. Pure functions: `block_stats` on one block's hidden state (torch, inside
-the diagnosis loop), the rest on the per-image arrays it leaves (numpy, in the summary)."""
+"""The residual side of sinks (docs/residual.md): token norms, high-norm tokens and massive activations at each
+block's output; `block_stats` inside the diagnosis loop (torch), the rest on the per-image arrays it leaves (numpy)."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ QUANTILES = {"q50": 0.5, "q90": 0.9, "q99": 0.99, "max": 1.0}
 
 @torch.no_grad()
 def block_stats(x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per image of one block's output hidden state `x` (B, N, dim): `norm` (B, N) the L2 norm of every token;
-    `top` (B, TOP) the largest |h| over tokens x channels, `abs_median` (B,) the median |h| (the lower middle value
-    for an even count), `top_channel` / `top_token` (B,) where the largest one sits."""
+    """Per image of one block's output `x` (B, N, dim): `norm` (B, N) every token's L2 norm, `top` (B, TOP) the
+    largest |h|, `abs_median` (B,) the lower median |h|, `top_channel` / `top_token` (B,) where the largest sits."""
     h = x.float()
     flat = h.abs().flatten(1)  # (B, N * dim), token-major
     top, arg = flat.topk(min(TOP, flat.shape[1]), dim=1)
@@ -46,8 +44,7 @@ Norms = TypeVar("Norms", np.ndarray, torch.Tensor)
 
 
 def finite_norms(norms: Norms) -> Norms:
-    """`norms` (numpy or torch) unchanged; `NonFinite` if any is NaN or inf (a number computed from them would be
-    meaningless)."""
+    """`norms` (numpy or torch) unchanged; `NonFinite` if any is NaN or inf."""
     ok = bool(torch.isfinite(norms).all()) if isinstance(norms, torch.Tensor) else bool(np.isfinite(norms).all())
     if not ok:
         raise NonFinite("the residual token norms hold NaN or inf: the model's activations are broken; use a "
@@ -73,8 +70,7 @@ def log_edges(norms: np.ndarray, bins: int = HIST_BINS) -> np.ndarray:
 
 
 def norm_histogram(norms: np.ndarray, bins: int = HIST_BINS) -> tuple[np.ndarray, np.ndarray]:
-    """Log-spaced `log_edges` and, per block, the token counts over images x tokens (L, bins); a norm of 0 counts
-    in the first bin, so each block's counts sum to images x N."""
+    """`log_edges` and per block the token counts (L, bins); a norm of 0 counts in the first bin."""
     edges = log_edges(norms, bins)
     clipped = np.clip(norms, edges[0], edges[-1])
     counts = np.stack([np.histogram(clipped[:, b].ravel(), bins=edges)[0] for b in range(norms.shape[1])])
@@ -82,9 +78,7 @@ def norm_histogram(norms: np.ndarray, bins: int = HIST_BINS) -> tuple[np.ndarray
 
 
 def sink_tokens(sink_idx: np.ndarray, events: np.ndarray, n_tokens: int) -> np.ndarray:
-    """(images, L, N) bool: token t is a sink of block b on image i when it is the dominant key `sink_idx` of a
-    head of block b with a sink event on image i (`events`, (images, L, H)); a sink on an extra key slot (index >=
-    `n_tokens`: no token of the residual stream) marks none."""
+    """(images, L, N) bool: the tokens that are a sink event's dominant key (an extra key slot marks none)."""
     out = np.zeros((*sink_idx.shape[:2], n_tokens), dtype=bool)
     i, b, h = np.nonzero(events)
     s = sink_idx[i, b, h]
@@ -94,26 +88,22 @@ def sink_tokens(sink_idx: np.ndarray, events: np.ndarray, n_tokens: int) -> np.n
 
 
 def high_norm(norms: np.ndarray, k: float, name: str = "diagnostics.high_norm_k") -> np.ndarray:
-    """(..., N) bool, e.g. (images, L, N): the tokens whose norm exceeds `k` x the median of the N token norms of
-    their image and block (the mean of the two middle ones for an even N); `name` is the setting `k` came from."""
+    """(..., N) bool: the tokens whose norm exceeds `k` x the median of their image and block (`name`: k's setting)."""
     (k,) = check_ks([k], name)
     return finite_norms(norms) > k * np.median(norms, axis=-1, keepdims=True)
 
 
 def entering_norms(norms: np.ndarray, norm_in: np.ndarray | None) -> np.ndarray:
-    """(images, L, N): the norm of every token entering block b, i.e. block b - 1's output (`norms`), and for block
-    0 the embedded tokens' (`norm_in`, (images, N); NaN there when the diagnosis did not keep them)."""
+    """(images, L, N): the norms entering each block (block b - 1's output; block 0: `norm_in`, NaN without it)."""
     first = np.full_like(norms[:, :1], np.nan) if norm_in is None else norm_in[:, None].astype(norms.dtype)
     return np.concatenate([first, norms[:, :-1]], axis=1)
 
 
 def high_norm_stats(norms: np.ndarray, k: float, token_loc: np.ndarray, is_sink: np.ndarray,
                     entering: np.ndarray, n_locations: int = 3) -> dict[str, np.ndarray]:
-    """Per block at threshold `k`: `per_image` (L,) high-norm tokens of the block's output (`norms`) per image;
-    `by_location` (n_locations, L) the same split by the location code of each token (`token_loc`, (N,));
-    `sink_share` (L,) the share of the tokens that *enter* the block high-norm (`entering`, see `entering_norms`)
-    that are sinks of the block (`is_sink`, see `sink_tokens`): its attention sees them, not its own output. NaN at
-    a block no high-norm token enters (or whose entering norms are NaN)."""
+    """Per block at threshold `k` (docs/residual.md): `per_image` (L,) high-norm tokens of the block's output per
+    image, `by_location` (n_locations, L) the same by `token_loc` (N,), and `sink_share` (L,) the share of the
+    high-norm tokens *entering* the block (`entering_norms`) that are its sinks (`is_sink`); NaN where none enters."""
     hi = high_norm(norms, k)
     n_img = norms.shape[0]
     per_loc = np.stack([hi[..., token_loc == c].sum(axis=(0, 2)) / n_img for c in range(n_locations)])
@@ -126,10 +116,9 @@ def high_norm_stats(norms: np.ndarray, k: float, token_loc: np.ndarray, is_sink:
 
 def top_activation_stats(top: np.ndarray, abs_median: np.ndarray, channel: np.ndarray,
                          token_loc: np.ndarray) -> dict[str, np.ndarray]:
-    """Per block from the per-image `block_stats` arrays (`top` (images, L, TOP), `abs_median`, `channel` and
-    `token_loc`, the location code of the top token, (images, L)): `top` (L, TOP) and `median` (L,) their means over
-    images, `ratio` (L,) mean top-1 / mean median (inf where the median is 0), and the `channel` and `location` the
-    top-1 activation takes on most images (ties: the smallest)."""
+    """Per block from the per-image `block_stats` arrays ((images, L, TOP) / (images, L); `token_loc` the top token's
+    location code): the means `top` (L, TOP) and `median` (L,), `ratio` mean top-1 / mean median (inf where the
+    median is 0), and the `channel` and `location` of the top-1 on most images (ties: the smallest)."""
     mt, mm = top.mean(axis=0), abs_median.mean(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(mm > 0, mt[:, 0] / np.where(mm > 0, mm, 1), np.inf)
@@ -144,8 +133,7 @@ def k_key(k: float) -> str:
 
 
 def check_ks(ks: Sequence[float], name: str = "diagnostics.high_norm_k") -> list[float]:
-    """The thresholds as floats, each finite and > 1 (a multiple of the median norm at most 1 would mark about half
-    the tokens), without repeats; `name` is the setting they came from (for the error)."""
+    """The thresholds `ks` as distinct floats, each finite and > 1; `name`: the setting they came from."""
     out = []
     for k in ks:
         k = float(k)

@@ -1,9 +1,5 @@
 """The sink rules: when a head's attention is a sink event, and whether the event is NOP-like or broadcast-like.
-
-`SinkRules` is the one representation of the rule settings (the `diagnostics` config group: rule, eps, ratio,
-use_stable_rank, block0_policy); the diagnostics summary, the intervention engine and the leaderboard read events and
-classes through it. The thresholds are named once here.
-"""
+`SinkRules` is the one representation of the `diagnostics` rule settings; the thresholds are named once here."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ CLASSES = ("nop", "broadcast", "unclassified")  # the values 0, 1, 2 of `classif
 ROUTED_MIN = 0.9  # relaxed rule: a sink event routes at least this share of the attention to one key
 DEF1_EPS_MAX = 0.5  # Definition 1: above this eps a head can have several sinks
 NOP_MAX, BROADCAST_MIN, BROADCAST_MAX_RANK = 0.2, 0.5, 1.5
-# Where block 0 is counted (`vitsinks.diagnostics.summary.block0_apart`): apart from blocks 1..L-1 except in a
-# one-block model (vitsinks' default), or always (the reference's: a one-block model has no main scope).
+# Where block 0 is counted (`diagnostics.summary.block0_apart`): apart except in a one-block model, or always
 BLOCK0_POLICIES = ("one_block_counts", "always_apart")
 DEFAULT_BLOCK0_POLICY = BLOCK0_POLICIES[0]
 
@@ -46,10 +41,8 @@ def events(d: dict[str, np.ndarray], rule: str = "relaxed", eps: float = 0.5) ->
 
 
 def classify(d: dict[str, np.ndarray], ratio: str = "ratio_out", use_rank: bool = True) -> np.ndarray:
-    """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified.
-
-    `ratio="ratio_head", use_rank=False` is the ratio-only rule of the reference numbers (docs/fidelity.md).
-    """
+    """0 NOP-like (ratio <= 0.2), 1 broadcast-like (ratio >= 0.5 and stable rank <= 1.5), 2 unclassified;
+    `ratio="ratio_head", use_rank=False` is the reference numbers' ratio-only rule (docs/fidelity.md)."""
     r = d[ratio]
     broadcast = r >= BROADCAST_MIN
     if use_rank:
@@ -72,15 +65,13 @@ class SinkRules:
 
     @classmethod
     def from_config(cls, cfg: DiagnosticsConfig) -> SinkRules:
-        """The rules of a `DiagnosticsConfig` (or its DictConfig; one saved before `block0_policy` existed has the
-        default)."""
+        """The rules of a `DiagnosticsConfig` (or its DictConfig; without `block0_policy`: the default)."""
         return cls(str(cfg.rule), float(cfg.eps), str(cfg.ratio), bool(cfg.use_stable_rank),
                    str(getattr(cfg, "block0_policy", DEFAULT_BLOCK0_POLICY)))
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SinkRules:
-        """The rules stored in a summary (`record`'s keys, as in summary.json's `rule`; a record without
-        `block0_policy`, the default's or one written before the policy existed, has the default)."""
+        """The rules stored in a summary's `rule` record (without `block0_policy`: the default)."""
         return cls(str(record["events"]), float(record["eps"]), str(record["ratio"]), bool(record["use_stable_rank"]),
                    str(record.get("block0_policy", DEFAULT_BLOCK0_POLICY)))
 
@@ -98,8 +89,7 @@ class SinkRules:
         return np.where(self.events(d), names[self.classify(d)], "none")
 
     def record(self) -> dict[str, Any]:
-        """The settings as stored in summary.json's and the interventions report's `rule` (`block0_policy` only
-        when it is not the default, so that the default's records are those written before the policy existed)."""
+        """The settings as summary.json's `rule` stores them (`block0_policy` only when not the default)."""
         out: dict[str, Any] = {"events": self.rule, "eps": self.eps, "ratio": self.ratio,
                                "use_stable_rank": self.use_stable_rank}
         if self.block0_policy != DEFAULT_BLOCK0_POLICY:

@@ -51,8 +51,7 @@ TRAIN_SERIES = ("loss", "probe_acc")  # logged every train.log_every steps; and 
 
 
 def training_data(run: RunDir) -> dict[str, Any]:
-    """The training curves of `training_figure` from the run's metrics.jsonl: {series: {metric: [[step, value],
-    ...]}}, and `missing` (why there is none) when the run has no metrics."""
+    """The training curves (`{series: {metric: [[step, value], ...]}}`) and why there are none (`missing`)."""
     metrics = read_metrics(run.path)
     series: dict[str, list[list[float]]] = {}
     for m in metrics:
@@ -64,8 +63,7 @@ def training_data(run: RunDir) -> dict[str, Any]:
     return {"series": series, "missing": missing}
 
 
-# The validation metrics the page states in words (their last value), as the training logs them: the online probe
-# and the SSL monitors (vitsinks.objectives.monitors), in %, except RankMe (an effective rank)
+# The validation metrics the page states in words (their last value; `vitsinks.objectives.monitors`): label, scale
 LAST_VALIDATION = {"val/probe_acc": ("online probe top-1", 100, "%"), "val/top1": ("top-1", 100, "%"),
                    "val/knn_top1": ("k-NN top-1", 100, "%"), "val/rankme": ("RankMe", 1, "")}
 
@@ -83,8 +81,7 @@ def last_validation(training: dict[str, Any]) -> str:
 
 
 def largest(ratios: list[float | None] | None) -> float | None:
-    """The largest ratio of a per-block list; a block whose median is 0 (a None ratio) makes it unbounded: None,
-    shown as missing (JSON has no infinity)."""
+    """The largest ratio of a per-block list; None where one is None (a zero median: unbounded)."""
     if not ratios or any(r is None for r in ratios):
         return None
     return max(r for r in ratios if r is not None)
@@ -136,9 +133,7 @@ def training_curves(run: RunDir, data: dict[str, Any] | None = None) -> Path:
 
 
 def run_report(run: RunDir) -> Path:
-    """Write `diagnostics/report.html` and `diagnostics/report.json` of a run: the training curves (also as
-    `training_curves.png`), sinks per image by class, the strongest head's mass per block and the residual measures
-    vs step, with links to the checkpoints' pages that exist."""
+    """Write a run's `diagnostics/report.html`, `report.json` and `training_curves.png` (docs/report.md)."""
     data = run_data(run)
     files.write_json(run.diagnostics_root / REPORT_JSON, data)
     files.write_text(run.diagnostics_root / REPORT, run_html(data))

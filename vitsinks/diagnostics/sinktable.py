@@ -1,14 +1,7 @@
-"""The sink table in the Kempner reference's layout, so that its sinks-per-image numbers can be set beside ours.
-
-It differs from the default summary in one respect: classes come from `ratio_head` ALONE (broadcast-like
-`ratio_head >= 0.5`, NOP-like `<= 0.2`, no stable-rank test), as in the reference's tables. Events are counted
-under the relaxed rule (routed_frac >= 0.9) and under Definition 1 (min_a >= 1 - eps) at eps 0.5 / 0.3 / 0.2 / 0.1;
-eps above 0.5 is refused: only then is the dominant column, the one key the fields describe, the only key that can
-be a sink. Counts are summed over heads and the blocks of `scored_blocks` (1..L-1; every block with `block0`; a
-one-block model's only block under `block0_policy=one_block_counts`, none under `always_apart`, the reference's
-count), averaged over images; the header and every CSV row say which blocks were counted. Columns: `total`, `bc`,
-`nop`, each also restricted to sinks on a patch, on [CLS] and on a register (always present, zero for a model
-without registers).
+"""The sink table in the Kempner reference's layout, so that its sinks-per-image numbers can be set beside ours
+(docs/fidelity.md): classes from `ratio_head` alone (no stable-rank test), events under the relaxed rule and under
+Definition 1 at eps 0.5 / 0.3 / 0.2 / 0.1, counted over the blocks of `scored_blocks` and averaged over images;
+columns `total`, `bc`, `nop`, each also on a patch, on [CLS] and on a register.
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ COLUMNS = [f"{c}{p}" for c in CLASS_COLUMNS for p in PLACE_COLUMNS]
 
 
 def check_eps(eps: Sequence[float]) -> None:
-    """Refuse eps outside (0, 0.5]: above 0.5 a head can have several eps-sinks and only its dominant column is
-    stored."""
+    """Refuse eps outside (0, 0.5]: above 0.5 a head can have several eps-sinks, only one is stored."""
     bad = [e for e in eps if not 0 < e <= 0.5]
     if bad:
         raise BadValue(f"sink table: Definition 1 needs 0 < eps <= 0.5 (above 0.5 a head can have several sinks, "
@@ -53,8 +45,7 @@ def check_eps(eps: Sequence[float]) -> None:
 
 def sink_table(d: dict[str, np.ndarray], eps: Sequence[float] = DEF1_EPS, block0: bool = False,
                protocol: str | None = None, block0_policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
-    """Rows of sinks per image (relaxed rule, then Definition 1 at each eps) from `diagnose`'s per-image arrays;
-    `protocol` names the image selection in the header, `block0_policy` decides a one-block model's count."""
+    """Rows of sinks per image (relaxed rule, then Definition 1 at each eps) from `diagnose`'s per-image arrays."""
     check_eps(eps)
     n_blocks = d["sink_idx"].shape[1]
     blocks = scored_blocks(n_blocks, block0, block0_policy)

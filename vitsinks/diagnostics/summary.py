@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from vitsinks.configs.schema import DiagnosticsConfig
+from vitsinks.diagnostics.head_shape import shape_summary
+from vitsinks.diagnostics.persistence import MASSIVE_K, emergence_summary, lifetime_summary, massive_emergence
 from vitsinks.diagnostics.residual import (
     check_ks,
     entering_norms,
@@ -56,8 +58,7 @@ def token_location(index: np.ndarray, num_registers: int, num_cls: int = 1) -> n
 
 
 def location(d: dict[str, np.ndarray]) -> np.ndarray:
-    """Where each dominant key sits: codes into the layout's `locations` (0 [CLS], 1 register, 2 patch, 3.. the
-    extra key slots)."""
+    """Where each dominant key sits: codes into the layout's `locations` ([CLS], register, patch, extra slots)."""
     return layout_of(d).location_code(d["sink_idx"])
 
 
@@ -67,8 +68,7 @@ def _fmt(x: float) -> float:
 
 def sinks_per_image(ev: np.ndarray, cls: np.ndarray, loc: np.ndarray,
                     locations: Sequence[str] = LOCATIONS) -> dict[str, dict[str, float]]:
-    """Events summed over heads and the given blocks, averaged over images; split by class x location (`loc`: codes
-    into `locations`)."""
+    """Events summed over heads and blocks, averaged over images, by class x location (`loc`: `locations` codes)."""
     out: dict[str, dict[str, float]] = {}
     for ci, cname in enumerate((*CLASSES, "all")):
         row = {}
@@ -88,10 +88,8 @@ MASS_SHARE_MIN = 0.3
 
 
 def block0_apart(n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> bool:
-    """The block-0 rule, the one place it is decided: block 0 is counted and reported apart from blocks 1..L-1 (as
-    in the reference) in every model with more than one block. A one-block model's only block is its main scope
-    under `one_block_counts` (the default); under `always_apart` (the reference's `sink_table.py` count and
-    `select_heads.py`, chosen by the reference presets) it stays apart too, and the main scope is empty."""
+    """The block-0 rule, the one place it is decided: block 0 is counted apart from blocks 1..L-1 in a model with more
+    than one block, and in a one-block model too under `always_apart` (the reference's; its main scope is empty)."""
     return n_blocks > 1 or check_block0_policy(policy) == "always_apart"
 
 
@@ -131,9 +129,8 @@ def describe_rule(r: dict[str, Any] | None) -> str:
 
 
 def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[str, list]:
-    """Per block, the head with the largest mean sink mass (max over heads of the mean over images of `mass`):
-    its index, that mass, where its dominant key sits most often ([CLS] / register / patch), the median value
-    ratio of that key, and its mean attention on the prefix tokens ([CLS] + registers)."""
+    """Per block, the head with the largest mean `mass` over images: its index, that mass, where its dominant key
+    sits most often, the median value `ratio` of that key, and its mean `prefix_mass` (docs/sinks.md)."""
     mean_mass = d["mass"].mean(axis=0)  # (L, H)
     heads = mean_mass.argmax(axis=1)
     blocks = np.arange(len(heads))
@@ -152,7 +149,7 @@ def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[
 
 def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None) -> dict[str, Any]:
     """Measures that move before any sink event: the strongest head per block, the share of (image, head) pairs
-    with mass >= 0.3 and Definition-1 counts at several eps (sinks per image, by `rules`' class)."""
+    with mass >= 0.3 and Definition-1 sinks per image at several eps (by `rules`' class)."""
     rules = rules or SinkRules()
     cls = rules.classify(d)
     blocks = scored_blocks(d["mass"].shape[1], policy=rules.block0_policy)
@@ -163,13 +160,9 @@ def continuous_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None
         def1[str(eps)] = {"all": _fmt(ev.sum(axis=(1, 2)).mean()),
                           **{name: _fmt((ev & (cls[:, blocks] == i)).sum(axis=(1, 2)).mean())
                              for i, name in enumerate(CLASSES[:2])}}
-    out: dict[str, Any] = {
-        "strongest_head_by_block": strongest_heads(d, rules.ratio),
-        "mass_share_by_block": [_fmt(x) for x in strong.mean(axis=(0, 2))],
-        "mass_share": _fmt(strong.mean()),
-        "def1_sinks_per_image": def1,
-    }
-    return out
+    return {"strongest_head_by_block": strongest_heads(d, rules.ratio),
+            "mass_share_by_block": [_fmt(x) for x in strong.mean(axis=(0, 2))], "mass_share": _fmt(strong.mean()),
+            "def1_sinks_per_image": def1}
 
 
 def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -182,12 +175,27 @@ def update_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def mitigation_measures(d: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Each registered mitigation's part of the summary (`BlockMitigation.summarise`) where the diagnosis holds its
-    fields."""
+    """Each registered mitigation's part of the summary (`summarise`) where the diagnosis holds its fields."""
     layout, out = layout_of(d), {}
     for m in MITIGATIONS.values():
         if any(k in d for k in m.diagnostic_fields):
             out.update(m.summarise(d, layout))
+    return out
+
+
+def depth_measures(d: dict[str, np.ndarray], ev: np.ndarray) -> dict[str, Any]:
+    """summary.json's `head_shape`, `sink_lifetime` (of the events `ev`) and `massive_emergence` (docs/sinks.md),
+    each where the diagnosis holds its arrays."""
+    layout = layout_of(d)
+    keys = np.arange(layout.n_keys)
+    out: dict[str, Any] = {}
+    if "concentration" in d:
+        out["head_shape"] = shape_summary(d)
+    out["sink_lifetime"] = lifetime_summary(d["sink_idx"], ev, layout.n_keys, layout.locations,
+                                            layout.location_code(keys))
+    if "massive_new" in d or "res_norm" in d:
+        m = d if "massive_new" in d else massive_emergence(d["res_norm"])
+        out["massive_emergence"] = emergence_summary(m["massive_new"], m["massive_cv"])
     return out
 
 
@@ -198,9 +206,7 @@ def _opt(x: float) -> float | None:
 def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
                       high_norm_k: Sequence[float] = tuple(DiagnosticsConfig().high_norm_k)) -> dict[str, Any]:
     """summary.json's `residual` (docs/residual.md) from a diagnosis' `res_*` arrays: per block the token-norm
-    quantiles and histogram, the high-norm tokens at each threshold of `high_norm_k` (x the median norm of their
-    image and block: per image and by location at the block's output; the share of those entering a block that are
-    its sinks under `rules`) and the largest activation magnitudes against the median."""
+    quantiles and histogram, the high-norm tokens at each threshold of `high_norm_k` and the largest activations."""
     rules = rules or SinkRules()
     norms = d["res_norm"].astype(np.float64)  # float32 rounds to noisy decimals in JSON
     layout = layout_of(d)
@@ -235,9 +241,8 @@ def residual_measures(d: dict[str, np.ndarray], rules: SinkRules | None = None,
 
 def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual: bool = DiagnosticsConfig().residual,
               high_norm_k: Sequence[float] = tuple(DiagnosticsConfig().high_norm_k)) -> dict[str, Any]:
-    """The JSON summary of one diagnosed checkpoint, events and classes read by `rules` (default: the defaults of
-    the `diagnostics` config group); see the README's diagnostics section. With `residual` (and the diagnosis'
-    `res_*` arrays) it holds `residual` (`residual_measures`, thresholds `high_norm_k`)."""
+    """The JSON summary of one diagnosed checkpoint (docs/sinks.md), events and classes read by `rules` (default: the
+    `diagnostics` defaults); with `residual` (and the `res_*` arrays) also `residual` (`residual_measures`)."""
     rules = rules or SinkRules()
     ev, cls, loc = rules.events(d), rules.classify(d), location(d)
     layout = layout_of(d)
@@ -274,6 +279,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
         },
         **({"residual": residual_measures(d, rules, high_norm_k)} if residual and "res_norm" in d else {}),
         **continuous_measures(d, rules),
+        **depth_measures(d, ev),
         **mitigation_measures(d),
         **update_measures(d),
         "recompute_error_max": float(np.max(d["recompute_error"])),  # unrounded: JSON writes 3.1e-07
@@ -285,7 +291,7 @@ def summarize(d: dict[str, np.ndarray], rules: SinkRules | None = None, residual
 _SPI = (("sinks", "sinks / image", "all", "all"), ("nop", "NOP-like", "nop", "all"),
         ("broadcast", "broadcast-like", "broadcast", "all"), ("on_cls", "on [CLS]", "all", "cls"),
         ("on_register", "on register", "all", "register"), ("on_patch", "on patch", "all", "patch"))
-HIGH_NORM_COLUMN_K = 10.0  # the threshold of the high-norm leaderboard columns
+HIGH_NORM_COLUMN_K = MASSIVE_K  # the threshold of the high-norm leaderboard columns (and of a massive token)
 # residual.sink_share_of: which tokens a block's sink share counts. Summaries without it (older ones) counted the
 # block's own output, which its attention never sees; the leaderboard shows no share for them.
 SINK_SHARE_OF = "entering"
@@ -295,14 +301,19 @@ _RESIDUAL = (("high_norm", f"high-norm tok. / image ({HIGH_NORM_COLUMN_K:g}x)", 
              ("reg_share", "reg. neurons' share of outlier norm", "f"))
 _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on [CLS]+reg"),
               ("strong_ratio", "its value ratio"), ("mass_share", "share mass >= 0.3"))
+# (key, label, section, format) of the columns of `head_shape`, `sink_lifetime` and `massive_emergence`
+_DEPTH = (("concentration", "max / median key attention", "mechanism", "g"),
+          ("diag_mass", "attention on itself", "mechanism", "f"), ("head_util", "head utilisation", "mechanism", "f"),
+          ("sink_keys", "sink keys / image", "sinks", "f"), ("sink_span", "sink lifetime (blocks)", "sinks", "f"),
+          ("massive_first", "first massive block", "residual", "f"),
+          ("massive_cv", "massive norm CV afterwards", "residual", "g"))
 
 
 @RESULTS.register
 @dataclass
 class DiagnosticsSummary(Result):
-    """`diagnostics/<checkpoint>/summary.json` (written by `run_diagnostics`). Fields a summary of an older version
-    lacks are None (left out of its JSON); the mitigations' parts (`BlockMitigation.summarise`) and keys this version
-    does not know are kept in `extra`."""
+    """`diagnostics/<checkpoint>/summary.json` (written by `run_diagnostics`). Fields an older summary lacks are None
+    (left out of its JSON); the mitigations' parts and unknown keys are kept in `extra`."""
 
     kind = "diagnostics"
     rank = 50
@@ -327,17 +338,20 @@ class DiagnosticsSummary(Result):
     recompute_error_by_block: list[float] | None = None
     protocol: str | None = None
     residual: dict[str, Any] | None = None
+    head_shape: dict[str, list] | None = None
+    sink_lifetime: dict[str, Any] | None = None
+    massive_emergence: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _ORDER = ("rule", "shape", "sinks_per_image", "sinks_per_image_block0", "block_frequency", "max_mass_by_block",
               "head_frequency", "location_by_block", "class_by_block", "spectrum", "massive_activations",
               "residual", "strongest_head_by_block", "mass_share_by_block", "mass_share", "def1_sinks_per_image",
-              "common_mode_by_block", "recompute_error_max",
+              "head_shape", "sink_lifetime", "massive_emergence", "common_mode_by_block", "recompute_error_max",
               "recompute_error_by_block", "protocol")  # the order `summarize` writes them in
 
     def to_json(self) -> dict[str, Any]:
-        """The summary in the order `summarize` writes it: the mitigations' parts (in `extra`) before the common-mode
-        terms and the recomputation error, as `mitigation_measures` sits there."""
+        """The summary in the order `summarize` writes it (the mitigations' parts, `extra`, before the common-mode
+        terms)."""
         typed = [k for k in self._ORDER if getattr(self, k) is not None]
         cut = next((i for i, k in enumerate(typed) if k.startswith(("common_mode", "recompute_error"))), len(typed))
         return {**{k: getattr(self, k) for k in typed[:cut]}, **self.extra,
@@ -369,7 +383,8 @@ class DiagnosticsSummary(Result):
                 *(Column(k, label, "mechanism") for k, label in _STRONGEST),
                 Column("massive", "max / median token norm", "mechanism", section="residual"),
                 Column("common_mode", "attn. common-mode share", "mechanism"),
-                *(Column(k, label, "mechanism", fmt, section="residual") for k, label, fmt in _RESIDUAL)]
+                *(Column(k, label, "mechanism", fmt, section="residual") for k, label, fmt in _RESIDUAL),
+                *(Column(k, label, "mechanism", fmt, section=sec) for k, label, sec, fmt in _DEPTH)]
 
     @classmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
@@ -394,16 +409,33 @@ class DiagnosticsSummary(Result):
                        prefix_mass=strong.get("prefix_mass", [math.nan] * (b + 1))[b],
                        sink_at=f"{strong['location'][b]} (block {b})", profile=list(strong["mass"]),
                        **{f"def1_{e}": v["all"] for e, v in (s.def1_sinks_per_image or {}).items()})
-        row.update(residual_columns(s.residual))
+        row.update(residual_columns(s.residual), **shape_columns(s))
         return row
 
 
+def shape_columns(s: DiagnosticsSummary) -> dict[str, float]:
+    """The `_DEPTH` leaderboard columns (docs/evaluation.md) of a summary (NaN where it lacks the part): the largest
+    per-block concentration (a null one is inf: a median column sum of 0) and diagonal mass, the mean head
+    utilisation over blocks, the sink keys per image and their mean lifetime, the median first massive block and the
+    massive tokens' mean coefficient of variation."""
+    out = {k: math.nan for k, _, _, _ in _DEPTH}
+    if s.head_shape:
+        for key, agg, null in (("concentration", max, math.inf), ("diag_mass", max, None),
+                               ("head_util", np.mean, None)):
+            given = [float(v) if v is not None else null for v in s.head_shape[f"{key}_by_block"]]
+            vals = [v for v in given if v is not None]
+            out[key] = float(agg(vals)) if vals else math.nan
+    if s.sink_lifetime:
+        span = s.sink_lifetime["mean_span"]
+        out.update(sink_keys=s.sink_lifetime["keys_per_image"], sink_span=math.nan if span is None else span)
+    if s.massive_emergence:
+        out.update({k: math.nan if v is None else float(v) for k, v in (
+            ("massive_first", s.massive_emergence["first_block"]), ("massive_cv", s.massive_emergence["cv"]))})
+    return out
+
+
 def residual_columns(r: dict[str, Any] | None) -> dict[str, float]:
-    """The residual leaderboard columns of summary.json's `residual` (None: NaN): the high-norm tokens per image at
-    `HIGH_NORM_COLUMN_K` at the block output where they are most frequent; the sink share at the block the most
-    high-norm tokens enter (block b + 1 for the output b of most of blocks 0..L-2; a one-block model: block 0,
-    entered by the embedded tokens); the largest top-1 / median activation ratio over blocks; the largest share of
-    the outlier tokens' norm that a block's register neurons write (`norm_share`; NaN where no block has any)."""
+    """The residual leaderboard columns (docs/residual.md) of summary.json's `residual` (None: NaN)."""
     out = {k: math.nan for k, _, _ in _RESIDUAL}
     if not r:
         return out

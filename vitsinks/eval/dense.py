@@ -4,6 +4,7 @@
     python -m vitsinks.eval.dense ckpt=... data=voc data.root=/datasets/voc eval.dense_protocol=kempner
     python -m vitsinks.eval.dense model=dinov2_small data=ade20k data.root=...   # a pretrained model (its import)
     python -m vitsinks.eval.dense hub=hf:facebook/dinov2-small data=ade20k data.root=...   # read unmodified
+    python -m vitsinks.eval.dense ckpt=... data=ade20k data.root=... eval.dense_backend=mmseg   # by mmsegmentation
 
 The model is any source a command takes (`vitsinks.run.source`: `ckpt=`, `run=`, `model.pretrained=`, `hub=`).
 
@@ -15,6 +16,10 @@ size, one evaluation at the end at full label resolution with a sliding window. 
 attention-sink reference's probe at 512 x 512, val at 512 x 512 before the first epoch and after each, the best epoch
 reported (`dense_protocols.py` holds every setting). Writes `<run>/results/dense_<data>.json` (dinov2) or
 `dense_<data>_<protocol>.json`, with the example PNG and the heads beside it.
+
+`eval.dense_backend=mmseg` (`pip install vitsinks[mmseg]`) runs the `dinov2` protocol through mmsegmentation on
+ADE20K or VOC: mmseg's datasets, a config of `eval.dense_mmseg_config` (configs/mmseg/), mmengine's Runner and mmseg's
+IoUMetric, whose per-class table it prints; it writes `dense_<data>_mmseg.json` (docs/evaluation.md).
 """
 
 from __future__ import annotations

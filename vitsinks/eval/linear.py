@@ -11,7 +11,8 @@ average-pooled patch tokens, through the model seam; a hub model's pictures thro
 extracted once and cached in fp16; a grid of learning rates x {last 1, last 4 blocks} x {[CLS], [CLS] + avgpool}
 linear heads is trained together in one pass over them (SGD, momentum 0.9, cosine); the best head by val top-1 is
 reported with its top-5 in `<run>/results/linear.json` (a loose checkpoint file's or a hub model's `<run>`:
-`<runs_dir>/quant/<model>/`, where `quantize` reads it).
+`<runs_dir>/quant/<model>/`, where `quantize` reads it). With `eval.knn` (on by default) the same cached features
+also give the k-NN probe (DINO's weighted k-NN, `eval.knn_protocol`, no training) in `<run>/results/knn.json`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Causal interventions on sink heads (docs/fidelity.md): `intervene(backbone, images, ...)` (`causal`) edits one head
-at a time with its attention held fixed and measures what moves (`engine`, the edits in `edits`); `report` turns the
-rows into tables, the summary and the figure. `python -m vitsinks.intervene` is the command line."""
+"""Causal interventions on sink heads (docs/interventions.md): `intervene` (`causal`, `engine`, the edits in `edits`)
+and `report` (tables, summary, figure); `python -m vitsinks.intervene` is the command line."""
 
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions.causal import Result, intervene, stage_one

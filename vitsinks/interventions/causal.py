@@ -1,20 +1,7 @@
-"""Causal interventions on sink heads (docs/fidelity.md): edit one head, hold its attention fixed, measure what moves.
-
-`intervene(backbone, images, ...)` runs a model (its `Backbone`: vitsinks' own ViT, any adapted family, a synthetic
-task's sequence model) through stage 1 (the diagnostics fields, or a reused copy, to pick heads), the
-held-out mean sink values, and the edits over batches; `vitsinks.interventions.report` turns its rows into the
-tables, the summary and the figure. `python -m vitsinks.intervene` is the command line.
-
-Sharding: shard k of n edits `sorted(selected)[k::n]` (the whole-model edits run in shard 0), its random patches
-drawn from one generator seeded `intervene.seed + 1000 * k`, vitsinks' controls (the derangement of the shuffle
-edits, the noise of `noise_sink_value`) from a second one seeded `intervene.seed + 1000 * k + 500`. A head without a
-sink event among the held-out images has no mean sink value: it is left out of `mean_sink_value`
-(`Result.mean_skipped`, reported), and naming `mean_sink_value` in `intervene.edits` when no head of the shard has
-one is an error.
-
-`settings.reference_formulas` (`selection=kempner_causal`) adds the reference's redirect formula as its own edit
-(`redirect_sink_attention_ref`, softmax models) and takes the donor cosine's direction over all patches, as the
-reference does (`Result.donor_cosine_form`).
+"""Causal interventions on sink heads (docs/interventions.md): `intervene(backbone, images, ...)` runs a model (its
+`Backbone`) through stage 1 (the diagnostics fields, or a reused copy, to pick heads), the held-out mean sink values
+and the edits over batches; shard k of n edits `sorted(selected)[k::n]` (the whole-model edits in shard 0), with
+its generators seeded `intervene.seed + 1000 * k` (random patches) and `... + 500` (vitsinks' controls).
 """
 
 from __future__ import annotations
@@ -73,8 +60,7 @@ def stage_one(backbone: Backbone, images: torch.Tensor, batch_size: int) -> dict
 
 
 def batches(n: int, size: int) -> list[tuple[int, int]]:
-    """Consecutive [lo, hi) ranges of `size` images; a shorter last batch is kept (a trailing one of a single
-    image joins the one before: donors need two)."""
+    """Consecutive [lo, hi) ranges of `size` images; a trailing single image joins the batch before it."""
     if n < 2:
         raise BadValue(f"interventions need at least 2 images (got {n}): raise n_images")
     size = max(size, 2)
@@ -88,13 +74,10 @@ def intervene(backbone: Backbone, images: torch.Tensor, labels: torch.Tensor | N
               settings: Any, rules: SinkRules | None = None, stage1: dict[str, np.ndarray] | None = None,
               progress: bool = True, index: Sequence[int] | None = None,
               heldout_index: Sequence[int] | None = None) -> Result:
-    """Select heads (or check `settings.heads`), then run every edit on every selected head of this shard.
-
-    `settings` has the fields of `InterveneConfig`; `stage1` are diagnostics fields of `images` computed before
-    (e.g. the checkpoint's `per_image.npz`): their sink positions are checked against the live ones, and a
-    mismatch is an error (stale diagnostics). `index` / `heldout_index`: the images' indices in their split
-    (recorded per row; default: their positions, the held-out ones after the edited ones); the two sets must be
-    disjoint. The model is left in evaluation mode.
+    """Select heads (or check `settings.heads`, an `InterveneConfig`'s), then run every edit on every selected head
+    of this shard. `stage1`: diagnostics fields of `images` computed before, checked against the live sinks (stale:
+    an error). `index` / `heldout_index`: the images' split indices (default: their positions), disjoint. The model is
+    left in evaluation mode.
     """
     index = list(range(len(images))) if index is None else [int(i) for i in index]
     heldout_index = (list(range(len(images), len(images) + len(heldout))) if heldout_index is None
@@ -113,7 +96,6 @@ def intervene(backbone: Backbone, images: torch.Tensor, labels: torch.Tensor | N
     reference = bool(getattr(settings, "reference_formulas", False))
     edits = resolve_edits(list(settings.edits), backbone.mitigations, backbone.num_registers, backbone.attn_kinds,
                           reference)
-    reused = stage1 is not None
     d = stage1 if stage1 is not None else stage_one(backbone, images, settings.batch_size)
     if list(settings.heads):
         selected = parse_heads(settings.heads, n_blocks, backbone.heads(0))
@@ -145,8 +127,6 @@ def intervene(backbone: Backbone, images: torch.Tensor, labels: torch.Tensor | N
                            f"held-out images: raise intervene.heldout_images or drop the edit")
     model_edits = settings.shard == 0 and any(e in MODEL_EDITS for e in edits)
     if model_edits and "mean_registers" in edits:
-        if len(heldout) == 0:
-            raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
         mean_register_tokens(backbone, heldout, plan, settings.batch_size)
     seed = int(settings.seed) + 1000 * int(settings.shard)
     gen = torch.Generator().manual_seed(seed)
@@ -159,7 +139,7 @@ def intervene(backbone: Backbone, images: torch.Tensor, labels: torch.Tensor | N
                           rules, gen, checks, check_blocks=i == 0, model_edits=model_edits, controls=controls)
         bar.update(len(heads) + model_edits)
     bar.close()
-    if reused:
+    if stage1 is not None:
         _check_fresh(d, rows)
     return Result(rows, heads, selected, edits, checks, n_blocks, len(images),
                   {f"{b}:{h}": s for (b, h), s in plan.mean_source.items()},
@@ -168,8 +148,7 @@ def intervene(backbone: Backbone, images: torch.Tensor, labels: torch.Tensor | N
 
 
 def _check_fresh(d: dict[str, np.ndarray], rows: list[dict[str, Any]]) -> None:
-    """Reused diagnostics must describe these images under this model: the sink of every live event must sit
-    where the reused fields put it."""
+    """Refuse reused diagnostics that put the sink of a live event elsewhere (stale diagnostics)."""
     bad = [r for r in rows if r["block"] >= 0 and r["head"] >= 0 and r["event_class"] != "none"
            and int(d["sink_idx"][r["image"], r["block"], r["head"]]) != r["sink_idx"]]
     if bad:

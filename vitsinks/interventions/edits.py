@@ -1,32 +1,6 @@
-"""The edits of docs/fidelity.md (and vitsinks' gate / register edits), applied to one head with its attention held
-fixed, and the float64 check that a value edit changed exactly what it should.
-
-Value edits replace one value vector per image: `v_p <- new` at position p (`ValueEdit`). The head's update
-U = A u (u_j = ls * W_O^h v_j) must then change by exactly `A_:p (u'_p - u_p)`: `check_value_edit` verifies it in
-float64 on the tensors the model is actually run with.
-
-`redirect_sink_attention` is computed from the head's scores, not from A (`SinkAttention.redirected`): softmax
-heads get the softmax with the sink key masked out, `sink_logit` heads the same with the null key kept, relu and
-sigmoid heads their row with column s zeroed and rescaled to its old sum. `redirect_sink_attention_ref` is the
-reference's formula instead (`reference_redirect`), for comparison with its numbers (`intervene.reference_formulas`,
-on under `selection=kempner_causal`): float32 A with column s zeroed, each row divided by its new sum clamped at
-1e-12. Where the sink leaves less than 1e-12 of a row elsewhere, that row is switched (nearly) off, not redirected;
-softmax heads only (the formula renormalises every row to 1).
-
-The random controls take, per batch and per head, one draw from the run's generator for the image's own random
-patch (`zero_random_nonsink_value`) and then one for the donor's (`donor_nonsink_value`), whichever edits run:
-a uniform patch, moved to the next patch (cyclically) when it hits the excluded token (`random_patch`).
-
-vitsinks' controls draw from a second generator (`controls`, seeded `intervene.seed + 1000 * shard +
-CONTROLS_SEED_OFFSET`), so that the draws above are the same whether they run or not. Per batch, whichever edits
-run: first the batch's derangement pi (`derangement`: `torch.randperm(B)` redrawn until no image maps to itself,
-shared by `shuffle_sink_value` and `shuffle_registers`), then per head in sorted order one standard normal (B, hd)
-draw (`noise_sink_value`: rescaled per image to ||v_s||, `noise_value`).
-
-The register controls (`zero_registers`, `mean_registers`, `shuffle_registers`) edit the residual stream entering a
-block, not one head: the R register tokens (positions 1..R, after [CLS]; 0..R-1 in a model without one) set to 0,
-to their held-out mean at that block input, or to image pi(b)'s (`register_control`).
-"""
+"""The edits of docs/interventions.md (exact definitions, random draws and register controls: docs/fidelity.md),
+applied to one head with its attention held fixed, and the float64 check that a value edit changed exactly what it
+should (`check_value_edit`: the head update must change by `A_:p (u'_p - u_p)`)."""
 
 from __future__ import annotations
 
@@ -45,20 +19,17 @@ EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_v
          "donor_nonsink_value", "redirect_sink_attention", "redirect_sink_attention_ref", "zero_random_nonsink_value",
          *MITIGATION_EDITS, "drop_registers", "zero_registers", "mean_registers",
          "shuffle_registers")  # the order of every table
-REFERENCE_EDITS = ("redirect_sink_attention_ref",)  # the reference's own formulas: by default only with
-# intervene.reference_formulas (selection=kempner_causal)
+REFERENCE_EDITS = ("redirect_sink_attention_ref",)  # by default only with intervene.reference_formulas
 VALUE_EDITS = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value", "shuffle_sink_value",
                "donor_nonsink_value", "zero_random_nonsink_value")
 REGISTER_EDITS = ("zero_registers", "mean_registers", "shuffle_registers")  # at the input of every block in turn
-# not one head: the whole model run without its register tokens, or its registers edited at one block's input
 MODEL_EDITS = ("drop_registers", *REGISTER_EDITS)
 DONOR_EDITS = ("donor_sink_value", "donor_nonsink_value")  # the donor is the next image of the batch
 SHUFFLE_EDITS = ("shuffle_sink_value", "shuffle_registers")  # the donor is pi(b), the batch's seeded derangement
 CONTROLS_SEED_OFFSET = 500  # the controls generator: seed + 1000 * shard + 500, never a patch generator's seed
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
-# ... the rows whose attention off the sink is at least this share of the row: float32 holds their large entries
-REDIRECT_CHECK_SHARE = 1e-30
+REDIRECT_CHECK_SHARE = 1e-30  # ... those whose attention off the sink is at least this share of the row
 REF_REDIRECT_CLAMP = 1e-12  # the reference's clamp of the new row sum (vit_causal/interventions.py)
 
 
@@ -74,9 +45,7 @@ class ValueEdit(NamedTuple):
 
 
 class Draws(NamedTuple):
-    """One head's random draws in one batch: the patches (B,) in each image's own tokens and in its donor's; the
-    standard normal vectors (B, hd) of `noise_sink_value` and the batch's derangement (B,) of `shuffle_sink_value`
-    (None where not drawn)."""
+    """One head's random draws in one batch: own and donor patches (B,), normal vectors (B, hd), derangement (B,)."""
 
     own: torch.Tensor
     donor: torch.Tensor
@@ -84,20 +53,14 @@ class Draws(NamedTuple):
     shuffle: torch.Tensor | None = None
 
 
-def reference_redirect_applies(kind: str) -> bool:
-    """Whether the reference's redirect formula fits attention `kind`: rows that sum to 1 with no null key
-    (softmax); the formula renormalises every row to 1."""
-    return KINDS[kind].normalised and not KINDS[kind].null_key
-
-
 def resolve_edits(requested: list[str], mitigations: Collection[str], registers: int,
                   kinds: Collection[str] = ("softmax",), reference: bool = False) -> list[str]:
-    """The edits to run: `requested` checked against the model (the block `mitigations` it has, its registers and
-    attention `kinds`), or every edit that applies when it is empty (`REFERENCE_EDITS` only with `reference`)."""
+    """The `requested` edits checked against the model, or every edit that applies to it when none is asked."""
     unknown = [e for e in requested if e not in EDITS]
     if unknown:
         raise BadValue(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
-    other = sorted(k for k in set(kinds) if not reference_redirect_applies(k))
+    # the reference's redirect renormalises every row to 1: only for rows that sum to 1 without a null key (softmax)
+    other = sorted(k for k in set(kinds) if not (KINDS[k].normalised and not KINDS[k].null_key))
     for e in requested:
         if e in MITIGATION_EDITS and MITIGATION_EDITS[e].name not in mitigations:
             m = MITIGATION_EDITS[e]
@@ -116,8 +79,7 @@ def resolve_edits(requested: list[str], mitigations: Collection[str], registers:
 
 
 def random_patch(exclude: torch.Tensor, n_tokens: int, num_prefix: int, gen: torch.Generator) -> torch.Tensor:
-    """Per image, a patch position (>= num_prefix) other than `exclude[b]`: one uniform draw over the patches from
-    `gen` (on the CPU), moved to the next patch (cyclically) when it is `exclude[b]`."""
+    """Per image, a uniform patch (>= num_prefix) from `gen`, moved to the next one when it is `exclude[b]`."""
     n_patch = n_tokens - num_prefix
     if n_patch < 2:
         raise BadValue(f"a random non-sink patch needs at least 2 patch tokens (this model has {n_patch})")
@@ -127,8 +89,7 @@ def random_patch(exclude: torch.Tensor, n_tokens: int, num_prefix: int, gen: tor
 
 
 def derangement(n: int, gen: torch.Generator) -> torch.Tensor:
-    """A uniform random derangement of 0..n-1 (no i maps to i; n >= 2): `torch.randperm(n)` from `gen` (on the
-    CPU), redrawn until it has no fixed point (about e draws on average)."""
+    """A uniform derangement of 0..n-1 (n >= 2): `torch.randperm(n)` from `gen`, redrawn until no fixed point."""
     if n < 2:
         raise BadValue(f"a derangement needs at least 2 images (got {n})")
     while True:
@@ -138,16 +99,14 @@ def derangement(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def noise_value(v_sink: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Per image, the standard normal draw z[b] rescaled to ||v_sink[b]|| (computed in float64; a zero sink value
-    gives a zero vector), in v_sink's dtype."""
+    """Per image, the normal draw z[b] rescaled (in float64) to ||v_sink[b]||, in v_sink's dtype."""
     zd, vd = z.double(), v_sink.double()
     return (zd * (vd.norm(dim=-1, keepdim=True) / zd.norm(dim=-1, keepdim=True))).to(v_sink.dtype)
 
 
 def register_control(name: str, x: torch.Tensor, registers: int, mean: torch.Tensor | None = None,
                      perm: torch.Tensor | None = None, num_cls: int = 1) -> torch.Tensor:
-    """The residual stream x (B, N, D) entering a block with its register tokens (positions num_cls..num_cls+R-1)
-    edited (a copy): `zero_registers` 0, `mean_registers` `mean` (R, D), `shuffle_registers` image perm[b]'s."""
+    """`x` (B, N, D) with its register tokens zeroed, set to `mean` (R, D) or to image perm[b]'s (a copy)."""
     reg = slice(num_cls, num_cls + registers)
     out = x.clone()
     if name == "zero_registers":
@@ -167,9 +126,7 @@ def register_control(name: str, x: torch.Tensor, registers: int, mean: torch.Ten
 
 def value_edit(name: str, v: torch.Tensor, sink: torch.Tensor, donor: torch.Tensor,
                mean_value: torch.Tensor | None, draws: Draws | None) -> ValueEdit:
-    """The `ValueEdit` of `name` for one head's values v (B, N, hd) with sink positions `sink` (B,); image b's
-    donor is image `donor[b]` of the batch; `draws` are the random draws for the images (`random_patch`, the noise
-    and the derangement; only the random controls read them)."""
+    """The `ValueEdit` of `name` for one head's values v (B, N, hd) with sinks `sink` (B,) and donors `donor`."""
     batch = torch.arange(v.shape[0], device=v.device)
     if draws is None and name in ("donor_nonsink_value", "zero_random_nonsink_value"):
         raise ValueError(f"{name} needs the random patches drawn for the batch")
@@ -207,10 +164,8 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
 
 
 def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor) -> tuple[float, int]:
-    """The redirect from the scores against the same edit read off A (B, N, K: every key of the layout, a null key
-    last), on the rows where A itself holds enough attention off the sink (`REDIRECT_CHECK_SHARE` of the row) for
-    the rescaling of A to be exact: a guard that the scores are the ones A was computed from. Returns (largest
-    relative L1 error, rows checked)."""
+    """(largest relative L1 error, rows checked) of the redirect from the scores against A (B, N, K) rescaled, on the
+    rows where A holds `REDIRECT_CHECK_SHARE` off the sink: a guard that the scores are the ones A came from."""
     a = attn.double()
     off = a.clone()
     off[torch.arange(len(a), device=a.device), :, sink] = 0.0
@@ -225,9 +180,8 @@ def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Ten
 
 
 def reference_redirect(attn: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The reference's redirect of one head's attention A (B, N, N): in float32, column sink[b] of image b set to 0
-    and each row divided by its new sum clamped at `REF_REDIRECT_CLAMP`. Returns (the new A in A's dtype, the
-    number of rows whose new sum fell below the clamp: switched (nearly) off rather than redirected)."""
+    """The reference's redirect of one head's A (B, N, N): in float32, column sink[b] zeroed and each row divided by
+    its new sum clamped at `REF_REDIRECT_CLAMP`; returns (the new A, the rows whose sum fell below the clamp)."""
     a = attn.float().clone()
     a[torch.arange(len(a), device=a.device), :, sink] = 0.0
     total = a.sum(-1, keepdim=True)
@@ -236,10 +190,8 @@ def reference_redirect(attn: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Te
 
 def check_value_edit(attn: torch.Tensor, v: torch.Tensor, v_new: torch.Tensor, edit: ValueEdit,
                      w_head: torch.Tensor) -> float:
-    """Relative float64 error of the head update's change against its closed form `A_:p (u'_p - u_p)`.
-
-    attn (B, N, N), v / v_new (B, N, hd) one head's values before / after, `w_head` (dim, hd) = diag(ls) W_O^h.
-    """
+    """Relative float64 error of the head update's change against its closed form `A_:p (u'_p - u_p)`: attn (B, N,
+    N), v / v_new (B, N, hd) one head's values before / after, `w_head` (dim, hd) = diag(ls) W_O^h."""
     a, w = attn.double(), w_head.double()
     batch = torch.arange(a.shape[0], device=a.device)
     before = (a @ v.double()) @ w.T

@@ -1,33 +1,6 @@
-"""The intervention pass: select heads, then per batch cache the residual stream at every block input, edit one
-head at a time with its attention held fixed, run the rest of the network from that block's output, and measure.
-
-Per (image, head, edit) row: the image's position in the analysis order (`image`) and index in its split
-(`image_index`), the donor's split index (`donor_index`, donor and shuffle edits; -1 otherwise), the random patch drawn
-(`random_token`: in the image's own tokens for `zero_random_nonsink_value`, in the donor's for
-`donor_nonsink_value`; -1 otherwise), the head's event class on that image (none / other / nop / broadcast, from
-the same block internals), where its sink sits, and the metrics of docs/fidelity.md:
-
-- `final_patch_relrms`: sqrt(mean_i ||P'_i - P_i||^2) / sqrt(mean_i ||P_i||^2) over the final patch tokens, the
-  sink token excluded;
-- `coherence`: the share of the change's energy common to all patches, ||mean_i dP_i||^2 / mean_i ||dP_i||^2
-  (NaN only where the change's energy summed over those patches is <= 1e-20, or no patch is left: the reference's
-  rule, `COHERENCE_EMPTY`);
-- `donor_cosine` (donor and shuffle edits): cosine between the mean patch change (sink excluded) and (donor's mean
-  final patch - own), those means over the patches except each image's sink by default, over all patches with
-  `intervene.reference_formulas` (the reference's form; `donor_cosine_form` names the one used);
-- with a classifier: `probe_agree`, `probe_kl` (KL(before || after)), `probe_ce`, `probe_correct`, and the
-  unedited `probe_ce_base`, `probe_correct_base`.
-
-Batches are consecutive in the analysis order; the donor of image b is image b + 1 of its batch (the last one's is
-the first). One generator (`intervene.seed + 1000 * shard`) serves the whole shard: per batch, per head in sorted
-order, the own then the donor random patch (`edits.random_patch`), drawn whichever edits run. A second one
-(`controls`, `intervene.seed + 1000 * shard + 500`) serves vitsinks' controls: per batch the derangement pi
-(`edits.derangement`), then per head in sorted order the normal draws of `noise_sink_value`, whichever edits run.
-
-Whole-model edits (shard 0 only) give rows with head -1, event class and sink location "model" and sink_idx -1:
-`drop_registers` (block -1) and the register controls, one row per image and block b (every block of the model:
-the register tokens entering block b edited, blocks b.. run; the metrics compare the final patches with the
-unedited model's).
+"""The intervention pass (docs/interventions.md): per batch cache the residual stream at every block input, edit one
+head at a time with its attention held fixed, run the rest of the network from that block's output, and measure
+(the metrics, the rows' columns, the random draws and the whole-model edits: docs/interventions.md, docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -87,8 +60,7 @@ class Checks:
     redirect_rows_checked: int = 0
     redirect_ref_rows: int = 0  # rows edited by redirect_sink_attention_ref
     redirect_ref_rows_clamped: int = 0  # ... whose new sum fell below the reference's clamp (switched off)
-    # edit -> rows not written: a sink-value edit of a sink (or a donor's sink) on an extra key slot whose value it
-    # cannot change (a null key's 0, an attention bias's image-independent value)
+    # edit -> rows not written: a sink (or a donor's sink) on an extra key slot whose value the edit cannot change
     rows_not_applicable: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -103,10 +75,7 @@ class Checks:
 
 @dataclass
 class Plan:
-    """What to edit: heads (block, head), edits, and the held-out mean sink value of each head that has held-out
-    events (`mean_skipped`: the heads without, left out of `mean_sink_value`, and why); `register_means`: the
-    held-out mean register tokens (L, R, D) at every block input (`mean_registers`); `reference_formulas`: the
-    donor cosine in the reference's form (`intervene.reference_formulas`)."""
+    """What to edit and with what: the held-out mean sink values and register tokens, the donor cosine's form."""
 
     heads: list[Head]
     edits: list[str]
@@ -127,10 +96,7 @@ class NoSinkHeads(BadValue):
 
 def select_heads(d: dict[str, np.ndarray], rules: SinkRules, min_events: int, top_k: int,
                  top_k_block0: int) -> list[Head]:
-    """docs/fidelity.md: per class (NOP, broadcast) the heads with >= `min_events` events of that class, ranked by
-    that count: the top `top_k` in blocks >= 1 and the top `top_k_block0` in block 0 (a one-block model's only
-    block counts as blocks >= 1, except under `rules.block0_policy=always_apart`, the reference's `select_heads.py`,
-    where it is block 0). Raises `NoSinkHeads` (a ValueError) when no head qualifies."""
+    """The heads to edit (docs/interventions.md#which-heads); `NoSinkHeads` when none qualifies."""
     cls = rules.event_class(d)  # (images, L, H)
     n_blocks = cls.shape[1]
     chosen: list[Head] = []
@@ -183,9 +149,7 @@ def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def mean_sink_values(backbone: Backbone, inputs: torch.Tensor, plan: Plan, rules: SinkRules, batch_size: int) -> None:
-    """Fill `plan.mean_values`: per head, the float64 mean of v_s over the head's sink events (any class) on the
-    held-out `inputs`. A head without a held-out event gets none: it goes to `plan.mean_skipped` (never a mean
-    over other images)."""
+    """Fill `plan.mean_values`: per head, the float64 mean held-out sink value (none: `plan.mean_skipped`)."""
     sums: dict[Head, list[Any]] = {hd: [None, 0] for hd in plan.heads}  # event sum, count
     blocks = plan.blocks()
     for lo in range(0, len(inputs), batch_size):
@@ -217,8 +181,7 @@ def mean_sink_values(backbone: Backbone, inputs: torch.Tensor, plan: Plan, rules
 
 @torch.no_grad()
 def mean_register_tokens(backbone: Backbone, inputs: torch.Tensor, plan: Plan, batch_size: int) -> None:
-    """Fill `plan.register_means`: the float64 mean over the held-out `inputs` of the register tokens (positions
-    1..R, after [CLS]; 0..R-1 without one) of the residual stream entering every block, (L, R, D) in float32."""
+    """Fill `plan.register_means` (L, R, D): the float64 mean register tokens entering every block over `inputs`."""
     if len(inputs) == 0:
         raise BadValue("mean_registers needs held-out images: set intervene.heldout_images > 0")
     c, r, total = backbone.num_cls, backbone.num_registers, None
@@ -242,9 +205,7 @@ def _masked_mean(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def patch_metrics(base: torch.Tensor, edited: torch.Tensor, num_prefix: int, sink: torch.Tensor | None,
                   donor: torch.Tensor | None = None, donor_all_patches: bool = False) -> dict[str, torch.Tensor]:
-    """Metrics (B,) of a change of the final tokens (B, N, D), over patches (>= num_prefix) except the sink; the
-    donor direction's means leave each image's sink patch out too, or with `donor_all_patches` take every patch
-    (the reference's form)."""
+    """Metrics (B,) of a change of the final tokens (B, N, D) over the patches but the sink (docs/interventions.md)."""
     P, Pe = base[:, num_prefix:].double(), edited[:, num_prefix:].double()
     keep = torch.ones(P.shape[:2], dtype=P.dtype, device=P.device)
     if sink is not None:
@@ -295,10 +256,7 @@ def _rows(first: int, index: np.ndarray, block: int, head: int, edit: str, cls: 
 def edited_final(backbone: Backbone, b: int, x_in: torch.Tensor, it: Any, heads_out: torch.Tensor, h: int,
                  sink: torch.Tensor, edit: str, donor: torch.Tensor, mean_value: torch.Tensor | None,
                  draws: Draws | None, w_head: torch.Tensor, checks: Checks) -> torch.Tensor:
-    """The final tokens after editing head `h` of block `b` (input `x_in`, internals `it`, head outputs
-    `heads_out` = A v) with its attention held fixed; value edits are checked against their closed form, the
-    redirect is computed from the head's scores (`SinkAttention.redirected`), the reference's redirect from A
-    (`edits.reference_redirect`)."""
+    """The final tokens after editing head `h` of block `b` with its attention held fixed (the edit checked)."""
     blk = backbone.blocks[b]
     out, gate = heads_out, it.gate
     if edit in VALUE_EDITS:
@@ -343,10 +301,7 @@ def edited_final(backbone: Backbone, b: int, x_in: torch.Tensor, it: Any, heads_
 def run_batch(backbone: Backbone, inputs: torch.Tensor, labels: torch.Tensor | None, first: int, index: Sequence[int],
               plan: Plan, rules: SinkRules, gen: torch.Generator, checks: Checks, check_blocks: bool,
               model_edits: bool, controls: torch.Generator | None = None) -> list[dict[str, Any]]:
-    """All rows of one batch of images (positions `first`... in the analysis order, split indices `index`), the
-    random patches drawn from `gen`, the derangement and the noise from `controls` (default: a generator seeded
-    `edits.CONTROLS_SEED_OFFSET`). `check_blocks`: rebuild every edited block from (A, v, gate) and compare with
-    the model's forward (relative error < 1e-4, else `EditCheckFailed`)."""
+    """All rows of one batch (positions `first`..., split indices `index`); `check_blocks`: check the rebuilt blocks."""
     B = len(inputs)
     if B < 2:
         raise BadValue("an intervention batch needs at least 2 images (the donor edits take another image's value)")
@@ -439,9 +394,8 @@ def run_batch(backbone: Backbone, inputs: torch.Tensor, labels: torch.Tensor | N
                 new = _rows(first, index_np, b, h, edit, classes[:, h], fn["sink_idx"][:, h], loc_names[:, h],
                             measure(base, final, sink, edit, backbone.num_prefix), donor_of(edit)[1],
                             drawn.get(edit))
-                # a sink-value edit of a sink on an extra key slot only where it can change the slot's value (a null
-                # key's 0, an image-independent bias: no donor's, mean or shuffled value differs), and a donor's or
-                # shuffled sink value only from a partner whose sink is a token
+                # a sink on an extra key slot only where the edit can change the slot's value (`slot_edits`), and a
+                # donor's or shuffled sink value only from a partner whose sink is a token
                 partner = {"donor_sink_value": donor, "shuffle_sink_value": pi}.get(edit)
                 mate = on_slot[partner.cpu().numpy(), h] if partner is not None else np.zeros(B, dtype=bool)
                 keep = [not ((s and edit in SINK_VALUE_EDITS and edit not in slot_edits(extra[i])) or m)

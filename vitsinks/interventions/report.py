@@ -1,21 +1,13 @@
-"""Intervention outputs: `interventions.csv` (one row per image, head, edit), `by_head.csv`, `by_class.md`,
-`summary.json` and `interventions.png`; shards and their merge.
-
-Aggregation (docs/fidelity.md): per head, edit and event class, the mean over the head's events of that class; then per
-class and edit, the mean (and std) over the heads with >= `min_class_events` events of that class. Heads of block 0 are
-reported apart in models with more than one block (in every model under `diagnostics.block0_policy=always_apart`, the
-reference's rule, chosen by `selection=kempner_causal`). NaN entries (a coherence of an exactly zero change, probe
-columns without a classifier) are left out of the means. The whole-model edits (head -1) form the scope "whole model",
-class "model": `drop_registers` once ("all"), each register control per block input it edited (`<block>:in`), averaged
-there over the inputs of blocks 1..L-1 (every block in a one-block model, none under `always_apart`: block 0's registers
-are the same learned tokens in every image, so mean and shuffle do nothing there) and listed block by block, block 0
-included, in `register_controls`.
+"""Intervention outputs (docs/interventions.md#outputs): `interventions.csv` (one row per image, head, edit),
+`by_head.csv`, `by_class.md`, `summary.json` and `interventions.png` (the aggregation: docs/interventions.md); shards
+and their merge. NaN entries are left out of the means; the register controls are averaged over the inputs of the
+main scope's blocks and listed block by block in `register_controls`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,10 +32,10 @@ ROW_FIELDS = ("image", "image_index", "block", "head", "edit", "donor_index", "r
 METRICS = ("final_patch_relrms", "coherence", "donor_cosine", "probe_agree", "probe_kl", "probe_ce_delta",
            "probe_top1_delta")
 CLASS_ORDER = ("nop", "broadcast", "other", "none", "model")
+EDIT_ORDER = {e: i for i, e in enumerate(EDITS)}
 INT_FIELDS = ("image", "image_index", "block", "head", "donor_index", "random_token", "sink_idx")
 SHARDS = "shards"  # beside the outputs: the shards' rows, written before their merge
-# The outputs are one generation (`utils.generations`) beside the shards and a model folder's record; `legacy`: the
-# names the versions before the record wrote (a fixed list)
+# The outputs are one generation (`utils.generations`); `legacy`: the names written before the record (a fixed list)
 INTERVENTIONS = Kind("interventions report", marks=("interventions.csv",), keep=(SOURCE, SHARDS), last=SUMMARY,
                      legacy=("interventions.csv", "by_head.csv", "by_class.md", SUMMARY, "interventions.png", CONFIG))
 
@@ -56,8 +48,7 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
 def read_rows(path: Path, rerun: str = "rerun the interventions (`python -m vitsinks.intervene`)"
               ) -> list[dict[str, Any]]:
-    """Rows written by `write_rows`, numbers parsed (empty cells: absent); a torn file is a `BadFile` whose fix is
-    `rerun`."""
+    """Rows written by `write_rows`, numbers parsed (empty cells: absent); torn: a `BadFile` whose fix is `rerun`."""
     out = []
     for r in files.read_csv(path, rerun, needs=("edit",)):
         row: dict[str, Any] = {}
@@ -86,8 +77,7 @@ def by_head(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["block"], r["head"], r["edit"], r["event_class"])].append(r)
-    edit_rank = {e: i for i, e in enumerate(EDITS)}
-    keys = sorted(groups, key=lambda k: (k[0], k[1], edit_rank.get(k[2], 99), CLASS_ORDER.index(k[3])))
+    keys = sorted(groups, key=lambda k: (k[0], k[1], EDIT_ORDER.get(k[2], 99), CLASS_ORDER.index(k[3])))
     return [{"block": b, "head": h, "edit": e, "event_class": c, "n": len(groups[(b, h, e, c)]),
              **{m: nan_mean_std(_metric(r, m) for r in groups[(b, h, e, c)])[0] for m in METRICS}}
             for b, h, e, c in keys]
@@ -98,8 +88,7 @@ MODEL_SCOPE, BLOCK0_SCOPE = "whole model", "block 0"  # the scope names in by_cl
 
 
 def scope_of(block: int, n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> str:
-    """The name of the scope a head of `block` is reported in (-1: the whole-model edits), by the block-0 rule
-    (`policy`: `vitsinks.diagnostics.summary.block0_apart`)."""
+    """The scope a head of `block` is reported in (-1: the whole-model edits) under the block-0 `policy`."""
     if block < 0:
         return MODEL_SCOPE
     if block not in main_blocks(n_blocks, policy):
@@ -108,23 +97,20 @@ def scope_of(block: int, n_blocks: int, policy: str = DEFAULT_BLOCK0_POLICY) -> 
 
 
 def unit_label(block: int, head: int) -> str:
-    """What a by_class cell lists per entry: `block:head`, `<block>:in` (a register control at that block's input),
-    or `all` (an edit of the whole model)."""
+    """A by_class cell's entry: `block:head`, `<block>:in` (a register control there) or `all` (the whole model)."""
     if block < 0:
         return "all"
     return f"{block}:in" if head < 0 else f"{block}:{head}"
 
 
 def scope_kind(name: str) -> ScopeKind:
-    """Which scope a name of `scope_of` is: the main one (blocks 1..L-1, or a one-block model's only block), block 0
-    reported apart, or the whole model."""
+    """Which scope a name of `scope_of` is: the main one, block 0 reported apart, or the whole model."""
     return "model" if name == MODEL_SCOPE else "block0" if name == BLOCK0_SCOPE else "main"
 
 
 def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: int,
              policy: str = DEFAULT_BLOCK0_POLICY) -> dict[str, Any]:
-    """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events (the
-    register controls: over the inputs of the main scope's blocks); scopes by the block-0 `policy`."""
+    """{scope: {class: {edit: {n_heads, heads, <metric>, <metric>_std}}}} over heads with enough events."""
     out: dict[str, Any] = {}
     for cls in ("nop", "broadcast", "model"):
         for r in head_rows:
@@ -149,12 +135,10 @@ def by_class(head_rows: list[dict[str, Any]], min_class_events: int, n_blocks: i
 
 
 def register_controls(head_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The register controls block by block: per (edit, block input) the number of images and the metrics' means
-    (by_head's rows of those edits, in EDITS order, then by block)."""
-    rank = {e: i for i, e in enumerate(EDITS)}
+    """Per (register control, block input) the images and the metrics' means, in EDITS then block order."""
     rows = [r for r in head_rows if r["edit"] in REGISTER_EDITS]
     return [{"block": r["block"], "edit": r["edit"], "n": r["n"], **{m: r[m] for m in METRICS}}
-            for r in sorted(rows, key=lambda r: (rank[r["edit"]], r["block"]))]
+            for r in sorted(rows, key=lambda r: (EDIT_ORDER[r["edit"]], r["block"]))]
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -229,9 +213,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
 
 
 def figure(head_rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
-    """The reference's Figure 6 layout: per edit a bar per class (mean over heads) and a dot per head; panels for
-    the final patch change (log scale), its coherence and the donor cosine. Main scope (blocks >= 1, or the only
-    block), plus the whole-model edits."""
+    """The reference's Figure 6 layout: per edit a bar per class and a dot per head, for three metrics."""
     report = InterventionsReport.from_json(summary)
     cells = {cls: report.classes("main").get(cls, {}) for cls in ("nop", "broadcast")}
     cells["model"] = report.classes("model").get("model", {})
@@ -286,28 +268,21 @@ def block0_policy(meta: dict[str, Any]) -> str:
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], config: str | None = None
                   ) -> dict[str, Any]:
-    """Every output file (and `config`, the settings, as config.yaml) into `out` as one generation
-    (`INTERVENTIONS`: an earlier report's files replaced, nothing else there touched, a folder of the user's
-    refused); returns the summary (also `summary.json`)."""
+    """Every output file (and `config` as config.yaml) into `out` as one generation; returns the summary."""
     with generation(out, INTERVENTIONS) as stage:
-        summary = _write_outputs(stage, rows, meta)
+        heads = by_head(rows)
+        per_block = register_controls(heads)
+        report = InterventionsReport.from_json({**meta, **({"register_controls": per_block} if per_block else {}),
+                                                "by_class": by_class(heads, meta["min_class_events"],
+                                                                     meta["n_blocks"], block0_policy(meta))})
+        summary = report.to_json()
+        write_rows(rows, stage / "interventions.csv")
+        write_csv(stage / "by_head.csv", ["block", "head", "edit", "event_class", "n", *METRICS], heads)
+        files.write_text(stage / "by_class.md", to_markdown(summary))
+        files.write_json(stage / SUMMARY, summary)
+        figure(heads, summary, stage / "interventions.png")
         if config is not None:
             files.write_text(stage / CONFIG, config)
-    return summary
-
-
-def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    heads = by_head(rows)
-    per_block = register_controls(heads)
-    report = InterventionsReport.from_json({**meta, **({"register_controls": per_block} if per_block else {}),
-                                            "by_class": by_class(heads, meta["min_class_events"], meta["n_blocks"],
-                                                                 block0_policy(meta))})
-    summary = report.to_json()
-    write_rows(rows, out / "interventions.csv")
-    write_csv(out / "by_head.csv", ["block", "head", "edit", "event_class", "n", *METRICS], heads)
-    files.write_text(out / "by_class.md", to_markdown(summary))
-    files.write_json(out / SUMMARY, summary)
-    figure(heads, summary, out / "interventions.png")
     return summary
 
 
@@ -356,18 +331,16 @@ def _merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
         out[key] = f"{max(float(c.get(key, 0)) for c in checks):.3e}"
     for key in ("value_edits_checked", "redirect_rows_checked", "redirect_ref_rows", "redirect_ref_rows_clamped"):
         out[key] = sum(c.get(key, 0) for c in checks)
-    skipped: dict[str, int] = {}
+    skipped: Counter[str] = Counter()
     for c in checks:
-        for edit, n in c.get("rows_not_applicable", {}).items():
-            skipped[edit] = skipped.get(edit, 0) + n
+        skipped.update(c.get("rows_not_applicable", {}))
     if skipped:
-        out["rows_not_applicable"] = skipped
+        out["rows_not_applicable"] = dict(skipped)
     return out
 
 
 # --- the typed result and its leaderboard columns --------------------------------------------------------------
-# key, label, event class, edit: the mean final-patch rel. RMS change per (class, edit), main scope (the whole
-# model for the register edit)
+# key, label, event class, edit: the mean final-patch rel. RMS change per (class, edit), main scope or whole model
 CAUSAL = (("causal_zero_nop", "zero v_s, NOP heads (rel. change)", "nop", "zero_sink_value"),
           ("causal_redirect_nop", "redirect, NOP heads", "nop", "redirect_sink_attention"),
           ("causal_zero_broadcast", "zero v_s, broadcast heads", "broadcast", "zero_sink_value"),
@@ -386,8 +359,7 @@ class Scope:
 @RESULTS.register
 @dataclass
 class InterventionsReport(Result):
-    """`interventions/<checkpoint>/summary.json`: the run's settings and checks (`meta`, every key but by_class, in
-    order) and the per-scope means (`scopes`, in the order of `by_class`)."""
+    """`interventions/<checkpoint>/summary.json`: the settings and checks (`meta`) and the per-scope means."""
 
     kind = "interventions"
     rank = 70

@@ -1,18 +1,9 @@
-"""One attention module family for every attention kind and heads-site mitigation.
+"""One attention module for every attention kind and heads- / keys-site mitigation (`SinkAttention`, with timm's
+parameter names, so a timm `VisionTransformer` state dict loads unchanged).
 
-`SinkAttention` keeps timm's parameter names (`qkv`, `q_norm`, `k_norm`, `norm`, `proj`) so a timm
-`VisionTransformer` state dict loads unchanged. Its attention nonlinearity is a registered kind
-(`vitsinks.models.kinds`: softmax, relu, sigmoid, sink_logit, softpick, ...), which may add parameters (`sink_logit`);
-the heads-site mitigations (`vitsinks.models.mitigations`, the G1 gate at `gate`) gate the per-head outputs before
-the output projection.
-
-`internals(x)` is the single explicit computation: it returns the attention matrix A, the values v and the
-gate. The non-fused forward is built on it, so the diagnostics read exactly the computation the model runs. The
-forward (`heads`) runs a fused kernel where the kind has one (`kernel`, chosen by `fused_mode`, the config's
-`model.fused_attention`): FlexAttention (`flex_heads`, exact, on CUDA), SDPA (`fused_heads`) or the explicit path;
-`internals`, `redirected` and so the diagnostics never use a fused kernel.
-`redirected(x, head, sink)` is one head's attention with a key's share given to the other keys, computed from the
-scores by the kind (the interventions' `redirect_sink_attention`).
+`internals(x)` is the single explicit computation (A, v, gate): the diagnostics read exactly what the model runs. The
+forward (`heads`) runs a fused kernel where the kind has one (`kernel`, chosen by `model.fused_attention`):
+FlexAttention (exact, on CUDA), SDPA or the explicit path; `internals` and `redirected` never do.
 """
 
 from __future__ import annotations
@@ -34,17 +25,16 @@ from vitsinks.utils.errors import BadValue
 HEAD_MITIGATIONS = at_site("heads")
 KEY_MITIGATIONS = at_site("keys")
 # model.fused_attention: auto = FlexAttention on CUDA, else SDPA, else explicit; flex = FlexAttention on any device
-# (CPU: no backward, so inference only); sdpa = SDPA where the kind has it; off = always the explicit computation
+# (CPU: inference only); sdpa = SDPA where the kind has it; off = always explicit
 FUSED_MODES: tuple[str, ...] = ("auto", "flex", "sdpa", "off")
 FLEX_MIN_HEAD_DIM = 16  # conservative: Triton's smallest dot tile; smaller heads take SDPA or the explicit path
 
 
 def select_kernel(kind: type[AttentionKind], mode: str, device: str, *, causal: bool, dropout: bool, sdpa: bool,
                   head_dim: int) -> str:
-    """The kernel of a forward (flex | sdpa | explicit) for a `kind` under `fused_mode` `mode` on `device` (its type):
-    causal attention and mode `off` are explicit; FlexAttention (no dropout, head_dim >= FLEX_MIN_HEAD_DIM) where
-    the kind has it and the mode is `flex`, or `auto` on CUDA; else SDPA where the kind has it and `sdpa` (timm's
-    `use_fused_attn`); else explicit."""
+    """The kernel of a forward (flex | sdpa | explicit) for `kind` under `mode` (`FUSED_MODES`) on a `device` type:
+    causal and `off` explicit; FlexAttention (no dropout, head_dim >= FLEX_MIN_HEAD_DIM) where the kind has it under
+    `flex`, or `auto` on CUDA; else SDPA where the kind has it and `sdpa` (timm's `use_fused_attn`); else explicit."""
     if mode not in FUSED_MODES:
         raise BadValue(f"unknown fused attention mode {mode!r}; choose one of {FUSED_MODES}")
     if causal or mode == "off":
@@ -55,15 +45,17 @@ def select_kernel(kind: type[AttentionKind], mode: str, device: str, *, causal: 
     return "sdpa" if kind.fused and sdpa else "explicit"
 
 
-class AttnInternals(NamedTuple):
-    """Explicit internals of one attention call on a pre-normed input of N tokens.
+def merge_heads(heads_out: torch.Tensor, gate: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
+    """(B, heads, N, head_dim) -> (B, N, heads * head_dim): the heads merged, through the scale `norm`, gated."""
+    B, H, N, D = heads_out.shape
+    y = norm(heads_out.transpose(1, 2).reshape(B, N, H * D))
+    return y if gate is None else (y.view(B, N, H, D) * gate).view(B, N, H * D)
 
-    attn: (B, heads, N, K) after the nonlinearity, K keys in the module's key layout (`SinkAttention.extra_keys`:
-        the N tokens, then the extra key slots of the keys-site mitigations and of a kind's null key).
-    v: (B, heads, K, head_dim) value vectors of every key (a null key's is 0).
-    gate: the heads-site gate values broadcastable to (B, N, heads, head_dim), i.e. (B, N, heads, head_dim) for the
-        elementwise gate and (B, N, heads, 1) for the headwise gate; None without a gate.
-    """
+
+class AttnInternals(NamedTuple):
+    """Explicit internals of one attention call on a pre-normed input of N tokens: `attn` (B, heads, N, K) over the K
+    keys of the key layout (the tokens, then `SinkAttention.extra_keys`), `v` (B, heads, K, head_dim) (a null key's
+    is 0), `gate` broadcastable to (B, N, heads, head_dim) (None without a gate)."""
 
     attn: torch.Tensor
     v: torch.Tensor
@@ -71,27 +63,15 @@ class AttnInternals(NamedTuple):
 
 
 class SinkAttention(nn.Module):
-    """Multi-head self-attention of a registered kind (`attn`), with the heads-site mitigations given by their
-    config names (`gate="elementwise"`, ...)."""
+    """Multi-head self-attention of a registered kind (`attn`) with mitigations by config name (`gate=...`)."""
 
-    gate: G1Gate | None  # the heads-site G1 gate (`models.mitigations.gate`), set with the other mitigations' modules
+    gate: G1Gate | None  # the G1 gate, set with the other mitigations' modules
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        attn: str = DEFAULT_KIND,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **mitigations: Any,
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 norm_layer: type[nn.Module] | None = None, attn: str = DEFAULT_KIND,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 **mitigations: Any) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if dim % num_heads:
@@ -135,14 +115,12 @@ class SinkAttention(nn.Module):
 
     @property
     def extra_keys(self) -> tuple[str, ...]:
-        """The names of the extra key slots after the tokens: the keys-site mitigations' (registry order), then the
-        kind's null key."""
+        """The extra key slots after the tokens: the keys-site mitigations', then the kind's null key."""
         slots = tuple(name for m in KEY_MITIGATIONS if getattr(self, m.attr) is not None for name in m.slots)
         return (*slots, NULL_SLOT) if self.kind.null_key else slots
 
     def init_weights(self) -> None:
-        """Reference init of the heads- and keys-site mitigations (the gate: std 1e-6, bias 2) and of the kind's
-        parameters. timm's ViT init calls this after initialising the Linears."""
+        """Reference init of the mitigations' modules and the kind's parameters (timm's ViT init calls it last)."""
         for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
             module = getattr(self, m.attr)
             if module is not None:
@@ -162,8 +140,8 @@ class SinkAttention(nn.Module):
         return self.kernel() != "explicit"
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, heads, N, hd) of the tokens; k, v (B, heads, N + E, hd) of the tokens and the keys-site
-        mitigations' E extra keys (after the key norm: an extra key is a parameter, not a token's projection)."""
+        """q (B, heads, N, hd); k, v (B, heads, N + E, hd) with the keys-site mitigations' E extra keys (after the key
+        norm: they are parameters)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
@@ -200,36 +178,27 @@ class SinkAttention(nn.Module):
         return self.kind.matrix(self, s, future)
 
     def internals(self, x: torch.Tensor, causal: bool = False) -> AttnInternals:
-        """Explicit attention matrix, values and gate for a pre-normed input `x` of shape (B, N, dim).
-
-        `causal` masks future keys (used by the sequence tasks of `vitsinks.synthetic`; ViTs are bidirectional).
-        """
+        """Explicit attention matrix, values and gate for a pre-normed input `x` (B, N, dim); `causal` masks future
+        keys (the synthetic sequence tasks)."""
         q, k, v = self._qkv(x)
         return AttnInternals(self._attention_matrix(q, k, causal), self.key_values(v), self._gate(x))
 
     def redirected(self, x: torch.Tensor, head: int, sink: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """Head `head`'s attention (B, N, K) on the pre-normed input `x` with the attention to key `sink[b]` of
-        image b removed and given to the other keys, computed from the scores (not from A, whose entries off a
-        strong sink underflow to exactly 0 in float32: a rescaled row would stay off instead of redirected). The
-        kind says how (`AttentionKind.redirected`): normalised kinds renormalise over the other keys, the others
-        keep the row's old sum. A row with no key left (a causal query that sees only the sink) is 0."""
+        """Head `head`'s attention (B, N, K) on the pre-normed input `x` with image b's attention to key `sink[b]`
+        given to the other keys (`AttentionKind.redirected`), computed from the scores: A's entries off a strong sink
+        underflow to exactly 0 in float32. A row with no key left is 0."""
         q, k, _ = self._qkv(x)
         s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N + E), as in `_attention_matrix`
         B, n = s.shape[:2]
         keys = s.shape[-1] + int(self.kind.null_key)  # every key of the layout
         is_sink = torch.zeros(B, n, keys, dtype=torch.bool, device=s.device)
         is_sink[torch.arange(B, device=s.device), :, sink] = True
-        # future keys of a causal query
         hidden = self._future(n, keys, s.device) if causal else torch.zeros(n, keys, dtype=torch.bool, device=s.device)
         return self.kind.redirected(self, s, head, is_sink, hidden)
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): scale-norm, gate, output projection."""
-        B, H, N, D = heads_out.shape
-        y = self.norm(heads_out.transpose(1, 2).reshape(B, N, H * D))
-        if gate is not None:
-            y = (y.view(B, N, H, D) * gate).view(B, N, H * D)
-        return self.proj_drop(self.proj(y))
+        return self.proj_drop(self.proj(merge_heads(heads_out, gate, self.norm)))
 
     def heads(self, x: torch.Tensor, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head outputs (B, heads, N, head_dim), fused where possible, and the gate (see `AttnInternals`)."""
@@ -249,8 +218,7 @@ class SinkAttention(nn.Module):
 
 
 def set_fused_attention(model: nn.Module, mode: str) -> None:
-    """Set the fused-attention mode (`FUSED_MODES`, `model.fused_attention`) of every `SinkAttention` in
-    `model`."""
+    """Set the fused-attention mode (`FUSED_MODES`) of every `SinkAttention` in `model`."""
     if mode not in FUSED_MODES:
         raise BadValue(f"model.fused_attention={mode!r} is not a mode; choose one of {FUSED_MODES}")
     for m in model.modules():
@@ -260,10 +228,8 @@ def set_fused_attention(model: nn.Module, mode: str) -> None:
 
 @functools.cache
 def attention_layer(attn: str = DEFAULT_KIND, **mitigations: Any) -> type[SinkAttention]:
-    """`SinkAttention` with its kind and heads-site mitigations fixed, as timm's `Block(attn_layer=...)` takes it.
-
-    A subclass, not a `functools.partial`: timm's `_create_attn` calls `issubclass` on the layer. Cached, so equal
-    arguments give the same class."""
+    """`SinkAttention` with its kind and mitigations fixed, as timm's `Block(attn_layer=...)` takes it: a subclass
+    (timm calls `issubclass` on it), cached, so equal arguments give the same class."""
     label = "_".join([attn, *(f"{k}-{v}" for k, v in sorted(mitigations.items()))])
     return type(f"SinkAttention[{label}]", (SinkAttention,),
                 {"__init__": partialmethod(SinkAttention.__init__, attn=attn, **mitigations),

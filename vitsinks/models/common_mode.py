@@ -1,6 +1,6 @@
 """The common-mode share of an attention update o (B, N, dim): E(mean_i o_i) / (E(o) + CM_EPS), E the mean squared
-entry: 0 for an update of zero mean over tokens, 1 for the same update at every token. The one implementation: the
-penalty (`objectives`), the diagnostics and the synthetic tasks use these."""
+entry: 0 for an update of zero mean over tokens, 1 for the same update at every token. The one implementation, for
+the penalty, the diagnostics and the synthetic tasks."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ CM_EPS = 1e-12  # keeps the ratio of an all-zero update finite (0)
 
 
 def common_mode_terms(o: torch.Tensor) -> torch.Tensor:
-    """(E(mean_i o_i), E(o)) of an update o (B, N, dim) as a float32 tensor (2,), differentiable: the penalty's
-    numerator and denominator, kept apart so that they can be summed over ranks (or images) before the ratio."""
+    """(E(mean_i o_i), E(o)) of an update o (B, N, dim) as a float32 tensor (2,), differentiable, kept apart so
+    that they can be summed over ranks (or images) before the ratio."""
     o = o.float()
-    # E(o) as the mean of o**2 (the reference's form): pairwise summation keeps it within ~1e-7 of float64, where
-    # a squared vector norm is ~1e-5 off on a 0.5M-entry update
+    # the mean of o**2 (the reference's form): pairwise summation, ~1e-7 of float64 where a squared norm is ~1e-5 off
     return torch.stack([o.mean(dim=1).square().mean(), o.square().mean()])
 
 

@@ -1,9 +1,6 @@
 """The model's typed config (`ModelConfig`, `model.*` of the run config), its closed sets, and the one variant naming.
-
-The attention kinds and the block mitigations come from their registries: the enum `Attn` is built from the kind
-names, and each mitigation adds its own field to `ModelConfig` (`model.gate`, `model.global_pathway`, ...). A field's
-metadata says whether it shapes the architecture (`arch_keys`: compared when a run resumes from a checkpoint; False
-for `pretrained` and training-only fields) and its allowed range (`vitsinks.utils.bounded`).
+The kind enum `Attn` and one field per block mitigation come from the registries; a field's metadata says whether it
+shapes the architecture (`arch_keys`, compared on resume) and its allowed range (`vitsinks.utils.bounded`).
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
 from vitsinks.utils.bounded import RANGE, Range
 
 ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not shape the architecture
-# The one order of the tags in a variant name, after the attention kind: fields of `ModelConfig` (`registers` and
-# the mitigations'); a mitigation not listed comes last, in registry order. Committed run names depend on it: a new
-# entry may go anywhere, the listed ones keep their order.
+# The order of the tags in a variant name after the attention kind (unlisted mitigations last, in registry order).
+# Committed run names depend on it: the listed ones keep their order.
 TAG_ORDER: tuple[str, ...] = ("gate", "registers", "attn_bias", "global_pathway")
 
 # Attn and FusedAttention take their members from the registry and FUSED_MODES: a type checker sees no member
@@ -33,8 +29,8 @@ FusedAttention = StrEnum("FusedAttention", " ".join(FUSED_MODES), module=__name_
 
 
 def _field(default: Any, *, arch: bool = True, **bounds: float) -> Any:
-    """A dataclass field with its range (`bounds`: ge / gt / le / lt; numbers are always checked to be finite)
-    and, when `arch` is False, the mark that it does not shape the architecture."""
+    """A dataclass field with its range (`bounds`: ge / gt / le / lt; numbers always finite) and, with `arch=False`,
+    the mark that it does not shape the architecture."""
     meta: dict[str, Any] = {RANGE: Range(**bounds)} if bounds or isinstance(default, int | float) else {}
     if not arch:
         meta[ARCH] = False
@@ -107,10 +103,9 @@ def config_values(cfg: ArchitectureConfig | Mapping[str, Any]) -> dict[str, Any]
 
 
 def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
-    """The one name of an architecture, from a model config (or any mapping with its fields; absent ones are the
-    schema defaults): the attention kind unless softmax, then the tags of registers and mitigations in the order
-    of `TAG_ORDER`: `base`, `gate`, `reg`, `gate+reg`, `gate_headwise+reg`, `relu`, `softpick+reg`, `reg+global`,
-    ... (a run's variant adds `+pen` with the common-mode penalty, see `run_variant`)."""
+    """The one name of an architecture, from a model config (or any mapping with its fields): the attention kind
+    unless softmax, then the tags of registers and mitigations in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
+    `softpick+reg`, `reg+global`, ..."""
     values = config_values(model)
     attn = str(values.get("attn") or DEFAULT_KIND)
     registers = int(values.get("registers") or 0)
@@ -127,8 +122,7 @@ def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
 
 
 def run_variant(cfg: Mapping[str, Any]) -> str:
-    """The variant of a run config (DictConfig or plain dict, e.g. a checkpoint's or a run directory's
-    config.yaml): the architecture's `variant_name`, `+pen` when it trains with the common-mode penalty. The
-    leaderboard, `status.json` and the logs all name a run by this."""
+    """The variant of a run config (a DictConfig or dict): the architecture's `variant_name`, `+pen` when it trains
+    with the common-mode penalty. The leaderboard, `status.json` and the logs name a run by it."""
     objective = cfg.get("objective") or {}
     return variant_name(cfg["model"]) + ("+pen" if objective.get("cm_penalty", 0) else "")

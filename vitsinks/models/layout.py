@@ -1,16 +1,9 @@
-"""The key layout: where every key of an attention row sits, the one reading every consumer shares.
+"""The key layout of an attention row, the one reading every consumer shares (docs/extending.md, "The key layout"):
 
-A row of attention of a vitsinks ViT has the keys
+    [CLS] (1, or 0 for a model without one) | registers (R) | patches (P) | extra key slots (E)
 
-    [CLS] (C: 1, or 0 for a model without one, e.g. SigLIP) | registers (R) | patches (P) | extra key slots (E)
-
-The first three are the tokens (the residual stream's positions; queries are tokens only). The extra slots are keys
-that are no token: what a block mitigation of site `keys` appends (the explicit attention biases' k', v') and, last,
-an attention kind's null key (`AttentionKind.null_key`: sink_logit, softmax1; its value is 0). Diagnostics, plots,
-pages, interventions and the leaderboard take positions and locations from a `KeyLayout`; a sink on an extra slot is
-located there (its slot's name), never as a patch. Without a [CLS] the registers start at key 0 and the location
-codes keep their meaning (code 0 stays "cls" and simply never occurs), so counts of models with and without one
-line up.
+The extra slots are keys that are no token (a keys-site mitigation's, then a kind's null key); a sink there is located
+at its slot, never as a patch. Without a [CLS] the location codes keep their meaning (code 0, "cls", never occurs).
 """
 
 from __future__ import annotations
@@ -67,13 +60,11 @@ class KeyLayout:
 
     @property
     def locations(self) -> tuple[str, ...]:
-        """The location names in code order: [CLS], register, patch, then each distinct extra slot ("cls" is kept
-        without a [CLS], where no key has it, so that codes mean the same in every layout)."""
+        """The location names in code order: [CLS] (kept without one), register, patch, each distinct extra slot."""
         return (*TOKEN_LOCATIONS, *dict.fromkeys(self.extra))
 
     def location_code(self, index: np.ndarray | int) -> np.ndarray:
-        """Codes into `locations` of key positions: 0 [CLS] (none without one), 1 register, 2 patch, 3.. the extra
-        slots."""
+        """Codes into `locations` of key positions: 0 [CLS], 1 register, 2 patch, 3.. the extra slots."""
         index = np.asarray(index)
         code = np.where(index < self.num_prefix, 1, 2)
         if self.cls:
@@ -91,17 +82,15 @@ class KeyLayout:
         return np.asarray(index) < self.n_tokens
 
     def fields(self) -> dict[str, np.ndarray]:
-        """The layout as arrays for a diagnostics file (`from_fields` reads them back); `num_cls` only when it is
-        not 1, so the files of models with a [CLS] stay as they were."""
+        """The layout as arrays for a diagnostics file (`from_fields` reads them back); `num_cls` only when not 1."""
         return {"num_registers": np.array(self.registers), "num_prefix": np.array(self.num_prefix),
                 "num_patches": np.array(self.patches), "extra_keys": np.array(self.extra, dtype=str),
                 **({"num_cls": np.array(self.cls)} if self.cls != 1 else {})}
 
     @classmethod
     def from_fields(cls, d: Mapping[str, Any], n_tokens: int | None = None) -> KeyLayout:
-        """The layout of a diagnostics file (`fields`); files written before extra slots existed hold none, their
-        patch count comes from `num_patches`, else the token count `n_tokens`, else `grid`. Without `num_cls` the
-        layout has one [CLS]."""
+        """The layout of a diagnostics file (`fields`; older files: no extra slots, one [CLS], the patch count from
+        `num_patches`, else the token count `n_tokens`, else `grid`)."""
         num_cls = int(d.get("num_cls", 1))
         registers = int(d.get("num_registers", 0))
         extra = tuple(str(e) for e in np.asarray(d["extra_keys"]).ravel()) if "extra_keys" in d else ()

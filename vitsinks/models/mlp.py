@@ -1,7 +1,6 @@
-"""A block's MLP as the register neurons read it (`diagnostics.neurons`, docs/residual.md): `MLPParts`, the one place
-that says which module is the MLP's input layer, its activation (whose outputs are the units), its output layer and
-the branch's LayerScale gain. Every block the diagnostics read gives them by `blk.mlp_parts()`: `SinkBlock` here
-(`timm_mlp_parts`), and each `vitsinks.pretrained` view for its library's MLP."""
+"""A block's MLP as the register neurons read it (`diagnostics.neurons`, docs/residual.md): `MLPParts`, its input
+layer, activation (whose outputs are the units), output layer and LayerScale gain, given by every block's
+`mlp_parts()` (`SinkBlock`: `timm_mlp_parts`; each `vitsinks.backbones` view for its library's MLP)."""
 
 from __future__ import annotations
 
@@ -25,13 +24,12 @@ class MLPParts:
 
 
 def timm_mlp_parts(block: nn.Module) -> MLPParts | None:
-    """The `MLPParts` of a timm pre-norm block's `mlp` and `ls2` (`SinkBlock`, and timm's `Block`): a plain timm `Mlp`
-    (exactly that class, no hidden-layer norm). None for another MLP: in a gated one (GluMlp, SwiGLU) `act` is only
-    the gate, a hidden-layer norm makes a unit's contribution non-linear, and `NoMLP` has no units."""
+    """The `MLPParts` of a timm pre-norm block's `mlp` and `ls2`: a plain timm `Mlp` (exactly that class, no
+    hidden-layer norm); None for another MLP (a gated one's `act` is only the gate; `NoMLP` has no units)."""
     mlp = block.mlp
     if type(mlp) is not Mlp or not isinstance(mlp.norm, nn.Identity):
         return None
-    # timm types fc1 / fc2 as Linear | Conv2d (use_conv); a plain `Mlp` as a ViT block builds it has Linears
+    # timm types fc1 / fc2 as Linear | Conv2d (use_conv); a ViT block's are Linears
     return MLPParts(cast(nn.Linear, mlp.fc1), mlp.act, cast(nn.Linear, mlp.fc2), getattr(block.ls2, "gamma", None))
 
 

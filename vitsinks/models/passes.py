@@ -1,5 +1,5 @@
 """Analysis passes over a backbone: evaluation mode for the length of a pass, and every block's output, batch by
-batch (what the diagnostics, the register neurons, the massive-activation fit and the quantization statistics read)."""
+batch."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from vitsinks.models.seam import Backbone
 
 @contextmanager
 def eval_mode(model: nn.Module | Backbone) -> Iterator[torch.device]:
-    """`model` (a module or a `Backbone`) in evaluation mode inside (its training flag restored after, also on an
-    error); yields its device."""
+    """`model` (a module or `Backbone`) in evaluation mode inside, its flag restored after; yields its device."""
     was_training = model.training
     model.eval()
     try:

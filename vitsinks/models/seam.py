@@ -1,19 +1,10 @@
 """The model seam: one interface for every model the diagnostics, the interventions and the post-hoc methods read.
 
-A `Backbone` is a model seen as: images -> tokens entering block 0 (`embed`), a list of blocks (`Block`), the last
-residual stream -> the final tokens (`readout`: the final norm of a ViT), the token layout (`num_cls` [CLS] tokens,
-0 or 1, then `num_registers` registers, then the patches of a grid of `patch_size` cells) and, where the model has
-one, a classifier on the final tokens. Every model family builds one (`vitsinks.backbones`: vitsinks' own `SinkViT` is
-the family `vitsinks`, timm, transformers and open_clip ViTs are others); the synthetic tasks' sequence models build
-one with `causal=True`.
-
-A block (`Block`) runs its real forward (`blk(x)`), rebuilds itself from its explicit attention matrix
-(`forward_explicit`, which the built-in checks compare with the real forward) and from edited head outputs
-(`from_heads`), and names what the post-hoc edits reach: its MLP's units (`mlp_parts`, the register neurons), the
-module whose output is its whole MLP branch (`mlp_out`, the massive-activation fix) and its linear layers (`linears`,
-W8A8); its attention (`Attention`) gives A, v and the gate (`internals`), the redirect edit (`redirected`) and the
-head merge (`combine`). vitsinks' `SinkBlock` implements it directly; a foreign library's block through the views of
-`vitsinks.backbones.views`.
+A `Backbone` is a model seen as images -> tokens entering block 0 (`embed`), its blocks (`Block`), the last residual
+stream -> the final tokens (`readout`), the token layout ([CLS] (0 or 1), registers, patches) and, where the model has
+one, a classifier. Every model family builds one (`vitsinks.backbones`); the synthetic tasks' sequence models build
+one with `causal=True`. A `Block` runs its real forward, rebuilds itself from its explicit attention and from edited
+head outputs, and names what the post-hoc edits reach (`mlp_parts`, `mlp_out`, `linears`).
 """
 
 from __future__ import annotations
@@ -40,13 +31,9 @@ class Weighted(Protocol):
     def weight(self) -> torch.Tensor: ...
 
 
-class LinearSite(Protocol):
-    """A linear layer as W8A8 reads it: its `weight`, and a forward pre-hook on its input that may replace it. An
-    `nn.Linear` is one; a family's view gives one for a projection its library computes without calling an
-    `nn.Linear` (`nn.MultiheadAttention`'s `in_proj_weight`)."""
-
-    @property
-    def weight(self) -> torch.Tensor: ...
+class LinearSite(Weighted, Protocol):
+    """A linear layer as W8A8 reads it (an `nn.Linear`, or a family's view of a fused projection): its `weight`, and
+    a forward pre-hook on its input that may replace it."""
 
     def register_forward_pre_hook(self, hook: Callable[..., Any]) -> Any: ...
 
@@ -100,9 +87,8 @@ class Block(Protocol):
 
 
 class AddedRegister(NamedTuple):
-    """One register added to a model by its family (`Backbone.add_register`): the backbone of the edited model, how
-    many tokens its embedding made last (the length its blocks must see), and the handles (`.remove()`) that take
-    the register off again."""
+    """One register added to a model by its family (`Backbone.add_register`): the edited model's backbone, how many
+    tokens its embedding made last, and the handles (`.remove()`) that take the register off again."""
 
     backbone: Backbone
     tokens: Callable[[], int]
@@ -125,8 +111,8 @@ class Backbone:
     classifier: Callable[[torch.Tensor], torch.Tensor] | None = None
     name: str = "model"
     causal: bool = False
-    # the family's way of adding a zero register without position embedding after the prefix to the model itself
-    # (its own forward then has it too), given the edit's label; None: the embedding inserts it (the test-time register)
+    # the family's way of adding a zero register after the prefix to the model itself, given the edit's label; None:
+    # the embedding inserts it (the test-time register)
     add_register: Callable[[str], AddedRegister] | None = None
 
     def __post_init__(self) -> None:

@@ -1,7 +1,6 @@
 """The vitsinks ViTs as timm models: `timm.create_model("vitsinks_<size>", attn=..., gate=..., registers=...)` builds
-the same module as `build_vit(<size>, ...)` (any `build_vit` keyword passes through), one entry per `SIZES` name.
-Registered when `vitsinks.models` is imported. They have no pretrained weights of their own (`model.pretrained`
-loads any)."""
+the same module as `build_vit(<size>, ...)`, one entry per `SIZES` name, registered when `vitsinks.models` is
+imported. They have no pretrained weights of their own."""
 
 from __future__ import annotations
 

@@ -63,12 +63,7 @@ SIZES: dict[str, SizeSpec] = {
 
 
 class NoMLP(nn.Module):
-    """Stands in for a block's MLP (`mlp=False`): contributes exactly nothing to the residual stream.
-
-    Attention-only blocks are what the sink tasks need: an MLP after attention could cancel a broadcast update
-    with a marker-dependent gate, so the theory (a softmax head can only do nothing through a sink) binds only
-    where nothing after attention can undo its output.
-    """
+    """Stands in for a block's MLP (`mlp=False`, the sink tasks' attention-only blocks): adds exactly nothing."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__()
@@ -87,15 +82,9 @@ class UpdateSiteModule(Protocol):
 
 
 class SinkBlock(Block):
-    """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` carrying the heads-site
-    mitigations (`attn_layer=attention_layer(...)`), with the update-site mitigations beside it; mitigations are
-    passed by their config names (`gate="elementwise"`, `global_pathway={...}`).
-
-    `register_update_hook(fn)`: `fn(block, update, pre_gate)` is called in every forward with the attention update
-    `ls1 * attn(z)` (B, N, dim) after the gate and before the update-site mitigations add to it; `pre_gate()`
-    computes (lazily) the same update without the attention gate. Without hooks and update-site modules the block
-    runs timm's own forward.
-    """
+    """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` with the heads- and keys-site
+    mitigations, and the update-site ones beside it, all by their config names (`gate="elementwise"`, ...). Without
+    update hooks and update-site modules it runs timm's own forward."""
 
     attn: SinkAttention
 
@@ -111,7 +100,8 @@ class SinkBlock(Block):
         self._update_hooks: OrderedDict[int, UpdateHook] = OrderedDict()
 
     def register_update_hook(self, fn: UpdateHook) -> RemovableHandle:
-        """Call `fn(block, update, pre_gate)` in every forward (see the class docstring); remove with the handle."""
+        """Call `fn(block, update, pre_gate)` in every forward with the attention update `ls1 * attn(z)` (B, N, dim)
+        before the update-site mitigations add to it; `pre_gate()` computes (lazily) that update without the gate."""
         handle = RemovableHandle(self._update_hooks)
         self._update_hooks[handle.id] = fn
         return handle
@@ -137,9 +127,7 @@ class SinkBlock(Block):
         return self.from_heads(x, self.attn.attn_drop(it.attn) @ it.v, it.gate), it
 
     def from_heads(self, x: torch.Tensor, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        """The block's output for input `x` given its attention heads' outputs (B, heads, N, head_dim) and gate:
-        the residual update through gate, output projection and LayerScale (plus the update-site mitigations),
-        then the MLP. The interventions call it with edited head outputs."""
+        """The block's output for input `x` given its heads' outputs (B, heads, N, head_dim) and gate."""
         return self._finish(x, self.norm1(x), heads_out, gate)
 
     def _finish(self, x: torch.Tensor, z: torch.Tensor, heads_out: torch.Tensor,
@@ -173,14 +161,11 @@ class SinkBlock(Block):
 
 
 class SinkViT(VisionTransformer):
-    """timm `VisionTransformer` built from `SinkBlock`s.
+    """timm `VisionTransformer` built from `SinkBlock`s (the arguments: `build_vit`).
 
-    Registers follow Darcet et al. by default: R learned tokens after [CLS] with no position embedding, while [CLS]
-    keeps its own. So `pos_embed` covers [CLS] + patches whatever R is, and R registers add exactly R x dim
-    parameters. `register_pos_embed=True` is the reference sweep's layout (timm's own): the position embedding covers
-    [CLS], the registers and the patches. `load_timm_state_dict` converts timm's register layouts exactly.
-    `prefix_init_std`: [CLS] and registers trunc-normal with this std (the reference: 0.02); None keeps timm's init.
-    `norm_eps`: the eps of every LayerNorm (the blocks' norm1 / norm2 and the final norm); None keeps timm's 1e-6.
+    Registers follow Darcet et al. by default: R learned tokens after [CLS] without position embedding, so
+    `pos_embed` covers [CLS] + patches whatever R is; `register_pos_embed=True` is timm's layout (the reference
+    sweep's), where it also covers the registers. `load_timm_state_dict` converts timm's register layouts exactly.
     """
 
     def __init__(self, *, attn: str = DEFAULT_KIND, mlp: bool = True, patch_embed: str = "learned",
@@ -211,10 +196,8 @@ class SinkViT(VisionTransformer):
                     trunc_normal_(token, std=prefix_init_std)
 
     def _fix_patch_embed(self) -> None:
-        """A frozen, bias-free patch embedding with orthonormal columns: patch pixels enter the residual stream
-        isometrically, so targets defined on patch pixels can be embedded into the stream exactly. The columns are
-        also orthogonal to the all-ones direction, which LayerNorm subtracts: on patch content the pre-norm is then
-        a pure rescaling by the token's norm."""
+        """A frozen, bias-free patch embedding with orthonormal columns, orthogonal to the all-ones direction: patch
+        pixels enter the stream isometrically (targets on them embed exactly) and the pre-norm only rescales them."""
         proj = self.patch_embed.proj
         dim, feats = proj.out_channels, proj.weight[0].numel()
         if dim < feats + 1:
@@ -227,8 +210,7 @@ class SinkViT(VisionTransformer):
         proj.bias = None
 
     def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        """Tokens entering block 0 (B, N, dim): patches, position embedding, [CLS] and registers, as in
-        `forward_features`."""
+        """Tokens entering block 0 (B, N, dim), as in `forward_features`."""
         return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(images))))
 
     @torch.no_grad()
@@ -239,24 +221,23 @@ class SinkViT(VisionTransformer):
 
     @property
     def variant(self) -> str:
-        """The architecture's `variant_name` (its trained registers only), then its post-hoc edits: `base + test-time
-        register`."""
+        """The architecture's `variant_name`, then its post-hoc edits: `base + test-time register`."""
         trained = self.num_reg_tokens - sum(added for _, added in self.edits)
         name = variant_name({"attn": self.attn_kind, "registers": trained, **self.mitigations})
         return " + ".join([name, *(label for label, _ in self.edits)])
 
+    def _num_patches(self, img_size: int | tuple[int, int] | None) -> int:
+        if img_size is None:
+            return self.patch_embed.num_patches
+        rows, cols = self.grid((img_size, img_size) if isinstance(img_size, int) else img_size)
+        return rows * cols
+
     def tokens_per_image(self, img_size: int | None = None) -> int:
         """Sequence length: 1 [CLS] + registers + patches (at `img_size`, default the model's)."""
-        if img_size is None:
-            n = self.patch_embed.num_patches
-        else:
-            n = (img_size // self.patch_embed.patch_size[0]) * (img_size // self.patch_embed.patch_size[1])
-        return self.num_prefix_tokens + n
+        return self.num_prefix_tokens + self._num_patches(img_size)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        # Overriding timm's private method is unavoidable here: timm's layouts are [CLS] + registers + patches
-        # (`no_embed_class=False`) or patches only (`no_embed_class=True`), never [CLS] + patches with registers
-        # without one, and the checkpoints of this layout (pos_embed of 1 + P rows) must keep loading unchanged.
+        # timm's private method, overridden: timm has no layout with registers outside the position embedding
         if not self.num_reg_tokens or self.pos_embed is None or self.register_pos_embed:
             return super()._pos_embed(x)
         B = x.shape[0]
@@ -278,15 +259,9 @@ class SinkViT(VisionTransformer):
         return img_size[0] // ph, img_size[1] // pw
 
     def key_layout(self, img_size: int | tuple[int, int] | None = None) -> KeyLayout:
-        """The key layout of the blocks' attention rows for images of `img_size` (default the model's): [CLS],
-        registers, patches, then the extra key slots (every block's attention has the same)."""
-        if img_size is None:
-            n = self.patch_embed.num_patches
-        else:
-            h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
-            n = (h // self.patch_embed.patch_size[0]) * (w // self.patch_embed.patch_size[1])
+        """The key layout of the blocks' attention rows for images of `img_size` (default the model's)."""
         extra = cast(SinkBlock, self.blocks[0]).attn.extra_keys if len(self.blocks) else ()
-        return KeyLayout(self.num_reg_tokens, n, extra)
+        return KeyLayout(self.num_reg_tokens, self._num_patches(img_size), extra)
 
     def prefix_and_patches(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split (B, N, D) tokens into ([CLS] (B, D), registers (B, R, D), patches (B, P, D))."""
@@ -294,44 +269,21 @@ class SinkViT(VisionTransformer):
         return tokens[:, 0], tokens[:, 1 : 1 + r], tokens[:, 1 + r :]
 
 
-def build_vit(
-    size: str = "vit_small",
-    *,
-    img_size: int | None = None,
-    patch_size: int | None = None,
-    embed_dim: int | None = None,
-    depth: int | None = None,
-    num_heads: int | None = None,
-    mlp_ratio: float = 4.0,
-    qkv_bias: bool = True,
-    proj_bias: bool = True,
-    mlp: bool = True,
-    patch_embed: str = "learned",
-    pos_embed: str = "learn",
-    layerscale_init: float | None = None,
-    norm_eps: float | None = None,
-    drop_path: float = 0.0,
-    registers: int = 0,
-    register_pos_embed: bool = False,
-    prefix_init_std: float | None = None,
-    attn: str = DEFAULT_KIND,
-    num_classes: int = 0,
-    global_pool: str = "token",
-    dynamic_img_size: bool = True,
-    **mitigations: Any,
-) -> SinkViT:
+def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_size: int | None = None,
+              embed_dim: int | None = None, depth: int | None = None, num_heads: int | None = None,
+              mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_bias: bool = True, mlp: bool = True,
+              patch_embed: str = "learned", pos_embed: str = "learn", layerscale_init: float | None = None,
+              norm_eps: float | None = None, drop_path: float = 0.0, registers: int = 0,
+              register_pos_embed: bool = False, prefix_init_std: float | None = None, attn: str = DEFAULT_KIND,
+              num_classes: int = 0, global_pool: str = "token", dynamic_img_size: bool = True,
+              **mitigations: Any) -> SinkViT:
     """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
 
-    `attn`: a registered attention kind (`ATTN_KINDS`: softmax, relu, sigmoid, sink_logit, softpick, ...);
-    `registers`: count; `mitigations` by their `ModelConfig` names: `gate` none | elementwise | headwise (G1,
-    reference init), `global_pathway` a `GlobalPathwayConfig` or a mapping of its fields (one without `enabled`
-    switches it on) or None. `mlp=False` builds attention-only blocks; `proj_bias` is the attention output bias;
-    `patch_embed="orthonormal"` freezes an isometric, bias-free patch embedding and `pos_embed="none"` drops the
-    position embedding (both for the sink tasks, whose targets live on the residual stream).
-    `register_pos_embed`: the position embedding also covers the registers (the reference sweep's layout);
-    `prefix_init_std`: trunc-normal std of [CLS] and the registers (None: timm's init); `norm_eps`: every
-    LayerNorm's eps (None: timm's 1e-6; the reference sweep's `nn.LayerNorm` default is 1e-5). `dynamic_img_size` lets
-    multi-crop views of other sizes through (the position embedding is resampled); it changes no parameter.
+    The arguments are `ModelConfig`'s fields (docs/commands-options.md): `attn` a registered attention kind
+    (`ATTN_KINDS`), `mitigations` by their config names (`gate="headwise"`, `global_pathway={...}`); `mlp=False`
+    builds attention-only blocks; `patch_embed="orthonormal"` and `pos_embed="none"` are for the sink tasks;
+    `prefix_init_std`: trunc-normal std of [CLS] and the registers and `norm_eps` every LayerNorm's eps (None: timm's
+    init, 1e-6). `dynamic_img_size` lets multi-crop views of other sizes through; it changes no parameter.
     """
     if size not in SIZES:
         raise BadValue(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -347,42 +299,22 @@ def build_vit(
     if registers < 0:
         raise BadValue(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
-    return SinkViT(
-        attn=str(attn),
-        mlp=mlp,
-        patch_embed=str(patch_embed),
-        register_pos_embed=register_pos_embed,
-        prefix_init_std=prefix_init_std,
-        norm_eps=norm_eps,
-        pos_embed=str(pos_embed),
-        proj_bias=proj_bias,
-        img_size=img_size or spec.img_size,
-        patch_size=patch_size or spec.patch_size,
-        embed_dim=embed_dim or spec.embed_dim,
-        depth=depth or spec.depth,
-        num_heads=num_heads or spec.num_heads,
-        mlp_ratio=mlp_ratio,
-        qkv_bias=qkv_bias,
-        init_values=layerscale_init,
-        drop_path_rate=drop_path,
-        reg_tokens=registers,
-        num_classes=num_classes,
-        global_pool=global_pool,
-        dynamic_img_size=dynamic_img_size,
-        **{name: MITIGATIONS[name].setting(value) for name, value in mitigations.items()},
-    )
+    return SinkViT(attn=str(attn), mlp=mlp, patch_embed=str(patch_embed), register_pos_embed=register_pos_embed,
+                   prefix_init_std=prefix_init_std, norm_eps=norm_eps, pos_embed=str(pos_embed), proj_bias=proj_bias,
+                   img_size=img_size or spec.img_size, patch_size=patch_size or spec.patch_size,
+                   embed_dim=embed_dim or spec.embed_dim, depth=depth or spec.depth,
+                   num_heads=num_heads or spec.num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                   init_values=layerscale_init, drop_path_rate=drop_path, reg_tokens=registers,
+                   num_classes=num_classes, global_pool=global_pool, dynamic_img_size=dynamic_img_size,
+                   **{name: MITIGATIONS[name].setting(value) for name, value in mitigations.items()})
 
 
 def load_timm_state_dict(model: SinkViT, state_dict: dict[str, torch.Tensor], strict: bool = True,
                          what: str = "the state dict") -> None:
     """Load a timm `VisionTransformer` state dict of the same configuration into `model`, exactly; one that does not
-    fit is a one-line `BadValue` naming `what` and the architecture it holds against the model's.
-
-    timm stores position embeddings either for [CLS] + registers + patches (`no_embed_class=False`) or for
-    patches only (`no_embed_class=True`, DINOv2 and timm's register models). Both are mapped to our layout
-    ([CLS] + patches, registers without one) without changing the function the network computes. timm's
-    `Attention(gated=True)` is the elementwise gate (`attn.gate`); without a qkv bias it has no bias, ours a zero one.
-    """
+    fit is a one-line `BadValue` naming `what` and the architecture it holds against the model's. timm's position
+    embedding layouts (with or without the prefix tokens) are mapped to the model's without changing its function;
+    timm's `Attention(gated=True)` is the elementwise gate (a zero bias where timm's has none)."""
     sd = dict(state_dict)
     own = model.state_dict()
     for k, w in state_dict.items():
@@ -418,12 +350,8 @@ BUILD_ARGS = tuple(f.name for f in dataclasses.fields(ArchitectureConfig))  # `b
 
 
 def model_from_config(m: Any) -> SinkViT:
-    """Build the ViT of a `ModelConfig` (or any mapping with its fields; absent ones take `build_vit`'s defaults,
-    the schema's); load `m.pretrained` if set.
-
-    `pretrained` is a path (state dict, timm checkpoint or vitsinks checkpoint) or a timm model name, whose
-    weights timm downloads; the config must describe the same architecture (e.g. `model=dinov2_small_reg`).
-    """
+    """Build the ViT of a `ModelConfig` (or any mapping with its fields; absent ones the defaults) and load
+    `m.pretrained` if set: a weights file or checkpoint, or a timm model name, of the same architecture."""
     given = config_values(m)
     values = {k: given[k] for k in (*BUILD_ARGS, *MITIGATIONS) if k in given}
     model = build_vit(values.pop("size", ArchitectureConfig.size), **values)

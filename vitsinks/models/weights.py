@@ -39,8 +39,7 @@ def non_finite(tensors: dict[str, Any]) -> list[str]:
 
 
 def check_finite(tensors: dict[str, Any], what: str, fix: str = RUN_DIVERGED) -> None:
-    """`NonFinite` naming `what`, the first bad tensors and `fix` when any weight is NaN or inf (`fix`: a run's
-    advice by default, `DAMAGED` for a pretrained weights file)."""
+    """`NonFinite` naming `what`, the first bad tensors and `fix` when any weight is NaN or inf."""
     bad = non_finite(tensors)
     if bad:
         raise NonFinite(f"{what} holds non-finite weights (NaN or inf) in {len(bad)} tensors, e.g. "
@@ -48,24 +47,19 @@ def check_finite(tensors: dict[str, Any], what: str, fix: str = RUN_DIVERGED) ->
 
 
 def load(path: Path, kind: Kind = "checkpoint", mmap: bool = False) -> Any:
-    """Load a checkpoint (`kind="checkpoint"`, a run's) or a pretrained weights file (`kind="weights"`, the user's
-    own: a `torch.save` file or `.safetensors`) on the CPU, never running code the file carries
-    (`utils.safeload`: a file naming other Python objects is an `UnsafeFile`); an unreadable file is a `BadValue`
-    naming it (truncated, or not one) with the fix for that kind of file. `mmap`: tensors mapped, not read (a
-    cheap check that a file reads before a library loads it)."""
+    """Load a run's checkpoint (`kind="checkpoint"`) or a pretrained weights file (`kind="weights"`: `torch.save` or
+    `.safetensors`) on the CPU, never running code the file carries (`utils.safeload`: else an `UnsafeFile`); an
+    unreadable file is a `BadValue` naming it with the fix for that kind of file. `mmap`: tensors mapped, not read."""
     path = Path(path)
-    if kind == "weights" and path.suffix == SAFETENSORS:
-        try:
-            return safetensors.torch.load_file(path, device="cpu")
-        except Exception as err:  # noqa: BLE001 - a safetensors error of any kind: the file is cut or damaged
-            raise BadValue(f"the weights file {path} is truncated or corrupt ({type(err).__name__}): download or "
-                           f"save it again") from err
+    safetensors_file = kind == "weights" and path.suffix == SAFETENSORS
     try:
+        if safetensors_file:
+            return safetensors.torch.load_file(path, device="cpu")
         return torch_load(path, mmap=mmap and _is_torch_archive(path))  # a legacy-format file cannot be mapped
     except UnsafeFile:
         raise
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        torn = _is_torch_archive(path)
+    except Exception as err:  # noqa: BLE001 - any reading failure means the same thing to the user
+        torn = safetensors_file or _is_torch_archive(path)  # a safetensors error of any kind: cut or damaged
         if kind == "weights":
             if torn:
                 raise BadValue(f"the weights file {path} is truncated or corrupt ({type(err).__name__}): download or "
@@ -98,9 +92,8 @@ def backbone_state(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def state_dict_from_file(path: Path) -> dict[str, torch.Tensor]:
-    """A backbone state dict from a pretrained weights file: a plain state-dict file (`torch.save` or
-    `.safetensors`), a {'state_dict'|'model': ...} wrapper, or a vitsinks training checkpoint (whose model holds
-    `backbone.*`, `projector.*`, `probe.*`). Its errors speak of a weights file, not of a run."""
+    """A backbone state dict from a pretrained weights file: a plain state dict (`torch.save` or `.safetensors`), a
+    {'state_dict'|'model': ...} wrapper, or a vitsinks training checkpoint. Its errors speak of a weights file."""
     obj = load(path, "weights")
     for key in ("model", "state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -116,10 +109,9 @@ BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def architecture(sd: dict[str, Any]) -> dict[str, Any]:
-    """The ViT a (timm-layout) state dict holds, read off its keys and shapes: width, depth, heads (None unless a
-    per-head tensor tells: a head-wise gate, a sink logit), registers, patch size, gate (None, `elementwise`,
-    `headwise`), and MLP ratio, LayerScale and whether it has each other block mitigation (by its config name). A
-    field a state dict does not show is None."""
+    """The ViT a (timm-layout) state dict holds, read off its keys and shapes: width, depth, heads (where a per-head
+    tensor tells), registers, patch size, gate (None, `elementwise`, `headwise`), MLP ratio, LayerScale and whether it
+    has each other block mitigation (by its config name). A field a state dict does not show is None."""
     shape = {k: tuple(v.shape) for k, v in sd.items() if torch.is_tensor(v)}
     width = next((s[-1] for k in ("cls_token", "pos_embed", "norm.weight") if (s := shape.get(k))), None)
     blocks = {int(m.group(1)) for k in shape if (m := BLOCK.match(k))}
@@ -157,8 +149,7 @@ EXTRAS: dict[str, Callable[[Any], str]] = {
 
 
 def describe_architecture(arch: dict[str, Any], extras: tuple[str, ...] = ()) -> str:
-    """`width 384, depth 12, 6 heads, 4 registers, patch 14, not gated` (heads left out when unknown), then the
-    `extras` fields (`EXTRAS`)."""
+    """`width 384, depth 12, 6 heads, 4 registers, patch 14, not gated`, then the `extras` fields (`EXTRAS`)."""
     parts = [f"width {arch['width']}", f"depth {arch['depth']}"]
     if arch.get("heads"):
         parts.append(f"{arch['heads']} heads")
@@ -172,9 +163,8 @@ RESET_MODEL = "set model= and model.* to the file's architecture"  # the fix of 
 
 def mismatch(what: str, held: dict[str, Any], asked: dict[str, Any], keys: dict[str, list[str]],
              fix: str = RESET_MODEL) -> str:
-    """One line: `what` holds the architecture `held`, not the `asked` one, naming the fields that differ (the
-    `EXTRAS` shown only when they do) and `fix`; when the architectures read the same, the first keys that differ
-    (`keys`, from `key_differences`)."""
+    """One line: `what` holds the architecture `held`, not the `asked` one, naming the fields that differ and `fix`;
+    when the architectures read the same, the first keys that differ (`keys`, from `key_differences`)."""
     extras = tuple(k for k in EXTRAS if held.get(k) != asked.get(k))
     differ = [k for k in ("width", "depth", "heads", "registers", "patch", "gate", *extras)
               if held.get(k) != asked.get(k) and not (k == "heads" and None in (held.get(k), asked.get(k)))]
@@ -193,8 +183,7 @@ def key_detail(keys: dict[str, list[str]]) -> str:
 
 def misfit(what: str, sd: dict[str, Any], own: dict[str, Any], fix: str, heads: int | None = None) -> str:
     """One line for weights `sd` that do not load into a model whose state dict is `own` (`heads`: its heads, when
-    known): the two architectures and `fix` when both read as timm-layout ViTs (`mismatch`), else the keys that
-    differ (`key_differences`)."""
+    known): the two architectures and `fix` (`mismatch`) when both read as timm-layout ViTs, else the keys."""
     held, asked = architecture(sd), {**architecture(own), "heads": heads}
     keys = key_differences(sd, own)
     if held["width"] and asked["width"]:
@@ -212,8 +201,7 @@ def key_differences(sd: dict[str, Any], expected: dict[str, Any]) -> dict[str, l
 # ---- timm's hub ---------------------------------------------------------------------------------------------------
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to the Hugging Face hub (`HF_ENDPOINT`, or the proxy the environment names for it)
-    opens within `timeout` seconds."""
+    """Whether a TCP connection to the Hugging Face hub (or the proxy for it) opens within `timeout` seconds."""
     url = urlparse(hf_constants.ENDPOINT)
     proxy = urllib.request.getproxies().get(url.scheme)
     if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
@@ -228,8 +216,7 @@ def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
 
 @contextmanager
 def hub_offline(on: bool) -> Iterator[None]:
-    """huggingface_hub's offline mode (`HF_HUB_OFFLINE`) on within the block when `on`: the cache answers at once,
-    instead of each request retrying a network that is not there for about a minute."""
+    """huggingface_hub's offline mode (`HF_HUB_OFFLINE`) on within the block when `on`: the cache answers at once."""
     before = hf_constants.HF_HUB_OFFLINE
     hf_constants.HF_HUB_OFFLINE = before or on
     try:
@@ -239,8 +226,7 @@ def hub_offline(on: bool) -> Iterator[None]:
 
 
 def _cache_miss(err: BaseException | None) -> bool:
-    """Whether huggingface_hub's answer that a file is not in its cache (offline) is among the causes of `err`
-    (timm, transformers and open_clip each wrap it in their own error)."""
+    """Whether huggingface_hub's offline cache miss is among the causes of `err` (the libraries wrap it)."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, LocalEntryNotFoundError | OfflineModeIsEnabled):
@@ -253,10 +239,8 @@ def _cache_miss(err: BaseException | None) -> bool:
 @contextmanager
 def hub_or_cache(what: str, fix: str = "pass a weights file") -> Iterator[None]:
     """A library's downloads from the Hugging Face hub within the block, without waiting on a hub that is not there:
-    with the hub unreachable (`hub_reachable`, at most `HUB_TIMEOUT_S`) or `HF_HUB_OFFLINE` set, only the local
-    cache is read (`hub_offline`), and files not there are one `BadValue` naming `what` and `fix`, within seconds,
-    instead of a minute of retries. Every way a model comes from the hub goes through it (`model.pretrained=`,
-    `pretrained.load`)."""
+    with the hub unreachable (`hub_reachable`) or `HF_HUB_OFFLINE` set, only the local cache is read, and files not
+    there are one `BadValue` naming `what` and `fix` within seconds, instead of a minute of retries."""
     told_offline = hf_constants.HF_HUB_OFFLINE
     offline = told_offline or not hub_reachable()
     try:
@@ -271,9 +255,7 @@ def hub_or_cache(what: str, fix: str = "pass a weights file") -> Iterator[None]:
 
 
 def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
-    """The state dict of timm model `name` with its pretrained weights (downloaded, or from the local cache). With
-    the hub unreachable or `HF_HUB_OFFLINE` set, only the cache is read (`hub_or_cache`): weights not there are one
-    `BadValue` within seconds, not a minute of retries."""
+    """The state dict of timm model `name` with its pretrained weights (downloaded, or cached: `hub_or_cache`)."""
     if Path(name).suffix in WEIGHT_SUFFIXES:  # a file meant, not a timm name (whose tags hold no such suffix)
         raise InputNotFound(f"model.pretrained={name}: no such weights file: check the path, or pass a timm name")
     try:
@@ -282,10 +264,6 @@ def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
     except BadValue:
         raise
     except Exception as err:  # noqa: BLE001 - unknown name, missing hub files, a broken download
-        raise _not_loaded(name, err) from err
-
-
-def _not_loaded(name: str, err: Exception) -> BadValue:
-    return BadValue(f"model.pretrained={name!r} is neither a file nor a timm model whose weights could be loaded "
-                    f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); pass a state-dict path or a timm "
-                    f"name with cached weights")
+        raise BadValue(f"model.pretrained={name!r} is neither a file nor a timm model whose weights could be loaded "
+                       f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); pass a state-dict path or a "
+                       f"timm name with cached weights") from err

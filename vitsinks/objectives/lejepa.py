@@ -36,23 +36,8 @@ class LossTerms(NamedTuple):
 
 
 class LeJEPALoss(nn.Module):
-    """`lamb * SIGReg(all views) + (1 - lamb) * invariance(all views, global views)`.
-
-    Equal to `lightly.loss.LeJEPALoss` when there are local views; written from lightly's two parts so that the
-    paper recipe (global views only) and its own lambda / slice count work too.
-
-    `objective.sigreg` chooses what SIGReg tests for Gaussianity: `per_view_global` (lightly's on (V, N, D): one
-    statistic per view over the global batch's N samples, averaged over views; the statistic's sums all-reduced
-    under DDP) or `pooled_per_rank` (the reference's: the V x N projections of a rank pooled into one statistic of
-    V x N samples, no all-reduce; DDP then averages the gradients). The statistic grows with its sample count,
-    so the two differ in scale as well as in what must be Gaussian.
-
-    Precision: by default the loss is computed in fp32 outside any autocast (the projections cast to fp32).
-    `objective.loss_in_autocast` computes it as the reference's trainer does, in whatever autocast the caller runs
-    (bf16 in a bf16 run) on the projections as they come: bf16 projections get bf16 slices (`torch.randn` in their
-    dtype), a bf16 projection matmul, fp32 cos / sin, a bf16 quadrature matmul and a bf16 statistic. It needs
-    `pooled_per_rank` (the reference's form; lightly's all-reduced sample count would be a bf16 number too).
-    """
+    """`lamb * SIGReg(all views) + (1 - lamb) * invariance(all views, global views)`, from lightly's two parts;
+    `objective.sigreg` and `objective.loss_in_autocast` choose lightly's or the reference's form (docs/fidelity.md)."""
 
     def __init__(self, cfg: ObjectiveConfig, gather_distributed: bool = False) -> None:
         super().__init__()
@@ -66,8 +51,7 @@ class LeJEPALoss(nn.Module):
                              gather_distributed=gather_distributed and not self.pooled)
 
     def forward(self, global_proj: torch.Tensor, local_proj: torch.Tensor | None = None) -> LossTerms:
-        """`global_proj` (Vg, B, D) and optional `local_proj` (Vl, B, D) projections; called inside the run's
-        autocast (see the class docstring for the precision)."""
+        """`global_proj` (Vg, B, D) and optional `local_proj` (Vl, B, D) projections, inside the run's autocast."""
         if self.in_autocast:
             return self._terms(global_proj, local_proj)
         kind = global_proj.device.type
@@ -90,7 +74,7 @@ def online_probe(dim: int, num_classes: int) -> nn.Sequential:
 
 
 class LeJEPAModel(nn.Module):
-    """Backbone + LeJEPA projector + online probe (LayerNorm + Linear on the detached final-norm [CLS])."""
+    """Backbone + LeJEPA projector + online probe (`online_probe`, on the detached final-norm [CLS])."""
 
     def __init__(self, backbone: SinkViT, cfg: ObjectiveConfig, num_classes: int) -> None:
         super().__init__()
@@ -100,10 +84,7 @@ class LeJEPAModel(nn.Module):
 
     def forward(self, views: list[torch.Tensor], n_global: int) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                           torch.Tensor]:
-        """Views (each (B, 3, h, w)) -> (global projections (Vg, B, D), local ones or None, probe logits (Vg*B, C)).
-
-        Views of one resolution go through the backbone together (global views, then local views).
-        """
+        """Views -> (global projections (Vg, B, D), local ones or None, probe logits (Vg*B, C))."""
         B = views[0].shape[0]
         emb_g = self.backbone(torch.cat(views[:n_global]))
         proj_g = self.projector(emb_g).view(n_global, B, -1)
@@ -115,8 +96,7 @@ class LeJEPAModel(nn.Module):
 
 
 def probe_top1(probe: nn.Module, embedded: list[Embedded], runtime: Runtime, shard: tuple[int, int] = (0, 1)) -> float:
-    """Top-1 of `probe` on embedded validation batches (`embed`), batch by batch in the run's autocast. With a
-    `shard` of several ranks the counts are summed over the ranks (a collective: every rank calls it)."""
+    """Top-1 of `probe` on embedded batches (`embed`) in the run's autocast (a collective over a `shard`'s ranks)."""
     correct = torch.zeros((), dtype=torch.long, device=runtime.device)  # read once, at the end
     for f, y in embedded:
         with runtime.autocast():
@@ -133,10 +113,7 @@ def probe_top1(probe: nn.Module, embedded: list[Embedded], runtime: Runtime, sha
 def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtime: Runtime,
                    max_images: int = 2048, shard: tuple[int, int] = (0, 1),
                    batches: list[ProbeBatch] | None = None) -> float:
-    """Top-1 of the online probe on the centre views of up to `max_images` validation images (`probe_batches`).
-    With a `shard` of several ranks each rank computes its share and the counts are summed over the ranks (a
-    collective: every rank calls it), so every rank returns the one-process number. `batches`: this shard's
-    `probe_batches`, when the caller keeps them (decoded once for the whole run)."""
+    """Top-1 of the online probe on up to `max_images` validation images (`probe_batches`, or the kept `batches`)."""
     model.eval()
     if batches is None:
         batches = probe_batches(val_set, cfg, max_images, shard)
@@ -145,9 +122,8 @@ def probe_accuracy(model: LeJEPAModel, val_set: Dataset, cfg: DictConfig, runtim
 
 @OBJECTIVES.register
 class LeJEPA(Objective):
-    """LeJEPA on multi-crop views (`views.*`), with the online probe trained beside it on the detached [CLS]:
-    logged terms `loss` (the LeJEPA loss), `sigreg`, `invariance`, `probe_loss`, `probe_acc`; validation
-    `val/probe_acc`."""
+    """LeJEPA on multi-crop views with the online probe on the detached [CLS]: logged `loss`, `sigreg`,
+    `invariance`, `probe_loss`, `probe_acc`; validation `val/probe_acc`."""
 
     name = "lejepa"
     probe_prefixes = ("probe.",)
@@ -204,8 +180,7 @@ class LeJEPA(Objective):
 
     @torch.no_grad()
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
-        """`val/probe_acc` and the monitors, sharded over the ranks, from one embedding of the validation images;
-        each rank decodes its share of the images once per run."""
+        """`val/probe_acc` and the monitors, sharded over the ranks (each decodes its share once per run)."""
         shard = rank_world() if self.runtime.world > 1 else (0, 1)
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, probe_batches(val_set, self.cfg, shard=shard, pin=self.runtime.device.type == "cuda")

@@ -1,14 +1,7 @@
-"""The SSL monitors of every validation (`monitors.*`, docs/training.md#the-ssl-monitors), on the embeddings the
-objective validates on (the backbone's output, the final-norm [CLS]: what the online probe reads):
-
-- `val/knn_top1`, the online k-NN top-1: the InstDisc / DINO weighted k-NN (lightly's `knn_predict`: cosine
-  similarity, the `k` nearest bank images each vote exp(cosine / T) for their class) of the validation images
-  against a bank of training images, the first `monitors.knn_bank` of the training split in the seeded `selection`
-  order, seen as the validation images are and embedded again with the current weights at every validation;
-- `val/rankme`, RankMe (Garrido et al. 2023): exp of the entropy of the normalised singular values of the
-  validation embeddings, the effective rank that collapses with them.
-
-Also the decoded validation views the objectives read (`probe_batches`) and their embedding (`embed`).
+"""The SSL monitors of every validation (`monitors.*`, docs/training.md#the-ssl-monitors) on the embeddings the
+objective validates on: `val/knn_top1` (lightly's weighted k-NN against a bank of training images, embedded again at
+every validation) and `val/rankme` (RankMe, Garrido et al. 2023); also the decoded validation views the objectives
+read (`probe_batches`) and their embedding (`embed`).
 """
 
 from __future__ import annotations
@@ -40,10 +33,8 @@ KNN_CHUNK = 1024  # queries per similarity matrix (chunk x bank floats)
 def probe_batches(split: Dataset, cfg: DictConfig, max_images: int = 2048, shard: tuple[int, int] = (0, 1),
                   batch_size: int = 256, pin: bool = False,
                   transform: Callable[[Any], torch.Tensor] | None = None) -> list[ProbeBatch]:
-    """The decoded centre views of the first `max_images` images of `split` in the seeded `cfg.selection` order (never
-    one class's images): shard `(rank, world)` takes every world-th from the rank-th; unreadable images are skipped
-    under `data.on_bad_image=skip`. `transform`: the view (default: `selection_transform` of `views.global_size`, what
-    the online probe reads); `pin`: in pinned memory (fast copies to a GPU)."""
+    """The decoded views (`transform`, default the online probe's) of the first `max_images` images of `split` in the
+    seeded `cfg.selection` order; shard `(rank, world)` takes every world-th from the rank-th; `pin`: pinned memory."""
     tf = transform or selection_transform(cfg.views.global_size, cfg.selection)
     rank, world = shard
     order = permutation(len(split), cfg.selection.seed)[:max_images][rank::world]  # type: ignore[arg-type]
@@ -60,8 +51,7 @@ def probe_batches(split: Dataset, cfg: DictConfig, max_images: int = 2048, shard
 @torch.no_grad()
 def embed(backbone: nn.Module, batches: list[ProbeBatch], device: torch.device,
           autocast: Callable[[], Any]) -> list[Embedded]:
-    """Each batch's embeddings (the backbone's output) under `autocast()` (the run's), with its labels, on `device`;
-    the backbone's mode is the caller's."""
+    """Each batch's embeddings (the backbone's output) under `autocast()`, with its labels, on `device`."""
     out = []
     for x, y in batches:
         with autocast():
@@ -70,9 +60,8 @@ def embed(backbone: nn.Module, batches: list[ProbeBatch], device: torch.device,
 
 
 def rankme(z: torch.Tensor, eps: float = RANKME_EPS) -> float:
-    """RankMe of the embeddings `z` (N, D): exp(-sum_k p_k log p_k) with p_k = s_k / ||s||_1 + eps over the
-    min(N, D) singular values s of `z`, in float64. About 1 when every row points one way, at most min(N, D)
-    (+ the eps terms); 0 for a matrix of zeros (no direction). NaN or inf in `z` is `NonFinite`."""
+    """RankMe of the embeddings `z` (N, D): exp(-sum_k p_k log p_k), p_k = s_k / ||s||_1 + eps over the singular
+    values s of `z`, in float64; 0 for a matrix of zeros. NaN or inf in `z` is `NonFinite`."""
     if z.ndim != 2 or 0 in z.shape:
         raise BadValue(f"RankMe needs an N x D matrix of embeddings with N, D >= 1, got shape {tuple(z.shape)}")
     z64 = z.detach().to("cpu", torch.float64)
@@ -88,20 +77,26 @@ def rankme(z: torch.Tensor, eps: float = RANKME_EPS) -> float:
 
 def knn_classify(queries: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, num_classes: int, k: int,
                  temperature: float) -> torch.Tensor:
-    """The top-1 class of each query (N,) by lightly's weighted k-NN (`knn_predict`) on L2-normalised embeddings:
-    the `k` (at most the bank's size) most cosine-similar bank rows vote exp(cosine / temperature) for their label."""
+    """The top-1 class of each query (N,) by lightly's weighted k-NN (`knn_ranked`)."""
+    return knn_ranked(queries, bank, bank_labels, num_classes, k, temperature)[:, 0]
+
+
+def knn_ranked(queries: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, num_classes: int, k: int,
+               temperature: float, top: int = 1) -> torch.Tensor:
+    """The `top` classes of each query (N, top), most voted first, by lightly's weighted k-NN (`knn_predict`): the
+    `k` (at most the bank's size) most cosine-similar bank rows vote exp(cosine / temperature) for their label."""
     if len(bank) == 0:
         raise BadValue("the k-NN bank is empty: there is no neighbour to vote")
     bank_t = F.normalize(bank.float(), dim=1).T.contiguous()
     k = min(k, len(bank))
-    votes = [knn_predict(F.normalize(q.float(), dim=1), bank_t, bank_labels, num_classes, k, temperature)[:, 0]
+    votes = [knn_predict(F.normalize(q.float(), dim=1), bank_t, bank_labels, num_classes, k, temperature)[:, :top]
              for q in queries.split(KNN_CHUNK)]
-    return torch.cat(votes) if votes else torch.zeros(0, dtype=torch.long, device=queries.device)
+    return torch.cat(votes) if votes else torch.zeros(0, top, dtype=torch.long, device=queries.device)
 
 
 def joined(parts: list[Embedded], shard: tuple[int, int], device: torch.device) -> Embedded:
-    """One (embeddings (N, D) float32, labels (N,)) from the batches of this rank, and of every rank when the
-    batches are a shard (`shard[1] > 1`: a collective, every rank calls it)."""
+    """One (embeddings (N, D) float32, labels (N,)) from this rank's batches, and every rank's when `shard[1] > 1`
+    (a collective)."""
     local = [(f.float(), y) for f, y in parts if len(f)]
     if shard[1] > 1:
         local = [(f.to(device), y.to(device)) for rank in gather_objects([(f.cpu(), y.cpu()) for f, y in local])
@@ -112,17 +107,16 @@ def joined(parts: list[Embedded], shard: tuple[int, int], device: torch.device) 
 
 
 def check_finite(z: torch.Tensor, what: str) -> None:
-    """`NonFinite` naming `what` when `z` holds NaN or inf: a monitor computed from it would be no result."""
+    """`NonFinite` naming `what` when `z` holds NaN or inf."""
     if not torch.isfinite(z).all():
         raise NonFinite(f"the {what} embeddings are not finite (NaN or inf): the run diverged. Lower train.lr and "
                         f"relaunch to resume from the last checkpoint")
 
 
 class Monitors:
-    """A run's monitors: its `monitors.*` settings, the k-NN bank's training split (decoded once, on first use, in
-    the objective's validation view `transform`) and its number of classes; called with one validation's embeddings,
-    the metrics (`KNN`, `RANKME`). A k-NN that cannot be made (an empty bank, a bank of one class) is left out of the
-    metrics, said once in one line."""
+    """A run's monitors: the k-NN bank is decoded from `bank_split` once, in the validation view `transform`; called
+    with one validation's embeddings, the metrics (`KNN`, `RANKME`). A k-NN that cannot be made (a bank of fewer
+    than two classes) is left out, said once."""
 
     def __init__(self, cfg: DictConfig, bank_split: Dataset, num_classes: int, device: torch.device,
                  autocast: Callable[[], Any], transform: Callable[[Any], torch.Tensor]) -> None:
@@ -140,9 +134,8 @@ class Monitors:
         return self._bank[1]
 
     def __call__(self, backbone: nn.Module, val: list[Embedded], shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
-        """The monitors of one validation: `val`, this shard's validation embeddings (every rank's when `shard`
-        has one rank) with their labels; `backbone`, the model that made them (it embeds the bank). A collective
-        when `shard` has several ranks: every rank calls it and gets the one-process numbers."""
+        """The monitors of one validation from this shard's embeddings `val` (`backbone` embeds the bank); a
+        collective when `shard` has several ranks, each getting the one-process numbers."""
         feats, labels = joined(val, shard, self.device)
         check_finite(feats, "validation")
         out: dict[str, float] = {}

@@ -1,10 +1,5 @@
-"""The interface between the Trainer and a training objective, and the registry of objectives (`objective.name`).
-
-An objective builds the trainable model around the backbone, turns the loader's items into batches, computes the
-loss terms of a batch, validates (with the SSL monitors, `vitsinks.objectives.monitors`, on the embeddings of its
-validation view), and may save extra state. The common-mode penalty (`objective.cm_penalty`) is
-added here for every objective, through hooks on the backbone's blocks (`vitsinks.objectives.penalty`).
-"""
+"""The interface between the Trainer and a training objective, and the registry of objectives (`objective.name`);
+the common-mode penalty (`objective.cm_penalty`) is added here for every objective."""
 
 from __future__ import annotations
 
@@ -44,13 +39,8 @@ class Runtime:
 
 
 class Objective(ABC):
-    """One training objective. A subclass names itself (`name`, what `objective.name` selects) and is registered
-    with `@OBJECTIVES.register`.
-
-    `probe_prefixes`: parameter-name prefixes of an online probe (its own learning rate `objective.probe_lr`, no
-    weight decay, no gradient clipping). `bar_metric`: the logged term shown beside the loss on the progress bar.
-    `nan_advice`: what to change when the loss becomes non-finite.
-    """
+    """One training objective, registered with `@OBJECTIVES.register` under its `name`. `probe_prefixes`: an online
+    probe's parameter prefixes (`objective.probe_lr`); `bar_metric`: on the progress bar; `nan_advice`: the fix."""
 
     name: ClassVar[str]
     probe_prefixes: ClassVar[tuple[str, ...]] = ()
@@ -62,8 +52,6 @@ class Objective(ABC):
         self.penalty: CommonModePenalty | None = None
         self.monitors: Monitors | None = None  # set by `watch`
 
-    # ---- data ---------------------------------------------------------------------------------------------------
-
     @abstractmethod
     def train_samples(self, base: Dataset) -> Dataset:
         """The training items built from the base training split (an `epoch` attribute the Trainer sets)."""
@@ -71,8 +59,6 @@ class Objective(ABC):
     @abstractmethod
     def collate(self, items: list[Any]) -> Batch:
         """A loader batch from items (None for an unreadable one): (inputs, targets, number dropped)."""
-
-    # ---- model and loss -----------------------------------------------------------------------------------------
 
     @abstractmethod
     def build_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
@@ -83,8 +69,7 @@ class Objective(ABC):
         """(total loss, logged terms) of one batch through `net` (the model, or its DDP / compiled wrapper)."""
 
     def setup_model(self, backbone: SinkViT, num_classes: int) -> nn.Module:
-        """`build_model` on the run's device, with the common-mode penalty's hooks on the backbone's blocks when
-        `objective.cm_penalty` is on."""
+        """`build_model` on the run's device, with the common-mode penalty's hooks when `objective.cm_penalty` is on."""
         model = self.build_model(backbone, num_classes).to(self.runtime.device)
         if self.cfg.objective.cm_penalty:
             self.penalty = CommonModePenalty(cast("list[SinkBlock]", backbone.blocks), self.cfg.objective)
@@ -101,20 +86,16 @@ class Objective(ABC):
             terms.update(cm_terms)
         return total, terms
 
-    # ---- validation and state -----------------------------------------------------------------------------------
-
     @abstractmethod
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
         """Validation metrics (`val/...`) of `model` on the validation split, with the monitors' (`monitored`)."""
 
     def val_view(self) -> Callable[[Any], torch.Tensor] | None:
-        """The transform of an image into the view this objective validates on; None: it validates on no labelled
-        images (no monitors)."""
+        """The view of an image this objective validates on; None: no labelled images (no monitors)."""
         return None
 
     def watch(self, bank_split: Dataset, num_classes: int) -> None:
-        """Compute the SSL monitors (`vitsinks.objectives.monitors`, `monitors.*`) with every validation, the k-NN's
-        bank drawn from `bank_split` (the run's training split); a no-op without a `val_view`."""
+        """Compute the SSL monitors with every validation (k-NN bank from `bank_split`); a no-op without `val_view`."""
         view = self.val_view()
         if view is not None:
             self.monitors = Monitors(self.cfg, bank_split, num_classes, self.runtime.device, self.runtime.autocast,

@@ -15,15 +15,8 @@ from vitsinks.utils.errors import BadValue
 
 
 class CommonModePenalty:
-    """`lambda_B * mean_l pen_l`, the mean over the blocks after `cm_skip_blocks` (as the reference's ViT trainer),
-    pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block l's attention update o (ls1 * attn(z), before the attention
-    gate with `cm_pre_gate`) over the global batch: each term is averaged over the step's forward passes (LeJEPA's
-    global and local views) and, under DDP, over the ranks (a differentiable all-reduce) before the ratio, so
-    several ranks compute what one process would on the whole batch.
-
-    Every block is hooked, so that the skipped blocks' `cm/block<l>` are logged too; only forward passes that
-    build a graph are recorded (validation and diagnostics leave no terms behind).
-    """
+    """`lambda_B * mean_l pen_l` over the blocks after `cm_skip_blocks`, pen_l = E(mean_i o_i) / (E(o) + 1e-12) of block
+    l's attention update o over the step's forward passes with gradients (and DDP ranks; docs/fidelity.md)."""
 
     def __init__(self, blocks: Iterable[SinkBlock], cfg: ObjectiveConfig) -> None:
         self.blocks = list(blocks)

@@ -1,13 +1,9 @@
-"""The supervised objective (`objective=supervised`), beside LeJEPA: the dataset's own targets.
+"""The supervised objective (`objective=supervised`): the dataset's own targets.
 
-- Sink tasks (`data=sinktask_*`): per-patch regression **on the residual stream itself**. The prediction is the
-  final residual stream of the patch tokens (before the final norm: nothing after attention may undo its output)
-  and the target is the task's target patch embedded by the model's own patch embedding, which must be the frozen
-  isometry (`model.patch_embed=orthonormal`): "leave this patch unchanged" then means an attention output of
-  exactly zero. Loss: weighted squared error per patch; `val/rel_error` divides it by the loss of changing nothing
-  (the input patches as the prediction) on the same validation items.
-- Labelled images (`synthetic`, `fashion_mnist`, `imagenet`): image-level classification, a linear head on the
-  final-norm [CLS], cross-entropy, on the deterministic centre view.
+- Sink tasks (`data=sinktask_*`): per-patch regression on the residual stream itself (before the final norm), the
+  target patch embedded by the frozen isometric patch embedding (`model.patch_embed=orthonormal`), so that "leave
+  this patch unchanged" means an attention output of exactly zero; weighted squared error per patch.
+- Labelled images: classification by a linear head on the final-norm [CLS] of the centre view, cross-entropy.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def residual_stream(backbone: SinkViT, images: torch.Tensor) -> torch.Tensor:
 
 
 def embed_targets(backbone: SinkViT, target: torch.Tensor) -> torch.Tensor:
-    """Patch-pixel targets (B, P, C * p * p) -> residual-stream targets (B, P, dim) through the frozen isometric
-    patch embedding (a bias-free linear map, so embedding the target equals embedding the target image)."""
+    """Patch-pixel targets (B, P, C * p * p) -> residual-stream targets (B, P, dim) by the frozen patch embedding."""
     proj = backbone.patch_embed.proj
     if proj.bias is not None or proj.weight.requires_grad:
         raise BadValue("the sink tasks need model.patch_embed=orthonormal (a frozen, bias-free isometry), so that "
@@ -75,11 +70,7 @@ def supervised_loss(model: SupervisedModel, out: torch.Tensor, targets: Any) -> 
 
 
 class SupervisedSamples(Dataset):
-    """Items for the supervised objective: sink-task items as they are, labelled images as (centre view, label).
-
-    A corrupt image yields None (dropped and counted by `collate_supervised`) or, with `on_bad_image="error"`,
-    raises `BadImage`.
-    """
+    """Sink-task items as they are, labelled images as (centre view, label); a corrupt image is None."""
 
     def __init__(self, base: Dataset, image_size: int, on_bad_image: str = "skip") -> None:
         self.base, self.on_bad_image = base, on_bad_image
@@ -121,8 +112,7 @@ def to_device(targets: Any, device: torch.device) -> Any:
 def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.device, bf16: bool = False,
              max_items: int = 2048, batch_size: int = 256,
              embedded: list[Embedded] | None = None) -> dict[str, float]:
-    """Validation: `val/loss` and `val/rel_error` (dense; loss / loss of changing nothing) or `val/top1`.
-    `embedded`: a list that receives each classification batch's (embeddings, labels) (for the monitors)."""
+    """`val/loss` and `val/rel_error` (dense) or `val/top1`; `embedded` receives (embeddings, labels) per batch."""
     model.eval()
     n = min(len(dataset), max_items)
     total, still, count = 0.0, 0.0, 0
@@ -156,8 +146,7 @@ def evaluate(model: SupervisedModel, dataset: SupervisedSamples, device: torch.d
 
 @OBJECTIVES.register
 class Supervised(Objective):
-    """The dataset's own targets: logged terms `loss` (and `acc` for classification); validation `val/top1`, or
-    `val/loss` and `val/rel_error` for the sink tasks."""
+    """The dataset's own targets: logged `loss` (and `acc`); validated as `evaluate` (and the monitors)."""
 
     name = "supervised"
     bar_metric = "acc"
@@ -192,8 +181,7 @@ class Supervised(Objective):
         return None if is_sink_task(self.cfg.data.name) else analysis_transform(self.cfg.views.global_size)
 
     def validate(self, model: nn.Module, val_set: Dataset) -> dict[str, float]:
-        """`val/top1` and the monitors (classification), or the sink tasks' `val/loss` and `val/rel_error`; every
-        rank validates every image."""
+        """`evaluate`'s metrics and the monitors' (classification); every rank validates every image."""
         if self._val is None or self._val[0] is not val_set:
             self._val = val_set, self.train_samples(val_set)
         embedded: list[Embedded] = []

@@ -1,2 +1,1 @@
-"""The generated documentation pages: every command's options (docs/commands-options.md) and the variant lists
-(`python -m vitsinks.docs`)."""
+"""The generated documentation pages: the options page and the variant lists (`python -m vitsinks.docs`)."""

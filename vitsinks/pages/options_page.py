@@ -1,23 +1,8 @@
-"""Write docs/commands-options.md: every command's options, generated from the typed configs and the commands.
+"""The pages made from the code (`python -m vitsinks.docs`; tests/pages compare the committed ones).
 
-    python -m vitsinks.docs > docs/commands-options.md
-
-The page is made from what the code declares, so it cannot drift (tests/pages/test_options_page.py compares the
-committed page with this output): the commands (`python -m vitsinks`'s listing) with their short keys, the plain
-commands' argument dataclasses, the config groups and their options (the first comment line of each YAML), and
-every field of the schema (`schema.Config`) with its type, its default as composed with no overrides, what it
-admits (the closed set or the declared range) and the comment beside it in the source.
-
-The page names the block mitigations (`model.<name>`) and attention kinds (`model.attn` choices) it covers (a
-`Plugins` line): the test writes it again for those plugins alone (`current`), so a mitigation or kind added since (its
-module and exp config) leaves the page current; the command above covers every registered one.
-
-    python -m vitsinks.docs variants
-
-rewrites the variant list of README.md and the variant table of docs/variants.md (between their
-`<!-- variants:start -->` and `<!-- variants:end -->` lines) from the exp config group: one entry per
-`vitsinks/configs/exp/<name>.yaml`, in `variants.variant_order`, with what the composed config of each sets
-(tests/pages/test_variant_docs.py compares the committed blocks with this output).
+docs/commands-options.md (`render`): the commands, their arguments, the config groups and every field of the schema,
+naming the block mitigations and attention kinds it covers (`Plugins`, so that one added since leaves the committed
+page current); and the variant blocks of README.md and docs/variants.md (`write_variants`).
 """
 
 from __future__ import annotations
@@ -41,28 +26,24 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from vitsinks.configs.checks import unwrap_optional
 from vitsinks.configs.schema import Config, compose_config, config_dir
 from vitsinks.configs.search import checkout_configs, options, yaml_description
+from vitsinks.configs.usage import Source, commands
 from vitsinks.configs.variants import STUDY_VARIANTS, variant_order
 from vitsinks.data import DATASETS  # noqa: F401 - the registries whose names are the choices of open sets
 from vitsinks.models.kinds import KINDS
 from vitsinks.models.mitigations import MITIGATIONS
 from vitsinks.models.vit import SIZES
 from vitsinks.objectives import OBJECTIVES  # noqa: F401
-from vitsinks.pages.command_docs import (
-    argument_classes,
-    command_modules,
-    describe_short_keys,
-    first_line,
-    is_hydra,
-    short_keys,
-)
 from vitsinks.probes.dense_protocols import DENSE_PROTOCOLS  # noqa: F401
+from vitsinks.probes.knn_protocols import KNN_PROTOCOLS  # noqa: F401
 from vitsinks.probes.linear_protocols import LINEAR_PROTOCOLS  # noqa: F401
 from vitsinks.utils import files
 from vitsinks.utils.bounded import range_of
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.registry import FIELDS
+from vitsinks.utils.tables import markdown_table
 
 GENERATOR = "python -m vitsinks.docs > docs/commands-options.md"
 ATTN_KEY = "model.attn"  # the field whose choices are the attention kinds (`vitsinks.models.kinds`)
@@ -74,8 +55,8 @@ COVERS_RE = re.compile(r"^Covers the block mitigations \(`model\.<name>`\): (.*?
 
 @dataclasses.dataclass(frozen=True)
 class Plugins:
-    """The block mitigations (`model.<name>` fields) and attention kinds (`model.attn` choices) a page covers; a
-    registered one it does not cover is left out of it, with the options of the config files that switch it on."""
+    """The block mitigations (`model.<name>` fields) and attention kinds (`model.attn` choices) a page covers; one
+    registered but not covered is left out, with the config files that switch it on."""
 
     mitigations: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -89,9 +70,7 @@ class Plugins:
     def of_page(cls, page: str) -> Plugins | None:
         """The plugins a generated page says it covers (its `COVERS` line); None without the line."""
         found = COVERS_RE.search(page)
-        if found is None:
-            return None
-        return cls(*(tuple(re.findall(r"`([^`]+)`", names)) for names in found.groups()))
+        return None if found is None else cls(*(tuple(re.findall(r"`([^`]+)`", n)) for n in found.groups()))
 
     def line(self) -> str:
         """The page's line naming them."""
@@ -120,26 +99,36 @@ class Plugins:
         model = cast(DictConfig, OmegaConf.create(text)).get("model") or {}  # a config file: a mapping
         return str(model.get("attn")) in kinds or any(
             m in model and MITIGATIONS[m].setting(model[m]) is not None for m in mitigations)
+
+
 VARIANTS_GENERATOR = "python -m vitsinks.docs variants"
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout whose pages `variants` rewrites
 VARIANT_PAGES = ("README.md", "docs/variants.md")  # the list, the table
 START, END = "<!-- variants:start -->", "<!-- variants:end -->"
 
 
-def _cell(text: str) -> str:
-    """One Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    """A Markdown table whose cells are one line each."""
+    return markdown_table(header, [[" ".join(str(c).split()) for c in row] for row in rows])
+
+
+def describe_short_keys(keys: dict[str, str]) -> str:
+    """`n_images=` for `diagnostics.n_images=`, ...: one prefix said once where every key shares it."""
+    prefixes = {v.rsplit(".", 1)[0] for v in keys.values() if "." in v}
+    if len(prefixes) == 1 and all(v == f"{next(iter(prefixes))}.{k}" for k, v in keys.items()):
+        return ", ".join(f"`{k}=`" for k in keys) + f" (each for `{next(iter(prefixes))}.<key>=`)"
+    return ", ".join(f"`{k}=` (`{v}=`)" for k, v in keys.items())
+
+
+def argument_classes(module: types.ModuleType) -> list[type]:
+    """A plain command's argument dataclasses: those its module defines whose name ends in `Args`."""
+    return [obj for name, obj in vars(module).items() if name.endswith("Args") and isinstance(obj, type)
+            and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__]
 
 
 def _source_comments(source: str) -> dict[str, str]:
-    """Field name -> its comment in a class body's `source`: the comment lines right above the field, then the
-    comment at the end of its last line. Fields are `name: type = ...` lines and `("name", ...)` tuples (the
-    fields of `dataclasses.make_dataclass`)."""
+    """Field name -> the comment lines right above it and the comment at the end of its last line in `source`; fields
+    are `name: type = ...` lines and `make_dataclass`'s `("name", type, field)` tuples."""
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -161,8 +150,7 @@ def _source_comments(source: str) -> dict[str, str]:
         while row >= 1 and lines[row - 1].strip().startswith("#") and row in comments:
             above.insert(0, comments[row])
             row -= 1
-        text = " ".join([*above, *([comments[last]] if last in comments else [])])
-        if text:
+        if text := " ".join([*above, *([comments[last]] if last in comments else [])]):
             out[name] = text
     return out
 
@@ -171,37 +159,24 @@ def field_comments(cls: type) -> dict[str, str]:
     """Field name -> the comment beside it in the source of `cls` and of its dataclass bases; the fields that
     `make_dataclass` added are looked up in the module that made the class."""
     out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass) or klass is object:
-            continue
+    for klass in filter(dataclasses.is_dataclass, reversed(cls.__mro__)):
         try:
             source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):  # made by make_dataclass: no class statement, read its module
-            source = inspect.getsource(sys.modules[klass.__module__])
-            found = _source_comments(source)
-            out.update({k: v for k, v in found.items() if k in klass.__annotations__})
-            continue
-        found = _source_comments(source)
+        except (OSError, TypeError):  # made by make_dataclass: no class statement
+            source = ""
+        found = _source_comments(source) if source else {}
         declared = {n.target.id for n in ast.walk(ast.parse(source))
                     if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-        if not set(klass.__annotations__) <= declared:  # a type checker's stub of a class made by make_dataclass
+        if not set(klass.__annotations__) <= declared:  # made by make_dataclass (or a type checker's stub of one)
             module = _source_comments(inspect.getsource(sys.modules[klass.__module__]))
             found = {**{k: v for k, v in module.items() if k in klass.__annotations__}, **found}
         out.update(found)
     return out
 
 
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-    if union and len(args) == 1 and len(typing.get_args(hint)) == 2:
-        return args[0], True
-    return hint, False
-
-
 def type_name(hint: Any) -> str:
     """`int`, `float | None`, `list[float]`, `dict`, or the enum's name for a closed set."""
-    inner, optional = _unwrap_optional(hint)
+    inner, optional = unwrap_optional(hint)
     if isinstance(inner, type) and issubclass(inner, Enum):
         name = "choice"
     elif typing.get_origin(inner) is list:
@@ -218,7 +193,7 @@ def type_name(hint: Any) -> str:
 def admits(f: dataclasses.Field, hint: Any, hidden: Collection[str] = (), choices: Sequence[str] | None = None) -> str:
     """What a field accepts beyond its type: the closed set's values (but `hidden`), the `choices` of an open set
     (a registry's names), or the declared range ('' when anything of its type goes)."""
-    inner, optional = _unwrap_optional(hint)
+    inner, optional = unwrap_optional(hint)
     if choices is not None:
         text = ", ".join(choices)
     elif isinstance(inner, type) and issubclass(inner, Enum):
@@ -238,7 +213,7 @@ def _default(value: Any) -> str:
     if isinstance(value, Enum):
         return str(value.value)
     if isinstance(value, list | dict):
-        return str(value).replace("'", "") if value else ("[]" if isinstance(value, list) else "{}")
+        return str(value).replace("'", "")
     return str(value)
 
 
@@ -249,36 +224,29 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
-@dataclasses.dataclass(frozen=True)
-class Section:
-    """One config dataclass at a dotted key of the run config ('' for the top level)."""
-
-    key: str
-    cls: type
-
-
-def sections(cls: type = Config, key: str = "") -> Iterator[Section]:
-    """Every config dataclass of the schema, the top level first, nested ones after their parent."""
-    yield Section(key, cls)
+def sections(cls: type = Config, key: str = "") -> Iterator[tuple[str, type]]:
+    """(dotted key, class) of every config dataclass of the schema: the top level ('') first, nested ones after their
+    parent."""
+    yield key, cls
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        inner, _ = _unwrap_optional(hints[f.name])
+        inner, _ = unwrap_optional(hints[f.name])
         if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             yield from sections(inner, f"{key}.{f.name}" if key else f.name)
 
 
-def field_rows(section: Section, defaults: Any, plugins: Plugins | None = None) -> list[list[str]]:
-    """The table rows (key, type, default, admits, meaning) of one section's own (non-nested) fields; with
-    `plugins`, only the mitigations' fields and attention kinds it covers."""
+def field_rows(section: str, cls: type, defaults: Any, plugins: Plugins | None = None) -> list[list[str]]:
+    """The table rows (key, type, default, admits, meaning) of the own (non-nested) fields of the config dataclass
+    `cls` at key `section`; with `plugins`, only the mitigations' fields and attention kinds it covers."""
     plugins = plugins or Plugins.registered()
-    hints = typing.get_type_hints(section.cls)
-    notes = field_comments(section.cls)
+    hints = typing.get_type_hints(cls)
+    notes = field_comments(cls)
     rows = []
-    for f in dataclasses.fields(section.cls):
+    for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        if dataclasses.is_dataclass(_unwrap_optional(hint)[0]):
+        if dataclasses.is_dataclass(unwrap_optional(hint)[0]):
             continue
-        key = f"{section.key}.{f.name}" if section.key else f.name
+        key = f"{section}.{f.name}" if section else f.name
         if plugins.leaves_out(key):
             continue
         value = OmegaConf.select(defaults, key, default=None, throw_on_missing=False)
@@ -307,9 +275,8 @@ SETTINGS_SHOWN = ("exp", "model", "study")  # the groups whose table also lists 
 
 
 def group_options(plugins: Plugins | None = None) -> list[tuple[str, list[list[str]]]]:
-    """Per config group, rows (option, what it is[, the values it sets]) of every YAML option: the package's and the
-    checkout's `configs/` (marked; not the user's other folders, so that the page is the same on every machine); a
-    study's values are its sweep's."""
+    """Per config group, rows (option, what it is[, the values it sets]) of every YAML option of the package's and
+    the checkout's `configs/` (marked), so that the page is the same on every machine."""
     out = []
     committed = [d for d in (checkout_configs(), config_dir()) if d is not None]
     for group, found in options(committed).items():
@@ -340,13 +307,13 @@ def render(plugins: Plugins | None = None) -> str:
            "(`tests/pages/test_options_page.py` fails when this page and the code differ). [commands.md](commands.md) "
            "explains each command, its outputs and exit codes; this page lists what they accept.", "",
            plugins.line(), ""]
-    mods = command_modules()
+    mods = {name: importlib.import_module(name) for name in commands()}
     rows = []
-    for name, mod in mods.items():
-        keys = short_keys(mod)
-        kind = ("run config (`key=value`, `group=option`)" if is_hydra(mod)
-                else "own arguments (`key=value`)" if argument_classes(mod) else "nothing")
-        rows.append([f"`python -m {name}`", first_line(mod), kind, describe_short_keys(keys)])
+    for name, what in commands().items():
+        src = Source.of(name)
+        kind = ("run config (`key=value`, `group=option`)" if src.is_hydra
+                else "own arguments (`key=value`)" if argument_classes(mods[name]) else "nothing")
+        rows.append([f"`python -m {name}`", what, kind, describe_short_keys(src.aliases())])
     out += ["## Commands", "", *_table(["command", "what", "takes", "short keys"], rows), ""]
     out += ["Every command that takes the run config accepts any field below as `key=value` and any option of a "
             "config group as `group=option`; `--cfg job` prints the composed config, `--help` the groups.", ""]
@@ -379,20 +346,19 @@ def render(plugins: Plugins | None = None) -> str:
     out += ["## Fields", "", "Defaults are those of the composed config with no overrides (the dataclass default, or "
             "the group's default YAML where it sets the field). A number outside its range, or a value outside its "
             "closed set, stops the command before anything runs.", ""]
-    for section in sections():
-        rows = [] if plugins.leaves_out(section.key) else field_rows(section, defaults, plugins)
+    for section, cls in sections():
+        rows = [] if plugins.leaves_out(section) else field_rows(section, cls, defaults, plugins)
         if not rows:
             continue
-        title = f"`{section.key}.*` fields" if section.key else "Top-level fields"
-        out += [f"### {title}", "", _doc_paragraph(section.cls), "",
+        title = f"`{section}.*` fields" if section else "Top-level fields"
+        out += [f"### {title}", "", _doc_paragraph(cls), "",
                 *_table(["key", "type", "default", "admits", "meaning"], rows), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
 def current(page: str) -> str:
-    """`page` as the code writes it for the plugins it says it covers (`Plugins.of_page`; every registered one
-    without the line): what tests/pages/test_options_page.py compares the committed page with, so that a mitigation or
-    attention kind added since does not make it stale, and any other change does."""
+    """`page` as the code writes it for the plugins it says it covers (`Plugins.of_page`; all without the line), so
+    that a mitigation or attention kind added since does not make it stale, and any other change does."""
     said = Plugins.of_page(page)
     return render(None if said is None else said.known())
 
@@ -405,8 +371,8 @@ def _arch_text(arch: Any) -> str:
 
 
 def variant_rows(order: Sequence[str] | None = None) -> list[list[str]]:
-    """One row per variant (`order`, default `variant_order`): its attention kind, registers, the block mitigations
-    it switches on, its common-mode penalty (the `+pen` of a variant name) and the first comment of its exp file."""
+    """One row per variant (`order`, default `variant_order`): attention kind, registers, the block mitigations it
+    switches on, common-mode penalty and the first comment of its exp file."""
     rows = []
     for exp in variant_order() if order is None else order:
         cfg = compose_config([f"exp={exp}"])
@@ -421,8 +387,8 @@ def variant_rows(order: Sequence[str] | None = None) -> list[list[str]]:
 
 
 def render_variants(only: Collection[str] | None = None) -> dict[str, str]:
-    """The generated block of each page of `VARIANT_PAGES`: README.md's list of variants, docs/variants.md's
-    table; with `only`, for those variants alone (what a committed page covers: `listed_variants`)."""
+    """The generated block of each page of `VARIANT_PAGES` (README.md's list, docs/variants.md's table); with `only`,
+    for those variants alone (`listed_variants`)."""
     order = [v for v in variant_order() if only is None or v in only]
     study = [f"`{v}`" for v in order if v in STUDY_VARIANTS]
     listed = ([", ".join(study) + " (the study's variants)"] if study else []) + [f"`{v}`" for v in order[len(study):]]
@@ -442,8 +408,7 @@ def listed_variants(table_page: str) -> list[str]:
 
 
 def replace_block(text: str, block: str, where: str) -> str:
-    """`text` with what lies between its `START` and `END` lines replaced by `block` (`where` names it in the
-    error)."""
+    """`text` with what lies between its `START` and `END` lines replaced by `block` (`where`: for the error)."""
     if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
         raise BadValue(f"{where} needs one {START} line and, after it, one {END} line")
     head, rest = text.split(START)
@@ -451,8 +416,7 @@ def replace_block(text: str, block: str, where: str) -> str:
 
 
 def write_variants(root: Path = REPOSITORY) -> list[Path]:
-    """Rewrite the variant list of README.md and the variant table of docs/variants.md from the exp config group
-    (between their `<!-- variants:start -->` and `<!-- variants:end -->` lines); returns the pages changed."""
+    """Rewrite the generated blocks of `VARIANT_PAGES` under `root` (`render_variants`); returns the pages changed."""
     changed = []
     for page, block in render_variants().items():
         path = root / page

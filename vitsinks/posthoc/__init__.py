@@ -1,11 +1,5 @@
-"""Training-free mitigations: post-hoc edits of a trained backbone, fitted on a few images (docs/trainfree.md).
-
-Each is written once on the model seam (`vitsinks.models.seam.Backbone`) for every model family.
-
-`test_time_register`, `mean_massive` and `zero_massive` register here on import; the quantization's edit is
-registered by its own module (`vitsinks.quant`). `applied` records the edits a model carries (`remove_edits`).
-`python -m vitsinks.trainfree` derives an edited run (`vitsinks.run.derive`) and analyses it.
-"""
+"""Training-free mitigations: post-hoc edits of a trained backbone, fitted on a few images (docs/trainfree.md);
+`test_time_register`, `mean_massive` and `zero_massive` register on import (W8A8: `vitsinks.quant`)."""
 
 from vitsinks.posthoc import massive, test_time_register  # noqa: F401 - importing registers the methods
 from vitsinks.posthoc.applied import remove_edits

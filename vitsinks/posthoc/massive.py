@@ -1,12 +1,10 @@
-"""Massive activations fixed post hoc (Sun et al. 2024, "Massive Activations in Large Language Models": their
-set-to-mean / set-to-zero intervention, not their Fix-Reg-Mean of registers; docs/trainfree.md): at the block where
-they appear, the largest channels of the residual stream set, at each image's massive token, to their mean over the
-fit images (`mean_massive`) or to 0 (`zero_massive`). No existence threshold: the largest channels are edited. On any
-model through its `Backbone`: the edit is made at the end of the block's MLP branch (`Block.mlp_out`)."""
+"""Massive activations fixed post hoc (Sun et al. 2024; docs/trainfree.md#mean_massive-and-zero_massive): at the block
+where they appear, the largest channels of the residual stream set at each image's massive token to their mean over
+the fit images (`mean_massive`) or to 0 (`zero_massive`), at the end of the block's MLP branch (`Block.mlp_out`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -27,10 +25,8 @@ ONSET = 0.5  # the massive block: the first whose top / median ratio reaches thi
 @torch.no_grad()
 def block_peaks(backbone: Backbone, images: torch.Tensor,
                 batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per image and block output h (tokens x channels): `top` (n, L) the largest |h| and `median` (n, L) the
-    median |h| (the lower middle value), both from `residual.block_stats` as the summary's `top_activations`, and per
-    channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` (n, L, D) the signed h at that token (the
-    channel's massive token)."""
+    """Per image and block output h: `top` and `median` (n, L) the largest and median |h| (`residual.block_stats`),
+    and per channel `peak_abs` (n, L, D) the largest |h| over tokens and `peak` the signed h at that token."""
     return peaks_of(block_outputs_by_batch(backbone, images, batch_size))
 
 
@@ -53,8 +49,7 @@ def peaks_of(batches: Iterable[list[torch.Tensor]]) -> tuple[torch.Tensor, torch
 
 
 def massive_block(top: torch.Tensor, median: torch.Tensor) -> tuple[int, list[float]]:
-    """(the massive block, the ratio of every block): ratio = mean over images of the top |h| / mean of the median
-    |h| (inf where the median is 0); the block is the first whose ratio reaches `ONSET` x the largest."""
+    """(the first block whose top / median |h| ratio reaches `ONSET` x the largest, every block's ratio)."""
     mt, mm = top.double().mean(0), median.double().mean(0)
     ratio = torch.where(mm > 0, mt / mm.clamp_min(torch.finfo(torch.float64).tiny), torch.inf)
     return int((ratio >= ONSET * ratio.max()).nonzero()[0]), ratio.tolist()
@@ -62,8 +57,7 @@ def massive_block(top: torch.Tensor, median: torch.Tensor) -> tuple[int, list[fl
 
 def massive_state(top: torch.Tensor, median: torch.Tensor, peak_abs: torch.Tensor, peak: torch.Tensor,
                   massive: int) -> dict[str, Any]:
-    """`MassiveFix.fit`'s state from `block_peaks`: the massive block, its `massive` channels with the largest mean
-    peak |h|, and the mean over images of h at each channel's massive token."""
+    """`MassiveFix.fit`'s state: the massive block, its top `massive` channels and their mean h at the peak."""
     block, ratios = massive_block(top, median)
     n = min(int(massive), peak_abs.shape[-1])
     channels = peak_abs[:, block].double().mean(0).topk(n).indices
@@ -71,15 +65,10 @@ def massive_state(top: torch.Tensor, median: torch.Tensor, peak_abs: torch.Tenso
     return {"block": block, "channels": channels.tolist(), "means": means.tolist(), "ratio_by_block": ratios}
 
 
-ForwardHook = Callable[..., Any]
-
-
 def fix_channels(blk: Block, channels: list[int], values: list[float]) -> list[RemovableHandle]:
-    """Hooks on `blk` that set, per image, each channel of `channels` of the block's output at its massive token (the
-    token with the largest |h| in that channel) to the matching `values`. The edit is made on the output of the MLP
-    branch (`blk.mlp_out()`: a `SinkBlock`'s `drop_path2`, after any LayerScale) from the block's mid-point (`norm2`'s
-    input), which both the block's own forward and its explicit recomputation (`forward_explicit`, the diagnostics)
-    run through. Returns the hooks' handles."""
+    """Hooks on `blk` (at `norm2`'s input and the MLP branch's output, `blk.mlp_out()`, which its forward and its
+    explicit recomputation both run through) that set each of `channels` of the block's output at its massive token
+    (the largest |h| in that channel) to the matching `values`. Returns the hooks' handles."""
     ch = torch.tensor(channels, dtype=torch.long)
     target = torch.tensor(values, dtype=torch.float64)
     seen: dict[str, torch.Tensor] = {}
@@ -101,9 +90,7 @@ def fix_channels(blk: Block, channels: list[int], values: list[float]) -> list[R
 
 
 class MassiveFix(TrainFreeMethod):
-    """fit: the massive block (`massive_block`), its `settings.massive` channels with the largest mean (over
-    images) peak |h|, and the mean over images of h at each channel's massive token; apply: `fix_channels` with the
-    fitted means (`mean_massive`) or with 0 (`zero_massive`)."""
+    """fit: `massive_state`; apply: `fix_channels` with the means (`mean_massive`) or 0 (`zero_massive`)."""
 
     to_zero: ClassVar[bool] = False
 

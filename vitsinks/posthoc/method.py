@@ -1,13 +1,6 @@
-"""Post-hoc edits of a trained backbone (no training): the registry of methods, each written once on the model seam.
-
-A method fits a small state on a few images (`fit`) and edits a model with it (`apply`: parameters, forward hooks),
-both through its `Backbone` (`vitsinks.models.seam`), so that one implementation serves every model family: vitsinks'
-own `SinkViT` and every adapted pretrained ViT. A derived run (`vitsinks.run.derive`) saves the source weights,
-the method's name in `config.trainfree.method` and the fitted state under `trainfree` in its checkpoint;
-`reapply` puts the edit back on the loaded backbone (`vitsinks.train.checkpoint.load_backbone(path, reapply)`), so
-diagnose, the probes and intervene read an edited model as they read any other. Methods with `mitigation = True` are
-the training-free mitigations (a leaderboard row `<variant> + <label>`); the others (simulated quantization) are
-analyses of the same kind of edit.
+"""Post-hoc edits of a trained backbone (no training): the registry of methods, each written once on the model seam
+(`Backbone`), so that one implementation serves every model family (docs/trainfree.md). A derived run saves the fitted
+state in its checkpoint; `reapply` puts the edit back on the loaded model.
 """
 
 from __future__ import annotations
@@ -24,8 +17,7 @@ from vitsinks.utils.registry import Registry
 
 
 class TrainFreeMethod(ABC):
-    """One post-hoc edit: `name` (config value and run-name suffix), `label` (tables), `mitigation`, and where its
-    settings are (`group`: `trainfree` or `quant`; `count_key`: the number of fit images in that group)."""
+    """One post-hoc edit: its `name`, `label`, whether a `mitigation`, its config `group` and `count_key`."""
 
     name: ClassVar[str]
     label: ClassVar[str]
@@ -36,14 +28,12 @@ class TrainFreeMethod(ABC):
     @classmethod
     @abstractmethod
     def fit(cls, backbone: Backbone, images: torch.Tensor, settings: Any) -> dict[str, Any]:
-        """The state the edit needs, fitted on `images` (model inputs) with `settings` (a `TrainFreeConfig` or
-        `QuantConfig`): tensors, numbers and lists only (it is saved in the derived checkpoint)."""
+        """The state the edit needs, fitted on `images` with `settings`: tensors, numbers and lists only."""
 
     @classmethod
     @abstractmethod
     def apply(cls, backbone: Backbone, state: dict[str, Any]) -> Backbone:
-        """Edit the backbone's model in place with a fitted `state` (a second edit of a kind is refused,
-        `trainfree.applied`); return the edited model's backbone."""
+        """Edit the backbone's model in place with a fitted `state` (a second edit is refused); return its backbone."""
 
 
 METHODS: Registry[type[TrainFreeMethod]] = Registry(
@@ -68,7 +58,5 @@ def edited_variant(variant: str, trainfree: Any) -> str:
 
 
 def reapply(model: SinkViT, name: str, state: dict[str, Any]) -> SinkViT:
-    """A derived run's post-hoc edit `name` put back on its loaded `SinkViT` with the saved `state` (in place: every
-    edit of vitsinks' own ViT lives in the model itself); the loader of a derived checkpoint calls it. The method's
-    module must have been imported (`vitsinks.quant` for `w8a8`)."""
+    """A derived run's edit `name` put back on its loaded `SinkViT` with the saved `state` (its module imported)."""
     return method(name).apply(sinkvit_backbone(model), state).model  # type: ignore[return-value]

@@ -1,13 +1,5 @@
-"""What the probes of a derived run will run and roughly cost, said before they start.
-
-`vitsinks.trainfree` and `vitsinks.quantize` re-run a run's linear and dense probes on an edited backbone (as after
-training: `vitsinks.run.pipeline.probes`). Those can be the longest part of the command, so each prints one line
-first: which probes, on which data, how many images, a rough time, and the switch that skips them.
-
-The time is rough: the images each probe passes through the backbone (its train and val splits; the dense probe's
-are the segmentation data's), times this backbone's forward time per image (measured there and then, on a batch of
-64: ~1 s), times `OVERHEAD` for making or reading the images and training the heads (calibrated on the first run's
-checkpoint, `docs/commands.md`: within a factor of 2 there; a larger model's forward weighs more, so it reads high).
+"""What the probes of a derived run will run and roughly cost, said in one line before they start (`describe`): the
+images each probe passes through the backbone x its measured forward time per image x `OVERHEAD` (docs/commands.md).
 """
 
 from __future__ import annotations
@@ -28,8 +20,7 @@ FASHION_MNIST = (60000, 10000)  # its train / val images
 
 
 def split_sizes(data: DictConfig, dense: bool = False) -> tuple[int | None, int | None]:
-    """(train, val) images of `data` where they are known without reading it (generated data, Fashion-MNIST);
-    None where they are not (an image folder). `dense`: its segmentation version (Fashion-MNIST's mosaics)."""
+    """(train, val) images of `data` where known without reading it, else None; `dense`: its segmentation version."""
     if data.name == "synthetic" or is_sink_task(str(data.name)) or (dense and data.name == "fashion_mnist"):
         return int(data.train_size), int(data.val_size)
     return FASHION_MNIST if data.name == "fashion_mnist" else (None, None)
@@ -57,8 +48,7 @@ def probe_images(cfg: DictConfig) -> dict[str, tuple[str, int | None, int | None
 
 @torch.no_grad()
 def forward_s_per_image(model: SinkViT | Backbone, batch: int = 64, side: int | None = None) -> float:
-    """Seconds per image of one forward pass of `model` (eval mode, on its device) on `side` px images (default its
-    own size): one warm-up batch, one timed."""
+    """Seconds per image of a forward pass of `model` on `side` px images (default its own): warm-up, then timed."""
     size = (side, side) if side else model.patch_embed.img_size  # type: ignore[union-attr]
     x = torch.randn(batch, 3, *size, device=next(model.parameters()).device)
     model.forward_features(x)
@@ -68,8 +58,7 @@ def forward_s_per_image(model: SinkViT | Backbone, batch: int = 64, side: int | 
 
 
 def describe(cfg: DictConfig, model: SinkViT | Backbone, skip: str, side: int | None = None) -> str:
-    """One line: the probes `cfg` runs on `model` (of `side` px inputs, default its own size), their images, a rough
-    time, and `skip` (the switch that skips them)."""
+    """One line: the probes `cfg` runs on `model`, their images, a rough time and `skip` (the switch)."""
     if not probe_images(cfg):
         return f"no probes to run: data={cfg.data.name} has no class labels and no masks"
     parts, forwards, known = [], 0.0, True

@@ -1,10 +1,6 @@
-"""A derived run cut short (killed, failed, stopped) is finished by the command that made it: the same edit of the same
-source is redone in place without `trainfree.overwrite`; another edit is refused, and a finished run is kept.
-
-The edit is the method, the source checkpoint and the method's settings (`edit_settings`: its config group less
-the bookkeeping keys `SKIPPED`); a run is finished when its `status.json` says so (`RunDir.working`). The
-leaderboard leaves a derived run that did not finish out of its tables and names, in one footnote line, the command
-that finishes it (`finish_command`).
+"""A derived run cut short is finished by the command that made it (docs/trainfree.md#the-derived-run): the same edit
+(method, source, `edit_settings`) is redone in place, another edit is refused and a finished run is kept;
+`finish_command` names the command that finishes it.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ DEFAULTS = {"trainfree": TrainFreeConfig(), "quant": QuantConfig()}  # a group's
 
 def edit_settings(group: Any) -> dict[str, Any]:
     """The settings of the edit in a method's config `group` (`trainfree` or `quant`): every key but `SKIPPED`."""
-    # a DictConfig's container is a dict
     tree = (cast(dict[str, Any], OmegaConf.to_container(group, resolve=True)) if isinstance(group, DictConfig)
             else dict(group or {}))
     return {k: v for k, v in tree.items() if k not in SKIPPED}
@@ -38,8 +33,7 @@ def _same_path(a: Any, b: Any) -> bool:
 
 
 def edit_differences(recorded: DictConfig, m: type[TrainFreeMethod], settings: Any, source: str) -> list[str]:
-    """How the edit recorded in a derived run's config (`recorded`) differs from `m` with `settings` of `source`:
-    `key (<there> there, <now> now)`, empty when it is the same edit."""
+    """How the edit `recorded` in a derived run differs from `m` with `settings` of `source` (empty: the same)."""
     out = []
     there = OmegaConf.select(recorded, "trainfree.method")
     if there != m.name:
@@ -64,9 +58,8 @@ def status(run: RunDir) -> dict[str, Any]:
 
 
 def keep_or_redo(run: RunDir, recorded: DictConfig, m: type[TrainFreeMethod], settings: Any, source: str) -> None:
-    """Under the run's lock, before a derived run in `run` is replaced without `overwrite`: a `BadValue` when it holds
-    another edit (its results would mix two edits) or the same edit finished; else (the same edit cut short) a
-    printed note, and the caller derives it again."""
+    """Under the run's lock, before a derived run is replaced without `overwrite`: a `BadValue` when it holds another
+    edit or the same edit finished; else (the same edit cut short) a printed note, and the caller derives it again."""
     if differs := edit_differences(recorded, m, settings, source):
         raise BadValue(f"{run.path} exists already with another edit ({'; '.join(differs)}): its results would mix "
                        f"two edits: delete it, or pass trainfree.overwrite=true to replace it and its results")
@@ -77,22 +70,21 @@ def keep_or_redo(run: RunDir, recorded: DictConfig, m: type[TrainFreeMethod], se
     print(f"{run.path} holds this edit but did not finish ({describe(said)}): deriving it again", flush=True)
 
 
+UNFINISHED = {"running": "killed while it was written", "missing": "killed before its status was written",
+              "torn": "its status.json is torn"}
+
+
 def describe(said: dict[str, Any]) -> str:
     """A derived run's unfinished state in words, from its `status.json` (`status`), for a run no process writes."""
     state = said.get("status")
-    if state == "running":
-        return "killed while it was written"
-    if state == "missing":
-        return "killed before its status was written"
-    if state == "torn":
-        return "its status.json is torn"
+    if state in UNFINISHED:
+        return UNFINISHED[state]
     error = " ".join(str(said.get("error") or "").split())
     return f"{state}: {error[:120]}" if error else str(state)
 
 
 def finish_command(run: RunDir, cfg: DictConfig) -> str:
-    """The command that finishes the derived run `run` whose config is `cfg`: its method's command with the source
-    checkpoint and every setting of the edit that is not the default (and the runs folder of a `trainfree` run)."""
+    """The command that finishes the derived run `run` (config `cfg`), with its non-default settings."""
     name = str(OmegaConf.select(cfg, "trainfree.method"))
     m = METHODS[name] if name in METHODS else None
     source = OmegaConf.select(cfg, "trainfree.source")

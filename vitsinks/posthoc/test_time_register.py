@@ -20,10 +20,7 @@ from vitsinks.utils.errors import BadValue
 
 
 def with_register(backbone: Backbone, label: str) -> AddedRegister:
-    """`backbone` with one more register after its prefix ([CLS], then its registers), zero and without position
-    embedding: its family's own (`Backbone.add_register`: a `SinkViT` gets it in its parameters, so that its own
-    forward has it too), else inserted by the returned backbone's embedding (the model unchanged). `label` names the
-    edit in the model's name."""
+    """`backbone` with one more zero register after its prefix (its family's own, else its embedding's)."""
     if backbone.add_register is not None:
         return backbone.add_register(label)
     register, base = backbone.num_prefix, backbone.embed
@@ -45,10 +42,8 @@ ActHook = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
 
 def move_to_register(units: list[int], register: int, first_patch: int,
                      tokens: Callable[[], int] | None = None) -> ActHook:
-    """A forward hook for a block's MLP activation module: each of `units` takes at token `register` its maximum over
-    all tokens of the image, and 0 at every patch token (from `first_patch` on); [CLS] and trained registers keep
-    theirs. `tokens()`: how many tokens the model's embedding made in this forward; a sequence of another length (the
-    registers dropped) has its register and patches elsewhere, and is refused."""
+    """A forward hook for a block's MLP activation: each of `units` takes at token `register` its maximum over the
+    image and 0 at every patch (from `first_patch` on); a sequence not `tokens()` long (registers dropped): refused."""
     idx = torch.tensor(units, dtype=torch.long)
 
     def hook(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
@@ -67,9 +62,7 @@ def move_to_register(units: list[int], register: int, first_patch: int,
 
 
 def neuron_sites(backbone: Backbone, neurons: Any) -> dict[int, tuple[nn.Module, list[int]]]:
-    """Each block with register neurons among `neurons` ((block, unit) pairs): its MLP activation module and units;
-    a `BadValue` for a neuron that is not in the model (a state fitted on another architecture) or a block without a
-    plain MLP (in -> activation -> out)."""
+    """Per block with register neurons among `neurons`: its MLP activation and units; `BadValue` if not in the model."""
     by_block: dict[int, list[int]] = defaultdict(list)
     depth = len(backbone.blocks)
     for b, u in neurons:
@@ -89,10 +82,7 @@ def neuron_sites(backbone: Backbone, neurons: Any) -> dict[int, tuple[nn.Module,
 
 @METHODS.register
 class TestTimeRegister(TrainFreeMethod):
-    """fit: the top `settings.neurons` register neurons (over all blocks) on the fit images; apply: one more
-    register (`with_register`) and, in every block with register neurons, their activations moved onto it
-    (`move_to_register`). The edited model refuses to run its blocks on another number of tokens than its embedding
-    made (its registers dropped)."""
+    """fit: the top `settings.neurons` register neurons; apply: one more register with their activations."""
 
     name = "test_time_register"
     label = "test-time register"

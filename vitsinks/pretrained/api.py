@@ -1,11 +1,6 @@
-"""The notebook entry points: `diagnose(model, images)` -> tables, `diagnose_fields` -> the raw diagnostics arrays,
-`intervene(model, images, heads=..., edits=...)` -> the interventions' rows as a table.
-
-Every function takes a model of an adapted family (or its `Backbone`, `vitsinks.backbones.adapt`). Every block runs
-its real forward to move the residual stream on; the diagnosed blocks are also rebuilt from their explicit attention
-(the family's views), which must reproduce the real forward (`recompute_error` < `RECOMPUTE_TOL`, else
-`CheckFailed`: the tables would describe another computation than the model's). One block's attention matrices are
-alive at a time: about `ATTN_COPIES` float32 (B, heads, N, N) arrays, which `batch_size_for` keeps under a budget.
+"""The notebook entry points, on a model of an adapted family (or its `Backbone`): `diagnose` -> tables,
+`diagnose_fields` -> the raw diagnostics arrays, `intervene` -> the interventions' rows, `report` -> the CLI's files.
+The diagnosed blocks' explicit recomputation must reproduce their real forward (else `CheckFailed`).
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from vitsinks.diagnostics.core import chosen_blocks
 from vitsinks.diagnostics.core import diagnose as core_diagnose
 from vitsinks.diagnostics.fields import FIELDS
 from vitsinks.diagnostics.neurons import capture, neuron_k, summarize_neurons
+from vitsinks.diagnostics.persistence import head_lifetimes
 from vitsinks.diagnostics.rules import SinkRules
 from vitsinks.interventions import intervene as run_interventions
 from vitsinks.models.layout import KeyLayout
@@ -52,12 +48,14 @@ def as_backbone(model: nn.Module | Backbone) -> Backbone:
     return adapt(model)
 
 
-def require_float32(backbone: Backbone) -> None:
-    """A `BadValue` unless the model computes in float32 (the recomputation checks' tolerances are float32 ones)."""
+def float32_backbone(model: nn.Module | Backbone) -> Backbone:
+    """`as_backbone(model)`; a `BadValue` unless it computes in float32 (the recomputation checks' tolerances)."""
+    backbone = as_backbone(model)
     dtype = next(backbone.model.parameters()).dtype
     if dtype != torch.float32:
         raise BadValue(f"{backbone.name} holds {dtype} weights: the recomputation checks are float32 ones; use a "
                        f"float32 copy (model.float())")
+    return backbone
 
 
 def check_batch_size(batch_size: int | None) -> None:
@@ -73,8 +71,7 @@ def check_rules(rules: SinkRules | None) -> None:
 
 
 def check_labels(labels: Any, n: int) -> torch.Tensor:
-    """`labels` as the class indices of `n` images (a long tensor (n,)); another length or no integers: a
-    `BadValue`, before any work."""
+    """`labels` as the class indices (a long tensor) of `n` images; else a `BadValue`."""
     got = torch.as_tensor(labels)
     if got.dim() != 1 or len(got) != n:
         raise BadValue(f"labels of shape {tuple(got.shape)} for {n} images: give one class index per image, in the "
@@ -109,17 +106,10 @@ def check_shown(shown: np.ndarray, images: torch.Tensor) -> None:
                        f"pretrained.load(...).shown(images) gives it, or leave it out")
 
 
-def tokens_per_image(backbone: Backbone, img_size: tuple[int, int]) -> int:
-    """[CLS], registers and the patches of an image of `img_size`."""
-    rows, cols = backbone.grid(img_size)
-    return backbone.num_prefix + rows * cols
-
-
 def batch_size_for(backbone: Backbone, img_size: tuple[int, int], budget: int = DEFAULT_BUDGET) -> int:
-    """The largest batch whose attention matrices (`ATTN_COPIES` float32 (B, heads, N, N) per block) fit in `budget`
-    bytes (at least 1). ViT-L/14 at 224 px with 4 registers (16 heads, N = 261): 16.6 MiB per image, a batch of
-    61 in 1 GiB; at 518 px (N = 1374): 461 MiB per image, a batch of 2."""
-    n = tokens_per_image(backbone, img_size)
+    """The largest batch (at least 1) whose attention matrices (`ATTN_COPIES` float32 (B, heads, N, N) per block) fit
+    in `budget` bytes: for ViT-L/14 with 4 registers, 61 at 224 px, 2 at 518 px in 1 GiB."""
+    n = backbone.key_layout(img_size).n_tokens
     heads = max(b.attn.num_heads for b in backbone.blocks)
     return max(1, budget // (ATTN_COPIES * 4 * heads * n * n))
 
@@ -128,12 +118,10 @@ def batch_size_for(backbone: Backbone, img_size: tuple[int, int], budget: int = 
 def diagnose_fields(model: nn.Module | Backbone, images: ImageSource, blocks: Iterable[int] | None = None,
                     batch_size: int | None = None, keep_maps: int = 0, n_images: int | None = None
                     ) -> dict[str, np.ndarray]:
-    """The diagnostics arrays of a pretrained model on `images` (`as_images`): `vitsinks.diagnostics.core.diagnose`,
-    the code of `python -m vitsinks.diagnose`, run on the model's backbone, for the chosen `blocks` (default all;
-    `block` holds their indices), with the token layout (`num_cls` too) and the QK spectrum. `batch_size` None:
-    `batch_size_for` under `DEFAULT_BUDGET`."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    """The diagnostics arrays of a pretrained model on `images` (`as_images`), by the code of `python -m
+    vitsinks.diagnose`, for the chosen `blocks` (default all; `block` holds their indices), with the token layout and
+    the QK spectrum. `batch_size` None: `batch_size_for` under `DEFAULT_BUDGET`."""
+    backbone = float32_backbone(model)
     check_batch_size(batch_size)
     images = as_images(images, n_images)
     img_size = (int(images.shape[-2]), int(images.shape[-1]))
@@ -146,8 +134,7 @@ def diagnose_fields(model: nn.Module | Backbone, images: ImageSource, blocks: It
 
 
 def sink_location(d: dict[str, np.ndarray]) -> np.ndarray:
-    """Where each dominant key sits ("cls", "register", "patch", or an extra key slot's name), from `sink_idx` and
-    the layout fields."""
+    """Where each dominant key sits ("cls", "register", "patch", or an extra key slot's name)."""
     return KeyLayout.from_fields(d).location(d["sink_idx"])
 
 
@@ -161,15 +148,10 @@ def _head_fields(d: dict[str, np.ndarray]) -> list[str]:
 
 def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, int]] | None = None,
            rules: SinkRules | None = None) -> dict[str, dict[str, np.ndarray]]:
-    """`diagnose_fields` arrays as tables (dicts of equally long columns):
-
-    - `heads`: one row per (image, block, head): every per-head field, `sink_location`, and under `rules` (default
-      the CLI's: `SinkRules()`) `event` (a sink event) and `sink_class` (none, nop, broadcast or other);
-    - `blocks`: one row per (image, block): the residual stream's and the attention update's per-image fields;
-    - `qk`: one row per (block, head): the QK spectrum;
-    - `checks`: one row per block: `recompute_error`;
-    - `layout`: one row: [CLS], registers, patches, grid.
-
+    """`diagnose_fields` arrays as tables (dicts of equally long columns): `heads` (per image, block and head: the
+    per-head fields, `sink_location`, and under `rules` `event`, `sink_class` and the lifetime of the dominant key,
+    `sink_first` / `sink_last`), `blocks` (per image and block),
+    `qk` (per block and head: the QK spectrum), `checks` (per block: `recompute_error`) and `layout` (one row).
     `heads`: keep only these heads (indices, in every block, or (block, head) pairs with model block indices)."""
     check_rules(rules)
     rules = rules or SinkRules()
@@ -191,9 +173,12 @@ def tables(d: dict[str, np.ndarray], heads: Sequence[int] | Sequence[tuple[int, 
         if wrong or not chosen:
             raise BadValue(f"heads {wrong or '[]'}: choose heads 0..{H - 1} (or (block, head) pairs of the diagnosed "
                            f"blocks {block_ids.tolist()})")
+    ev = rules.events(d)
+    lifetimes = head_lifetimes(d["sink_idx"], ev, KeyLayout.from_fields(d).n_keys, block_ids)
     per_head = {"image": img, "block": blk, "head": head,
                 **{k: d[k].reshape(-1) for k in _head_fields(d)}, "sink_location": sink_location(d).reshape(-1),
-                "event": rules.events(d).reshape(-1), "sink_class": rules.event_class(d).reshape(-1)}
+                "event": ev.reshape(-1), "sink_class": rules.event_class(d).reshape(-1),
+                **{k: v.reshape(-1) for k, v in lifetimes.items()}}
     b_img, b_blk = (a.ravel() for a in np.meshgrid(np.arange(n), block_ids, indexing="ij"))
     per_block = {"image": b_img, "block": b_blk,
                  **{k: v.reshape(-1) for k, v in d.items() if v.shape == (n, L) and k not in PER_BLOCK_ONLY}}
@@ -213,11 +198,9 @@ def diagnose(model: nn.Module | Backbone, images: ImageSource, blocks: Iterable[
              heads: Sequence[int] | Sequence[tuple[int, int]] | None = None, batch_size: int | None = None,
              rules: SinkRules | None = None, n_images: int | None = None,
              neurons: bool | float = False) -> dict[str, dict[str, np.ndarray]]:
-    """Diagnose an unmodified pretrained ViT on `images` (n, 3, H, W, already normalised for the model; or a
-    dataset or DataLoader, `as_images`): the `tables` of `diagnose_fields` (`pandas.DataFrame(result["heads"])`),
-    events and classes under `rules` (default `SinkRules()`, the CLI's). `neurons`: also the `neurons` table (the
-    register-neuron summary, `neuron_table`, of the chosen blocks; one more forward pass) at the
-    summary's high-norm threshold (True: 5 x the median norm) or at the given one (a number)."""
+    """Diagnose an unmodified pretrained ViT on `images` (normalised for the model; `as_images`): the `tables` of
+    `diagnose_fields`, events and classes under `rules` (default the CLI's). `neurons`: also the `neurons` table
+    (`neuron_table` of the chosen blocks) at the summary's high-norm threshold (True) or at the given one."""
     if isinstance(neurons, np.bool_):
         neurons = bool(neurons)
     if not isinstance(neurons, bool | int | float | np.number):
@@ -238,9 +221,8 @@ def diagnose(model: nn.Module | Backbone, images: ImageSource, blocks: Iterable[
 @torch.no_grad()
 def neuron_table(backbone: Backbone, images: torch.Tensor, k: float = NEURON_K, top: int = DEFAULTS.register_neurons,
                  batch_size: int = 16) -> dict[str, np.ndarray]:
-    """`diagnostics.neurons.summarize_neurons` (docs/residual.md) as a table: one row per (block, unit) of each
-    block's `top` units, highest score first: `block`, `unit`, `rank` (0 first), `score` and the block's
-    `norm_share`. Blocks without a plain MLP or without outlier patches (norm > `k` x the median) have no row."""
+    """The register-neuron summary (docs/residual.md) as a table: `block`, `unit`, `rank`, `score`, the block's
+    `norm_share`, for each block's `top` units (none without a plain MLP or patches of norm > `k` x the median)."""
     got = capture(backbone, images, k, batch_size)
     settings = DiagnosticsConfig(high_norm_k=[k], register_neurons=top)
     by_block = summarize_neurons(backbone, None, settings, got)["by_block"]
@@ -254,16 +236,11 @@ def neuron_table(backbone: Backbone, images: torch.Tensor, k: float = NEURON_K, 
 def report(model: nn.Module | Backbone, images: ImageSource, out_dir: str | Path, shown: np.ndarray | None = None,
            settings: DiagnosticsConfig | None = None, n_images: int | None = None, batch_size: int | None = None,
            image_index: list[int] | None = None, selection: Any = None) -> dict[str, Any]:
-    """What `python -m vitsinks.diagnose` writes for a checkpoint, for a pretrained model, into `out_dir`:
-    `per_image.npz`, `summary.json` (events, NOP / broadcast classes, locations, the residual side), the sink table,
-    the PNG plots and the page `report.html` (docs/report.md), by the same code (`diagnostics.run_diagnostics`).
-    `shown`: the images as uint8 RGB (n, H, W, 3) for the page, default `diagnostics.stretched(images)`; `settings`: the
-    `diagnostics` config group (`DiagnosticsConfig`); `image_index` (each image's index in its dataset) and
-    `selection` are recorded as the CLI records them. `out_dir` must be new, empty, or an earlier diagnosis's folder:
-    only the files an earlier diagnosis wrote there are replaced, and any other non-empty folder is refused
-    (`BadValue`) before any work. Returns the summary."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    """What `python -m vitsinks.diagnose` writes (docs/report.md), for a pretrained model, into `out_dir` (new, empty
+    or an earlier diagnosis's: any other non-empty folder is refused before any work); returns the summary.
+    `shown`: the images as uint8 RGB (n, H, W, 3) for the page (default `diagnostics.stretched(images)`);
+    `settings`: a `DiagnosticsConfig`; `image_index` and `selection` are recorded as the CLI records them."""
+    backbone = float32_backbone(model)
     check_batch_size(batch_size)
     if dataclasses.is_dataclass(settings):  # a notebook's own; the command line's were checked at composition
         check_settings(settings)
@@ -284,15 +261,11 @@ def columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
 def intervene(model: nn.Module | Backbone, images: ImageSource, heads: Sequence[tuple[int, int]] = (),
               edits: Sequence[str] = (), heldout: ImageSource | None = None, labels: torch.Tensor | None = None,
               batch_size: int = 16, rules: SinkRules | None = None, **settings: Any) -> dict[str, Any]:
-    """The causal interventions (`vitsinks.interventions.intervene`, docs/interventions.md) on a pretrained model:
-    every edit of `edits` (default: every edit that applies) on every (block, head) of `heads` (default: selected by
-    their sink events, `InterveneConfig`'s `min_events`, `top_k`, ... passed as `settings`); `heldout` images are
-    the source of `mean_sink_value`. `images` and `heldout` as `diagnose` takes them (`as_images`). Returns `rows`
-    (a table: one row per image, head and edit), `checks` (the built-in checks' largest errors), `heads` (those
-    edited) and `mean_skipped`. `batch_size` and the settings are checked as the command line checks `intervene.*`;
-    `labels`, one class index per image, before any work."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    """The causal interventions (docs/interventions.md) on a pretrained model: every edit of `edits` (default: every
+    one that applies) on every (block, head) of `heads` (default: by their sink events, `InterveneConfig`'s fields
+    as `settings`); `heldout` images are the source of `mean_sink_value`. Returns `rows` (one per image, head and
+    edit), `checks`, `heads`, `mean_skipped` and `settings`; the arguments are checked before any work."""
+    backbone = float32_backbone(model)
     derived = ("n_images", "heldout_images")  # the images' counts
     known = {f.name for f in dataclasses.fields(InterveneConfig)} - set(derived)
     if unknown := sorted(set(settings) - known):

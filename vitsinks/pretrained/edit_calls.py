@@ -1,12 +1,6 @@
-"""The post-hoc edits from a notebook (docs/pretrained.md): thin calls to the one implementation of each, on the model's
-`Backbone` (`vitsinks.trainfree`, `vitsinks.quant`), with the settings checked as the command line checks them.
-
-- `fit_w8a8` / `apply_w8a8`: W8A8's fake quantisation of every linear layer inside the blocks (`quant.w8a8`): the
-  weights edited in place, the input hooks left on the model (its own forward is quantised too);
-- `register_neurons` / `add_test_time_register`: the register neurons (`diagnostics.neurons`) and a test-time
-  register with them moved onto it (`trainfree.test_time_register`);
-- `fit_massive` / `apply_massive`: the massive-activation fix (`trainfree.massive`);
-- `remove_edits`: the test-time register's and the massive fix's hooks off again (`trainfree.applied`).
+"""The post-hoc edits from a notebook (docs/pretrained.md): thin calls to the one implementation of each on the model's
+`Backbone` (W8A8, the register neurons and the test-time register, the massive-activation fix, and `remove_edits`),
+with the settings checked as the command line checks them.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from vitsinks.models.seam import Backbone
 from vitsinks.posthoc.applied import remove_edits
 from vitsinks.posthoc.massive import MeanMassive, ZeroMassive, block_peaks, massive_state
 from vitsinks.posthoc.test_time_register import TestTimeRegister
-from vitsinks.pretrained.api import as_backbone, check_batch_size, require_float32
+from vitsinks.pretrained.api import as_backbone, check_batch_size, float32_backbone
 from vitsinks.pretrained.images import ImageSource, as_images
 from vitsinks.quant.outliers import input_maxima
 from vitsinks.quant.w8a8 import W8A8, w8a8_state
@@ -36,10 +30,8 @@ __all__ = ["add_test_time_register", "apply_massive", "apply_w8a8", "fit_massive
 @torch.no_grad()
 def fit_w8a8(model: nn.Module | Backbone, images: ImageSource, weight_bits: int = 8, act_bits: int = 8,
              batch_size: int = 16) -> dict[str, Any]:
-    """`W8A8.fit`'s state: the largest |input| of every block linear layer (`Block.linears`) over `images`. The bits
-    are checked as the command line checks `quant.weight_bits` / `quant.act_bits`."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    """`W8A8.fit`'s state: the largest |input| of every block linear layer (`Block.linears`) over `images`."""
+    backbone = float32_backbone(model)
     check_setting(QuantConfig, "weight_bits", weight_bits)
     check_setting(QuantConfig, "act_bits", act_bits)
     check_batch_size(batch_size)
@@ -49,8 +41,7 @@ def fit_w8a8(model: nn.Module | Backbone, images: ImageSource, weight_bits: int 
 
 
 def apply_w8a8(model: nn.Module | Backbone, state: dict[str, Any]) -> Backbone:
-    """`W8A8.apply`: fake-quantise the model's block linear layers in place with a `fit_w8a8` state; returns its
-    backbone."""
+    """`W8A8.apply`: fake-quantise the block linear layers in place with a `fit_w8a8` state; returns the backbone."""
     return W8A8.apply(as_backbone(model), state)
 
 
@@ -58,11 +49,8 @@ def apply_w8a8(model: nn.Module | Backbone, state: dict[str, Any]) -> Backbone:
 def register_neurons(model: nn.Module | Backbone, images: ImageSource, top: int, k: float = 5.0,
                      batch_size: int = 16) -> list[tuple[int, int, float]]:
     """The `top` register neurons (block, unit, score), highest score first (`TestTimeRegister.fit`'s ranking,
-    `diagnostics.neurons.find_register_neurons`): per unit, the mean over the images with a high-norm patch at the
-    last block (norm > `k` x the image's median) of its mean |activation| at those patches. `top` and `k` are
-    checked as the command line checks `trainfree.neurons` and `trainfree.outlier_k`."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    `diagnostics.neurons.find_register_neurons`; `k`: the high-norm threshold, x the image's median norm)."""
+    backbone = float32_backbone(model)
     check_setting(TrainFreeConfig, "neurons", top, "top")
     check_setting(TrainFreeConfig, "outlier_k", k, "k")
     check_batch_size(batch_size)
@@ -70,21 +58,17 @@ def register_neurons(model: nn.Module | Backbone, images: ImageSource, top: int,
 
 
 def add_test_time_register(model: nn.Module | Backbone, neurons: Iterable[tuple[int, int]] = ()) -> Backbone:
-    """`TestTimeRegister.apply`: the backbone with one more register (zero, no position embedding, after [CLS] and
-    the model's registers) and, for each register neuron (block, unit) of `neurons`, its activation moved from the
-    patches onto that register. A foreign model is not edited: the returned backbone's embedding adds the register,
-    and the hooks on its MLP activations refuse any other token count, so the edited model runs through that backbone
-    only (`diagnose`, `intervene`, `forward_features`); vitsinks' own ViT gets it in its parameters."""
+    """`TestTimeRegister.apply`: the backbone with one more register after the prefix and each register neuron (block,
+    unit) of `neurons` moved from the patches onto it. A foreign model runs it through the returned backbone only (its
+    embedding adds the register); vitsinks' own ViT gets it in its parameters."""
     return TestTimeRegister.apply(as_backbone(model), {"neurons": [[int(b), int(u)] for b, u in neurons]})
 
 
 @torch.no_grad()
 def fit_massive(model: nn.Module | Backbone, images: ImageSource, massive: int = 2,
                 batch_size: int = 16) -> dict[str, Any]:
-    """`MassiveFix.fit`'s state: the massive block, its `massive` largest channels and their mean at the massive
-    token."""
-    backbone = as_backbone(model)
-    require_float32(backbone)
+    """`MassiveFix.fit`'s state: the massive block, its `massive` largest channels and their mean there."""
+    backbone = float32_backbone(model)
     check_setting(TrainFreeConfig, "massive", massive)
     check_batch_size(batch_size)
     return massive_state(*block_peaks(backbone, as_images(images), batch_size), massive)
@@ -92,6 +76,5 @@ def fit_massive(model: nn.Module | Backbone, images: ImageSource, massive: int =
 
 def apply_massive(model: nn.Module | Backbone, state: dict[str, Any], zero: bool = False) -> Backbone:
     """`MeanMassive.apply` (`zero`: `ZeroMassive.apply`): per image, each fitted channel of the massive block's output
-    at its massive token set to its fitted mean (or 0), by hooks on the model's own modules (its own forward and the
-    explicit recomputation both see the edit)."""
+    at its massive token set to its fitted mean (or 0), by hooks on the model's own modules."""
     return (ZeroMassive if zero else MeanMassive).apply(as_backbone(model), state)

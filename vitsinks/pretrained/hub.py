@@ -4,16 +4,10 @@
     hf:<hub id or folder>       transformers' AutoModel and AutoImageProcessor (a folder of save_pretrained; one
                                 without a processor: the config's image size and ImageNet's mean and std)
     open_clip:<name>@<tag|file> open_clip.create_model_and_transforms(name, pretrained=tag or file)
-    vitsinks:<folder or hub id> a folder `python -m vitsinks.export` wrote (or its hub repository), as vitsinks' own
-                                model (`vitsinks.publish.loader`)
+    vitsinks:<folder or hub id> a folder `python -m vitsinks.export` wrote (or its hub repository)
 
-The model comes in float32 and evaluation mode, unmodified; `transform` is the library's evaluation preprocessing
-(a PIL image -> a normalised (3, H, W) tensor) and `mean` / `std` its normalisation, so that `shown` can draw the
-images the model saw. The libraries are imported here only, when their family is asked for.
-
-Every way in answers as `model.pretrained=` does (`models.weights`): a hub download goes through `hub_or_cache` (an
-unreachable hub: the cache at once, or one line in seconds); a weights file is read weights-only first, and one of
-another architecture is named by what differs (`misfit`); NaN or inf weights are a damaged file (`DAMAGED`).
+The model comes in float32 and evaluation mode, unmodified, with the library's evaluation `transform` and its
+`mean` / `std`; a library is imported only when its family is asked for. Errors answer as `model.pretrained=` does.
 """
 
 from __future__ import annotations
@@ -40,8 +34,7 @@ from vitsinks.utils.rundir import model_folder, model_folder_path
 
 @dataclass
 class Loaded:
-    """A loaded pretrained model (`load`): the model, its evaluation transform and its normalisation; `spec` names
-    it (a local file or folder by its absolute path)."""
+    """A loaded pretrained model (`load`), its evaluation transform and normalisation; `spec` names it."""
 
     spec: str
     model: nn.Module
@@ -57,8 +50,7 @@ class Loaded:
         return (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
 
     def images(self, pil_images: list[Any]) -> torch.Tensor:
-        """PIL images through the model's transform, as one batch (RGB first); a `BadValue` for anything else (a
-        dataset of tensors is no picture a model's own preprocessing takes)."""
+        """PIL images through the model's transform, as one batch (RGB first); a `BadValue` for anything else."""
         wrong = [type(im).__name__ for im in pil_images if not isinstance(im, Image.Image)]
         if wrong:
             raise BadValue(f"{self.spec} takes PIL images through its own preprocessing, got a {wrong[0]}: use a "
@@ -80,16 +72,15 @@ def _library(module: str, extra: str) -> Any:
 
 
 def _readable(path: Path, spec: str) -> None:
-    """A local weights file read weights-only before the library loads it (tensors mapped, not read): a file that
-    would run code, or is not weights, is answered in one line (`models.weights.load`), never unpickled."""
+    """A local weights file read weights-only before the library loads it (`models.weights.load`): a file that would
+    run code, or is not weights, is one line, never unpickled."""
     if not path.is_file():
         raise BadValue(f"{spec}: no such weights file")
     load_weights(path, "weights", mmap=True)
 
 
 def _hub(what: str, fix: str, remote: bool) -> AbstractContextManager[None]:
-    """`models.weights.hub_or_cache` for what comes from the hub (`remote`): an unreachable hub answered from the
-    cache at once, weights not there in one line; a local file or folder needs no hub."""
+    """`models.weights.hub_or_cache` for what comes from the hub (`remote`); a local file or folder needs none."""
     return hub_or_cache(what, fix) if remote else nullcontext()
 
 
@@ -110,9 +101,8 @@ def _not_fitting(e: BaseException) -> bool:
 
 
 def _misfit(what: str, path: Path, model: nn.Module, fix: str) -> str | None:
-    """The line for a weights file that does not load into `model` (a fresh one of the name asked for): the two
-    architectures (`models.weights.misfit`, as model.pretrained= answers), or the keys that differ; None when the
-    file's tensors do fit (the library failed for another reason)."""
+    """The line for a weights file that does not load into `model` (a fresh one of the name asked for,
+    `models.weights.misfit`); None when the file's tensors do fit (the library failed for another reason)."""
     sd, own = state_dict_from_file(path), model.state_dict()
     if all(k in own and tuple(v.shape) == tuple(own[k].shape) for k, v in sd.items()) and own.keys() <= sd.keys():
         return None
@@ -145,9 +135,8 @@ ANNOUNCED: set[str] = set()  # the save_pretrained folders whose assumed process
 
 
 def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
-    """The processor of a save_pretrained folder that holds the model alone: transformers' `ViTImageProcessor`
-    resizing to the config's `image_size` (a composite config's, CLIP / SigLIP, from its `vision_config`), then
-    normalising with ImageNet's mean and std; announced in one printed line (once per process and folder)."""
+    """The processor of a save_pretrained folder that holds the model alone: a `ViTImageProcessor` resizing to the
+    config's (or its `vision_config`'s) `image_size` with ImageNet's mean and std, announced once per folder."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     size = next((s for c in (config, getattr(config, "vision_config", None)) if (s := getattr(c, "image_size", None))),
@@ -166,8 +155,7 @@ def _assumed_processor(transformers: Any, folder: str, config: Any) -> Any:
 
 
 def _check_folder(name: str) -> None:
-    """An `hf:` name written as a path (`./`, `../`, `/`, `~`, or inside a folder that exists here) that is no
-    folder: an `InputNotFound` naming it, not transformers' advice about hub ids."""
+    """An `hf:` name written as a path that is no folder: an `InputNotFound` naming it, not advice about hub ids."""
     path = Path(name).expanduser()
     if path.is_dir():
         return
@@ -266,9 +254,8 @@ def folder_name(spec: str) -> str:
 
 
 def hub_dir(spec: str, kind: str, runs_dir: str | Path, claim: bool = True) -> Path:
-    """`<runs_dir>/<kind>/<folder_name>`: where the commands' `hub=` route writes a model's `kind` analyses
-    (`diagnostics`, `interventions`, `quant`), recording the model (`utils.rundir.model_folder`: one of another's is
-    refused; without `claim`, `model_folder_path`: looks only)."""
+    """`<runs_dir>/<kind>/<folder_name>`: where the commands' `hub=` route writes a model's `kind` analyses, recording
+    the model (`utils.rundir.model_folder`: another model's is refused; without `claim`, it only looks)."""
     spec = canonical(spec)
     return (model_folder if claim else model_folder_path)(Path(runs_dir) / kind, spec, spec, folder_name(spec))
 

@@ -1,6 +1,5 @@
-"""The model card (`README.md` of an exported folder): the Hugging Face hub's metadata (`huggingface_hub.ModelCardData`:
-library, pipeline tag, license, tags) and the run's facts (`publish.facts`), every number read from the checkpoint, its
-run's files or the export's own check, none typed here. Missing results are named with the command that makes them.
+"""The model card (`README.md` of an exported folder): the hub's metadata and the run's facts (`publish.facts`), every
+number read from the checkpoint, its run's files or the export's check; a missing result names its command.
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from huggingface_hub import ModelCard, ModelCardData
 from vitsinks.diagnostics.rules import CLASSES
 from vitsinks.diagnostics.summary import describe_rule
 from vitsinks.models import MITIGATIONS
-from vitsinks.publish.facts import Facts, Probe
+from vitsinks.publish.facts import Facts
 from vitsinks.publish.timm_format import NAFLEX, VIT
+from vitsinks.utils.tables import markdown_table
 
 PIPELINE_TAG = "image-feature-extraction"
 PACKAGE = "vitsinks"
@@ -24,8 +24,7 @@ TIMM_MODELS = {VIT: "VisionTransformer", NAFLEX: "NaFlexVit"}  # the timm class 
 
 
 def package_license() -> str:
-    """The license the package declares in its metadata (pyproject's `license`), else `other` (the hub's word for
-    a license it does not list)."""
+    """The license the package's metadata declares, else `other` (the hub's word for a license it does not list)."""
     try:
         meta = cast(Message, importlib.metadata.metadata(PACKAGE))  # an email Message: `get` gives None if absent
     except importlib.metadata.PackageNotFoundError:
@@ -35,9 +34,7 @@ def package_license() -> str:
 
 @dataclass(frozen=True)
 class Export:
-    """How the folder holds the model: its layout (`vit`, `naflexvit`: timm's; `vitsinks`: vitsinks' own), timm's
-    builder and the largest feature difference the export measured (timm layouts), why timm cannot build it (vitsinks'
-    layout), where it is loaded from (a hub repository or the folder) and its preprocessing (`pretrained_cfg`)."""
+    """How the folder holds the model: layout, where it loads from, preprocessing, timm's check or reasons."""
 
     layout: str
     where: str
@@ -57,17 +54,6 @@ class Export:
 def number(value: float, fmt: str) -> str:
     """A value in its column's number style (`f`: two decimals, `g`: three significant digits)."""
     return f"{value:.3g}" if fmt == "g" else f"{value:.2f}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def metadata(facts: Facts, export: Export) -> ModelCardData:
-    """The hub's front matter: timm where timm loads the folder, else vitsinks."""
-    return ModelCardData(library_name="timm" if export.timm else PACKAGE, license=export.license,
-                         pipeline_tag=PIPELINE_TAG, tags=[*facts.tags, *(["timm"] if export.timm else [])])
 
 
 def _load_lines(export: Export) -> str:
@@ -98,7 +84,7 @@ def _variant(facts: Facts) -> str:
         out.append(f"The variant (`exp={facts.variant}`): {facts.description}")
     if facts.settings:
         out += ["", "What makes it this variant, against vitsinks' base ViT:", "",
-                table(["setting", "value"], [[f"`{k}`", f"`{v}`"] for k, v in facts.settings.items()])]
+                *markdown_table(["setting", "value"], [[f"`{k}`", f"`{v}`"] for k, v in facts.settings.items()])]
     else:
         out.append("The base ViT: softmax attention, no registers, no block mitigation.")
     return "\n".join(out)
@@ -109,7 +95,7 @@ def _probes(facts: Facts) -> str:
     if facts.probes:
         rows = [[p.label, number(p.value, p.fmt), p.protocol, "-" if p.seed is None else str(p.seed)]
                 for p in facts.probes]
-        out.append(table(["probe", "value", "protocol", "seed"], rows))
+        out += markdown_table(["probe", "value", "protocol", "seed"], rows)
     else:
         out.append("No probe of this checkpoint is recorded.")
     if facts.other_checkpoint:
@@ -118,21 +104,16 @@ def _probes(facts: Facts) -> str:
     return "\n".join(out)
 
 
-def _sink_rows(spi: dict[str, dict[str, float]]) -> tuple[list[str], list[list[str]]]:
-    locations = list(next(iter(spi.values())).keys())
-    rows = [[name, *(f"{spi[name][loc]:.2f}" for loc in locations)] for name in [*CLASSES, "all"] if name in spi]
-    return ["class \\ sink on", *locations], rows
-
-
 def _sinks(facts: Facts) -> str:
     s = facts.summary
     if s is None:
         return "This checkpoint has no sink diagnosis yet (see the missing results below)."
-    shape = s.get("shape", {})
-    header, rows = _sink_rows(s["sinks_per_image"])
+    shape, spi = s.get("shape", {}), s["sinks_per_image"]
+    locations = list(next(iter(spi.values())).keys())
+    rows = [[name, *(f"{spi[name][loc]:.2f}" for loc in locations)] for name in [*CLASSES, "all"] if name in spi]
     out = [f"Sinks per image, by class and by where the sink sits (`{facts.summary_file}`: {shape.get('images', '?')} "
-           f"validation images, protocol `{s.get('protocol', '?')}`):", "", table(header, rows), "",
-           f"Rule: {describe_rule(s.get('rule'))}."]
+           f"validation images, protocol `{s.get('protocol', '?')}`):", "",
+           *markdown_table(["class \\ sink on", *locations], rows), "", f"Rule: {describe_rule(s.get('rule'))}."]
     measured = [(c.label, v, c.fmt) for m in MITIGATIONS.values() for c in m.columns
                 if (v := m.leaderboard_values(s).get(c.key)) is not None]
     if measured:
@@ -147,8 +128,8 @@ def _notes(facts: Facts) -> str:
     return "\n".join([
         "Where this run's settings differ from the reference's recipe (`recipe=paper`, the gate x register sweep's "
         "protocol; vitsinks' `docs/fidelity.md` says what each default changes and why):", "",
-        table(["setting", "this run", "the reference's recipe"],
-              [[f"`{k}`", f"`{v}`", f"`{p}`"] for k, v, p in facts.notes])])
+        *markdown_table(["setting", "this run", "the reference's recipe"],
+                        [[f"`{k}`", f"`{v}`", f"`{p}`"] for k, v, p in facts.notes])])
 
 
 def _files(export: Export) -> str:
@@ -174,7 +155,7 @@ def _missing(facts: Facts) -> str:
     if not facts.missing:
         return ""
     rows = [[what, f"`{command}`"] for what, command in facts.missing]
-    return "\n\n## Missing results\n\n" + table(["result", "made by"], rows)
+    return "\n\n## Missing results\n\n" + "\n".join(markdown_table(["result", "made by"], rows))
 
 
 def render(facts: Facts, export: Export) -> str:
@@ -192,8 +173,6 @@ def render(facts: Facts, export: Export) -> str:
         "## Sinks", _sinks(facts),
         "## Model notes", _notes(facts),
         "## Files", _files(export)]) + _missing(facts)
-    card = ModelCard(f"---\n{metadata(facts, export).to_yaml()}\n---\n\n{body}\n")
-    return str(card)
-
-
-__all__ = ["Export", "Probe", "package_license", "render"]
+    meta = ModelCardData(library_name="timm" if export.timm else PACKAGE, license=export.license,  # the front matter
+                         pipeline_tag=PIPELINE_TAG, tags=[*facts.tags, *(["timm"] if export.timm else [])])
+    return str(ModelCard(f"---\n{meta.to_yaml()}\n---\n\n{body}\n"))

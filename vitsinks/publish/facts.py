@@ -1,17 +1,7 @@
 """What a model card states about an exported checkpoint, each fact read from the checkpoint and its run's files:
-
-- the variant: its name (`run_variant`), the description of its exp config, the settings that make it (the
-  registries: attention kind, registers, block mitigations) and its hub tags;
-- the training: data, objective, schedule, views and seed from the run's config, the step and epoch from the
-  checkpoint;
-- the probes: every leaderboard column that holds a probe's measurement (`Column.probe`, the registered result
-  types the leaderboard reads: `vitsinks.report.collect`; not the W8A8 copy's changes) of this checkpoint, with its
-  protocol and seed; those of another checkpoint of the run are named and left out; the ones missing with the
-  command that makes them;
-- the sinks: the diagnostics summary of this checkpoint (`diagnostics/<checkpoint>/summary.json`, `final` for
-  `last.pt`);
-- the model notes: where the run's config differs from the reference's recipe (`recipe=paper`) in a setting that
-  recipe sets (docs/fidelity.md says why each default differs).
+the variant (name, description, settings, hub tags), the training, the probes of this checkpoint (the leaderboard's
+probe columns, with protocol and seed; the missing ones with their command), its diagnostics summary, and where the
+run's config differs from the reference's recipe (`recipe=paper`).
 """
 
 from __future__ import annotations
@@ -73,8 +63,7 @@ class Facts:
 
 
 def shown(value: Any) -> str:
-    """A config value as the card writes it (as on a command line): mappings as `key=value` lists, floats in `g`
-    form, booleans and None as YAML writes them."""
+    """A config value as the card writes it (as on a command line, booleans and None as YAML writes them)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -89,8 +78,7 @@ def shown(value: Any) -> str:
 
 
 def variant_settings(model_cfg: Any) -> dict[str, str]:
-    """`model.<field>` -> value of what makes the variant: the attention kind (when not softmax), the registers and
-    every block mitigation that is on (registry order)."""
+    """`model.<field>` -> value of what makes the variant: a non-softmax attention kind, registers, mitigations."""
     values = config_values(model_cfg)
     out = {}
     if str(values.get("attn") or DEFAULT_KIND) != DEFAULT_KIND:
@@ -105,8 +93,7 @@ def variant_settings(model_cfg: Any) -> dict[str, str]:
 
 
 def hub_tags(model_cfg: Any) -> list[str]:
-    """The hub tags of a model of this config: the library's, then the variant's (`<kind>-attention`, `registers`,
-    each mitigation's `hub_tag`)."""
+    """The hub tags of a model of this config: the library's, then the variant's."""
     values = config_values(model_cfg)
     tags = list(LIBRARY_TAGS)
     if str(values.get("attn") or DEFAULT_KIND) != DEFAULT_KIND:
@@ -119,8 +106,7 @@ def hub_tags(model_cfg: Any) -> list[str]:
 
 
 def exp_description(variant: str) -> str:
-    """The first comment of the exp config named as the variant (`vitsinks/configs/exp/<variant>.yaml`); '' without
-    one."""
+    """The first comment of the exp config named as the variant; '' without one."""
     path = options().get("exp", {}).get(variant)
     return yaml_description(Path(path).read_text()) if path is not None else ""
 
@@ -135,8 +121,7 @@ def architecture(source: Source) -> dict[str, Any]:
 
 
 def training(source: Source) -> dict[str, str]:
-    """The training's data, objective, schedule, views and seed (the run's config), and how far it went (the
-    checkpoint's progress)."""
+    """The training's data, objective, schedule, views and seed, and how far it went."""
     c = source.cfg
     data = f"{c.data.name}, {c.data.image_size} px, {c.data.num_classes} classes"
     if c.data.name == "synthetic":
@@ -155,15 +140,13 @@ def training(source: Source) -> dict[str, str]:
 
 
 def command_path(ckpt: Path) -> str:
-    """How the card's commands name the checkpoint: relative to the working directory when it is inside it, else
-    `<runs_dir>/<run>/checkpoints/<file>` (no path of this machine)."""
+    """The checkpoint as the card's commands name it: relative here, else `<runs_dir>/<run>/...`."""
     rel = os.path.relpath(ckpt.resolve(), Path.cwd())
     return rel if not rel.startswith("..") else f"<runs_dir>/{ckpt.parent.parent.name}/checkpoints/{ckpt.name}"
 
 
 def probes(source: Source, facts: Facts) -> None:
-    """The checkpoint's probe values (`Facts.probes`), those of another checkpoint (`other_checkpoint`) and the
-    probes missing (`missing`)."""
+    """Fill `facts` with the checkpoint's probe values, those of another checkpoint and the probes missing."""
     run, found = source.run, set()
     if run is not None:
         for t in result_types():
@@ -189,8 +172,7 @@ def probes(source: Source, facts: Facts) -> None:
 
 
 def summary_path(run: RunDir, stem: str) -> Path | None:
-    """The diagnostics summary of checkpoint `stem` of `run`: `diagnostics/<stem>/summary.json` (for `last`, the newer
-    of `final`, written after training, and `last`); None when it was not diagnosed."""
+    """The diagnostics summary of checkpoint `stem` of `run` (for `last`, the newer of `final` and `last`), or None."""
     found = [p for p in ([run.summary(FINAL)] if stem == "last" else []) + [run.summary(stem)] if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
@@ -213,8 +195,7 @@ def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def recipe_notes(cfg: DictConfig) -> list[tuple[str, str, str]]:
-    """(setting, this run's value, the reference recipe's) for every setting `recipe=paper` sets (where it differs
-    from the defaults of the run's exp) that the run has otherwise."""
+    """(setting, this run's value, the recipe's) for every setting `recipe=paper` changes that the run does not."""
     exp = str(cfg.exp) if str(cfg.exp) in exp_names() else "base"
     default = flat(to_container(load_config([f"exp={exp}"])))
     paper = flat(to_container(load_config([f"exp={exp}", f"recipe={RECIPE}"])))

@@ -1,16 +1,9 @@
 """The exported folder and its upload (docs/export.md).
 
-`write_folder` writes `model.safetensors`, `config.json` and the card `README.md` into a staging folder beside `out`,
-then moves them into place: a new folder is renamed into place whole; into an empty folder, or over an earlier export
-of the same checkpoint (its `config.json` records the checkpoint's SHA-256), each file is replaced atomically and
-every other file there is left alone (a `.git` of the hub repository, the user's notes). Any other folder is refused,
-and nothing is deleted. Where timm builds the variant from a config (`timm_format`), the folder is timm's own
-(`config.json` as timm's hub folders hold it: `architecture`, `model_args`, `pretrained_cfg`), after the check that
-timm's model computes vitsinks' features; else vitsinks' layout. The weights: `safetensors.torch.save_file`.
-
-`push` uploads the folder through `huggingface_hub` (`HfApi.create_repo(..., exist_ok=True)`, then
-`upload_folder`), to the endpoint of huggingface_hub's own settings (`HF_ENDPOINT`); a missing token, a refusal or an
-unreachable hub is one line, and the folder stays.
+`write_folder` stages `model.safetensors`, `config.json` and the card `README.md` beside `out`, then moves them into
+place: a new folder whole; into an empty folder or over an earlier export of the same checkpoint (by SHA-256), file
+by file, every other file left alone. Any other folder is refused. `push` uploads it through `huggingface_hub`; a
+missing token, a refusal or an unreachable hub is one line, and the folder stays.
 """
 
 from __future__ import annotations
@@ -51,8 +44,7 @@ TRANSPORT: type[Exception] = HfHubHTTPError.__bases__[0]
 
 
 def preprocessing(source: Source) -> dict[str, Any]:
-    """The model's evaluation preprocessing as timm's `pretrained_cfg` names it: the image size, the run's analysis
-    crop (`selection.crop_pct`, `selection.interpolation`) and the normalisation vitsinks' data pipeline applies."""
+    """The model's evaluation preprocessing as timm's `pretrained_cfg` names it."""
     size = source.model.patch_embed.img_size
     return {"input_size": [source.model.patch_embed.proj.in_channels, *size],
             "crop_pct": float(source.cfg.selection.crop_pct), "crop_mode": "center",
@@ -80,8 +72,7 @@ def versions() -> dict[str, str]:
 
 
 def info_block(source: Source, layout: str) -> dict[str, Any]:
-    """config.json's `vitsinks` block: the layout, the model config (what `loader` rebuilds), the variant, the
-    source checkpoint (the SHA-256 an export of the same checkpoint is recognised by) and the run's settings."""
+    """config.json's `vitsinks` block: layout, model config, variant, source checkpoint, run settings."""
     model = {**to_container(source.cfg.model), "pretrained": None}
     src = {"run": source.run.name if source.run is not None else None, "checkpoint": source.ckpt.name,
            "step": source.step, "epoch": source.epoch, "sha256": source.sha256}
@@ -99,8 +90,7 @@ def held_export(out: Path) -> dict[str, Any] | None:
 
 
 def claim(out: Path, sha256: str) -> bool:
-    """Whether `out` may take this export: it does not exist or is empty (False), or holds an earlier export of the
-    checkpoint of this SHA-256 (True: its files are replaced); a `BadValue` for anything else."""
+    """Whether `out` holds an earlier export of this checkpoint (True) or is new or empty (False); else `BadValue`."""
     if out.exists() and not out.is_dir():
         raise BadValue(f"out={out} is a file: name a new or empty folder")
     if not out.exists() or not any(out.iterdir()):
@@ -125,8 +115,7 @@ def _write(stage: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
 
 def hub_config(source: Source, pre: dict[str, Any], license_: str, block: dict[str, Any],
                architecture: str | None = None, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json in the layout of timm's hub folders (`architecture` and `model_args` where timm builds the model,
-    `num_features`, `pretrained_cfg` with the preprocessing and license), vitsinks' block under `KEY`."""
+    """config.json in the layout of timm's hub folders, vitsinks' block under `KEY`."""
     timm_part = {"architecture": architecture} if architecture else {}
     pretrained = {**pre, "fixed_input_size": False, "license": license_, "num_classes": 0}
     if architecture:
@@ -154,21 +143,14 @@ def _write_own(source: Source, stage: Path, pre: dict[str, Any], license_: str, 
     return card.Export(OWN, "", False, pre, license_, reasons=reasons)
 
 
-def shareable(stage: Path) -> None:
-    """The staged folder and files with the modes a new folder and file get here (the umask's), not the private ones
-    of temp files: the folder is made to be shared."""
-    umask = os.umask(0)
-    os.umask(umask)
-    stage.chmod(0o777 & ~umask)
-    for name in FILES:
-        (stage / name).chmod(0o666 & ~umask)
-
-
 def move_into(stage: Path, out: Path, whole: bool) -> None:
-    """The staged files into `out`: the staging folder renamed into place (`whole`: `out` does not exist), else each
-    file replacing its namesake, every other file of `out` left as it is."""
+    """The staged files into `out`: the staging folder renamed into place (`whole`), else file by file."""
     with files.faults_named(out):
-        shareable(stage)
+        umask = os.umask(0)  # the umask's modes, not the private ones of temp files
+        os.umask(umask)
+        stage.chmod(0o777 & ~umask)
+        for name in FILES:
+            (stage / name).chmod(0o666 & ~umask)
         if whole:
             os.rename(stage, out)
             return
@@ -177,8 +159,7 @@ def move_into(stage: Path, out: Path, whole: bool) -> None:
 
 
 def write_folder(cfg: DictConfig) -> tuple[Path, facts.Facts, card.Export]:
-    """Export `cfg.ckpt` (or `cfg.run`'s last checkpoint) into `cfg.export.out` (see the module docstring); returns
-    the folder, the card's facts and how the folder holds the model."""
+    """Export `cfg.ckpt` (or `cfg.run`'s) into `cfg.export.out`; returns the folder, the facts, the export."""
     path = checkpoint_path(cfg.ckpt, cfg.run)
     if not cfg.export.out:
         raise BadValue("name the folder to write: out=<folder> (new or empty)")
@@ -211,8 +192,7 @@ def write_folder(cfg: DictConfig) -> tuple[Path, facts.Facts, card.Export]:
 
 def push(out: Path, repo: str, private: bool = False, message: str = "vitsinks export",
          api: HfApi | None = None) -> str:
-    """Upload the export in `out` to the hub repository `repo` (created if missing; its files `FILES` only); returns
-    the commit's URL. Without a token, on a refusal or an unreachable hub: a `BadValue` in one line, `out` kept."""
+    """Upload the export in `out` to the hub repository `repo`; returns the commit's URL. A failure is one line."""
     api = api or HfApi()
     endpoint = api.endpoint or hf_constants.ENDPOINT
     kept = f"the folder {out} is kept: push it later with python -m vitsinks.export ... out={out} push=true repo={repo}"

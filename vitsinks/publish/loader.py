@@ -1,8 +1,6 @@
-"""An exported folder read back as vitsinks' own model (`vitsinks.pretrained.load("vitsinks:<folder or hub id>")`):
-the `SinkViT` its `config.json` describes (key `vitsinks`), with `model.safetensors` loaded from whichever layout the
-folder holds (timm's `vit` or `naflexvit`, mapped back by `timm_format.from_timm`; or vitsinks' own), and the
-preprocessing of its `pretrained_cfg` (vitsinks' analysis view: shorter side to size / crop_pct, centre crop,
-normalised). A hub id (`<user>/<name>`) that is no local folder is downloaded with `huggingface_hub` (the two files).
+"""An exported folder (or hub id `<user>/<name>`, downloaded) read back as vitsinks' own model
+(`vitsinks.pretrained.load("vitsinks:<folder>")`): the `SinkViT` its `config.json` describes, its weights from
+whichever layout the folder holds, and the preprocessing of its `pretrained_cfg`.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 @dataclass
 class Exported:
-    """A model read from an exported folder: the model (float32, evaluation mode), its preprocessing (a PIL image ->
-    a normalised (3, H, W) tensor) and normalisation, and the folder's `vitsinks` block."""
+    """A model read from an exported folder, with its preprocessing, normalisation and `vitsinks` block."""
 
     model: SinkViT
     transform: Callable[[Any], torch.Tensor]
@@ -46,8 +43,7 @@ class Exported:
 
 
 def folder_of(name: str) -> Path:
-    """The local folder `name` names, or the hub repository `name` (`<user>/<name>`) downloaded (its config.json and
-    model.safetensors, into huggingface_hub's cache)."""
+    """The local folder `name` names, or the hub repository `name` downloaded (its two files)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path

@@ -1,10 +1,5 @@
-"""What an export reads: a checkpoint (`ckpt=`, or `run=`: the run's `checkpoints/last.pt`), its backbone and run
-config, its step, and the run it belongs to (whose results the card reports).
-
-A derived run is refused: its edit (a training-free mitigation, the W8A8 quantization) runs as hooks on the forward
-pass, which a weights file cannot carry, so no exported folder would compute what the derived run computes; its
-source checkpoint is what can be exported. So is an imported pretrained model: its weights are another library's,
-used directly there.
+"""What an export reads: a checkpoint (`ckpt=`, or `run=`'s `last.pt`), its backbone, run config, step and run. A
+derived run (its edit runs as hooks a weights file cannot carry) and an imported pretrained model are refused.
 """
 
 from __future__ import annotations
@@ -26,9 +21,7 @@ from vitsinks.utils.rundir import RunDir, in_run
 
 @dataclass
 class Source:
-    """A checkpoint to export: its file, backbone (float32, evaluation mode), upgraded run config, training progress
-    (step and epoch; None where the checkpoint does not record them), the run it belongs to (None: a loose file) and
-    the SHA-256 of its bytes (what an earlier export of it records)."""
+    """A checkpoint to export: file, backbone, run config, step, epoch, run (None: a loose file), SHA-256."""
 
     ckpt: Path
     model: SinkViT
@@ -61,8 +54,7 @@ def checkpoint_path(ckpt: str | None, run: str | None) -> Path:
 
 
 def read(path: Path) -> Source:
-    """The checkpoint at `path`, read weights-only (`models.weights.load`); a derived run or an imported pretrained
-    model is a `BadValue` saying what to export instead."""
+    """The checkpoint at `path`; a derived run or an import is a `BadValue` saying what to export instead."""
     state = load(path)
     if not isinstance(state, dict) or "config" not in state:
         raise BadValue(f"{path} is not a vitsinks training checkpoint (no config inside): pass "

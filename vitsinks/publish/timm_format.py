@@ -1,25 +1,13 @@
-"""vitsinks' ViTs in timm's own layouts: which trained variants timm builds from a config alone, the timm model that
-computes the same function, and the key mapping both ways.
+"""vitsinks' ViTs in timm's own layouts (docs/export.md): which variants timm builds from a config alone, the timm
+model that computes the same function, and the key mapping both ways.
 
-timm builds a hub folder's model as `timm.create_model(architecture, **model_args)`, the arguments being JSON. Two of
-its models cover vitsinks' variants:
+- `VisionTransformer` (layout `vit`): the base ViT, registers, LayerScale; the state dicts share every key but the
+  registers' position rows (zeros in timm's). The features are equal bit for bit.
+- `NaFlexVit` (layout `naflexvit`) for the elementwise G1 gate (`attn_gated`): `embeds.*`, `gamma_1` / `gamma_2`,
+  `q_bias` / `v_bias` (the key bias dropped: softmax ignores it) and [CLS]'s position added to the token. Equal up
+  to rounding (`check_equal` measures it at every export).
 
-- `VisionTransformer` (layout `vit`): the base ViT, registers (`reg_tokens`), LayerScale (`init_values`). vitsinks'
-  `SinkViT` is a timm `VisionTransformer` of `SinkBlock`s, so the state dicts share every key; only the registers'
-  position differs: vitsinks' default gives registers none (Darcet et al.'s layout), timm's embedding gets zero rows
-  for them, the same function. The features are equal bit for bit.
-- `NaFlexVit` (layout `naflexvit`) for the gated variants: timm's `Attention(gated=True)` is the elementwise G1 gate,
-  but `VisionTransformer` has no argument for it (its `attn_layer` takes a class, which JSON cannot hold); NaFlexVit
-  has one (`attn_gated`, on its EVA blocks). Its keys are `embeds.*` for the embedding, `gamma_1` / `gamma_2` for
-  LayerScale (ones where vitsinks has none) and `q_bias` / `v_bias` for the qkv bias: the key bias is dropped (it adds
-  one number to all the scores of a query, which softmax ignores) and [CLS]'s position is added to the token
-  (NaFlexVit positions the patches only). The same function; in float32 equal up to the rounding the dropped key
-  bias leaves (`check_equal` measures it at every export).
-
-What timm cannot build from a config (`unmappable`): an attention kind other than softmax, a block mitigation other
-than the elementwise gate, attention-only blocks, a LayerNorm eps other than timm's 1e-6 (its configs name the norm
-by a string), a gate without a qkv bias (timm's gate has a bias only with one). Those variants keep vitsinks' own
-layout (`vitsinks.publish.loader` reads both).
+What timm cannot build (`unmappable`) keeps vitsinks' own layout (`vitsinks.publish.loader` reads both).
 """
 
 from __future__ import annotations
@@ -69,10 +57,6 @@ def gated(model: SinkViT) -> bool:
     return model.mitigations.get(G1GateMitigation.name) == "elementwise"
 
 
-def layer_norms(model: nn.Module) -> list[nn.LayerNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
-
-
 def unmappable(model: SinkViT) -> list[str]:
     """Why timm cannot build `model` from a config: one reason per thing it lacks (empty: it can)."""
     reasons = []
@@ -84,7 +68,7 @@ def unmappable(model: SinkViT) -> list[str]:
     blk = cast(SinkBlock, model.blocks[0])
     if isinstance(blk.mlp, NoMLP):
         reasons.append("its blocks are attention-only (model.mlp=false)")
-    eps = sorted({float(n.eps) for n in layer_norms(model)} - {TIMM_EPS})
+    eps = sorted({float(n.eps) for n in model.modules() if isinstance(n, nn.LayerNorm)} - {TIMM_EPS})
     if eps:
         reasons.append(f"its LayerNorm eps is {', '.join(f'{e:g}' for e in eps)} (timm's configs build {TIMM_EPS:g})")
     if gated(model) and blk.attn.qkv.bias is None:
@@ -109,15 +93,8 @@ def _architecture(model: SinkViT, layerscale_init: float | None) -> dict[str, An
             "class_token": True, "global_pool": "token", "num_classes": 0}
 
 
-def vit_builder(size: str, patch: int, img: int) -> str:
-    """timm's name of this ViT size where it has one (`vit_small_patch16_224`), else `VIT_FALLBACK`."""
-    name = f"{size}_patch{patch}_{img}"
-    return name if timm.is_model(name) else VIT_FALLBACK
-
-
 def vit_state(model: SinkViT) -> dict[str, torch.Tensor]:
-    """`model`'s state dict in timm `VisionTransformer`'s layout: the registers' zero rows in the position embedding
-    where vitsinks gives them none (`register_pos_embed=false`)."""
+    """`model`'s state dict in timm `VisionTransformer`'s layout (the registers' zero position rows)."""
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     r = model.num_reg_tokens
     if r and model.pos_embed is not None and not model.register_pos_embed:
@@ -127,9 +104,7 @@ def vit_state(model: SinkViT) -> dict[str, torch.Tensor]:
 
 
 def vit_to_naflex(sd: dict[str, torch.Tensor], registers: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """A timm-`VisionTransformer` state dict (position embedding over [CLS], registers and patches) in NaFlexVit's
-    keys: the prefix tokens' positions added to the tokens, the patches' as a grid, the qkv bias without its key
-    part, LayerScale as `gamma_1` / `gamma_2`."""
+    """A timm-`VisionTransformer` state dict in NaFlexVit's keys (prefix positions added to the tokens)."""
     pe = sd.get("pos_embed")
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
@@ -152,8 +127,7 @@ def vit_to_naflex(sd: dict[str, torch.Tensor], registers: int, grid: tuple[int, 
 
 
 def naflex_to_vit(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`vit_to_naflex` backwards: timm-`VisionTransformer` keys, the position embedding over the patches only
-    (`load_timm_state_dict` gives the prefix tokens a zero one), the qkv bias with a zero key part."""
+    """`vit_to_naflex` backwards (the qkv bias with a zero key part)."""
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         if k == "embeds.pos_embed":
@@ -180,8 +154,7 @@ def _identity(key: str) -> float | None:
 
 
 def fill_identity(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`sd` with the tensors `own` (a model's state dict) has and `sd` lacks that leave the function unchanged: a
-    bias of zeros, a LayerScale of ones (exact in floating point)."""
+    """`sd` with the identity tensors (zero biases, unit LayerScales) `own` has and `sd` lacks."""
     out = dict(sd)
     for k, v in own.items():
         if k not in out and (fill := _identity(k)) is not None:
@@ -196,8 +169,7 @@ def drop_identity(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> 
 
 
 def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmModel:
-    """The timm model of `model` (`size`, `layerscale_init`: its config's, for timm's builder name and LayerScale's
-    init); a `BadValue` with the reasons when timm cannot build it (`unmappable`)."""
+    """The timm model of `model`; a `BadValue` with the reasons when timm cannot build it (`unmappable`)."""
     if reasons := unmappable(model):
         raise BadValue(f"timm cannot build this model from a config: {'; '.join(reasons)}")
     args = _architecture(model, layerscale_init)
@@ -207,7 +179,8 @@ def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmMod
         args.update(proj_bias=cast(SinkBlock, model.blocks[0]).attn.proj.bias is not None, no_embed_class=False,
                     reg_tokens=model.num_reg_tokens, pos_embed=pos, dynamic_img_size=bool(model.dynamic_img_size))
         args = {k: v for k, v in args.items() if v is not None}  # timm.create_model drops them too
-        return TimmModel(VIT, vit_builder(size, args["patch_size"], args["img_size"][0]), args, sd)
+        name = f"{size}_patch{args['patch_size']}_{args['img_size'][0]}"  # timm's name of this size, if it has one
+        return TimmModel(VIT, name if timm.is_model(name) else VIT_FALLBACK, args, sd)
     grid = tuple(model.patch_embed.grid_size)
     args.update(attn_gated=True, reg_tokens=model.num_reg_tokens, fc_norm=False, embed_proj_type="conv",
                 pos_embed="learned" if pos == "learn" else "none", pos_embed_grid_size=list(grid),
@@ -216,8 +189,7 @@ def to_timm(model: SinkViT, size: str, layerscale_init: float | None) -> TimmMod
 
 
 def from_timm(model: SinkViT, sd: dict[str, torch.Tensor], layout: str, what: str) -> None:
-    """Load a state dict in timm layout `layout` (`to_timm`'s) into vitsinks' `model` (built from the same config);
-    one that does not fit is a `BadValue` naming `what`."""
+    """Load a state dict in timm layout `layout` into `model`; one that does not fit names `what`."""
     if layout not in (VIT, NAFLEX):
         raise BadValue(f"{what}: unknown layout {layout!r} (one of {VIT}, {NAFLEX})")
     if layout == NAFLEX:
@@ -227,8 +199,7 @@ def from_timm(model: SinkViT, sd: dict[str, torch.Tensor], layout: str, what: st
 
 @torch.no_grad()
 def check_equal(model: SinkViT, timm_model: nn.Module) -> float:
-    """The largest |difference| of the two models' `forward_features` on `CHECK_IMAGES` seeded random images at the
-    model's size, float32; a `CheckFailed` above `CHECK_RTOL` x the largest feature (a wrong mapping)."""
+    """The largest |difference| of the two models' features on seeded images; `CheckFailed` above `CHECK_RTOL`."""
     h, w = model.patch_embed.img_size
     x = torch.randn(CHECK_IMAGES, model.patch_embed.proj.in_channels, h, w,
                     generator=torch.Generator().manual_seed(0))

@@ -1,6 +1,5 @@
-"""Quantization robustness (docs/quantization.md): outlier statistics of the blocks' linear-layer inputs
-(`stats`), the simulated W8A8 quantization as a post-hoc edit (`w8a8`, registered on import) and its typed result
-(`results`, `results/quant.json`). `python -m vitsinks.quantize` runs it on a checkpoint."""
+"""Quantization robustness (docs/quantization.md): outlier statistics of the blocks' linear-layer inputs, the
+simulated W8A8 quantization as a post-hoc edit (registered on import) and its typed result (`results/quant.json`)."""
 
 from vitsinks.quant.outliers import block_layers, input_maxima, layer_paths, linear_input_stats, pearson_kurtosis
 from vitsinks.quant.quant_results import QuantResult

@@ -1,22 +1,12 @@
-"""Outlier statistics of the inputs of every linear layer of the blocks (docs/quantization.md).
-
-Per block and layer, over `images`:
-- `kurtosis`: per image, the Pearson kurtosis of all N x C entries of the layer's input (tokens x channels,
-  flattened), `E[(x - mu)^4] / sigma^4` with population moments (a Gaussian has 3), then the mean over the images
-  where it is defined (not constant; e.g. the global pathway's `pathway.out` with `state_dim=1` reads one number
-  per image): None for a layer whose input is constant on every image;
-- `inf_norm`: `max |x|` over tokens, channels and images (the range a static per-tensor quantiser must cover).
-
-The layers are every linear layer inside a block (`Block.linears` of the model's `Backbone`: for vitsinks' own ViT
-every `nn.Linear`, `attn.qkv`, `attn.proj`, `mlp.fc1`, `mlp.fc2`, and the gate's or the global pathway's when the
-variant has them), keyed by their path in the block without the `attn.` / `mlp.` prefix: `qkv`, `proj`, `fc1`, `fc2`,
-`gate`, `pathway.inp`, ...
+"""Outlier statistics of the inputs of every linear layer of the blocks (docs/quantization.md#definitions): per block
+and layer, the mean over images of the Pearson kurtosis of the input (`kurtosis`, None where it is constant on every
+image) and `max |x|` (`inf_norm`). Layers are keyed by their path in the block without the `attn.` / `mlp.` prefix
+(`qkv`, `proj`, `fc1`, `fc2`, `gate`, `pathway.inp`, ...).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,22 +24,19 @@ def layer_key(path: str) -> str:
 
 
 def block_layers(backbone: Backbone) -> list[dict[str, str]]:
-    """Per block, the path (`blocks.3.attn.qkv`) of each of its linear layers by key (`layer_key`), in module
-    order."""
+    """Per block, the path (`blocks.3.attn.qkv`) of each linear layer by key (`layer_key`), in module order."""
     return [{layer_key(name): f"blocks.{i}.{name}" for name in block.linears()}
             for i, block in enumerate(backbone.blocks)]
 
 
 def layer_paths(backbone: Backbone) -> dict[str, LinearSite]:
-    """Every block linear layer (`Block.linears`) by its path, `blocks.<i>.<path in the block>`, in module order (a
-    `SinkViT`'s module paths; a view's layers under a `SinkViT`'s names where its library's differ)."""
+    """Every block linear layer (`Block.linears`) by its path `blocks.<i>.<path in the block>`, in module order."""
     return {f"blocks.{i}.{name}": layer for i, block in enumerate(backbone.blocks)
             for name, layer in block.linears().items()}
 
 
 def pearson_kurtosis(x: torch.Tensor) -> torch.Tensor:
-    """Per row of `x` (B, ...), the Pearson kurtosis of all its entries in float64 (B,): `m4 / m2^2` with central
-    population moments (`scipy.stats.kurtosis(fisher=False)`); NaN for a constant row."""
+    """Per row of `x` (B, ...), the Pearson kurtosis m4 / m2^2 of its entries in float64; NaN for a constant row."""
     flat = x.detach().reshape(x.shape[0], -1).double()
     d = flat - flat.mean(dim=1, keepdim=True)
     m2 = d.square().mean(dim=1)
@@ -57,8 +44,7 @@ def pearson_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Recorder:
-    """Forward pre-hooks on layers accumulating the sum and count of the defined per-image kurtoses, the image count
-    and max |x|."""
+    """Forward pre-hooks on `layers` accumulating max |x|, the image count and the defined per-image kurtoses."""
 
     def __init__(self, layers: dict[str, LinearSite], kurtosis: bool) -> None:
         self.kurt_sum = dict.fromkeys(layers, 0.0)
@@ -92,27 +78,16 @@ class _Recorder:
 @torch.no_grad()
 def input_maxima(backbone: Backbone, images: torch.Tensor, batch_size: int = 64,
                  kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float | None]]:
-    """(max |x|, mean per-image kurtosis (empty without `kurtosis`; None for a layer whose input is constant on
-    every image)) of the input of every block linear layer by its module path (`layer_paths`), over `images` run
-    through the backbone (`forward_features`) in batches on the model's device. A layer the forward never reached,
-    or a non-finite input, is a `NonFinite` error."""
+    """(max |x|, mean per-image kurtosis (only with `kurtosis`)) of every block linear layer's input by its path,
+    over `images` in batches; a layer the forward never reached, or a non-finite input: `NonFinite`."""
+    layers = layer_paths(backbone)
     with eval_mode(backbone) as device:
-        return layer_input_maxima(layer_paths(backbone), backbone.forward_features, images, device, batch_size,
-                                  kurtosis)
-
-
-@torch.no_grad()
-def layer_input_maxima(layers: dict[str, LinearSite], forward: Callable[[torch.Tensor], Any], images: torch.Tensor,
-                       device: torch.device | str = "cpu", batch_size: int = 64,
-                       kurtosis: bool = False) -> tuple[dict[str, float], dict[str, float | None]]:
-    """`input_maxima` of the given `layers` (by name) while `forward` runs on `images` in batches on `device` (the
-    model in evaluation mode: the caller's)."""
-    rec = _Recorder(layers, kurtosis)
-    try:
-        for lo in range(0, len(images), batch_size):
-            forward(images[lo : lo + batch_size].to(device))
-    finally:
-        rec.remove()
+        rec = _Recorder(layers, kurtosis)
+        try:
+            for lo in range(0, len(images), batch_size):
+                backbone.forward_features(images[lo : lo + batch_size].to(device))
+        finally:
+            rec.remove()
     missing = [n for n, c in rec.count.items() if c == 0]
     if missing:
         raise NonFinite(f"the forward pass never reached the linear layers {', '.join(missing)}: no statistics")
@@ -126,9 +101,7 @@ def layer_input_maxima(layers: dict[str, LinearSite], forward: Callable[[torch.T
 
 def linear_input_stats(backbone: Backbone, images: torch.Tensor,
                        batch_size: int = 64) -> dict[str, dict[str, list[float | None]]]:
-    """`{"kurtosis": {key: [L]}, "inf_norm": {key: [L]}}`: the statistics (module docstring) of every block
-    linear layer's input over `images`, per layer key and block (None in a block without that layer, and a kurtosis
-    of None where the input is constant on every image)."""
+    """`{"kurtosis": {key: [L]}, "inf_norm": {key: [L]}}` per layer key and block (None: no such layer)."""
     inf, kurt = input_maxima(backbone, images, batch_size, kurtosis=True)
     per_block = block_layers(backbone)
     keys = list(dict.fromkeys(k for blk in per_block for k in blk))

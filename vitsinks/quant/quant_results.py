@@ -1,6 +1,5 @@
 """`results/quant.json` (`QuantResult`, written by `python -m vitsinks.quantize`) and its leaderboard columns
-(docs/quantization.md). Top-1 and mIoU values are in %. Each quantization format has its own columns, named by it
-(`w8a8_cos_err` "W8A8 1 - feature cosine", `w4a4_cos_err` "W4A4 ..."): a W4A4 result never lands in a W8A8 column."""
+(docs/quantization.md), top-1 and mIoU in %; each format has its own columns (`w8a8_cos_err`, `w4a4_cos_err`, ...)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def quant_format(weight_bits: int, act_bits: int) -> str:
 
 
 def format_columns(fmt: str) -> list[Column]:
-    """The columns of quantization format `fmt` (`quant_format`) that every result of it has: 1 - the feature
-    cosine and the change of the linear and the online probe (keys `<fmt lower>_...`, labels `<fmt> ...`)."""
+    """The columns every result of format `fmt` has: 1 - feature cosine, change of linear and online top-1."""
     k, q = fmt.lower(), QUANT
     return [
         Column(f"{k}_cos_err", f"{fmt} 1 - feature cosine", "quality", fmt="g", higher_is_better=False, section=q,
@@ -107,9 +105,7 @@ class QuantResult(Result):
 
     @classmethod
     def extra_columns(cls, keys: set[str]) -> list[Column]:
-        """The columns of what was collected beyond `columns()`: one per dense result kind whose W8A8 change was
-        collected (`w8a8_d_<kind>`, in sorted order), then per other format collected (by its bits) its
-        `format_columns` and its dense changes: two formats, dense protocols or datasets never share a column."""
+        """The columns collected beyond `columns()`: W8A8's dense changes, then every other format's own."""
         found: dict[tuple[int, int], list[str]] = {}
         for key in sorted(keys):
             if m := FORMAT_KEY.match(key):
@@ -133,8 +129,7 @@ class QuantResult(Result):
 
     @classmethod
     def read(cls, run: RunDir) -> QuantResult | None:
-        """`run`'s result (None: it has none); a torn file is a `BadFile` naming it and the command that writes it
-        again."""
+        """`run`'s result (None: it has none); a torn file is a `BadFile` naming the command that rewrites it."""
         path = run.result(cls.kind)
         if not path.is_file():
             return None

@@ -1,18 +1,7 @@
-"""Simulated W8A8 quantization of the blocks as a post-hoc edit (`w8a8`; docs/quantization.md).
-
-Symmetric integer fake quantization, one scale per tensor: with `b` bits, `qmax = 2^(b-1) - 1` and a scale `s`,
-
-    q(x) = s * clamp(round(x / s), -qmax, qmax)
-
-- weights (`quant.weight_bits`): every block linear layer's weight (`Block.linears` of the model's `Backbone`: any
-  adapted family), `s_w = max |W| / qmax`, replaced in place
-  (biases stay float: they would be int32 on hardware);
-- activations (`quant.act_bits`): every block linear layer's input, with a static scale `s_x = max |x| / qmax`
-  where `max |x|` is taken over the calibration images of the float model (`fit`); a forward pre-hook quantises
-  the input, values beyond the calibrated range clamped.
-
-The patch embedding, the position embedding and the prefix tokens, the LayerNorms, the attention scores and their
-softmax, the residual additions, the final norm and any head stay in float32.
+"""Simulated W8A8 quantization of the blocks as a post-hoc edit (`w8a8`; docs/quantization.md#definitions): symmetric
+per-tensor fake quantization `q(x) = s * clamp(round(x / s), -qmax, qmax)` of every block linear layer's weight
+(`s_w = max |W| / qmax`, in place) and input (a static `s_x = max |x| / qmax` calibrated on the float model, applied
+by a forward pre-hook); everything else stays in float32.
 """
 
 from __future__ import annotations
@@ -79,8 +68,7 @@ class W8A8(TrainFreeMethod):
 
 
 def quantize_layers(layers: dict[str, LinearSite], state: dict[str, Any]) -> list[Any]:
-    """Fake-quantise the weights of `layers` (by name, in the order `state` was fitted) in place and hook their inputs
-    with the fitted static scales (`W8A8.fit`'s state); returns the hooks' handles."""
+    """Fake-quantise `layers`' weights in place and hook their inputs with `state`'s scales; returns the handles."""
     if list(layers) != list(state["layers"]):
         raise BadValue(f"the W8A8 state was fitted on the linear layers {state['layers']}, this model has "
                        f"{list(layers)}: quantise the model again (python -m vitsinks.quantize)")

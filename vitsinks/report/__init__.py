@@ -1,6 +1,5 @@
-"""The leaderboard's library: collect every run's registered results (`collect`), render the tables (`render`)
-and the figure (`figure`), keep what it read (`inputs`), write them all (`writer.build`).
-`python -m vitsinks.leaderboard` is the command line."""
+"""The leaderboard's library (`python -m vitsinks.leaderboard` is its command): `collect` the runs' results, `render`
+the tables and the `figure`, keep the `leaderboard_inputs`, write them all (`writer.build`)."""
 
 from vitsinks.report.collect import aggregate, collect, columns, run_dirs, variant_order
 from vitsinks.report.figure import figure

@@ -1,18 +1,7 @@
-"""Collect: one row per run from its registered results, then mean +- std over the seeds of each experiment: the
-runs of one (data, variant) that match in everything but the seed (`vitsinks.report.experiment`); runs that differ
-are separate rows, named by what differs.
-
-The columns are those of the registered result types (`vitsinks.utils.results.result_types`, in rank order) and
-the block mitigations' (`vitsinks.models.mitigations.mitigation_columns`, read from the diagnostics summary), shown
-in the order of their groups (quality, mechanism, causal). A run is named by its architecture
-(`vitsinks.models.run_variant`), not by the exp config it was launched with; an imported pretrained model
-(`vitsinks.run.imported`) by its own name; a derived run by its source's name and its edit.
-
-A column holds one protocol (`Column.probe`; two result types giving one column key are refused). A derived run
-(a training-free edit, a quantized copy) is read against its source run: in a probe column, its row's value is shown
-only where every one of its runs has a source run in the leaderboard measured by the same probe (the same column),
-with the same probe seed, on the checkpoint the edit was made from; else the cell is "not comparable", with the
-reason in `not_comparable` (and no mark).
+"""Collect: one row per run from its registered results and the mitigations' columns, then mean +- std over the
+seeds of each experiment (`vitsinks.report.experiment`). A run is named by its architecture (`run_variant`), an
+import by its own name, a derived run by its source's and its edit. A derived run's probe value is shown only where
+its source run is in the leaderboard, probed the same way (column, seed, checkpoint); else "not comparable".
 """
 
 from __future__ import annotations
@@ -49,8 +38,7 @@ NOT_COMPARABLE = "not comparable"  # a derived row's cell that its source's prob
 
 
 def columns(keys: Iterable[str] = ()) -> list[Column]:
-    """Every leaderboard column, by group: the registered results', the mitigations', and those a result type
-    adds for collected `keys` it has no fixed column for (e.g. a dense probe of new data)."""
+    """Every leaderboard column, by group, with those a result type adds for collected `keys`."""
     found = set(keys)
     cols = [c for t in result_types() for c in (*t.columns(), *t.extra_columns(found))] + mitigation_columns()
     keys_seen = [c.key for c in cols]
@@ -88,17 +76,13 @@ def _mitigation_values(summary: DiagnosticsSummary | None) -> dict[str, Any]:
 
 
 def source_run(source: str | None) -> str:
-    """The name of the run a derived run's `trainfree.source` checkpoint belongs to (`<run>/checkpoints/<file>`);
-    empty when the source is no run's checkpoint."""
+    """The run a derived run's `trainfree.source` checkpoint belongs to; empty when none."""
     path = Path(source or "")
     return path.parents[1].name if path.parent.name == "checkpoints" and len(path.parents) > 1 else ""
 
 
 def collect(run: RunDir | Path | str) -> dict[str, Any]:
-    """One leaderboard row from a run directory; missing evaluations are NaN. A derived run's row names its source
-    run (`source`; empty for a trained run) and, in `_derived_from`, the checkpoint it was made from; `_probed`
-    says how each probe value was made (`Probed`, by column key); `_defined` and `_settings` what defines its
-    experiment (`experiment.defined`; the quantization format and the sink rule of its results)."""
+    """One leaderboard row from a run directory (missing evaluations NaN), with the private `_*` fields."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
     trained = cfg.imported or run_variant(cfg)  # a pretrained model's rows are named by it, not by its architecture
@@ -119,9 +103,7 @@ def collect(run: RunDir | Path | str) -> dict[str, Any]:
 
 
 def unlike_source(row: dict[str, Any], source: dict[str, Any] | None, col: Column) -> str | None:
-    """Why derived run `row`'s value in probe column `col` cannot be read against its source run's (`source`, None:
-    not in the leaderboard): other data, no such value there, another probe seed or checkpoint, or an unrecorded one.
-    None: it can (the same probe, seed and checkpoint)."""
+    """Why derived run `row`'s value in `col` cannot be read against its source run's; None when it can."""
     if not row["_derived_from"]:
         return "its source checkpoint is not recorded (trainfree.source in its config.yaml): derive it again"
     if source is None:
@@ -150,10 +132,7 @@ def _not_comparable(group: list[dict[str, Any]], rows: dict[str, dict[str, Any]]
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over the seeds of each experiment (std over n >= 2 seeds; NaN columns stay NaN): one row per
-    experiment (`experiment.experiments`), named `<variant>`, or `<variant> (<key>=<value>, ...)` with the settings
-    that tell it from the variant's other rows (`differs`). With several datasets in one leaderboard, a row's name
-    is `<data> / <name>`."""
+    """Mean and std over the seeds of each experiment, one row each, named by what `differs`."""
     order = {v: i for i, v in enumerate(variant_order())}
     def place(key: tuple[str, str]) -> tuple:  # a post-hoc edit's row right after its trained variant's
         trained, _, edit = key[1].partition(" + ")
@@ -187,7 +166,6 @@ def _row(group: list[dict[str, Any]], name: str, differs: dict[str, Any], data: 
             agg["not_comparable"][c.key] = why  # no value: nothing to read, mark or draw against the source
             agg[c.key], agg["n"][c.key] = (math.nan, math.nan), 0
             continue
-        mean, std, n = nan_mean_std(r.get(c.key, math.nan) for r in group)
+        mean, std, agg["n"][c.key] = nan_mean_std(r.get(c.key, math.nan) for r in group)
         agg[c.key] = (mean, std)
-        agg["n"][c.key] = n
     return agg

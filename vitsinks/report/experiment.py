@@ -1,23 +1,8 @@
-"""A leaderboard row is one experiment: runs are averaged into one row only when everything but the seed matches.
-
-What defines a run's experiment (`defined`):
-
-- its resolved `config.yaml` (`configs.upgrade.upgrade`: an old one on today's schema), every key except the few that
-  do not change what is trained or measured (`BOOKKEEPING`: the seed, names, paths, logging, threads, where it ran,
-  switches of outputs), so that a key new to the config splits rows by default;
-- what only the run's files know: the steps it trained (`TRAINED`: the last step of its metrics.jsonl; a derived
-  run's is its source run's) and, for a derived run, the checkpoint its edit was made from (`EDITED`: `last.pt`, a
-  periodic one);
-- the settings its results were made with, which a later command may have chosen (`RESULT_SETTINGS`): the
-  quantization format of `results/quant.json` (`QUANT`, e.g. W4A4) and the sink rule its diagnostics summary counted
-  with (`SINK_RULE`). The config's own `quant` and sink-rule keys are left to these: the result records what was
-  used. A run without such a result does not differ in it; runs that have it and differ are separate rows. A row's
-  name shows only what its runs have: a result setting none of them has is left out of it, one that only some of
-  them have says how many (`quant=W4A4 in 1 of 2 runs`).
-
-The runs of one variant that differ become separate rows, each named by the keys that differ between them
-(`gate+reg (train.max_steps=30, train.batch_size=64)`); two runs of one experiment with one seed are refused (a row's
-runs are its seeds).
+"""A leaderboard row is one experiment: runs are averaged into one row only when everything but the seed matches
+(docs/report.md). What defines a run's experiment (`defined`): its resolved config beyond `BOOKKEEPING`, the steps it
+trained (`TRAINED`; a derived run's: its source's), a derived run's edited checkpoint (`EDITED`), and the settings its
+results were made with (`RESULT_SETTINGS`: a run without such a result does not differ in it). The runs of one
+variant that differ become rows named by the keys that differ; two runs of one experiment with one seed are refused.
 """
 
 from __future__ import annotations
@@ -83,8 +68,7 @@ def steps_trained(run: RunDir) -> int | None:
 
 
 def rule_setting(record: dict[str, Any] | None) -> str:
-    """A summary's sink rule (`rule_record`) in a few words: `relaxed`, `def1 eps 0.1`, with the ratio, the
-    stable-rank test and the blocks counted only where they are not the defaults."""
+    """A summary's sink rule in a few words (`relaxed`, `def1 eps 0.1`), with what is not the default."""
     if not record:
         return "unrecorded"
     words = "relaxed" if record.get("events") == "relaxed" else f"{record.get('events')} eps {shown(record.get('eps'))}"
@@ -98,8 +82,7 @@ def rule_setting(record: dict[str, Any] | None) -> str:
 
 
 def defined(cfg: DictConfig, run: RunDir, derived: str | None) -> dict[str, Any]:
-    """What defines `run`'s experiment beyond its results' settings: its config keys, the steps it trained and, for a
-    derived run (`derived`: its trainfree.source), the checkpoint its edit was made from."""
+    """What defines `run`'s experiment beyond its results' settings (`derived`: its trainfree.source)."""
     out = {**config_keys(cfg), TRAINED: steps_trained(run)}
     if derived is not None:
         out[EDITED] = Path(derived).name or None
@@ -119,8 +102,7 @@ def _with_source_steps(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) 
 
 
 def _split_on(parts: list[tuple[dict[str, Any], list[dict]]], key: str) -> list[tuple[dict[str, Any], list[dict]]]:
-    """Split each part on result setting `key` where its runs that have the setting differ in it (a run without it
-    is its own part then); else the part takes the one value its runs have (None: none has it)."""
+    """Split each part on result setting `key` where its runs that have it differ, else give it their value."""
     out = []
     for d, runs in parts:
         values = [r.get("_settings", {}).get(key) for r in runs]
@@ -156,9 +138,8 @@ def shown(v: Any) -> str:
 
 def experiments(runs: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) -> list[tuple[dict[str, Any],
                                                                                                   list[dict]]]:
-    """The experiments among the collected runs of one (data, variant): (the settings that tell it from the others,
-    its runs), in the order of those settings' values; one experiment: ({}, runs). `by_name`: every collected run,
-    for a derived run's source. Two runs of one experiment and one seed are a `BadValue`."""
+    """The experiments among one (data, variant)'s runs: (what tells it from the others, its runs), sorted; one
+    experiment: ({}, runs). Two runs of one experiment and one seed are a `BadValue`."""
     parts: dict[str, tuple[dict[str, Any], list[dict]]] = {}
     for r in runs:
         d = _with_source_steps(r, by_name)
@@ -183,8 +164,7 @@ def experiments(runs: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) 
 
 
 def _as_runs_have(differs: dict[str, Any], members: list[dict[str, Any]]) -> dict[str, Any]:
-    """What tells a row from the variant's others, as its runs have it: a result setting (`RESULT_SETTINGS`) that
-    none of them has is left out, and one that only some have says how many (`W4A4 in 1 of 2 runs`)."""
+    """What tells a row from the others, as its runs have it (`W4A4 in 1 of 2 runs`)."""
     out: dict[str, Any] = {}
     for k, v in differs.items():
         if k in RESULT_SETTINGS:

@@ -24,8 +24,7 @@ LABEL_CHARS, LINE_IN, NOTE_IN = 36, 0.14, 0.12  # a split row's name: characters
 
 
 def rows_of(variants: list[str]) -> tuple[list[tuple[float, str, bool]], list[float]]:
-    """The y position of every label (a group's name in bold, then its variants) and of every variant, top down; a
-    group is the part before ` / ` when every variant's name has one."""
+    """The y of every label (a group's name in bold, then its variants) and of every variant, top down."""
     grouped = all(" / " in v for v in variants)
     labels: list[tuple[float, str, bool]] = []
     ys: list[float] = []
@@ -42,8 +41,7 @@ def rows_of(variants: list[str]) -> tuple[list[tuple[float, str, bool]], list[fl
 
 def _quality(ax: plt.Axes, table: list[dict[str, Any]], key: str, label: str, best: str | None,
              ys: list[float]) -> None:
-    """One quality column: a dot and its std per variant; a column within 1 point of 100 everywhere as the
-    shortfall 100 - value on a log axis (its differences would not show on 0-100)."""
+    """One quality column: a dot and its std per variant; near 100 everywhere, 100 - value on a log axis."""
     means = np.array([t[key][0] for t in table])
     errs = np.array([0.0 if math.isnan(t[key][1]) else t[key][1] for t in table])
     short = bool(np.nanmin(means) >= NEAR_FULL)

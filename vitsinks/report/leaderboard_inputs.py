@@ -21,9 +21,7 @@ TEXT = (".yaml", ".json", ".jsonl")
 
 
 def run_inputs(run: RunDir) -> list[Path]:
-    """The files of `run` the leaderboard reads: its config and metrics, `results/*.json`, and the one diagnostics
-    summary and interventions report it picks (only that one: on a fresh checkout the pick by file time would be
-    arbitrary)."""
+    """The files of `run` the leaderboard reads (the one diagnostics summary and interventions report it picks)."""
     found = [run.config, run.metrics, *sorted(run.results.glob("*.json")), run.latest_summary(),
              run.latest_interventions()]
     return [p for p in found if p is not None and p.is_file()]
@@ -38,11 +36,8 @@ def check_names(runs: list[RunDir], out: Path) -> None:
 
 
 def record(runs: list[RunDir], out: Path, title: str, unfinished: Sequence[str] = ()) -> Path:
-    """Copy every run's inputs into `<out>/inputs/<run name>/` (the runs' folder, as an absolute path in their text,
-    written `RUNS_DIR`) and the title into `inputs/leaderboard.json`, with the footnotes on the runs left out
-    because they did not finish (`unfinished`, `report.unfinished`). `out` is the staging folder of the
-    leaderboard's generation (`LEADERBOARD`): the old inputs are replaced only once everything is copied (so `runs`
-    may be that folder itself). Returns the folder."""
+    """Copy every run's inputs (the runs' folder written `RUNS_DIR`) into `<out>/inputs/<run name>/`, with the
+    title and the `unfinished` footnotes in `inputs/leaderboard.json`. Returns the folder."""
     check_names(runs, out)
     tmp = out / INPUTS
     for run in runs:

@@ -82,8 +82,7 @@ def cell(mean_std: tuple[float, float], col: Column | None = None, digits: int =
 
 
 def shown(t: dict[str, Any], col: Column) -> str:
-    """Row `t`'s cell in `col`: `cell`, or NOT_COMPARABLE where a derived row's value cannot be read against its
-    source's (`collect.aggregate`)."""
+    """Row `t`'s cell in `col`: `cell`, or NOT_COMPARABLE."""
     return NOT_COMPARABLE if col.key in t.get("not_comparable", {}) else cell(t[col.key], col)
 
 
@@ -109,8 +108,7 @@ def rows_note(table: list[dict[str, Any]]) -> str:
 
 
 def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
-    """`a` is better than `b` in `col`: a mean on the better side (`col.higher_is_better`; a column without a better
-    side is never marked), not equal as shown, and Welch's p < ALPHA."""
+    """`a` is better than `b` in `col`: a mean on the better side, not equal as shown, and Welch's p < ALPHA."""
     key = col.key
     (ma, sa), (mb, sb) = a[key], b[key]
     worse = ma <= mb if col.higher_is_better else ma >= mb
@@ -120,8 +118,7 @@ def _beats(a: dict[str, Any], b: dict[str, Any], col: Column) -> bool:
 
 
 def significant_best(table: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
-    """Per quality column, the variant better than every other one there by Welch's test (p < ALPHA each time,
-    >= MIN_SEEDS seeds per variant), if any; and the names of the columns left unmarked for too few seeds."""
+    """Per quality column, the variant better than every other by Welch's test; and the columns with too few seeds."""
     best: dict[str, str] = {}
     few: list[str] = []
     for col in quality(table_columns(table)):
@@ -183,8 +180,7 @@ def shown_columns(table: list[dict[str, Any]]) -> list[Column]:
 
 
 def definitions(table: list[dict[str, Any]]) -> str:
-    """`DEFINITIONS`, then the docs line of every shown column a block mitigation declares (in its module's words)
-    and of the sink columns that carry one (`on_extra`)."""
+    """`DEFINITIONS`, then the docs line of every shown mitigation or sink column that carries one."""
     own = {c.key for c in mitigation_columns()}
     return " ".join([DEFINITIONS, *(f"{c.label[:1].upper()}{c.label[1:]}: {c.doc}." for c in shown_columns(table)
                                     if c.doc and (c.key in own or c.section == "sinks"))])
@@ -206,8 +202,7 @@ def _lead(t: dict[str, Any], key: str) -> list[str]:
 
 
 def to_markdown(table: list[dict[str, Any]], unfinished: Sequence[str] = ()) -> str:
-    """The leaderboard, one table per section, its footnotes (marking rule, sink rule; `unfinished`: one line per
-    run that did not finish, `report.unfinished`) and the reference blocks."""
+    """The leaderboard's tables, footnotes (one line per `unfinished` run) and reference blocks."""
     best, few = significant_best(table)
     lines = []
     for key, title, cols in sections(table):
@@ -215,9 +210,7 @@ def to_markdown(table: list[dict[str, Any]], unfinished: Sequence[str] = ()) -> 
                                    else shown(t, c) for c in cols)] for t in table]
         lines += [f"## {title}", "", *markdown_table([*_head(key), *(c.label for c in cols)], rows), ""]
     lines += [f"Mean ± std over seeds. {mark_note(few)}", ""]
-    lines += [note, ""] if (note := rows_note(table)) else []
-    lines += [note, ""] if (note := comparable_note(table)) else []
-    lines += [line for note in unfinished for line in (note, "")]
+    lines += [line for note in (rows_note(table), comparable_note(table), *unfinished) if note for line in (note, "")]
     lines += [" ".join(rule_notes(table)), "", definitions(table)]
     if any(not math.isnan(t[c.key][0]) for t in table for c in table_columns(table) if c.group == "causal"):
         lines += ["", CAUSAL_NOTE]
@@ -263,10 +256,8 @@ th{{background:#eee}} div.wide{{overflow-x:auto}} td.best{{font-weight:bold;back
 
 
 def write_table_csv(table: list[dict[str, Any]], path: Path) -> None:
-    """leaderboard.csv: per variant the mean and std of every column some variant has a value for (`shown_columns`;
-    4 decimals, or 4 significant digits for a `g` column; NOT_COMPARABLE in both for a derived row's value its
-    source's cannot be read against) and the strongest head's mass per block. A registered column no run has a value
-    for is left out, so that a new column (a new mitigation's) does not change the CSV of runs that lack it."""
+    """leaderboard.csv: per variant the mean and std of every shown column and the strongest head's mass per
+    block (a column no run has a value for left out)."""
     cols = shown_columns(table)
 
     def values(t: dict[str, Any], c: Column) -> list[str]:
@@ -285,9 +276,7 @@ def _no_value(v: Any) -> bool:
 
 
 def write_runs_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """runs.csv: one row per run as collected, each run's own values (the profile as space-separated numbers; the
-    collector's private fields, `_*`, left out; a key only some runs have: nan in the others). A leaderboard column
-    no run has a value for is left out, as in leaderboard.csv."""
+    """runs.csv: one row per run as collected, without `_*` fields or columns no run has a value for."""
     keys = list(dict.fromkeys(k for r in rows for k in r if not k.startswith("_")))
     empty = {c.key for c in columns(keys) if all(_no_value(r.get(c.key)) for r in rows)}
     header = [k for k in keys if k not in empty]

@@ -17,8 +17,7 @@ from vitsinks.utils.rundir import RunDir
 
 
 def metrics(run: RunDir) -> list[dict[str, Any]]:
-    """Every record of `run`'s metrics.jsonl (none without one); a torn line (but the last, the append a kill cut
-    short) is a `BadFile` naming the file."""
+    """Every record of `run`'s metrics.jsonl (none without one); a torn line is a `BadFile`."""
     if not run.metrics.is_file():
         return []
     return files.read_jsonl(run.metrics, f"train {run.name} again (the training writes its metrics.jsonl)")
@@ -26,8 +25,7 @@ def metrics(run: RunDir) -> list[dict[str, Any]]:
 
 @dataclass
 class _LastMetric(Result):
-    """The last logged value of one metric, in % unless `percent` says otherwise: `value` (NaN when the run never
-    logged it)."""
+    """The last logged value of one metric, in % unless `percent` says otherwise (NaN if never logged)."""
 
     metric: ClassVar[str] = ""
     column: ClassVar[Column]

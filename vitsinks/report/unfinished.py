@@ -1,14 +1,6 @@
-"""Derived runs that did not finish, kept out of a leaderboard's tables and named in its footnotes.
-
-A derived run (a post-hoc edit, `trainfree`) whose `status.json` does not say `finished` was killed, failed or stopped
-while it was written, or is being written now: its results are partial, so it is left out, and one footnote line
-names it and the command that finishes it (`trainfree.resume.finish_command`: the same edit, redone in place). A run
-whose quantized copy (`<run>/quant/<format>/`) did not finish stays in the table, and the footnote says that its
-quantization columns are an earlier quantization's (or empty) and how to finish it.
-
-A copy of a run's results without its checkpoints (a leaderboard's inputs, a study's bank) holds no `status.json`
-and is tabulated as it is. A leaderboard's inputs (`inputs.record`) hold only the runs it tabulated, and these
-lines: written again from them, the leaderboard is the same.
+"""Derived runs that did not finish, kept out of a leaderboard's tables and named in its footnotes with the command
+that finishes them; a run whose quantized copy did not finish stays, its footnote saying so. A copy of a run's
+results without checkpoints (a leaderboard's inputs) holds no `status.json` and is tabulated as it is.
 """
 
 from __future__ import annotations

@@ -16,12 +16,8 @@ from vitsinks.utils.generations import claim, generation
 
 
 def build(source: str | Path, out: str | Path, title: str | None = None) -> list[dict[str, Any]]:
-    """Collect, aggregate and write leaderboard.{md,csv,html,png}, runs.csv and the inputs (`inputs.record`);
-    returns the aggregated table. `title` defaults to the one recorded with the inputs when `source` is a
-    leaderboard's inputs folder, else "vitsinks leaderboard". Runs are taken by name (the same files, the same
-    output, whatever order a sweep listed them in). The files are one generation (`inputs.LEADERBOARD`): an earlier
-    leaderboard's are replaced, nothing else in `out` is touched, and a non-empty `out` without an earlier leaderboard
-    is refused before any work."""
+    """Collect, aggregate and write leaderboard.{md,csv,html,png}, runs.csv and the inputs, as one generation
+    (an earlier leaderboard's replaced, a non-empty `out` without one refused); returns the aggregated table."""
     title = title or recorded_title(source) or "vitsinks leaderboard"
     runs = sorted(run_dirs(source), key=lambda r: r.name)
     # derived runs that did not finish: left out, each named in a footnote with the command that finishes it

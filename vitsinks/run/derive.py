@@ -1,19 +1,7 @@
-"""A derived run: a model (a run's checkpoint, a pretrained model's import, or a hub model) with a post-hoc edit,
-laid out as a run so that every command reads it (`vitsinks.run.source`).
-
-    <runs_dir>/<source run>+<method>/config.yaml        the source's config, `trainfree` filled in
-                                    status.json          running, then (`RunDir.working` around the analyses)
-                                                         finished once the last result is written; failed, stopped
-                                    checkpoints/last.pt  the source's backbone weights + the fitted state
-                                    diagnostics/final/   (analyse) the edited model's diagnostics
-                                    results/             (analyse) its linear / dense probes
-
-A hub model's (`hub=`) is `<runs_dir>/trainfree/<hub>+<method>/`, laid out alike: its config records the hub model
-(`trainfree.source`, the canonical spec) and its `last.pt` the fitted state alone (`hub`, `config`, `trainfree`; no
-weights: the hub model is loaded again and edited).
-
-The edit is fitted on the first `trainfree.fit_images` images of the TRAIN split of the source's data in the order
-of `selection` (never the validation images the diagnostics and probes report on).
+"""A derived run: a model (a run's checkpoint, an import, or a hub model) with a post-hoc edit, laid out as a run
+(`<runs_dir>/<source run>+<method>/`, a hub model's under `<runs_dir>/trainfree/`) so that every command reads it.
+Its `last.pt` holds the source's weights and the fitted state (a hub model's: the state alone). The edit is fitted on
+the first `trainfree.fit_images` TRAIN images of the source's data, never the validation images reported on.
 """
 
 from __future__ import annotations
@@ -58,8 +46,7 @@ def source_model(cfg: DictConfig) -> Opened:
 
 
 def source_name(path: Path) -> str:
-    """What a derived run calls its source checkpoint: the run's name (`<run>@<step>` for a periodic checkpoint,
-    whose derived run is not its last.pt's), or a loose file's `model_name`."""
+    """What a derived run calls its source checkpoint: `<run>` (`<run>@<stem>` if periodic), or its file's."""
     name = RunDir.of_checkpoint(path).name if in_run(path) else model_name(str(path), "")
     return f"{name}@{path.stem}" if in_run(path) and path.stem != "last" else name
 
@@ -68,9 +55,7 @@ DERIVING = "wait for it to finish, or derive into another runs_dir="  # the way 
 
 
 def derived_run(cfg: DictConfig, method: str | None = None, source: ModelSource | None = None) -> RunDir:
-    """Where `derive` writes the edit `method` (default `cfg.trainfree.method`) of the model of `cfg` (`source`,
-    default `run.source.resolve(cfg)`): `<runs_dir>/<source>+<method>`, a hub model's
-    `<runs_dir>/trainfree/<hub>+<method>`. Looks only."""
+    """Where `derive` writes the edit `method` of the model of `cfg` (`source`, default resolved). Looks only."""
     m = get_method(str(method or cfg.trainfree.method))
     source = source or resolve(cfg, check=False)
     if source.checkpoint is None:
@@ -79,14 +64,11 @@ def derived_run(cfg: DictConfig, method: str | None = None, source: ModelSource 
 
 
 def fit_images(model: Opened | SinkViT, data: DictConfig, seed: int, n: int, selection: Any) -> torch.Tensor:
-    """The first `n` readable TRAIN images of `data` in the order of `selection`, as the model's inputs at its own
-    size (a hub model's through its own preprocessing)."""
-    opened = model if isinstance(model, Opened) else None
-    size = opened.inputs.size[0] if opened is not None else model.patch_embed.img_size[0]  # type: ignore[union-attr]
+    """The first `n` readable TRAIN images of `data` in the order of `selection`, as the model's inputs."""
     dataset = build_dataset(data, "train", seed)
-    if opened is not None:
-        return opened.pictures(dataset, n, selection, data.on_bad_image, size)[0]
-    return fixed_images(dataset, n, size, data.on_bad_image, selection)[0]
+    if isinstance(model, Opened):
+        return model.pictures(dataset, n, selection, data.on_bad_image, model.inputs.size[0])[0]
+    return fixed_images(dataset, n, model.patch_embed.img_size[0], data.on_bad_image, selection)[0]
 
 
 def on_cpu(obj: Any) -> Any:
@@ -102,12 +84,8 @@ def on_cpu(obj: Any) -> Any:
 
 def derive(cfg: DictConfig, method: str | None = None, settings: Any = None, out: Path | RunDir | None = None,
            overwrite: bool = False) -> RunDir:
-    """Fit `method` (default `cfg.trainfree.method`) with `settings` (default: `cfg`'s group of the method, e.g.
-    `cfg.trainfree`) on the source model of `cfg` (`source_model`: any source, `run.source`) and write the derived
-    run to `out` (default `<runs_dir>/<source>+<method>`, `derived_run`; a derived run there already is replaced
-    with `overwrite`, else refused). The run's lock is held from before the check to the end (a `RunDir` `out` the
-    caller holds locked stays locked): of two commands deriving one run, the second is refused and nothing is
-    replaced."""
+    """Fit `method` (default `cfg.trainfree.method`) with `settings` (default: its config group) on the model of
+    `cfg` into `out` (default `derived_run`; an old one is replaced with `overwrite`, else refused), under its lock."""
     name = method or cfg.trainfree.method
     if not name:
         raise BadValue(f"name the post-hoc edit: trainfree.method=<name> ({', '.join(sorted(METHODS))})")
@@ -137,8 +115,7 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
     with torch.no_grad():
         images = fit_images(model, data, model.cfg.seed, int(settings[m.count_key]), cfg.selection)
         state = on_cpu(m.fit(model.backbone, images, settings))
-    # refused above before any work; replaced only once the new edit is fitted (the lock stays), its config last:
-    # a replacement cut short leaves a run still recognised as derived. Only what vitsinks wrote goes (`clear_run`)
+    # replaced only once the new edit is fitted, its config last: a replacement cut short is still a derived run
     if old:
         clear_run(run)
     model.source.write(model.module)  # a pretrained model's import, which the derived run names as its source
@@ -157,8 +134,7 @@ def _fit_and_write(cfg: DictConfig, m: Any, settings: Any, run: RunDir, overwrit
 
 
 def analyse(run: RunDir, probes: bool = True, diagnose: bool = True) -> dict[str, Any]:
-    """The derived run's diagnostics (`diagnostics/final`, with `diagnose`) and, with `probes`, its linear and dense
-    probes, with its own config's settings (as after training: `vitsinks.run.pipeline.after_train`)."""
+    """The derived run's diagnostics (`diagnostics/final`) and linear and dense probes, as after training."""
     cfg = upgrade(OmegaConf.load(run.config), str(run.config))
     out: dict[str, Any] = {}
     if diagnose:

@@ -1,6 +1,5 @@
-"""The diagnosis of a model of any source (`diagnose_model`, `run.source`), of a checkpoint file
-(`diagnose_checkpoint`) and of a run over training (`over_training`): what `python -m vitsinks.diagnose` writes, and
-what a run gets after training (`run.pipeline`)."""
+"""The diagnosis of a model of any source, of a checkpoint file and of a run over training: what
+`python -m vitsinks.diagnose` writes, and what a run gets after training."""
 
 from __future__ import annotations
 
@@ -36,12 +35,8 @@ def diagnose_checkpoint(path: Path, cfg: DictConfig, data_keys: Sequence[str] | 
 
 def diagnose_model(source: ModelSource, cfg: DictConfig, data_keys: Sequence[str] | None = (),
                    out_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """Diagnose the model `source` names (`run.source`) on `diagnostics.n_images` validation images (in the order of
-    `selection`) of its data (a hub model's: `cfg.data`), or of `cfg.data` as `cli.pick_data` decides from the command
-    line's `data_keys` (default: none, the checkpoint's data); a hub model's pictures through its own preprocessing.
-    The outputs go to `out_dir`, default the model's (`ModelSource.analyses`: a run's `<run>/diagnostics/<stem>/`,
-    else `<runs_dir>/diagnostics/<model>/`; one of another model's is refused before the model is loaded). Returns
-    the folder and the summary."""
+    """Diagnose the model `source` names on validation images of its data (or of `cfg.data`, `cli.pick_data` with
+    `data_keys`) into `out_dir` (default `ModelSource.analyses`). Returns the folder and the summary."""
     if out_dir is None:
         source.analyses("diagnostics", cfg.runs_dir, claim=False)
     model = open_model(source, cfg).to(resolve_device(cfg.cluster.device))
@@ -59,8 +54,7 @@ def diagnose_model(source: ModelSource, cfg: DictConfig, data_keys: Sequence[str
 
 
 def over_training(run_dir: Path, cfg: DictConfig) -> list[tuple[int, dict[str, Any]]]:
-    """Sinks vs step for a run: the summaries the training hook wrote, plus a diagnosis of every `step_*.pt`
-    checkpoint without a fresh one; then the plot and the tables."""
+    """Sinks vs step for a run (every `step_*.pt` without a fresh diagnosis diagnosed), plotted and tabled."""
     run = RunDir(run_dir)
     summaries = run.diagnosed_steps()
     ckpts = run.step_checkpoints()

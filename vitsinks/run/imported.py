@@ -1,21 +1,7 @@
-"""A pretrained model (`model.pretrained=` a timm name or a weights file) imported as a run, so that every command
-reads it as it reads a trained run's checkpoint and the leaderboard tabulates it beside the trained variants:
-
-    <runs_dir>/<model>/config.yaml          the schema's defaults with the importing command's `model` (its
-                                            `pretrained` cleared: the weights are in the checkpoint), `data`, `seed`
-                                            and `exp`, `views.global_size` the model's image size, `imported: <model>`
-                       checkpoints/last.pt  the backbone's weights (no training state)
-                       source.json          what made the weights: the source (a file with its size, time and
-                                            SHA-256) and the architecture settings
-                       status.json          finished, with `imported_from`
-
-`<model>` is `utils.rundir.model_name`'s (a timm name with its weights' tag). Like a trained run's, the import's data
-and seed are what later commands read unless their command line names other data. `planned_import` says where the
-import is and whether it is there, writing nothing (`vitsinks.run.source` resolves a command's model with it); the
-command writes it (`write_import`) when it writes its first result into it: in a hidden folder renamed into place
-when whole (concurrent processes, e.g. several ranks, each make one and the first rename wins). It is read after,
-also from a file moved or copied since (its bytes are the same); a folder of that name made of anything else
-(another file of the same name, other architecture settings, a trained run) is refused, never replaced.
+"""A pretrained model (`model.pretrained=` a timm name or a weights file) imported as a run (docs/commands.md):
+`<runs_dir>/<model>/` with `config.yaml`, `checkpoints/last.pt` (the weights), `source.json` (what made them) and
+`status.json`, so that every command reads it as a trained run. `planned_import` says where it is, writing nothing;
+`write_import` writes it (a hidden folder renamed into place). A folder of that name made of anything else is refused.
 """
 
 from __future__ import annotations
@@ -49,10 +35,8 @@ def names_a_variant(name: str) -> bool:
 
 
 def with_tag(source: str) -> str:
-    """A timm name (without a `timm/` prefix) with the tag of the weights timm would load for it
-    (`vit_small_patch16_224` -> `vit_small_patch16_224.augreg_in21k_ft_in1k`), so that the spellings of one model are
-    one import, as is a deprecated alias (`vit_small_patch16_224_dino` -> `vit_small_patch16_224.dino`); a file, a hub
-    name or a name timm has no weights for unchanged."""
+    """A timm name with the tag of the weights timm would load for it (one import per model); a file, a hub name
+    or an untagged name unchanged."""
     if Path(source).expanduser().is_file() or ":" in source:
         return source
     source = source.removeprefix("timm/")  # timm reads `timm/<name>` as `<name>`
@@ -65,8 +49,7 @@ def with_tag(source: str) -> str:
 
 
 def import_key(cfg: DictConfig) -> dict[str, Any]:
-    """Everything that determines an import's weights: the source (a file by its absolute path, with its size and
-    modification time: a file rewritten in place is compared by its bytes) and the architecture settings."""
+    """What determines an import's weights: the source (a file by path, size and time), the architecture."""
     source, version = str(cfg.model.pretrained), None
     path = Path(source).expanduser()
     if path.is_file():
@@ -75,8 +58,7 @@ def import_key(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _same_file(run: RunDir, held: dict[str, Any], key: dict[str, Any]) -> bool:
-    """`run` was imported from `key`'s source: the same name (a file also of the same size and time), or a file with
-    the same bytes (moved or copied since)."""
+    """`run` was imported from `key`'s source: the same name and stamp, or a file with the same bytes."""
     if (held.get("source"), held.get("version")) == (key["source"], key["version"]):
         return True
     digest = json.loads((run.path / SOURCE).read_text()).get("sha256")
@@ -106,7 +88,7 @@ def _refusal(run: RunDir, key: dict[str, Any]) -> str | None:
 
 
 def import_config(cfg: DictConfig, run: RunDir, model: SinkViT) -> DictConfig:
-    """The run config the import `run` holds (module docstring) of `cfg.model.pretrained` built as `model`."""
+    """The run config the import `run` holds of `cfg.model.pretrained` built as `model`."""
     return upgrade({"name": run.name, "runs_dir": str(run.path.parent), "exp": cfg.exp, "seed": cfg.seed,
                     "imported": run.name, "data": to_container(cfg.data),
                     "model": {**to_container(cfg.model), "pretrained": None},
@@ -114,8 +96,7 @@ def import_config(cfg: DictConfig, run: RunDir, model: SinkViT) -> DictConfig:
 
 
 def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any], model: SinkViT | None = None) -> None:
-    """Write the import of `model` (default: built from `cfg.model` now) into a hidden folder beside `run` and rename
-    it into place (refused if another process's import got there first and differs)."""
+    """Write the import of `model` (default: built now) into a hidden folder and rename it into place."""
     model = model if model is not None else model_from_config(cfg.model)
     tmp = RunDir(run.path.parent / f".{run.name}.import-{secrets.token_hex(4)}")
     run_cfg = import_config(cfg, run, model)
@@ -138,19 +119,14 @@ def _make(cfg: DictConfig, run: RunDir, key: dict[str, Any], model: SinkViT | No
 
 def _import_record(run: RunDir) -> dict[str, Any] | None:
     """The key an import's folder records (without the file's hash and the timm version), or None."""
-    record = run.path / SOURCE
-    if not record.is_file():
+    if not (run.path / SOURCE).is_file():
         return None
-    held = json.loads(record.read_text())
-    held.pop("timm", None)
-    held.pop("sha256", None)
-    return held
+    return {k: v for k, v in json.loads((run.path / SOURCE).read_text()).items() if k not in ("timm", "sha256")}
 
 
 @dataclass(frozen=True)
 class PlannedImport:
-    """Where the import of a pretrained model is (`run`), what determines its weights (`key`), the command's config
-    with the tagged source (`cfg`) and whether the import is there already (`exists`); `planned_import` makes it."""
+    """Where an import is, what determines its weights, the config with the tagged source, whether it exists."""
 
     run: RunDir
     key: dict[str, Any]
@@ -159,9 +135,7 @@ class PlannedImport:
 
 
 def planned_import(cfg: DictConfig) -> PlannedImport:
-    """The import of `cfg.model.pretrained` under `cfg.runs_dir`: refused in one line (a run's checkpoint, a name of
-    a variant or of the runs folder's own folders, a folder there made of anything else), else where it is and
-    whether it is there. Looks only: nothing is written."""
+    """The import of `cfg.model.pretrained` under `cfg.runs_dir`, or a one-line refusal. Looks only."""
     if not cfg.model.pretrained:
         raise BadValue("name the pretrained model: model.pretrained=<timm name or weights file>")
     source = Path(cfg.model.pretrained).expanduser()
@@ -181,8 +155,7 @@ def planned_import(cfg: DictConfig) -> PlannedImport:
 
 
 def write_import(plan: PlannedImport, model: SinkViT | None = None) -> RunDir:
-    """The import `plan` names, written now from `model` (default: built from the config) unless it is there (then
-    read, its record updated when the file has moved)."""
+    """The import `plan` names, written now from `model` (default: built) unless it is there."""
     run, key, cfg = plan.run, plan.key, plan.cfg
     if not run.path.exists():
         run.path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +172,5 @@ def write_import(plan: PlannedImport, model: SinkViT | None = None) -> RunDir:
 
 
 def imported_run(cfg: DictConfig) -> RunDir:
-    """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import of the
-    same source (or of a file with the same bytes) with the same architecture settings."""
+    """The run of `cfg.model.pretrained` under `cfg.runs_dir`, imported now or read from an earlier import."""
     return write_import(planned_import(cfg))

@@ -1,12 +1,8 @@
 """Train, then evaluate: the one path a run takes, in this process (`launch`) or as a SLURM task (`run.slurm`).
 
-With `eval.after_train=true` a finished run's `last.pt` gets the diagnostics, the linear probe and the dense probe.
-
-With several ranks every rank evaluates: the probes' feature extraction is sharded over the ranks and gathered on
-each (`vitsinks.probes.features.extract`, collectives every rank must join), each rank fits the same heads on the
-same features, the dense evaluation shards its images and syncs its confusion matrix, and only rank 0 writes
-(`eval.common.write_result`, the heads, the figures). The diagnostics run on rank 0 alone, after the probes, so that
-no rank waits at a collective meanwhile.
+With `eval.after_train=true` a finished run's `last.pt` gets the diagnostics and the linear and dense probes. With
+several ranks every rank runs the probes (their collectives shard the work) and only rank 0 writes; the diagnostics
+run on rank 0 alone, after the probes, so that no rank waits at a collective meanwhile.
 """
 
 from __future__ import annotations
@@ -30,11 +26,8 @@ from vitsinks.utils.rundir import RunDir
 
 
 def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
-    """Fit `trainer` (resuming) and, when it finished and `eval.after_train` is on, evaluate its last checkpoint on
-    every rank (`summary["after_train"]`; the module docstring says who does what; an evaluation that fails leaves
-    the status `failed` with its cause, `interrupted` when stopped: a relaunch evaluates it); then rank 0 writes the
-    run's page over training (`summary["page"]`, with `diagnostics.enabled` and `diagnostics.report`). Returns the
-    training summary."""
+    """Fit `trainer` and, when it finished and `eval.after_train` is on, evaluate its last checkpoint; then rank 0
+    writes the run's page over training. Returns the training summary."""
     summary = trainer.fit()
     cfg = trainer.cfg
     if summary["status"] == "finished" and cfg.eval.after_train:
@@ -57,15 +50,13 @@ def train_and_evaluate(trainer: Trainer) -> dict[str, Any]:
 
 
 def run_page(run_dir: Path, cfg: DictConfig) -> Path:
-    """The run's page over training (`diagnostics/report.html`: training curves, sinks per checkpoint) and its
-    over-training plot and tables, from the diagnoses on disk (`vitsinks.diagnose run=` writes the same)."""
+    """The run's page over training (`diagnostics/report.html`) and its over-training plot and tables."""
     over_training(run_dir, cfg)
     return RunDir(run_dir).diagnostics_root / REPORT
 
 
 def dense_data(cfg: DictConfig) -> DictConfig | None:
-    """The data config of the after-training dense probe: `eval.dense_data` (its data preset, root
-    from `eval.dense_root`), else the training data when it has masks; None (with a message) when there is none."""
+    """The after-training dense probe's data: `eval.dense_data`, else the training data with masks; None if none."""
     name = str(cfg.eval.dense_data or cfg.data.name)
     if name not in with_masks():
         if rank_world()[0] == 0:
@@ -89,12 +80,7 @@ def dense_data(cfg: DictConfig) -> DictConfig | None:
 
 
 def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Diagnostics, linear probe and dense probe of a finished run's `last.pt` (`eval.after_train=true`).
-
-    The linear probe uses the training data; the dense probe uses `dense_data(cfg)`. In a process group every rank
-    calls it: the probes on all ranks, then the diagnostics on rank 0, which returns everything (the other ranks
-    return the probes' numbers).
-    """
+    """Diagnostics and probes of a finished run's `last.pt`; every rank calls it, rank 0 returns everything."""
     with cpu_threads(cfg, resolve_device(cfg.cluster.device)):  # the training's thread count (utils.cpus)
         out = probes(cfg, run_dir)
         if rank_world()[0] != 0:
@@ -106,9 +92,8 @@ def after_train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def probes(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The linear probe (the training data) and the dense probe (`dense_data(cfg)`) of a run's `last.pt`."""
-    run = RunDir(run_dir)
     out: dict[str, Any] = {}
-    ev = cast(DictConfig, OmegaConf.merge(cfg, {"ckpt": str(run.last)}))  # a DictConfig merged with a mapping
+    ev = cast(DictConfig, OmegaConf.merge(cfg, {"ckpt": str(RunDir(run_dir).last)}))  # a DictConfig with a mapping
     if cfg.data.num_classes == 0:  # e.g. the sink tasks' per-patch targets
         if rank_world()[0] == 0:
             print(f"linear probe skipped: data={cfg.data.name} has no class labels")

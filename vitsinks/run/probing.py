@@ -1,7 +1,8 @@
-"""The linear and dense probes of any model (`run.source`), as `python -m vitsinks.eval.linear` /
+"""The linear (with the k-NN) and dense probes of any model (`run.source`), as `python -m vitsinks.eval.linear` /
 `vitsinks.eval.dense` run them and as a run gets them after training (`run.pipeline.probes`): the model opened for
 the probes (`run.source.for_probes`), its features extracted once and cached (`eval.features`), the heads trained
-and evaluated (`eval.linear_grid`, `eval.dense_head`) and the results written in the model's run."""
+and evaluated (`eval.linear_grid`, `eval.dense_head`; the k-NN vote, `probes.knn_probe`) and the results written in
+the model's run."""
 
 from __future__ import annotations
 
@@ -28,23 +29,28 @@ from vitsinks.probes.dense_head import (
 )
 from vitsinks.probes.dense_protocols import resolve
 from vitsinks.probes.features import cache_key, extract, global_features, patch_features, width
+from vitsinks.probes.knn_probe import knn_scores
+from vitsinks.probes.knn_protocols import KNN_PROTOCOLS, KnnProtocol, knn_kind
 from vitsinks.probes.linear_grid import train_grid
 from vitsinks.probes.linear_protocols import DEFAULT_LINEAR, LINEAR_PROTOCOLS, linear_kind
 from vitsinks.probes.metrics import mean_std
-from vitsinks.probes.probe_results import DenseResult, LinearResult, dense_kind
-from vitsinks.run.source import for_probes
+from vitsinks.probes.probe_results import MMSEG, NATIVE, DenseResult, KnnResult, LinearResult, dense_kind
+from vitsinks.run.mmseg_probing import mmseg_dense_probe
+from vitsinks.run.source import Probing, for_probes
 from vitsinks.utils import files
 from vitsinks.utils.distributed import rank_world
+from vitsinks.utils.rundir import RunDir
 
 
 def linear_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """The linear probe (`python -m vitsinks.eval.linear`, docs/evaluation.md) of the model of `cfg` (any source,
-    `run.source`): extract (or reuse) the features, train the grid (`eval.linear_grid`), write `results/linear.json`
-    in the model's run (a pretrained
-    model's: its import, `run.imported`; a loose checkpoint file's or a hub model's: `<runs_dir>/quant/<model>`)."""
+    `run.source`): extract (or reuse) the features, run the k-NN probe on them (`eval.knn`, `knn_probe`), train the
+    grid (`eval.linear_grid`), write `results/linear.json` in the model's run (a pretrained model's: its import,
+    `run.imported`; a loose checkpoint file's or a hub model's: `<runs_dir>/quant/<model>`)."""
     probing = for_probes(cfg, data)
     model, data, seed, e = probing.model, probing.data, probing.seed, cfg.eval
     protocol = LINEAR_PROTOCOLS.get(str(e.linear_protocol))
+    knn = KNN_PROTOCOLS.get(str(e.knn_protocol)) if e.knn else None
     backbone, device = model.backbone, model.device
     tf = model.inputs.transform(cfg.selection)
     blocks = sorted({min(b, len(backbone.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
@@ -66,6 +72,8 @@ def linear_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, A
                         n_max=n_max, preprocess=preprocess)
         splits[split] = extract(ds, features, run.eval_cache / f"lin-{key}.pt", e.batch_size,
                                 f"features ({split})", data.on_bad_image)
+    if knn is not None:
+        knn_probe(probing, run, splits, classes, knn)
     cells = train_grid(splits["train"], splits["val"], classes, list(e.linear_lrs), blocks,
                        e.linear_epochs, e.linear_batch_size, seed, protocol)
     result = LinearResult(checkpoint=model.source.recorded, data=data.name, classes=classes,
@@ -81,11 +89,31 @@ def linear_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, A
     return result.to_json()
 
 
+def knn_probe(probing: Probing, run: RunDir, splits: dict[str, dict[str, torch.Tensor]], classes: int,
+              protocol: KnnProtocol) -> KnnResult:
+    """The k-NN probe (docs/evaluation.md) under `protocol` on the linear probe's cached features `splits` (`train`
+    and `val`, `linear_probe`), on the model's device: write `results/knn[_<protocol>].json` in `run`."""
+    by_k = knn_scores(splits["train"], splits["val"], classes, protocol, probing.model.device)
+    top1 = next(s["top1"] for s in by_k if s["k"] == protocol.k)
+    result = KnnResult(top1, protocol.k, by_k, protocol.name, protocol.feature, protocol.temperature,
+                       probing.model.source.recorded, probing.data.name, classes, len(splits["train"]["label"]),
+                       len(splits["val"]["label"]), probing.seed)
+    path = run.result(knn_kind(protocol.name))
+    write_result(path, result)
+    if rank_world()[0] == 0:
+        shown = ", ".join(f"k={s['k']} {s['top1']:.2f}" for s in by_k)
+        print(f"k-NN probe ({protocol.name}) on {probing.data.name}: top-1 {top1:.2f} (k={protocol.k}; {shown}); "
+              f"{path}")
+    return result
+
+
 def dense_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, Any]:
     """The dense probe(s) of `eval.dense_protocol` (`python -m vitsinks.eval.dense`, docs/evaluation.md) of the model
     of `cfg` (any source, `run.source`): train and evaluate them (`eval.dense_head`); write the JSON, the heads and
     the PNG in the model's run (a pretrained model's: its import, `run.imported`; a loose checkpoint file's or a hub
-    model's: `<runs_dir>/quant/<model>`)."""
+    model's: `<runs_dir>/quant/<model>`). `eval.dense_backend=mmseg`: mmsegmentation's (`run.mmseg_probing`)."""
+    if str(cfg.eval.get("dense_backend", NATIVE)) == MMSEG:
+        return mmseg_dense_probe(cfg, data)
     probing = for_probes(cfg, data)
     data, seed, e = probing.data, probing.seed, cfg.eval
     model = probing.model.taking_imagenet()  # the probe's inputs are ImageNet-normalised (`to_input`)

@@ -66,8 +66,7 @@ def logs_dir(cfg: DictConfig) -> Path:
 
 
 def executor(cfg: DictConfig, folder: Path, name: str | None = None) -> submitit.AutoExecutor:
-    """A submitit executor with the job shape of `cfg.cluster` (one task per GPU); `name`: the SLURM job name
-    (default `vitsinks-<exp>`)."""
+    """A submitit executor with the job shape of `cfg.cluster`; `name`: the job name (default `vitsinks-<exp>`)."""
     c = cfg.cluster
     ex = submitit.AutoExecutor(folder=str(folder / "%j"), cluster="slurm", slurm_max_num_timeout=c.max_requeues)
     tasks = c.gpus_per_node if c.gpus_per_node > 0 else c.tasks_per_node
@@ -89,26 +88,15 @@ def executor(cfg: DictConfig, folder: Path, name: str | None = None) -> submitit
     return ex
 
 
-def preemption_signal() -> signal.Signals:
-    """The signal submitit binds to checkpoint-and-requeue."""
-    return getattr(signal, os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "SIGUSR2"))
-
-
 class TrainJob(submitit.helpers.Checkpointable):
-    """The callable a SLURM task runs: train (resuming from `last.pt`), stop cleanly on preemption, requeue.
-
-    On the preemption / time-limit signal every rank stops after the same step (the request is shared at the next
-    flag check, at most `train.log_every` steps later: keep that well inside `cluster.signal_delay_s`), saves, and
-    only then hands over to submitit's handler, which calls `checkpoint()` and requeues; the requeued task resumes
-    from that checkpoint exactly.
-    """
+    """A SLURM task: train (resuming), and on preemption stop every rank after one step, save and requeue."""
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
         cfg = OmegaConf.create(config)
         import_plugins(cfg.get("plugins") or [])  # what they register (a data set, an objective), in this process too
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         trainer = Trainer(cfg)
-        sig = preemption_signal()
+        sig = getattr(signal, os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "SIGUSR2"))  # submitit's checkpoint-and-requeue
         submitit_handler = signal.getsignal(sig)
         caught: list[int] = []
 
@@ -128,8 +116,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
 def submit(cfgs: list[DictConfig], folder: Path, job: Callable[[dict[str, Any]], Any] | None = None,
            name: str | None = None) -> list[submitit.Job]:
-    """One job for one config, one job array (`map_array`) for several; all configs share the cluster shape.
-    `job` is the callable each task runs on its config (default: training, `TrainJob`); `name` the job name."""
+    """One job for one config, one job array for several; `job` is what each task runs (default `TrainJob`)."""
     ex = executor(cfgs[0], folder, name)
     configs = [to_container(c) for c in cfgs]
     fn = job or TrainJob()
@@ -144,8 +131,7 @@ RUN_STATES = {"finished": "COMPLETED", "failed": "FAILED", "running": "RUNNING",
 
 
 def job_state(job_id: str, folder: Path, run: dict[str, Any] | None = None) -> str:
-    """SLURM state of a job (or array task) id via submitit (sacct). When SLURM cannot tell (no accounting, the
-    job purged after MinJobAge), the run's own state (`sweep.run_state`) is reported, marked `(status.json)`."""
+    """SLURM state of a job id via sacct; when SLURM cannot tell, the run's own status, marked `(status.json)`."""
     try:
         with warnings.catch_warnings():  # submitit warns on every failed sacct call
             warnings.simplefilter("ignore")

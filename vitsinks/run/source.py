@@ -1,28 +1,15 @@
 """The model a command works on, resolved in one place from its config, without writing anything.
 
-    ckpt=<file>                     a vitsinks checkpoint: a run's, a loose file, or a derived run's (a post-hoc
-                                    edit of a run or of a hub model, `vitsinks.trainfree`, `vitsinks.quantize`)
-    run=<folder>                    a run folder: its `checkpoints/last.pt` (`diagnose`: every checkpoint of a
-                                    trained run, and the over-training picture)
+    ckpt=<file>                     a vitsinks checkpoint: a run's, a loose file, or a derived run's
+    run=<folder>                    a run folder: its `checkpoints/last.pt`
     model.pretrained=<timm name or weights file>
-                                    a timm ViT's weights in vitsinks' own model, read as the run it is imported as
-                                    (`vitsinks.run.imported`: `<runs_dir>/<model>/`), which the command writes
-                                    when it writes its first result there
-    hub=<spec>                      a model of an adapted family read unmodified (`vitsinks.pretrained.load`):
-                                    timm:<name>[@<file>], hf:<hub id or save_pretrained folder>,
-                                    open_clip:<name>@<tag or file>, vitsinks:<export folder>
+                                    a timm ViT's weights in vitsinks' own model, read as its import
+                                    (`vitsinks.run.imported`), written with the command's first result
+    hub=<spec>                      a model of an adapted family read unmodified (`vitsinks.pretrained.load`)
 
-`resolve(cfg)` says what the model is (`ModelSource`: its kind, where it came from, its name for tables and pages,
-its run folder); two sources at once, or none, is one line. `open_model(source, cfg)` builds it (`Opened`): the
-model through the seam (`vitsinks.models.seam.Backbone`), the module itself (a `SinkViT` for vitsinks' own), the run
-config (a checkpoint's own; for a hub model the command's) and how pictures become its input (`Inputs`: vitsinks'
-analysis transform, or the hub model's own preprocessing); `for_probes(cfg)` sets it up for the linear and dense
-probes. Resolving and building write nothing: a command writes where it writes its results (`ModelSource.write`,
-`ModelSource.analyses`, `Probing.results`).
-
-A derived run of a hub model (`<runs_dir>/trainfree/<hub>+<method>/`, `<runs_dir>/quant/<hub>/quant/w8a8/`) holds
-the hub spec (`trainfree.source`) and the fitted state, not the weights: it is read by loading the hub model again
-and applying the state (`is_hub_spec`).
+`resolve(cfg)` says what the model is (`ModelSource`); `open_model(source, cfg)` builds it (`Opened`: the backbone
+through the seam, the module, the run config, how pictures become its input); `for_probes(cfg)` sets it up for the
+probes. A derived run of a hub model holds the hub spec (`trainfree.source`) and the fitted state, not the weights.
 """
 
 from __future__ import annotations
@@ -74,12 +61,9 @@ def is_hub_spec(value: str | None) -> bool:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What a command works on (`resolve`): `kind` (`checkpoint`, `run`, `pretrained` or `hub`, as it was named),
-    `given` (the command line's words, `ckpt=...`), `name` (tables and pages), `checkpoint` (the vitsinks checkpoint
-    it is read from: None for a hub model; an import's is where it will be), `run` (the run folder holding it: a run,
-    an import, a derived run; None for a loose file or a hub model), `hub` (the canonical spec of the hub model it
-    is, or that a derived run edits), `method` (a derived run's post-hoc edit) and `plan` (a pretrained model's
-    import, `run.imported.planned_import`)."""
+    """What a command works on (`resolve`): `kind` (`checkpoint`, `run`, `pretrained` or `hub`), `given` (the command
+    line's words), `name` (tables and pages), `checkpoint` (None for a hub model), `run` (the run folder holding it),
+    `hub` (the canonical spec of the hub model it is or edits), `method` (a derived run's edit), `plan` (an import)."""
 
     kind: str
     given: str
@@ -103,17 +87,13 @@ class ModelSource:
         return self.checkpoint
 
     def analyses(self, kind: str, runs_dir: str | Path, claim: bool = True) -> Path:
-        """Where the command's `kind` results (`diagnostics`, `interventions`, `quant`, `trainfree`) of this model
-        go: a run's checkpoint's `<run>/<kind>/<stem>` (`quant`: the run itself), else `<runs_dir>/<kind>/<model>`
-        (`utils.rundir.analyses_dir`, `pretrained.hub.hub_dir`). With `claim` the folder is made and recorded as
-        this model's; without, nothing is written (another model's folder is refused either way)."""
+        """Where the command's `kind` results of this model go; with `claim` the folder is made and recorded."""
         if self.checkpoint is None:
             return hub_dir(str(self.hub), kind, runs_dir, claim)
         return analyses_dir(self.checkpoint, kind, runs_dir, claim)
 
     def quant_result(self, runs_dir: str | Path) -> dict[str, Any] | None:
-        """The W8A8 result `quantize` made of this model (`results/quant.json` in its `quant` folder), or None
-        (`utils.rundir.quant_result`). Looks only."""
+        """The W8A8 result `quantize` made of this model, or None. Looks only."""
         if self.checkpoint is not None:
             return quant_result(self.checkpoint, runs_dir)
         try:
@@ -127,22 +107,19 @@ class ModelSource:
         return quant if quant.get("checkpoint") == self.hub else None
 
     def write(self, model: nn.Module | None = None) -> None:
-        """What the command must write before its results: a pretrained model's import (`run.imported`), of `model`
-        (the `SinkViT` `open_model` built; default: built again). Nothing for any other source."""
+        """Write a pretrained model's import (of `model`, default: built again) before the results; else nothing."""
         if self.plan is not None:
             write_import(self.plan, model if isinstance(model, SinkViT) else None)
 
     @property
     def recorded(self) -> str:
-        """The model as results record it (their `checkpoint`): `ckpt=` as given, the checkpoint of `run=` or of an
-        import, a hub model's spec."""
+        """The model as results record it: `ckpt=` as given, else the checkpoint's path or the hub spec."""
         if self.kind == "checkpoint" and self.given.startswith("ckpt="):
             return self.given.removeprefix("ckpt=")
         return str(self.checkpoint) if self.checkpoint is not None else str(self.hub)
 
     def identity(self) -> str:
-        """The model as a cache key part: a checkpoint by where it is, its size and its time (a rewritten file is
-        new); a hub model by its spec, with the size and time of its local files."""
+        """The model as a cache key part: its checkpoint's or local files' path, size and time, or hub spec."""
         if self.checkpoint is not None:
             return f"{self.checkpoint.resolve()}:{files.stamp(self.checkpoint)}"
         return f"{self.hub}:{_local_stamps(str(self.hub))}"
@@ -163,9 +140,7 @@ def given_sources(cfg: DictConfig) -> list[str]:
 
 
 def resolve(cfg: DictConfig, check: bool = True) -> ModelSource:
-    """The model `cfg` names (module docstring), checked: a missing checkpoint or run folder (with `check`; without,
-    only where they would be is said) or a malformed hub spec is one line; so are two sources (a `model=` preset may
-    set `model.pretrained`) or none. Writes nothing."""
+    """The model `cfg` names, checked (missing files only with `check`); two sources or none is one line."""
     given = given_sources(cfg)
     if len(given) > 1:
         raise BadValue(f"two model sources, {' and '.join(given)}: name the model once, with one of "
@@ -201,8 +176,7 @@ def _run(path: Path, given: str, check: bool = True) -> ModelSource:
 
 
 def of_checkpoint(path: Path, given: str | None = None, must_exist: bool = True) -> ModelSource:
-    """The checkpoint file `path` as a source (`ckpt=`): named `<run>/<stem>` in a run, else by its file name; a
-    derived run's records its edit and, for a hub model's, the hub spec (its `config.yaml`)."""
+    """The checkpoint file `path` as a source, named `<run>/<stem>` in a run (with a derived run's edit and hub)."""
     if must_exist and not path.is_file():
         raise InputNotFound(f"checkpoint {path} not found")
     run = RunDir.of_checkpoint(path) if in_run(path) else None
@@ -218,9 +192,8 @@ def of_checkpoint(path: Path, given: str | None = None, must_exist: bool = True)
 
 @dataclass
 class Inputs:
-    """How pictures become a model's input: its input `size` (H, W), the normalisation its inputs take (`mean`,
-    `std`) and, for a hub model, the model as loaded with its own evaluation preprocessing (`own`,
-    `pretrained.hub.Loaded`; None: vitsinks' analysis transform of the command's `selection`)."""
+    """How pictures become a model's input: its `size` (H, W), normalisation (`mean`, `std`) and, for a hub model,
+    the loaded model with its own preprocessing (`own`; None: vitsinks' analysis transform)."""
 
     size: tuple[int, int]
     mean: tuple[float, ...] = IMAGENET[0]
@@ -236,9 +209,7 @@ class Inputs:
 
     def batch(self, items: list[tuple], selection: Any = None, size: int | None = None
               ) -> tuple[torch.Tensor, np.ndarray]:
-        """Dataset items' images as one input batch and as uint8 RGB pictures of what the model sees: vitsinks'
-        analysis transform at `size` (default the model's; `data.selection.images_of`), or a hub model's own
-        preprocessing (`Loaded.images`, `Loaded.shown`)."""
+        """Dataset items' images as one input batch (at `size`, default the model's) and as the pictures seen."""
         if self.own is None:
             return images_of(items, size or self.size[0], selection)
         x = self.own.images([it[0] for it in items])
@@ -251,16 +222,15 @@ class Inputs:
 
     def renormalize(self, x: torch.Tensor) -> torch.Tensor:
         """ImageNet-normalised inputs (n, 3, H, W) in this model's normalisation."""
-        v = [torch.tensor(t, dtype=x.dtype, device=x.device).view(1, -1, 1, 1) for t in (*IMAGENET, self.mean,
-                                                                                          self.std)]
+        v = [torch.tensor(t, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+             for t in (*IMAGENET, self.mean, self.std)]
         return (x * v[1] + v[0] - v[2]) / v[3]
 
 
 @dataclass
 class Opened:
-    """A model built from its source (`open_model`): `backbone` (the seam), `module` (the model object: a `SinkViT`
-    for vitsinks' own), `cfg` (the checkpoint's run config; a hub model's: the command's), `inputs` and `head` (a
-    checkpoint's online probe or supervised head, the backbone's classifier on [CLS])."""
+    """A model built from its source (`open_model`): `backbone` (the seam), `module` (a `SinkViT` for vitsinks'
+    own), `cfg` (the checkpoint's run config, or the command's), `inputs` and `head` (a checkpoint's classifier)."""
 
     source: ModelSource
     backbone: Backbone
@@ -283,8 +253,7 @@ class Opened:
 
     @property
     def analysis_size(self) -> int:
-        """The size of the analyses' images (diagnostics, interventions): a vitsinks run's `views.global_size`, a hub
-        model's input size."""
+        """The analyses' image size: a vitsinks run's `views.global_size`, a hub model's input size."""
         return int(self.cfg.views.global_size) if self.inputs.own is None else self.inputs.size[0]
 
     def batch(self, items: list[tuple], selection: Any = None) -> tuple[torch.Tensor, np.ndarray]:
@@ -293,17 +262,14 @@ class Opened:
 
     def pictures(self, dataset: Dataset, n: int, selection: Any, on_bad_image: str = "skip", size: int | None = None
                  ) -> tuple[torch.Tensor, np.ndarray, list[int]]:
-        """The first `n` readable images of `dataset` in the order of `selection` (all when it holds fewer) as this
-        model's inputs at `size` (default the analyses'; `data.selection.fixed_images`), as pictures, and their
-        indices in the split."""
+        """The first `n` readable images of `dataset` as inputs at `size`, as pictures, and their indices."""
         if self.inputs.own is None:
             return fixed_images(dataset, n, size or self.analysis_size, on_bad_image, selection)
         ((items, index),) = select_items(dataset, [n], selection, on_bad_image, up_to=True)
         return (*self.inputs.batch(items, selection), index)
 
     def taking_imagenet(self) -> Backbone:
-        """The backbone taking ImageNet-normalised inputs (`data.segmentation.to_input`, the dense probe's): itself
-        for a model normalised so, else with the inputs brought to its own normalisation first."""
+        """The backbone taking ImageNet-normalised inputs (the dense probe's), renormalised first where needed."""
         if self.inputs.imagenet:
             return self.backbone
         embed, renormalize = self.backbone.embed, self.inputs.renormalize
@@ -311,11 +277,7 @@ class Opened:
 
 
 def open_model(source: ModelSource, cfg: DictConfig) -> Opened:
-    """Build the model `source` names (a `resolve` result) for the command of config `cfg`, in float32 and evaluation
-    mode: a checkpoint through `train.checkpoint.backbone_from_state` (a derived run with its edit on; its classifier
-    head, if any, on the backbone), a pretrained model not imported yet from its weights as its import will hold
-    them, a hub model through `pretrained.load` and its family's adapter (a derived run of one with its fitted edit
-    applied). Writes nothing."""
+    """Build the model `source` names, in float32 and evaluation mode (with its edit and head). Writes nothing."""
     if source.hub is not None:
         return _open_hub(source, cfg)
     if source.plan is not None and not source.plan.exists:
@@ -347,15 +309,14 @@ def _open_hub(source: ModelSource, cfg: DictConfig) -> Opened:
                            f"state: derive it again (python -m vitsinks.trainfree)")
         run_cfg = upgrade(state["config"], f"the config of {path}")
         backbone = trainfree_method(source.method).apply(backbone, state["trainfree"])
-    probe = loaded.transform(_blank())
+    probe = loaded.transform(Image.new("RGB", (256, 256), (128, 128, 128)))  # a grey picture gives the input size
     inputs = Inputs((int(probe.shape[-2]), int(probe.shape[-1])), loaded.mean, loaded.std, loaded)
     return Opened(source, backbone, loaded.model, run_cfg, inputs)
 
 
 @dataclass
 class Probing:
-    """A model set up for the probes (`for_probes`): opened, frozen, on this rank's device; the data and seed its
-    probes use. `results()` is where they write."""
+    """A model set up for the probes (`for_probes`): opened, frozen, on this rank's device, with their data and seed."""
 
     model: Opened
     data: DictConfig
@@ -363,17 +324,13 @@ class Probing:
     runs_dir: str
 
     def results(self) -> RunDir:
-        """The folder of the probes' results (`results/`, and the feature cache): the model's run (a pretrained
-        model's import, written now), else `<runs_dir>/quant/<model>` (a loose checkpoint file or a hub model, laid
-        out as a run, where `quantize` reads them)."""
+        """The probes' results folder: the model's run (an import is written now), else `<runs_dir>/quant/<model>`."""
         self.model.source.write(self.model.module)
         return RunDir(self.model.source.analyses("quant", self.runs_dir))
 
 
 def for_probes(cfg: DictConfig, data: DictConfig | None = None) -> Probing:
-    """The model of `cfg` (`resolve`, `open_model`) for the linear and dense probes, on this rank's device; the data
-    is `data` if given, else as `configs.cli.pick_data` decides (the checkpoint's training data unless the command
-    line chose other data; a hub model's: the command's); the seed as `configs.cli.pick_seed` does. Writes nothing."""
+    """The model of `cfg` for the probes, on this rank's device, with their data (`data` or `pick_data`) and seed."""
     opened = open_model(resolve(cfg), cfg).to(init_distributed(cfg.cluster.device).device)
     opened.module.requires_grad_(False)
     if data is None:
@@ -381,11 +338,3 @@ def for_probes(cfg: DictConfig, data: DictConfig | None = None) -> Probing:
     seed = pick_seed(cfg.seed, opened.cfg.get("seed", cfg.seed), cli_keys())
     return Probing(opened, data, seed, str(cfg.runs_dir))
 
-
-def _blank() -> Image.Image:
-    """A grey picture: run through a hub model's preprocessing, it gives the input size."""
-    return Image.new("RGB", (256, 256), (128, 128, 128))
-
-
-__all__ = ["HUB_ANALYSES", "HUB_SPECS", "MODEL_SOURCES", "Inputs", "ModelSource", "Opened", "Probing", "for_probes",
-           "given_sources", "is_hub_spec", "of_checkpoint", "open_model", "resolve"]

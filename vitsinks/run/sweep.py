@@ -29,8 +29,7 @@ LENGTH_KEYS = ("train.epochs", "train.max_steps", "train.batch_size", "data.trai
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices (each combination
-    is then composed with `vitsinks.configs.cli.compose`, like a single run)."""
+    """Hydra's basic-sweeper semantics: the cartesian product of the comma lists / ranges / choices."""
     try:
         parsed = OverridesParser.create().parse_overrides(quote_unicode(overrides))
     except OverrideParseException as err:
@@ -55,8 +54,7 @@ def _key(override: str) -> str:
 
 
 def name_runs(combos: list[list[str]], cfgs: list[DictConfig]) -> None:
-    """Give every run of a sweep its own directory: the default name gets the swept overrides it does not hold
-    already (`-lr0.001`, or a hash when long); a name that two runs still share is a `ConfigError`."""
+    """Give every run of a sweep its own directory (the name gets the swept overrides); a clash is a `ConfigError`."""
     swept = [k for k in dict.fromkeys(_key(o) for c in combos for o in c)
              if len({next((o for o in c if _key(o) == k), None) for c in combos}) > 1]
     extra = [k for k in swept if k not in IN_NAME and k.split(".")[0] not in NOT_RUN]
@@ -78,9 +76,8 @@ def name_runs(combos: list[list[str]], cfgs: list[DictConfig]) -> None:
 
 
 def run_state(run_dir: Path) -> dict[str, Any]:
-    """What a run directory says about itself: status, step, total steps, last loss. Read only, never written: a
-    `running` run whose lock no process holds is `killed` (a kill -9, an OOM kill, a lost node), and a torn
-    status.json is `unreadable`; both with a `note` saying so."""
+    """What a run directory says about itself: status, step, total steps, last loss. Read only: a `running` run no
+    process holds is `killed`, a torn status.json `unreadable`, both with a `note`."""
     run = RunDir(run_dir)
     info: dict[str, Any] = {"status": "pending", "step": 0}
     if run.status.exists():
@@ -114,8 +111,7 @@ def last_checkpoint_step(run: RunDir) -> int | None:
 
 
 def is_finished(run_dir: Path, cfg: DictConfig) -> bool:
-    """The run finished all its steps (and, with `eval.after_train`, its probes), and `cfg` asks for no more (the
-    fields of `LENGTH_KEYS` are unchanged)."""
+    """The run finished all its steps (and its probes) and `cfg` changes none of `LENGTH_KEYS`."""
     s = run_state(run_dir)
     if not (s["status"] == "finished" and s["step"] >= s.get("total_steps", 0)):
         return False
@@ -130,8 +126,7 @@ def is_finished(run_dir: Path, cfg: DictConfig) -> bool:
 
 def carry_over(old: dict[str, Any] | None, entries: list[dict[str, Any]], todo: list[int],
                cluster: str) -> dict[str, Any]:
-    """Fill the new manifest's entries from the previous one (job ids, logs) and mark their state; return the
-    manifest fields to keep (the last array job id and the earlier ones)."""
+    """Fill the new manifest's entries from the old one and mark their state; return the fields to keep."""
     previous = {e["run_dir"]: e for e in (old or {}).get("runs", [])}
     for i, e in enumerate(entries):
         before = previous.get(e["run_dir"], {})
@@ -148,9 +143,8 @@ def carry_over(old: dict[str, Any] | None, entries: list[dict[str, Any]], todo: 
 
 
 def entry(index: int, overrides: list[str], cfg: DictConfig) -> dict[str, Any]:
-    run_dir = Path(cfg.runs_dir).resolve() / cfg.name
     return {"index": index, "overrides": overrides, "name": cfg.name, "exp": cfg.exp, "seed": cfg.seed,
-            "run_dir": str(run_dir)}
+            "run_dir": str(Path(cfg.runs_dir).resolve() / cfg.name)}
 
 
 def table(entries: list[dict[str, Any]], columns: list[str]) -> str:

@@ -1,12 +1,7 @@
-"""What vitsinks wrote in a run folder, removed when a derived run is replaced (`run.derive` with
-`trainfree.overwrite=true`, and `quantize` again): the results of the old edit go, the user's files stay.
-
-Removed: `config.yaml` (last: a replacement cut short leaves a run still known as derived), `status.json`,
-`metrics.jsonl`; each diagnosis, interventions report and leaderboard in the run (their recorded files,
-`utils.generations`) with the interventions' shards; the run's page over training and its over-training tables
-(`diagnostics/report.*`, `training_curves.png`, `over_training.*`); and in the folders vitsinks makes for them the
-kinds of file it writes there: `checkpoints/*.pt`, `results/*.json|*.pt|*.png` (the probes' results, heads and
-figures), `eval_cache/*.pt`, with the temp files of killed writes. Folders left empty go too; anything else stays.
+"""What vitsinks wrote in a run folder, removed when a derived run is replaced (`trainfree.overwrite=true`, and
+`quantize` again): the config (last), status and metrics, each diagnosis, interventions report and leaderboard, the
+page over training, and in vitsinks' own folders the kinds of file it writes there (with temp files of killed
+writes). Folders left empty go too; the user's files stay.
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ SHARD_FILES = ("rows.csv", "meta.json", CONFIG)  # in each shard's folder; `arra
 
 
 def _remove(folder: Path, keep_folder: bool = False, **which: tuple[str, ...]) -> None:
-    """Remove the files of `folder` named in `which["names"]` or ending in `which["suffixes"]`, and the temp files
-    of killed writes; then `folder` itself if that left it empty (unless `keep_folder`)."""
+    """Remove `folder`'s files named `names` or ending in `suffixes` (and temp files), then the empty folder."""
     if not folder.is_dir():
         return
     names, suffixes = which.get("names", ()), which.get("suffixes", ())

@@ -68,12 +68,8 @@ def broadcast_figure(r: dict[str, Any], path: Path) -> Path:
                                   f"stable rank {r['hub_stable_rank']:.2f}")
 
 
-FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_figure}
-
-
 def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
-    """Per arm: task MSE, sink inflow per layer, and the cost of removing layer 2's pathway or attention; a dot per
-    seed, the reference's means (its own recipe) as crosses."""
+    """Per arm: task MSE, inflow per layer, removal costs; dots per seed, the reference's means as crosses."""
     arms = list(r["arms"])
     ref, rr = r["reference"], r["reference_recipe"]
     seeds = r["per_seed"]
@@ -84,9 +80,6 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
         axes[0].plot([i] * len(seeds[a]), [s["mse"] for s in seeds[a]], "o", color="black", ms=3)
         axes[0].plot(i, ref[a]["mse"], "x", color="tab:red", ms=8, label=f"reference ({rr['n_seeds']} seeds, "
                      f"{rr['steps']} x {rr['batch']}, lr {rr['lr']})" if i == 0 else None)
-    axes[0].set_xticks(x, arms)
-    axes[0].set_ylabel("task MSE (test)")
-    axes[0].legend(fontsize=8)
     for layer, color, off in ((0, "tab:gray", -0.2), (1, "tab:orange", 0.2)):
         axes[1].bar(x + off, [r["arms"][a]["inflow"][layer] for a in arms], 0.38, color=color, alpha=0.75,
                     label=f"layer {layer + 1}")
@@ -95,10 +88,7 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
             axes[1].plot(i + off, ref[a]["inflow"][layer], "x", color="tab:red", ms=8)
     axes[1].axhline(0.8, color="gray", ls=":", lw=1)
     axes[1].axhline(0.15, color="gray", ls=":", lw=1)
-    axes[1].set_xticks(x, arms)
     axes[1].set_ylim(0, 1.05)
-    axes[1].set_ylabel("sink inflow: max_s mean_i A_is")
-    axes[1].legend(fontsize=8)
     for key, color, off, name in (("d_mse_no_pathway_layer2", "tab:green", -0.2, "remove layer-2 pathway"),
                                   ("d_mse_no_attention_layer2", "tab:purple", 0.2, "remove layer-2 attention")):
         have = [i for i, a in enumerate(arms) if key in r["arms"][a]]  # the attention arm has no pathway
@@ -109,12 +99,15 @@ def broadcast_pathway_figure(r: dict[str, Any], path: Path) -> Path:
             if key in ref[arms[i]]:
                 axes[2].plot(i + off, ref[arms[i]][key], "x", color="tab:red", ms=8)
     axes[2].set_yscale("symlog", linthresh=1e-3)  # an unused pathway can cost slightly < 0
-    axes[2].set_xticks(x, arms)
-    axes[2].set_ylabel("MSE increase when removed from layer 2")
-    axes[2].legend(fontsize=8)
+    for ax, label in zip(axes, ("task MSE (test)", "sink inflow: max_s mean_i A_is",
+                                "MSE increase when removed from layer 2"), strict=True):
+        ax.set_xticks(x, arms)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
     return save_figure(fig, path, f"controlled broadcast task: {r['n_seeds']} seeds x {r['steps']} steps, batch "
                                   f"{r['batch']}, lr {r['lr']}, lambda_B {r['cm_penalty']} on pen_1 + pen_2 "
                                   "(red x: reference means)")
 
 
-FIGURES["broadcast_pathway"] = broadcast_pathway_figure
+FIGURES = {"trigger": trigger_figure, "nop": nop_figure, "broadcast": broadcast_figure,
+           "broadcast_pathway": broadcast_pathway_figure}

@@ -1,8 +1,5 @@
-"""A minimal sequence transformer for the synthetic tasks, built from the same `SinkBlock`s as the ViTs.
-
-Blocks are attention-only (the MLP is switched off) so that every token-to-token computation goes through
-attention and the diagnostics see it.
-"""
+"""A minimal sequence transformer for the synthetic tasks: the ViTs' `SinkBlock`s, attention-only (no MLP), so that
+every token-to-token computation goes through attention and the diagnostics see it."""
 
 from __future__ import annotations
 
@@ -20,13 +17,8 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class SeqModel(nn.Module):
-    """Linear embedding -> `depth` attention-only `SinkBlock`s -> linear readout.
-
-    `out_dim=None` fixes the embedding to an orthonormal map of the features into the residual stream and reads
-    the whole stream out (targets are embedded the same way, see `embed_target`): every residual dimension is
-    then constrained, so "leave this token unchanged" means an attention output of exactly zero, as it does
-    for a real residual stream that later layers read.
-    """
+    """Linear embedding -> `depth` attention-only `SinkBlock`s -> linear readout; `out_dim=None` freezes the embedding
+    to an orthonormal map and reads the whole stream out, so "unchanged" means an attention output of exactly zero."""
 
     def __init__(self, in_dim: int, out_dim: int | None, dim: int = 32, depth: int = 1, heads: int = 1,
                  attn: str = "softmax", causal: bool = False, pathway: dict[str, Any] | None = None) -> None:
@@ -52,9 +44,7 @@ class SeqModel(nn.Module):
         return self.head(h)
 
     def backbone(self, num_prefix: int = 0) -> Backbone:
-        """The model as the interventions and diagnostics read it (`vitsinks.models.seam.Backbone`, `causal` as the
-        model is): features -> tokens (`embed`), its blocks, `head` as the readout; `num_prefix` (0 or 1) leading
-        tokens (the BOS of the NOP task) are no content, counted as the [CLS] slot. Evaluation mode."""
+        """The model as the seam, in eval mode; `num_prefix` leading tokens count as the [CLS] slot."""
         self.eval()
         blocks = cast("list[Block]", list(self.blocks))
         return Backbone(self, "sequence", blocks, self.embed, self.head, num_cls=int(num_prefix), name="sequence model",
@@ -64,11 +54,7 @@ class SeqModel(nn.Module):
 def train(model: SeqModel, batch_fn: Callable[[torch.Generator], Batch], steps: int, lr: float = 3e-3,
           seed: int = 0, weight_decay: float = 0.0, cosine: bool = True,
           penalty: Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None) -> list[float]:
-    """AdamW on weighted MSE over fresh batches `batch_fn(generator) -> (x, y, weight)`; returns the loss curve.
-
-    The batches depend on `seed` only, so models trained with one seed see the same batches. `penalty` (e.g.
-    `vitsinks.objectives.penalty.CommonModePenalty`) adds its term after every forward pass.
-    """
+    """Train with AdamW on weighted MSE over fresh `batch_fn(generator)` batches seeded by `seed`; the loss curve."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if cosine else None

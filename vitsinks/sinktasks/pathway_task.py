@@ -1,24 +1,6 @@
-"""The controlled broadcast task (`python -m vitsinks.synthetic task=broadcast_pathway`).
-
-Task: L = 32 tokens x_i ~ N(0, I_64), fresh every step; a unit vector u picks the source j* = argmax_j <x_j, u>, and
-every token must output y_i = x_i + x_{j*} R with an orthogonal R: the source's content, rotated, must reach every
-token. u and R are drawn per seed from a generator seeded 2000 + seed, the training tokens from one seeded
-1000 + seed, the evaluation tokens from one seeded 5000 + seed.
-
-Model: two pre-norm `SinkBlock`s (the ViTs' block), one head each, d = d_h = 64, no biases in W_Q, W_K, W_V, W_O, an
-MLP (LayerNorm -> Linear(d, 4d) -> GELU -> Linear(4d, d), with biases) after each attention layer and a residual
-after each; a learned position embedding p (init N(0, 0.02^2)) enters layer 1's LayerNorm only: z = LN(x + p), the
-residual stream itself never carries p. No input embedding or readout: the output is the residual stream, compared
-with y by the mean squared entry.
-
-Arms, all of one seed starting from the same parameters (`torch.manual_seed(seed)`, the pathway created after the
-base model) and seeing the same batches: attention only; + the global pathway (`GlobalPathway`, learned recipient
-gate, state dim 64) in both layers; + the common-mode penalty lambda_B * (pen_1 + pen_2), the SUM over the two
-layers of `common_mode_penalty` of each layer's attention update W_O A V.
-
-Per arm and seed: task MSE, sink inflow per layer (max_s mean_i A_is), and the MSE increase when layer 2 alone loses
-its pathway or its attention update, with its attention matrix held fixed (layer 1 is left as it is).
-"""
+"""The controlled broadcast task (`python -m vitsinks.synthetic task=broadcast_pathway`; task, model and arms:
+docs/pathway.md#study-the-controlled-broadcast-task): 32 tokens x_i ~ N(0, I_64), each to output x_i + x_{j*} R with
+j* = argmax_j <x_j, u>; two pre-norm `SinkBlock`s; arms attention only, + global pathway, + common-mode penalty."""
 
 from __future__ import annotations
 
@@ -37,7 +19,7 @@ from vitsinks.models import GlobalPathway, SinkBlock, common_mode_penalty
 from vitsinks.utils.errors import BadValue
 from vitsinks.utils.progress import hidden
 
-# The reference's three arms of the controlled broadcast task (its Section 5): a toy model's arms, not exp variants
+# the reference's three arms (a toy model's, not exp variants)
 ARMS = ("attention", "global", "global+pen")
 DIM, LENGTH, STATE_DIM, DEPTH = 64, 32, 64, 2
 TASK_SEED, TRAIN_SEED, EVAL_SEED = 2000, 1000, 5000  # offsets added to the seed
@@ -81,16 +63,12 @@ class PositionThenNorm(nn.Module):
 
 
 def _biased_mlp(**kwargs: Any) -> Mlp:
-    """timm's MLP with biases (timm's `Block` would tie them to the attention's `proj_bias`, off here)."""
+    """timm's MLP with biases (timm's `Block` ties them to the attention's `proj_bias`, off here)."""
     return Mlp(**{**kwargs, "bias": True})
 
 
 class BroadcastToy(nn.Module):
-    """The task's two-layer model; `pathway` adds a global pathway to both layers (created after every base
-    parameter, so with the same `torch.manual_seed` the base parameters of every arm are equal).
-
-    `attention_updates` holds each layer's attention update W_O A V of the last forward pass run with gradients
-    (what the penalty needs)."""
+    """The task's two-layer model; `attention_updates`: each layer's W_O A V of the last forward with grad."""
 
     blocks: Any  # an nn.ModuleList of `SinkBlock`s (block 0's norm1 a `PositionThenNorm`), read by name
 
@@ -119,15 +97,14 @@ class BroadcastToy(nn.Module):
 
 
 def summed_penalty(model: BroadcastToy) -> torch.Tensor:
-    """pen_1 + pen_2: `common_mode_penalty` of each layer's attention update of the last forward pass, SUMMED over
-    the layers (whatever the ViT trainer does with its blocks)."""
+    """pen_1 + pen_2: `common_mode_penalty` of each layer's attention update of the last forward pass, summed."""
     if len(model.attention_updates) != len(model.blocks):
         raise RuntimeError("summed_penalty needs one forward pass with gradients first")
     return torch.stack([common_mode_penalty(o) for o in model.attention_updates]).sum()
 
 
 def build_arm(arm: str, seed: int, device: str | torch.device = "cpu") -> BroadcastToy:
-    """The arm's model at init: the reference's initial parameters of seed `seed` (`reference_init_`)."""
+    """The arm's model at init, with the reference's initial parameters of seed `seed` (`reference_init_`)."""
     if arm not in ARMS:
         raise BadValue(f"unknown arm {arm!r}; choose one of {ARMS}")
     model = BroadcastToy(pathway=arm != "attention")
@@ -137,13 +114,9 @@ def build_arm(arm: str, seed: int, device: str | torch.device = "cpu") -> Broadc
 
 @torch.no_grad()
 def reference_init_(model: BroadcastToy, seed: int) -> None:
-    """Redraw every parameter of `model` (on the CPU) as the reference's toy draws its own after
-    `torch.manual_seed(seed)`: its modules are separate, so the draws come per module, in its order. Per layer the
-    query, key, value and output maps (PyTorch's default Linear init), then layer 1's position embedding (N(0, 1) *
-    0.02); each layer's MLP right after it (weights and biases, default init); after both layers, each layer's
-    pathway: its pooling, state-value, state-output and gate maps at their default init (the gate with its bias),
-    then each of the four weights again trunc-normal std 0.02, in that order, and the gate bias zero. Norms start at
-    ones and zeros (no draw). So `seed=k` starts from the reference's seed-k parameters, bit for bit, in every arm."""
+    """Redraw every parameter of `model` (on the CPU) in the order the reference's toy draws its own modules after
+    `torch.manual_seed(seed)` (then the pathways' weights trunc-normal std 0.02, the gate bias zero), so that
+    `seed=k` starts from the reference's seed-k parameters, bit for bit."""
     torch.manual_seed(seed)
     dim = model.blocks[0].attn.proj.in_features
     for i, blk in enumerate(model.blocks):
@@ -179,8 +152,7 @@ def training_loss(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor, cm_pena
 
 def train_arm(arm: str, seed: int, steps: int, batch: int, lr: float, weight_decay: float = 1e-4,
               cm_penalty: float = 1.0, device: str | torch.device = "cpu") -> tuple[BroadcastToy, list[float]]:
-    """One arm trained with AdamW at a constant lr on fresh batches from a generator seeded 1000 + seed (the same
-    batches in every arm); returns the model and its training MSE per step."""
+    """One arm trained (AdamW, constant lr) on fresh batches seeded 1000 + seed: (model, training MSE per step)."""
     model = build_arm(arm, seed, device)
     u, R = task_constants(seed, device=device)
     gen = torch.Generator(device=device).manual_seed(TRAIN_SEED + seed)
@@ -215,8 +187,7 @@ def _inflow(attn: torch.Tensor) -> float:
 
 @torch.no_grad()
 def evaluate_batch(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    """MSE, inflow per layer, and the MSE increase when layer 2 loses its attention update or its pathway; layer 2
-    is recomputed from layer 1's unchanged output with its attention matrix fixed."""
+    """MSE, inflow per layer, and the MSE increase when layer 2 loses its attention update or its pathway."""
     first, second = model.blocks
     h1, it1 = first.forward_explicit(x)
     out, it2 = second.forward_explicit(h1)
@@ -235,8 +206,7 @@ def evaluate_batch(model: BroadcastToy, x: torch.Tensor, y: torch.Tensor) -> dic
 
 
 def evaluate_arm(model: BroadcastToy, seed: int, n_batches: int = 64, batch: int = 256) -> dict[str, Any]:
-    """`evaluate_batch` averaged over `n_batches` batches from a generator seeded 5000 + seed. After each batch one
-    more is drawn and skipped (the reference's donor sequences), so the evaluated sequences are the reference's."""
+    """`evaluate_batch` over `n_batches` batches seeded 5000 + seed (each followed by a skipped one)."""
     model.eval()
     device = next(model.parameters()).device
     u, R = task_constants(seed, device=device)
@@ -251,11 +221,7 @@ def evaluate_arm(model: BroadcastToy, seed: int, n_batches: int = 64, batch: int
 
 def run_broadcast_pathway(steps: int = 1000, seed: int = 0, n_seeds: int = 3, batch: int = 256, lr: float = 1e-2,
                           cm_penalty: float = 1.0, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-    """Every arm on seeds seed .. seed + n_seeds - 1; per-seed results and means over seeds.
-
-    The defaults are the CPU setting (1,000 steps of batch 256 at a constant lr 1e-2); the reference's is
-    `REFERENCE_RECIPE` (n_seeds=5 steps=30000 batch=1024 lr=5e-4, on a GPU: device=cuda). AdamW, weight decay
-    1e-4, lambda_B = `cm_penalty` on the sum over the two layers; evaluation on 64 x 256 sequences per seed."""
+    """Every arm on seeds seed .. seed + n_seeds - 1, per seed and averaged (the reference's: `REFERENCE_RECIPE`)."""
     start = time.perf_counter()
     per_seed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     jobs = [(s, arm) for s in range(seed, seed + n_seeds) for arm in ARMS]
@@ -274,15 +240,8 @@ def run_broadcast_pathway(steps: int = 1000, seed: int = 0, n_seeds: int = 3, ba
 
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in rows[0]:
-        if k == "seed":
-            continue
+    for k in [k for k in rows[0] if k != "seed"]:
         vals = np.array([r[k] for r in rows], dtype=float)
         out[k] = vals.mean(axis=0).tolist()
         out[f"{k}_std"] = vals.std(axis=0, ddof=1).tolist() if len(rows) > 1 else None
     return out
-
-
-__all__ = ["ARMS", "REFERENCE", "REFERENCE_RECIPE", "BroadcastToy", "PositionThenNorm", "build_arm", "evaluate_arm",
-           "evaluate_batch", "pathway_targets", "run_broadcast_pathway", "sample_tokens", "summed_penalty",
-           "task_constants", "train_arm", "training_loss", "without_pathway"]

@@ -1,19 +1,13 @@
 """Three synthetic tasks whose right answer about sinks is known, so they check the diagnostics.
 
-- `trigger` (Ran-Milo 2026): [BOS, c_1 .. c_{T-2}, TRIGGER] with causal attention; the target is the mean of
-  the content c_1 .. c_{T-2} at the trigger and zero at every other position. A softmax layer can only output
-  zero by parking its attention on BOS (value 0): a sink. ReLU attention can output zero by attending to
-  nothing. The trigger closes the sequence so that the mean has a fixed count, which a ReLU layer (no
-  normalisation) can then compute exactly.
-- `nop` (conditional damping): [BOS, x_1 .. x_T], one head, the whole residual stream as target. Tokens
-  aligned with a fixed direction e (97% of them) must pass through unchanged; the others receive the mean of
-  all tokens' random content (orthogonal to e). The head switches itself off for aligned tokens by routing them
-  to BOS, whose value is ~0: a NOP sink, and the query-key matrix grows a dominant direction (e against BOS's
-  key). The control model gets the same data but updates every token. The blocks have no q/k/v/output biases,
-  so "zero output" can only mean a zero value (a bias pair could otherwise move the zero point).
-- `broadcast`: [x_1 .. x_T], two layers; one token (flagged, at a random position) is the source and its
-  content must be added to every position. Every query routes to the source, whose value carries the payload:
-  a broadcast sink (large value ratio, rank-one update).
+- `trigger` (Ran-Milo 2026): [BOS, c_1 .. c_{T-2}, TRIGGER], causal; the target is the mean content at the trigger
+  and zero elsewhere. Softmax can only output zero by parking its attention on BOS (value 0): a sink; ReLU
+  attention can attend to nothing.
+- `nop` (conditional damping): [BOS, x_1 .. x_T], one head, the whole residual stream as target. Tokens aligned
+  with a direction e (97%) must pass unchanged, the others receive the mean random content: the head routes the
+  aligned tokens to BOS (value ~0), a NOP sink, and W_Q W_K^T grows a dominant direction. The control updates every
+  token. No q/k/v/output biases, so "zero output" can only mean a zero value.
+- `broadcast`: two layers; a flagged source token's content must be added to every position: a broadcast sink.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ from vitsinks.sinktasks.model import Batch, SeqModel, train
 from vitsinks.sinktasks.pathway_task import run_broadcast_pathway
 
 CONTENT = 8  # content dimension of every task
-# The trigger task's design, not a list of every kind: softmax must park its attention on BOS to output zero, ReLU
-# attention can attend to nothing (the module docstring); its `expected` outcome names these two.
+# the trigger task's two designed cases (the module docstring), not a list of every kind
 TRIGGER_KINDS: tuple[str, ...] = ("softmax", "relu")
 
 
@@ -54,9 +47,8 @@ def trigger_batch(gen: torch.Generator, batch: int = 128, length: int = 16) -> B
 
 def nop_batch(gen: torch.Generator, batch: int = 128, length: int = 20, control: bool = False,
               aligned_frac: float = 0.97) -> Batch:
-    """Features: content (8), is_bos. e = first axis. Every token has random content orthogonal to e; aligned
-    tokens add 3e. Target: aligned tokens unchanged, the others plus the mean of the random content (control:
-    every token updated)."""
+    """Features: content (8), is_bos; aligned tokens add 3e (e the first axis) to random content orthogonal to e.
+    Target: aligned tokens unchanged, the others plus the mean random content (control: every token updated)."""
     n = length - 1
     aligned = torch.rand(batch, n, generator=gen) < aligned_frac
     content = torch.randn(batch, n, CONTENT, generator=gen)
@@ -89,14 +81,12 @@ def _diagnose(model: SeqModel, x: torch.Tensor) -> dict[str, np.ndarray]:
     blocks = cast("list[SinkBlock]", list(model.blocks))  # a `SeqModel`'s
     with torch.no_grad():
         d = diagnose_tokens(blocks, model.embed(x), causal=model.causal)
-    d.update(spectrum(blocks))
-    d.update(KeyLayout(0, x.shape[1] - 1, blocks[0].attn.extra_keys).fields())  # a sequence: no registers
-    return d
+    # a sequence: no registers
+    return {**d, **spectrum(blocks), **KeyLayout(0, x.shape[1] - 1, blocks[0].attn.extra_keys).fields()}
 
 
 def _attention(model: SeqModel, x: torch.Tensor) -> list[torch.Tensor]:
-    """Explicit attention of every block, (B, H, N, K) each (K keys: the tokens, then any extra key slot), along
-    the model's own forward."""
+    """Explicit attention of every block along the model's forward, (B, H, N, K) each (any extra key slot last)."""
     maps, h = [], model.embed(x)
     with torch.no_grad():
         for blk in cast("Iterable[SinkBlock]", model.blocks):  # a `SeqModel`'s

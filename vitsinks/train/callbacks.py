@@ -1,10 +1,6 @@
-"""What `Trainer.fit` does beside the loop, as callbacks: metrics logging and the progress bar, validation,
-checkpointing, the sink diagnostics of every saved checkpoint, and the step in `status.json`.
-
-The hooks run in the order of the trainer's callback list; that order is part of the behaviour (a step's metrics
-are logged before its checkpoint is written, validation before the epoch's checkpoint), and exact resume relies
-on it. Every hook runs on every rank (collectives are allowed) except `on_save`, which runs on the main rank after
-a checkpoint was written.
+"""What `Trainer.fit` does beside the loop, as callbacks: metrics and the progress bar, validation, checkpointing,
+the sink diagnostics of every saved checkpoint, and the step in `status.json`. The hooks run in the order of the
+trainer's callback list (exact resume relies on it), on every rank except `on_save` (main rank only).
 """
 
 from __future__ import annotations
@@ -55,13 +51,8 @@ class Callback:
 
 
 class StepMetrics(Callback):
-    """Every `train.log_every` steps (and at the last): the step's terms averaged over the ranks, the lr, the
-    throughput and the unreadable images so far, to the tracker, the progress bar and `trainer.last_metrics`.
-
-    `img_per_s`: global images per second of loop wall time over the steps since the last log, the wait for the
-    loader included (`trainer.clock`; the callbacks' own time, such as validation and saving, is not);
-    `data_wait`: the share of that time the loop waited for the loader (on a GPU an upper bound of the stall: the
-    device may still have been busy with queued steps)."""
+    """Every `train.log_every` steps (and at the last): the terms averaged over the ranks, the lr, the throughput
+    (`img_per_s`), the loader wait share (`data_wait`) and the unreadable images, to the tracker and the bar."""
 
     def __init__(self) -> None:
         self.bar: tqdm | None = None
@@ -101,8 +92,7 @@ class StepMetrics(Callback):
 
 
 class Validation(Callback):
-    """The objective's validation (its probe and the SSL monitors) at every epoch end and, when training finished,
-    once more at the end (its metrics then join the run's summary)."""
+    """The objective's validation at every epoch end and, when training finished, once more at the end."""
 
     def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
         trainer.log({"epoch": epoch, **trainer.objective.validate(trainer.model, trainer.val_set)})
@@ -118,16 +108,14 @@ class Validation(Callback):
 
     @staticmethod
     def logged(trainer: Trainer) -> dict[str, Any] | None:
-        """The final validation metrics.jsonl holds already (a relaunch of a finished run: nothing is appended), as
-        the main rank reads it, on every rank (a collective: validating is one too); None when it holds none."""
+        """The final validation metrics.jsonl holds already, on every rank (a collective); None if none."""
         assert trainer.tracker is not None, "validation is logged while fitting"
         lines = [m for m in trainer.tracker.logged_at(trainer.progress.step) if any(k.startswith("val/") for k in m)]
         return gather_objects({k: v for k, v in lines[-1].items() if k.startswith("val/")} if lines else None)[0]
 
 
 class Checkpointing(Callback):
-    """`last.pt` (and a kept `step_XXXXXXX.pt`) every `train.ckpt_every` steps, `last.pt` at every epoch end and
-    when the loop ends, finished or interrupted."""
+    """`last.pt` (and `step_XXXXXXX.pt`) every `train.ckpt_every` steps, at every epoch end and the end."""
 
     def on_step_end(self, trainer: Trainer, terms: dict[str, torch.Tensor]) -> None:
         if trainer.progress.step % trainer.cfg.train.ckpt_every == 0:
@@ -141,10 +129,8 @@ class Checkpointing(Callback):
 
 
 class Diagnostics(Callback):
-    """Sink diagnostics of every saved checkpoint into `<run>/diagnostics/step_XXXXXXX/` (`diagnostics.enabled`),
-    on the same fixed validation images each time; a step already diagnosed is left alone. A diagnosis a kill
-    interrupted (its folder without `summary.json`) is redone when the run resumes, from the step's checkpoint
-    (`step_*.pt`, or the resumed weights when they are that step's); without one it is named as missing."""
+    """Sink diagnostics of every saved checkpoint (`diagnostics.enabled`) on fixed validation images; a diagnosis
+    a kill interrupted is redone on resume from the step's checkpoint, or named as missing."""
 
     def __init__(self) -> None:
         self.images: tuple[torch.Tensor, np.ndarray, list[int]] | None = None
@@ -154,9 +140,7 @@ class Diagnostics(Callback):
             return
         run = trainer.rundir
         for step, folder in sorted(run.step_diagnostics_dirs().items()):
-            if run.summary(folder.name).exists():
-                continue
-            if step > trainer.progress.step:  # beyond the resumed step: reached (and diagnosed) again
+            if run.summary(folder.name).exists() or step > trainer.progress.step:  # a later step: diagnosed again
                 continue
             if step == trainer.progress.step:
                 print(f"redoing the diagnosis of step {step}, which was interrupted", flush=True)
@@ -180,8 +164,7 @@ class Diagnostics(Callback):
             self.diagnose(trainer, trainer.backbone, out)
 
     def diagnose(self, trainer: Trainer, backbone: torch.nn.Module, out: Path) -> None:
-        """Diagnose `backbone` into `out` on the run's fixed validation images. A diagnosis that cannot be made (its
-        folder held by another command, say) is a warning: training goes on, the step is left for `diagnose run=`."""
+        """Diagnose `backbone` into `out`; a diagnosis that cannot be made is a warning."""
         d, cfg = trainer.cfg.diagnostics, trainer.cfg
         if self.images is None:
             self.images = fixed_images(trainer.val_set, d.n_images, cfg.views.global_size, cfg.data.on_bad_image,
@@ -195,9 +178,7 @@ class Diagnostics(Callback):
 
 
 class StatusFile(Callback):
-    """`status.json` (`running`, with the step) rewritten during training, atomically and at most every `every_s`
-    seconds of wall time, so that a reader (`launch status`, a person, a sweep) sees how far a run got; the trainer
-    itself writes it at the start and at the end (`finished`, `interrupted`, `failed`)."""
+    """`status.json` (`running`, with the step) rewritten during training at most every `every_s` seconds."""
 
     every_s: float = 10.0  # a rewrite costs one small fsync'd file
 

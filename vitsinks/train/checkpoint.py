@@ -1,9 +1,6 @@
 """Checkpoints: the one loader (training state, backbone, resume candidates), the atomic writer that refuses
-non-finite weights, the check that a checkpoint fits the run, and the classifier stored beside a backbone.
-
-A derived run's checkpoint (`vitsinks.trainfree`: a post-hoc edit of a trained backbone) names its edit and holds its
-fitted state; the post-hoc methods sit above the training code, so the loader is handed the function that puts the
-edit back (`reapply`: `vitsinks.posthoc.reapply`, which `vitsinks.run.source` passes)."""
+non-finite weights, the check that a checkpoint fits the run, and the classifier stored beside a backbone. A derived
+run's edit is put back by the `reapply` function the caller passes (`vitsinks.posthoc.reapply`: it sits above)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ class CheckpointMismatch(BadValue):
 
 
 def save_state(state: dict[str, Any], path: Path) -> None:
-    """Write a training state atomically (the old file or the new one, never a partial one); a state whose model
-    weights are not finite is refused with `NonFinite` and nothing is written."""
+    """Write a training state atomically; non-finite model weights are refused (`NonFinite`)."""
     check_finite(state["model"], f"the model about to be saved to {path}")
     files.torch_save(state, path)
 
@@ -54,8 +50,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def numpy_state(legacy: tuple[Any, ...]) -> dict[str, Any]:
-    """numpy's random state (`np.random.get_state()`'s tuple) as tensors and numbers: a checkpoint holds no numpy
-    array, so that it loads weights-only (`utils.safeload`)."""
+    """numpy's random state tuple as tensors and numbers, so that a checkpoint loads weights-only."""
     name, key, pos, has_gauss, gauss = legacy
     return {"name": str(name), "key": torch.from_numpy(np.asarray(key).astype(np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "gauss": float(gauss)}
@@ -93,11 +88,8 @@ def rng_states_by_rank() -> list[dict[str, Any]]:
 
 
 def restore_rng(state: dict[str, Any], rank: int, world: int, fallback_seed: int) -> str | None:
-    """Restore this rank's generators from a training checkpoint: its own entry of `rng_by_rank`. A rank the
-    checkpoint has no entry for (written with fewer ranks, or an older checkpoint that holds rank 0's states only, as
-    `rng`) seeds every generator with `fallback_seed` (the caller makes it differ per rank). Returns the one-line
-    note to print (main rank) when the checkpoint's ranks do not match this run's; None when every rank got its own
-    state back."""
+    """Restore this rank's generators from the checkpoint (else seed them with `fallback_seed`); returns the note
+    to print when the checkpoint's ranks do not match this run's."""
     saved = state.get("rng_by_rank")
     if saved is None:
         saved, origin = ([state["rng"]] if "rng" in state else []), "a checkpoint with rank 0's random state only"
@@ -131,9 +123,8 @@ Reapply = Callable[[SinkViT, str, dict[str, Any]], SinkViT]  # (model, method na
 
 def backbone_from_state(state: dict[str, Any], path: Path,
                         reapply: Reapply | None = None) -> tuple[SinkViT, DictConfig]:
-    """The backbone and run configuration of a loaded vitsinks checkpoint (`path` names it in errors); refuses
-    non-finite weights. A derived run's post-hoc edit is put back by `reapply`; without it, a derived run is refused
-    (its model would be read without its edit)."""
+    """The backbone and run config of a loaded checkpoint (`path` names it in errors): non-finite weights are refused,
+    and so is a derived run without `reapply` (which puts its edit back)."""
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         raise BadValue(f"{path} is not a vitsinks training checkpoint (no config/model inside): pass "
                        f"runs/<name>/checkpoints/last.pt, or model.pretrained=<file> for a plain state dict")
@@ -154,8 +145,7 @@ def backbone_from_state(state: dict[str, Any], path: Path,
 
 
 def load_backbone(path: str | Path, reapply: Reapply | None = None) -> tuple[SinkViT, DictConfig]:
-    """The backbone of a vitsinks checkpoint file, built from the configuration stored in it (a derived run's edit
-    put back by `reapply`, `backbone_from_state`)."""
+    """The backbone of a vitsinks checkpoint file (`backbone_from_state`)."""
     path = Path(path)
     if not path.is_file():
         raise InputNotFound(f"checkpoint {path} not found")
@@ -163,8 +153,7 @@ def load_backbone(path: str | Path, reapply: Reapply | None = None) -> tuple[Sin
 
 
 def classifier_from_state(state: dict[str, torch.Tensor]) -> nn.Module | None:
-    """The linear classifier stored beside a vitsinks backbone in a checkpoint's `model` state: LeJEPA's online probe
-    (`probe.*`) or the supervised objective's head (`head.*`); None when the checkpoint has neither."""
+    """The online probe or supervised head in a checkpoint's `model` state; None when it has neither."""
     if "probe.1.weight" in state:
         classes, dim = state["probe.1.weight"].shape
         module: nn.Module = online_probe(dim, classes)
@@ -182,17 +171,13 @@ WEIGHTS_ONLY = "weights_only"  # the key that marks a weights-only snapshot
 
 
 def weights_only(state: dict[str, Any]) -> dict[str, Any]:
-    """The snapshot of a training state that `train.periodic_weights_only` keeps: the model's weights with the
-    config, progress and variant (what `load_backbone` reads), marked `weights_only` (resuming passes it over)."""
+    """The `train.periodic_weights_only` snapshot: weights, config, progress, variant, marked `weights_only`."""
     return {"model": state["model"], "config": state["config"], "progress": state["progress"],
             "variant": state["variant"], WEIGHTS_ONLY: True}
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
-    """`dst` with the bytes of `src`, atomically (the old `dst` or the new one, never a partial file): a hard link
-    where the file system has them (no second write of the bytes), else a copy. Safe for `last.pt` because it is
-    only ever replaced by a rename (`files.torch_save`): the link keeps this moment's file, whatever is written
-    to `last.pt` later."""
+    """`dst` with the bytes of `src`, atomically: a hard link where possible, else a copy."""
     tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(6)}{files.TMP_SUFFIX}")
     try:
         try:
@@ -209,8 +194,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def save(run: RunDir, state: dict[str, Any], step: int, periodic: bool, snapshot_weights_only: bool = False) -> None:
-    """`last.pt` of `run` and, when `periodic`, `step_XXXXXXX.pt`: the same file linked (serialised once), or
-    the `weights_only` snapshot with `snapshot_weights_only`; refuses non-finite weights (`NonFinite`)."""
+    """`last.pt` of `run` and, when `periodic`, `step_XXXXXXX.pt`; refuses non-finite weights (`NonFinite`)."""
     save_state(state, run.last)
     if periodic:
         if snapshot_weights_only:
@@ -220,9 +204,7 @@ def save(run: RunDir, state: dict[str, Any], step: int, periodic: bool, snapshot
 
 
 def load_for_resume(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
-    """(path, state) of the newest checkpoint of a run that loads and holds finite weights, saying (main rank) which
-    newer files were passed over and why. None when the run has no checkpoint at all; `BadValue` when it has some
-    but none is usable (nothing is overwritten)."""
+    """(path, state) of the newest usable checkpoint, or None without any; `BadValue` when none is usable."""
     notes: list[str] = []
     unsafe: UnsafeFile | None = None
     candidates = run.resume_candidates()
@@ -260,8 +242,7 @@ def describe(model_cfg: dict[str, Any]) -> str:
 
 
 def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Architecture fields of a complete (upgraded) model config; each mitigation says what of its setting matters
-    (a switched-off pathway's settings do not)."""
+    """Architecture fields of a complete model config (each mitigation says what of its setting matters)."""
     out = dict(model_cfg)
     for name, m in MITIGATIONS.items():
         out[name] = m.arch(out[name])
@@ -280,9 +261,7 @@ STATE_KEYS = (("data", "name"), ("data", "num_classes"), ("objective", "name"), 
 
 
 def check_compatible(ckpt_cfg: dict[str, Any], run_cfg: dict[str, Any], path: Path) -> None:
-    """Raise `CheckpointMismatch` naming both sides when a checkpoint's run config differs from this run's in an
-    architecture field or in a field that shapes the saved state (data, classes, projector). The checkpoint's config
-    is read through `configs.upgrade.upgrade` (fields added since it was written take the schema defaults)."""
+    """Raise `CheckpointMismatch` when a checkpoint's run config differs from this run's in a field of its shape."""
     ckpt_cfg = OmegaConf.to_container(upgrade(ckpt_cfg, str(path)), resolve=True, enum_to_str=True)  # type: ignore
     ckpt_model, run_model = _arch(ckpt_cfg["model"]), _arch(run_cfg["model"])
     diff = [(k, ckpt_model.get(k), run_model.get(k)) for k in ARCH_KEYS if ckpt_model.get(k) != run_model.get(k)]

@@ -11,9 +11,8 @@ from omegaconf import DictConfig
 
 
 class WarmupCosine:
-    """LR multiplier: linear warmup from 0 to 1, then cosine from 1 down to `min_ratio`. The warmup's step s (from 0)
-    has (s + 1) / warmup, so that its last step reaches 1; `from_zero`: s / warmup, the first step at 0 (the
-    reference's, `train.warmup_from_zero`)."""
+    """LR multiplier: linear warmup to 1 (step s: (s + 1) / warmup, or s / warmup with `from_zero`), then cosine
+    down to `min_ratio`."""
 
     def __init__(self, warmup: int, total: int, min_ratio: float, from_zero: bool = False) -> None:
         self.warmup, self.total, self.min_ratio, self.from_zero = warmup, max(total, 1), min_ratio, from_zero
@@ -28,10 +27,8 @@ class WarmupCosine:
 def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
                  probe_prefixes: tuple[str, ...] = (), decay_all: bool = False,
                  probe_wd: float = 0.0) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on biases, norms, tokens, position embeddings or LayerScale), or with
-    `decay_all` on every parameter (the reference's: its second group decays too, so checkpoints of either setting
-    have the same groups); an online probe (the parameters named with one of `probe_prefixes`) apart with its own
-    learning rate and weight decay `probe_wd`; frozen parameters left out."""
+    """Weight decay on matrices only (on every parameter with `decay_all`), an online probe (`probe_prefixes`)
+    apart with its own lr and `probe_wd`; frozen parameters left out."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     probe: list[torch.nn.Parameter] = []
@@ -49,16 +46,14 @@ def param_groups(model: torch.nn.Module, lr: float, wd: float, probe_lr: float,
 
 
 def fused_adamw(device: torch.device) -> bool:
-    """Whether AdamW runs fused (a few kernels for all parameters, no per-tensor launches) on `device`: on CUDA
-    only; CPU runs keep torch's default implementation."""
+    """Whether AdamW runs fused on `device`: on CUDA only."""
     return device.type == "cuda"
 
 
 def build_optimizer(model: torch.nn.Module, cfg: DictConfig, steps_per_epoch: int, total_steps: int,
                     probe_prefixes: tuple[str, ...] = (), device: torch.device | None = None,
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `param_groups` (fused on CUDA: `fused_adamw(device)`, default the parameters' device) and its
-    per-step `WarmupCosine` schedule (warmup `train.warmup_epochs`)."""
+    """AdamW over `param_groups` (fused on CUDA) and its per-step `WarmupCosine` schedule."""
     t = cfg.train
     if device is None:
         device = next(model.parameters()).device
@@ -76,9 +71,7 @@ IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """`optimizer.load_state_dict(state)` keeping `optimizer`'s own implementation flags (`IMPLEMENTATION_KEYS`):
-    torch would take the saved groups' flags, and with them where the step counters live (on the device when
-    fused)."""
+    """`optimizer.load_state_dict(state)` keeping `optimizer`'s own implementation flags (`IMPLEMENTATION_KEYS`)."""
     saved = state["param_groups"]
     if len(saved) == len(optimizer.param_groups):  # else torch's own error names the mismatch
         saved = [{**group, **{k: own[k] for k in IMPLEMENTATION_KEYS if k in own}}

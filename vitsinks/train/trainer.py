@@ -1,7 +1,5 @@
-"""Training: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`.
-
-The Trainer runs the loop; the objective (`vitsinks.objectives`, chosen by `objective.name`) owns the model around
-the backbone, the batches and the loss, and the extras (logging, validation, checkpoints, diagnostics) are
+"""Training: one `Trainer` for CPU, one GPU, or DDP over many, with exact resume from `last.pt`. The objective owns
+the model around the backbone, the batches and the loss; logging, validation, checkpoints and diagnostics are
 callbacks (`vitsinks.train.callbacks`).
 """
 
@@ -53,11 +51,8 @@ class Progress:
 
 @dataclass
 class LoopClock:
-    """Wall time of the training loop since the fit started, split into waiting for the loader (`wait_s`: from
-    when the loop was ready for a batch to when the batch came) and stepping (`step_s`: from the batch to the end of
-    its step). The callbacks' own time (logging, validation, saving, diagnostics) is in neither. Without a host sync
-    per step the split is the host's view: at a log step the flag check waits for the device, so over a log
-    interval `wait_s + step_s` is the loop's wall time, and `wait_s` can overlap device work still queued."""
+    """Wall time of the loop since the fit started: waiting for the loader (`wait_s`) and stepping (`step_s`), as
+    the host sees it."""
 
     wait_s: float = 0.0
     step_s: float = 0.0
@@ -87,8 +82,7 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """Owns the model, data, optimizer and run directory of one training run; `callbacks` run after the trainer's
-    own (`default_callbacks`)."""
+    """Owns the model, data, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: DictConfig, dist_info: DistInfo | None = None,
                  callbacks: Sequence[Callback] = ()) -> None:
@@ -96,7 +90,7 @@ class Trainer:
         self.dist = dist_info or init_distributed(cfg.cluster.device)
         self.device = self.dist.device
         self.rundir = RunDir(Path(cfg.runs_dir) / cfg.name, self.dist.is_main)
-        self.run_dir, self.ckpt_dir = self.rundir.path, self.rundir.ckpt_dir
+        self.run_dir = self.rundir.path
         if cfg.train.precision == "bf16" and self.device.type != "cuda":
             raise ConfigError("train.precision=bf16 needs CUDA (bf16 autocast runs on GPUs only): use auto or fp32")
         self.bf16 = self.device.type == "cuda" and cfg.train.precision in ("auto", "bf16")
@@ -125,11 +119,7 @@ class Trainer:
             for block in self.backbone.blocks:
                 block.compile()
         self.net: torch.nn.Module = self.model
-        if self.dist.world > 1:
-            # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets (no copy, less memory).
-            # static_graph (train.ddp_static_graph): every objective here uses the same parameters in every step (a
-            # parameter it never uses, like the final norm of the residual-stream regression, stays unused), so DDP
-            # can skip its per-step search for unused parameters; a graph that changes stops with DDP's error.
+        if self.dist.world > 1:  # every objective uses the same parameters in every step: a static graph
             self.net = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True, static_graph=cfg.train.ddp_static_graph)
@@ -157,32 +147,20 @@ class Trainer:
     # ---- state -------------------------------------------------------------------------------------------------
 
     def state_dict(self, rng_by_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The training state; `rng_by_rank` holds every rank's generator states (`ckpt.rng_states_by_rank()`, a
-        collective), default this process's only. `rng` is rank 0's (what older code reads)."""
+        """The training state; `rng_by_rank`: every rank's generator states (default this process's only)."""
         extra = self.objective.extra_state()
         rngs = rng_by_rank if rng_by_rank is not None else [ckpt.rng_state()]
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": rngs[0],
-            "rng_by_rank": rngs,
-            "progress": asdict(self.progress),
-            "config": saved(self.cfg),
-            "variant": run_variant(self.cfg),
-            **({"objective": extra} if extra else {}),
-        }
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "rng": rngs[0],
+                "rng_by_rank": rngs, "progress": asdict(self.progress), "config": saved(self.cfg),
+                "variant": run_variant(self.cfg), **({"objective": extra} if extra else {})}
 
     def save(self, periodic: bool = False) -> Path:
-        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) atomically on rank 0, then run the callbacks'
-        `on_save` (the diagnostics). Weights that are not finite are never written: `NonFiniteLoss` naming the
-        last good checkpoint, also when a step since the last check had a non-finite loss (`check_flags`). Every
-        rank calls it: the flags are checked together and each rank's random state goes into the checkpoint."""
+        """Write `last.pt` (and `step_XXXXXXX.pt` when periodic) on rank 0, then run `on_save`; non-finite weights
+        or losses raise `NonFiniteLoss`. Every rank calls it."""
         self.check_flags()
         rngs = ckpt.rng_states_by_rank()
-        # rank 0's weights are what is saved: their verdict is shared, so that every rank stops together (a rank
-        # that ran on would wait in the next step's all-reduce until the process-group timeout)
+        # rank 0's weights are saved: their verdict is shared, so that every rank stops together
         bad = float(self.dist.is_main and bool(ckpt.non_finite(self.model.state_dict())))
         if all_reduce_max(torch.tensor(bad, device=self.device)).item() > 0:
             raise NonFiniteLoss(f"the weights are not finite at step {self.progress.step} (the loss was still "
@@ -196,8 +174,7 @@ class Trainer:
         return self.rundir.last
 
     def resume(self) -> bool:
-        """Restore everything from the newest usable checkpoint (`last.pt`, else the newest `step_*.pt`); refuse a
-        checkpoint of another model or data."""
+        """Restore everything from the newest usable checkpoint; refuse one of another model or data."""
         found = ckpt.load_for_resume(self.rundir)
         if found is None:
             return False
@@ -221,9 +198,7 @@ class Trainer:
     # ---- one step ----------------------------------------------------------------------------------------------
 
     def loader(self, epoch: int) -> Iterable[Any]:
-        """The training batches of `epoch`, from where the progress stands in it. One DataLoader serves the trainer's
-        life (persistent workers; the sampler's keys carry the epoch to them); on CUDA the next batch is copied to
-        the GPU on a side stream while the current one trains."""
+        """The training batches of `epoch`, from where the progress stands in it."""
         self.sampler.set_epoch(epoch, self.progress.batch if epoch == self.progress.epoch else 0)
         if self._train_loader is None:  # built on first use
             self._train_loader = train_loader(
@@ -232,9 +207,7 @@ class Trainer:
         return device_batches(self._train_loader, self.device)
 
     def train_step(self, inputs: list[torch.Tensor], targets: Any) -> dict[str, torch.Tensor]:
-        """One optimizer step; returns the logged terms (the first is `loss`). Nothing here waits for the device: a
-        non-finite loss is recorded on the device and acted on at the next `check_flags` (the steps up to it run
-        on, their weights are never saved)."""
+        """One optimizer step, without waiting for the device; returns the logged terms (the first is `loss`)."""
         self.net.train()
         total, terms = self.objective.step_terms(self.net, inputs, targets)
         self._record_finite(total.detach(), terms)
@@ -251,8 +224,7 @@ class Trainer:
         return {k: v.detach() for k, v in terms.items()}
 
     def _record_finite(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
-        """Keep, on the device, the number and the terms of the first step (this one is `progress.step + 1`) whose
-        loss is not finite."""
+        """Keep, on the device, the number and terms of the first step whose loss is not finite."""
         values = torch.stack([v.detach().float() for v in terms.values()])
         if self._bad_terms is None or self._term_names != list(terms):
             self._bad_terms, self._term_names = torch.zeros_like(values), list(terms)
@@ -261,10 +233,7 @@ class Trainer:
         self._bad_terms = torch.where(first, values, self._bad_terms)
 
     def check_flags(self) -> None:
-        """Act on what the steps since the last check recorded: a non-finite loss on any rank is `NonFiniteLoss`
-        naming its first step (the weights since are never saved), a stop request on any rank stops every rank
-        after this step. A collective and a host sync: every rank calls it at the same steps (log steps, epoch
-        ends, the loop's end, every save)."""
+        """Act on what the steps recorded: a non-finite loss is `NonFiniteLoss`, a stop request stops every rank."""
         never = torch.iinfo(torch.long).max
         first = torch.where(self._first_bad == ALL_FINITE, never, self._first_bad)
         # one maximum over ranks for both: the earliest bad step (negated) and whether any rank was asked to stop
@@ -292,9 +261,7 @@ class Trainer:
         return int(all_reduce_sum(torch.tensor(self.bad_local, device=self.device)).item())
 
     def request_stop(self) -> None:
-        """Stop after the current step with a checkpoint (preemption). Safe from a signal handler: with several
-        ranks the request is shared at the next `check_flags` (at most `train.log_every` steps later), so that all
-        ranks stop after the same step."""
+        """Stop after the current step with a checkpoint (every rank after the same step); signal-safe."""
         self._stop_signal = True
         if self.dist.world == 1:
             self.stop_requested = True
@@ -304,9 +271,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def write_status(self, status: str, quiet: bool = False, **extra: Any) -> None:
-        """`status.json` (rank 0): `status`, the step and the run's facts, with `extra` (`step=` overrides the
-        progress's); `quiet`: on the way out of a failure, a status that cannot be written is a warning, not a
-        second error."""
+        """`status.json` (rank 0) with the run's facts and `extra`; `quiet`: a failure to write warns."""
         info = {"step": self.progress.step, "total_steps": self.total_steps, "world_size": self.dist.world,
                 "variant": run_variant(self.cfg),
                 **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **extra}
@@ -316,8 +281,7 @@ class Trainer:
 
     def fit(self, on_step: Callable[[Trainer], None] | None = None,
             callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
-        """Train to the end (resuming from the newest checkpoint if any), with `callbacks` (and `on_step(trainer)`
-        after every step) for this fit beside the trainer's own. Returns a summary dict."""
+        """Train to the end (resuming), with `callbacks` (and `on_step`) for this fit; returns a summary dict."""
         own = self.callbacks
         self.callbacks = [*own, *callbacks, *([OnStep(on_step)] if on_step is not None else [])]
         self.rundir.lock()

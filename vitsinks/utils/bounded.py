@@ -1,19 +1,10 @@
-"""Allowed ranges of numeric config fields, kept on the dataclass field itself.
+"""Allowed ranges of numeric config fields, kept on the dataclass field: every `int` / `float` field of a config
+dataclass (and every `list[int]` / `list[float]`) declares its range with `bounded` instead of `dataclasses.field`,
+and `vitsinks.configs.checks.check_config` checks each one after composition. Imports nothing from vitsinks, so that
+every package (models included) can use it:
 
-Every `int` / `float` field of a config dataclass (and every `list[int]` / `list[float]`) declares its range with
-`bounded` instead of `dataclasses.field`; `vitsinks.configs.schema.check_config` walks the schema and checks each
-one after composition, and a test fails for a numeric field without a range. Usage:
-
-    from vitsinks.utils.bounded import bounded
-
-    @dataclass
-    class ModelConfig:
-        depth: int | None = bounded(None, ge=1)           # None: the size's default, not checked
-        drop_path: float = bounded(0.0, ge=0, le=0.999)
-        mlp_ratio: float = bounded(4.0, gt=0)
-        linear_lrs: list[float] = bounded(factory=lambda: [1e-3, 0.1], gt=0)  # each entry is checked
-
-This module imports nothing from vitsinks, so every package (models included) can use it without a cycle.
+    depth: int | None = bounded(None, ge=1)  # None: the default, never checked
+    linear_lrs: list[float] = bounded(factory=lambda: [1e-3, 0.1], gt=0)  # each entry is checked
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ RANGE = "vitsinks.range"  # the metadata key
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds of a number: `ge` / `gt` below, `le` / `lt` above (None: no bound on that side). A number must also
-    be finite."""
+    """Bounds of a finite number: `ge` / `gt` below, `le` / `lt` above (None: no bound on that side)."""
 
     ge: float | None = None
     gt: float | None = None
@@ -43,9 +33,7 @@ class Range:
 
     def describe(self) -> str:
         """`>= 0 and <= 1`, `> 0`, ... (`finite` when no bound is given)."""
-        parts = [f"{op} {v:g}" for op, v in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
-                 if v is not None]
-        return " and ".join(parts) or "finite"
+        return " and ".join(f"{op} {v:g}" for op, v in self.bounds()) or "finite"
 
     def admits(self, value: float) -> bool:
         """Whether `value` is a finite number inside the bounds."""
@@ -54,8 +42,7 @@ class Range:
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
 
     def problem(self, key: str, value: Any, is_list: bool = False) -> str | None:
-        """`key=value (must be ...)` when `value` (every entry of a list, `is_list`) is out of the range, else None:
-        the words of the command line's check and of the API's (`vitsinks.configs.ranges`)."""
+        """`key=value (must be ...)` when `value` (every entry of a list, `is_list`) is out of the range, else None."""
         values = list(value) if is_list else [value]
         if all(self.admits(v) for v in values):
             return None

@@ -1,9 +1,5 @@
-"""A column of a results table: what a result type, or a block mitigation, declares it measures (key, label,
-group, number style, better direction), without knowing the results or the leaderboard that read it.
-
-`vitsinks.utils.results` (the typed results) and the models' mitigations both declare their columns with `Column`;
-the leaderboard (`vitsinks.report`) renders them, each in its table (`SECTIONS`).
-"""
+"""A leaderboard column as a result type (`vitsinks.utils.results`) or a block mitigation declares it; the leaderboard
+(`vitsinks.report`) renders each in its table (`SECTIONS`)."""
 
 from __future__ import annotations
 
@@ -13,8 +9,6 @@ from typing import Literal
 ColumnGroup = Literal["quality", "mechanism", "causal"]
 GROUPS: tuple[ColumnGroup, ...] = ("quality", "mechanism", "causal")  # the order of the CSV's columns
 # The leaderboard's tables, in the order it shows them: a column sits in its `section`, or else in its group's.
-# Quantization: every format's columns (each header names its format: W8A8, W4A4, ...) and the float model's inputs.
-# Monitors: the SSL monitors of training (k-NN, RankMe), apart from the probes.
 SECTIONS: dict[str, str] = {"quality": "Quality", "monitors": "SSL monitors (validation, during training)",
                             "quantization": "Quantization", "sinks": "Sinks per image",
                             "mechanism": "Strongest head, gates and pathways", "residual": "Residual stream",
@@ -23,12 +17,10 @@ SECTIONS: dict[str, str] = {"quality": "Quality", "monitors": "SSL monitors (val
 
 @dataclass(frozen=True)
 class Column:
-    """One leaderboard column: `key` (CSV header, unique), `label` (table header), its group (the CSV's order, the
-    default table, and which columns can be marked: only quality ones), its number style (`f`: fixed decimals, `g`:
-    significant digits, for values spanning decades; each table picks the precision), which direction is better
-    (None: neither; the leaderboard marks nothing), the leaderboard table it is shown in (`section`, a key of
-    SECTIONS; empty: its group's) and `probe`: the protocol of the probe whose measurement it holds (empty: no
-    probe's), the one protocol of every value in the column."""
+    """One leaderboard column: `key` (CSV header, unique), `label` (table header), `group` (the CSV's order; only
+    quality columns are marked), `fmt` (`f`: fixed decimals, `g`: significant digits), which direction is better
+    (None: neither), `section` (its table, a key of SECTIONS; empty: its group's) and `probe` (the protocol of the
+    probe that measured every value in it; empty: none)."""
 
     key: str
     label: str

@@ -17,16 +17,12 @@ def usable_cpus() -> int:
 
 def loader_workers(requested: int | None) -> int:
     """DataLoader workers: `data.num_workers`, or (None) at most 8 and at most the CPUs this process may use - 1."""
-    if requested is not None:
-        return requested
-    return max(0, min(8, usable_cpus() - 1))
+    return requested if requested is not None else max(0, min(8, usable_cpus() - 1))
 
 
 def compute_threads(requested: int | None, workers: int) -> int:
-    """CPU training's intra-op threads: `train.cpu_threads`, else `OMP_NUM_THREADS` when set, else the usable CPUs
-    (shared among the ranks on this machine, `LOCAL_WORLD_SIZE`) minus the loader `workers`, at least 1. More
-    threads than free cores make every parallel region wait for a thread that has no core (measured on 2 cores with
-    2 threads and 1 worker: 4-6x the CPU time per step when the machine is loaded)."""
+    """CPU training's intra-op threads: `train.cpu_threads`, else `OMP_NUM_THREADS`, else this rank's share of the
+    usable CPUs minus the loader `workers`, at least 1 (a thread without a free core slows every parallel region)."""
     if requested is not None:
         return requested
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # set by the user, or by torchrun for each rank
@@ -36,17 +32,14 @@ def compute_threads(requested: int | None, workers: int) -> int:
 
 
 def runs_on_cpu(cfg: DictConfig) -> bool:
-    """This process computes on the CPU: `cluster.device` is cpu, or auto without CUDA, and it is not a command that
-    only submits to SLURM."""
-    if cfg.cluster.name == "slurm":
-        return False
-    return cfg.cluster.device == "cpu" or (cfg.cluster.device == "auto" and not torch.cuda.is_available())
+    """This process computes on the CPU: `cluster.device` is cpu (or auto without CUDA), not submitting to SLURM."""
+    device = cfg.cluster.device
+    return cfg.cluster.name != "slurm" and (device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
 
 
 @contextmanager
 def cpu_threads(cfg: DictConfig, device: torch.device) -> Iterator[int]:
-    """Within the block, torch's intra-op threads are `compute_threads` of `cfg` (train.cpu_threads, data.num_workers)
-    when `device` is the CPU; the caller's count is restored after it. Yields the count in force."""
+    """Torch's intra-op threads set to `compute_threads` within the block when `device` is the CPU; yields them."""
     before = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(compute_threads(cfg.train.cpu_threads, loader_workers(cfg.data.num_workers)))

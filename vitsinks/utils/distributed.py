@@ -13,10 +13,10 @@ import torch.distributed as dist
 import torch.distributed.nn as dist_nn
 from torch import nn
 
-# How long a collective waits for the slowest rank before it fails (instead of hanging): one explicit value for gloo
-# and NCCL (NCCL's own default is 10 minutes), long enough for rank 0 to write a checkpoint and its diagnostics while
-# the others wait. ClusterConfig has no field for it.
+# How long a collective waits for the slowest rank before it fails: long enough for rank 0 to write a checkpoint and
+# its diagnostics while the others wait (NCCL's own default is 10 minutes)
 PG_TIMEOUT = timedelta(minutes=30)
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -42,10 +42,9 @@ def _export_slurm_env() -> None:
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
-    """The device `cluster.device` names for this process: `auto` picks this rank's GPU when CUDA is available, else
-    the CPU; `cuda` without CUDA is an error. This rank's GPU is `local_rank` (default from LOCAL_RANK, else 0)
-    modulo the visible GPUs: one GPU per task (SLURM's GPU binding shows each task only its own) gives every rank
-    device 0. The one place a command turns `cluster.device` into a device."""
+    """The device `cluster.device` names for this process: `auto` is this rank's GPU when CUDA is available, else the
+    CPU. This rank's GPU is `local_rank` (default: LOCAL_RANK) modulo the visible GPUs, so one GPU per task (SLURM's
+    GPU binding) gives every rank device 0."""
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
@@ -84,8 +83,7 @@ def rank_world() -> tuple[int, int]:
 
 
 def gather_objects(obj: Any) -> list[Any]:
-    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` outside a process group. A collective:
-    every rank must call it."""
+    """Every rank's `obj` (picklable), in rank order, on every rank (a collective); `[obj]` outside a process group."""
     if not is_distributed():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
@@ -117,10 +115,7 @@ def differentiable_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 class AllReduceBatchNorm1d(nn.BatchNorm1d):
-    """BatchNorm1d with statistics over the global batch on any backend (torch's SyncBatchNorm is GPU-only).
-
-    Keeps a DDP run on CPU/gloo numerically equal to one process on the same global batch.
-    """
+    """BatchNorm1d with statistics over the global batch on any backend (torch's SyncBatchNorm is GPU-only)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and is_distributed()):

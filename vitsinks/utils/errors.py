@@ -1,9 +1,6 @@
-"""The error types that mean "the input is wrong", not "vitsinks is broken".
-
-Every command-line entry point (`vitsinks.configs.cli`) prints a `UserError` as one line and exits with its `exit_code`;
-any other exception is a bug and keeps its traceback. The subclasses also derive from the built-in type they
-refine (`InputNotFound` is a `FileNotFoundError`), so Python callers can catch either.
-"""
+"""The error types that mean "the input is wrong", not "vitsinks is broken": a command prints a `UserError` as one
+line and exits with its `exit_code` (`vitsinks.configs.cli`). Each also derives from the built-in type it refines
+(`InputNotFound` is a `FileNotFoundError`), so Python callers can catch either."""
 
 from __future__ import annotations
 
@@ -35,7 +32,6 @@ class NonFinite(UserError, RuntimeError):
 
 
 class CheckFailed(Exception):
-    """A built-in check of a result failed (an explicit recomputation disagrees with the model, an edit did not
-    change what it should): the numbers would be wrong, so nothing is written. Not bad input; exit code 3."""
+    """A built-in check of a result failed (a recomputation disagrees with the model): nothing is written; exit 3."""
 
     exit_code = 3

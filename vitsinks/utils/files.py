@@ -1,10 +1,7 @@
-"""The one layer between vitsinks and the disk.
-
-Writes are atomic: a reader sees the old file or the new one, never a partial one. A write the file system refuses
-(no permission, a read-only mount, a full disk or quota) is a `DiskFault`: one line naming the path, the cause and
-the fix, with the old file left as it was. Reads of the files vitsinks writes (`read_json`, `read_jsonl`,
-`read_npz`, `read_csv`) turn a torn file (cut by a kill or a full disk) or a foreign one into a `BadFile` naming the
-file, what is wrong and the command that writes it again.
+"""The one layer between vitsinks and the disk. Writes are atomic (a reader sees the old file or the new one); a
+write the file system refuses (permission, read-only, full disk or quota) is a `DiskFault` naming the path, the
+cause and the fix. Reads of the files vitsinks writes turn a torn or foreign file into a `BadFile` naming the file,
+what is wrong and the command that writes it again.
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ class DiskFault(UserError, OSError):
 
 
 def fault(err: OSError, path: Path | str | None = None, doing: str = "write") -> DiskFault | None:
-    """The `DiskFault` of an `OSError` the file system raised while `doing` something to `path` (the error's own
-    file name when it has one), or None when the error is no such fault (a bug, or a missing file). `doing="access"`:
-    not known to be a write (a read of someone else's file can be refused too), so a refused permission is named
+    """The `DiskFault` of an `OSError` raised while `doing` something to `path` (default: the error's file name), or
+    None when it is no such fault. `doing="access"`: not known to be a write, so a refused permission is named
     without the advice for the runs folder."""
     if isinstance(err, DiskFault):
         return err
@@ -85,21 +81,22 @@ NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK)  # floc
 
 
 class FileLock:
-    """An exclusive `flock` on `path`, taken without waiting: a second holder (another process, or another open of
-    the file in this one) is a `BadValue` naming who holds it and `fix`, the way out that fits the command. The file
-    records the holder (pid and host). Released by `release`, at the end of a `with` block, or when the process ends
-    (even by kill -9)."""
+    """An exclusive `flock` on `path`, taken without waiting: a second holder is a `BadValue` naming the holder (the
+    file records pid and host) and `fix`. Released by `release`, a `with` block's end, or the process's end."""
 
     def __init__(self, path: Path | str, what: str, fix: str) -> None:
         self.path, self.what, self.fix = Path(path), what, fix
         self._f: IO | None = None
 
+    def _open(self) -> IO:
+        with faults_named(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self.path.open("a+")
+
     def acquire(self) -> FileLock:
         if self._f is not None:
             return self
-        with faults_named(self.path):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            f = self.path.open("a+")
+        f = self._open()
         try:
             for attempt in range(LOCK_TRIES):  # a reader's probe (`launch status`) holds it for microseconds
                 try:
@@ -112,9 +109,7 @@ class FileLock:
                 if _same_file(f, self.path):
                     break
                 f.close()  # its holder removed the file meanwhile (`RunDir.locked`): lock the one there now
-                with faults_named(self.path):
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    f = self.path.open("a+")
+                f = self._open()
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
@@ -156,8 +151,7 @@ def _same_file(f: IO, path: Path) -> bool:
 
 
 class _Recording:
-    """A binary file that remembers the `OSError` its writes raised: `torch.save` reports a failed write as a
-    RuntimeError ("unexpected pos ..."), hiding that the disk was full."""
+    """A binary file that remembers the `OSError` its writes raised (`torch.save` reports it as a RuntimeError)."""
 
     def __init__(self, f: IO) -> None:
         self.f = f
@@ -176,8 +170,7 @@ class _Recording:
 
 @contextmanager
 def atomic_open(path: Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
-    """Open a temp file beside `path` (`.<name>.<random>.tmp`); on success fsync it and rename it onto `path`,
-    on failure remove it. `mode` is "w" (text) or "wb"."""
+    """A temp file beside `path` (`mode` "w" or "wb"), renamed onto `path` when the block succeeds, else removed."""
     path = Path(path)
     with faults_named(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,8 +186,7 @@ def atomic_open(path: Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         cause = recording.error if recording is not None and recording.error is not None else err
-        named = fault(cause, path) if isinstance(cause, OSError) else None
-        if named is not None:
+        if isinstance(cause, OSError) and (named := fault(cause, path)) is not None:
             raise named from err
         raise
 
@@ -217,14 +209,12 @@ def torch_save(obj: Any, path: Path) -> None:
 
 
 def _torn(path: Path, what: str, detail: str, rerun: str) -> BadFile:
-    """`rerun` is the fix: a command ("rerun ...", "relaunch ...": it writes the file again) or another way out."""
     again = " to write it again" if rerun.startswith(("rerun", "relaunch")) else ""
     return BadFile(f"{path} is torn or is not {what} ({detail}): {rerun}{again}")
 
 
 def read_json(path: Path | str, rerun: str, what: str = "the JSON vitsinks writes") -> Any:
-    """The JSON object in `path`; a torn or foreign file is a `BadFile` whose fix is `rerun` (e.g. "rerun
-    `python -m vitsinks.diagnose run=...`")."""
+    """The JSON object in `path`; a torn or foreign file is a `BadFile` whose fix is `rerun` (e.g. "rerun ...")."""
     path = Path(path)
     try:
         obj = json.loads(path.read_text())
@@ -238,8 +228,7 @@ def read_json(path: Path | str, rerun: str, what: str = "the JSON vitsinks write
 
 
 def read_jsonl(path: Path | str, rerun: str) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file; a torn last line (a kill mid-append) is dropped, any other bad line is a
-    `BadFile`."""
+    """The records of a JSON-lines file; a torn last line is dropped, any other bad line is a `BadFile`."""
     path = Path(path)
     lines = [ln for ln in path.read_bytes().decode("utf-8", "replace").splitlines() if ln.strip()]
     out = []
@@ -270,8 +259,7 @@ def read_npz(path: Path | str, rerun: str) -> dict[str, np.ndarray]:
 
 
 def read_torch(path: Path | str, rerun: str) -> Any:
-    """What `torch_save` wrote to `path` (on the CPU), read weights-only; a torn or foreign file is a `BadFile`, one
-    that names Python objects beyond tensors and plain data an `UnsafeFile` (also a `BadFile`: nothing of it ran)."""
+    """What `torch_save` wrote to `path` (on the CPU), read weights-only; a torn or foreign file is a `BadFile`."""
     path = Path(path)
     try:
         return torch_load(path)
@@ -283,7 +271,7 @@ def read_torch(path: Path | str, rerun: str) -> Any:
 
 
 def read_csv(path: Path | str, rerun: str, needs: tuple[str, ...] = ()) -> list[dict[str, str]]:
-    """The rows of a CSV file with a header; one without the `needs` columns, or with a short row, is a `BadFile`."""
+    """The rows of a CSV file; one without the `needs` columns, or with a short row, is a `BadFile`."""
     path = Path(path)
     try:
         with path.open(newline="") as f:

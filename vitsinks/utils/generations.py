@@ -1,18 +1,10 @@
 """Generations: what vitsinks writes as one into a folder of its own (a diagnosis, an interventions report, a
 leaderboard), replaced as one, and nothing else of the folder ever removed.
 
-A generation is written into a staging folder (`.gen-<random>.tmp`) and moved in when it is complete. The folder's
-record, `.vitsinks.json` (written atomically), names its kind and every file the generation wrote; the next
-generation removes exactly the recorded files it does not write again, so a file the user put beside or inside them
-(and every file of another program) stays. While the files move the record names those of both generations: a
-generation killed at any point leaves files that the next one knows as its own.
-
-Where a generation may go: an empty or new folder, or one that holds an earlier generation of the same kind. Any
-other non-empty folder is refused before any work (`BadValue`, "give an empty or new folder"): vitsinks cannot tell
-its files from the user's there. A folder an earlier version of vitsinks wrote (no record) is known by its `Kind`'s
-`marks` (or by the staging folder of a generation killed there); only the names those versions wrote there
-(`Kind.legacy`, a subfolder with everything in it) count as vitsinks's, and the first generation written over it
-records its files from then on.
+A generation is written into a staging folder (`.gen-<random>.tmp`) and moved in when complete. The folder's record,
+`.vitsinks.json`, names its kind and every file it wrote (while the files move: both generations'); the next one
+removes exactly the recorded files it does not write again, so the user's files stay. A generation goes into an
+empty or new folder or over one of its kind (an earlier version's folder: by `Kind.marks` and `Kind.legacy`).
 """
 
 from __future__ import annotations
@@ -33,11 +25,10 @@ STAGE = ".gen-"  # the prefix of a staging folder (`.gen-<random>.tmp`), removed
 
 @dataclass(frozen=True)
 class Kind:
-    """What vitsinks writes as one generation into a folder: `name` ("diagnosis": what messages call it), `marks`
-    (a name that tells a folder of an earlier version without a record holds one), `legacy` (the names those versions
-    wrote there: a fixed list, never grown), `keep` (vitsinks's other entries of the folder, written by other steps:
-    a lock, the record of whose model it is; neither removed by a generation nor counted as the user's) and `last`
-    (the file that marks a generation done: moved in last, its old copy removed first)."""
+    """What vitsinks writes as one generation into a folder: `name` (in messages), `marks` (names that tell a folder
+    of an earlier version without a record), `legacy` (the names those versions wrote there), `keep` (vitsinks's
+    other entries there: never removed, never the user's) and `last` (the file that marks a generation done: moved in
+    last, its old copy removed first)."""
 
     name: str
     marks: tuple[str, ...]
@@ -55,23 +46,19 @@ def _files_under(root: Path, rel: str = "") -> set[str]:
 
 
 def _inside(rel: str) -> bool:
-    """Whether a recorded path stays inside its folder: relative, without `..` (a copied or edited record could
-    name any file)."""
+    """Whether a recorded path stays inside its folder (relative, without `..`): an edited record could name any."""
     parts = PurePosixPath(rel).parts
     return bool(parts) and not PurePosixPath(rel).is_absolute() and ".." not in parts and "\\" not in rel
 
 
 def _vitsinks_own(name: str, kind: Kind) -> bool:
-    """Whether a top-level entry that no generation recorded is vitsinks's anyway: the record, a kept entry, a
-    staging folder, or a temp file of a killed atomic write (`.<name>.<random>.tmp`)."""
+    """Whether an unrecorded top-level entry is vitsinks's: the record, a kept entry, a staging folder or temp file."""
     return name == RECORD or name in kind.keep or (name.startswith(".") and name.endswith(files.TMP_SUFFIX))
 
 
 def written(folder: Path | str, kind: Kind) -> set[str] | None:
-    """The files of the generation of `kind` in `folder` (paths relative to it): its record's, or in a folder of an
-    earlier version (no record; one of `kind.marks`, or the staging folder of a generation killed there) the files
-    under its `kind.legacy` names. None: the folder holds no generation (it may not exist, or hold the user's files
-    only). A record of another kind is a `BadValue`."""
+    """The files of the generation of `kind` in `folder` (relative to it): its record's, or in an earlier version's
+    folder the files under `kind.legacy`; None when it holds none. A record of another kind is a `BadValue`."""
     folder = Path(folder)
     record = folder / RECORD
     if record.is_file():
@@ -91,12 +78,10 @@ def written(folder: Path | str, kind: Kind) -> set[str] | None:
 
 
 def claim(folder: Path | str, kind: Kind) -> set[str]:
-    """The files of the earlier generation of `kind` in `folder` (`written`; none for an empty or new folder); a
-    non-empty folder that holds none is a `BadValue` naming a few of its entries: vitsinks writes a generation only
-    where it can tell its files from the user's. Looks only."""
+    """The files of the earlier generation of `kind` in `folder` (`written`); a non-empty folder without one is a
+    `BadValue`. Looks only."""
     folder = Path(folder)
-    old = written(folder, kind)
-    if old is not None:
+    if (old := written(folder, kind)) is not None:
         return old
     theirs = sorted(p.name for p in folder.iterdir() if not _vitsinks_own(p.name, kind)) if folder.is_dir() else []
     if theirs:
@@ -124,11 +109,10 @@ def _remove_files(folder: Path, names: set[str]) -> None:
 
 @contextmanager
 def generation(folder: Path | str, kind: Kind) -> Iterator[Path]:
-    """A new generation of `kind` in `folder` (module docstring): the block writes its files into the staging folder
-    it is given; when it returns they replace their namesakes, and the recorded files of the earlier generation that
-    it did not write again are removed (nothing else). A folder `claim` refuses is refused before the block runs; a
-    file of the new generation whose namesake no generation wrote (the user's) is refused before any file moves. An
-    interrupted block leaves the earlier generation whole and no new file."""
+    """A new generation of `kind` in `folder`: the block writes its files into the staging folder it is given; when
+    it returns they replace their namesakes and the earlier generation's other files are removed. A folder `claim`
+    refuses, or a new file whose namesake is the user's, is refused before any file moves; an interrupted block
+    leaves the earlier generation whole."""
     folder = Path(folder)
     with files.faults_named(folder):
         folder.mkdir(parents=True, exist_ok=True)
@@ -157,9 +141,8 @@ def generation(folder: Path | str, kind: Kind) -> Iterator[Path]:
 
 
 def clear(folder: Path | str, kind: Kind) -> None:
-    """Remove the generation of `kind` in `folder` (its recorded files, or an earlier version's `legacy` ones):
-    nothing else of the folder. A folder that holds nothing else then goes too; one that does keeps a record of no
-    files, so that it still takes the next generation of `kind`."""
+    """Remove the generation of `kind` in `folder` and nothing else; the folder goes too when that empties it, else
+    it keeps a record of no files (so it still takes the next generation)."""
     folder = Path(folder)
     old = written(folder, kind)
     if old is None:

@@ -1,5 +1,4 @@
-"""A run's metric log, `metrics.jsonl` (one JSON line per log step, written by `vitsinks.train.tracking`), read
-back."""
+"""A run's metric log, `metrics.jsonl` (one JSON line per log step, `vitsinks.train.tracking`), read back."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ RERUN = "delete it and relaunch the run (its curves then start at the resumed st
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All metric lines of a run (a torn last line, from a kill mid-append, dropped); a bad line elsewhere is a
-    `files.BadFile`."""
+    """All metric lines of a run (a torn last line dropped); a bad line elsewhere is a `BadFile`."""
     path = RunDir(run_dir).metrics
     return files.read_jsonl(path, RERUN) if path.exists() else []

@@ -34,6 +34,7 @@ CLASS_LABELS = {"nop": "NOP-like", "broadcast": "broadcast-like", "unclassified"
 LOCATION_COLORS = {"cls": "#d62728", "register": "#9467bd", "patch": "#1f77b4"}
 LOCATION_LABELS = {"cls": "[CLS]", "register": "register", "patch": "patch"}
 EXTRA_KEY_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")  # the key layout's extra slots, in order
+EMPTY_COLOR = "#444444"
 
 
 def location_style(locations: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -42,12 +43,10 @@ def location_style(locations: Sequence[str]) -> tuple[dict[str, str], dict[str, 
     extra = [name for name in locations if name not in LOCATION_COLORS]
     colors = {**LOCATION_COLORS, **{n: EXTRA_KEY_COLORS[i % len(EXTRA_KEY_COLORS)] for i, n in enumerate(extra)}}
     return colors, {**LOCATION_LABELS, **{n: f"{n} key" for n in extra}}
-EMPTY_COLOR = "#444444"
 
 
 def save_figure(fig: plt.Figure, path: Path, title: str | None = None, title_size: int = 10) -> Path:
-    """Add `title` (a suptitle), lay out (tight, unless the figure has its own layout engine), write `path` as PNG
-    atomically and close the figure."""
+    """Add `title` (a suptitle), lay out, write `path` as PNG atomically and close the figure."""
     if title:
         fig.suptitle(title, fontsize=title_size)
     if fig.get_layout_engine() is None:
@@ -59,11 +58,9 @@ def save_figure(fig: plt.Figure, path: Path, title: str | None = None, title_siz
 
 
 def log_axis(ax: plt.Axes, values: Sequence[float], which: str = "y") -> None:
-    """A log axis (`which`: y or x) with plain tick labels (1, 2, 5, 10, ...; every integer multiple within one
-    decade; on an x axis, whose labels sit side by side, 1, 2, 5, or only the decades over more than 30 x); `values`
-    within a factor of 4 of each other get 1.5 x of room on each side, so that labelled ticks are in view."""
-    pos = [v for v in values if v is not None and v > 0]
-    if not pos:
+    """A log axis (`which`: y or x) with plain tick labels (1, 2, 5, 10, ...; fewer on an x axis over a wide range);
+    `values` within a factor of 4 of each other get 1.5 x of room on each side, so that labelled ticks are in view."""
+    if not (pos := [v for v in values if v is not None and v > 0]):
         return
     axis = ax.yaxis if which == "y" else ax.xaxis
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
@@ -78,8 +75,7 @@ def log_axis(ax: plt.Axes, values: Sequence[float], which: str = "y") -> None:
 
 
 def empty_note(ax: plt.Axes, text: str, clear: bool = True, size: int = 9) -> None:
-    """Say in words, in the middle of `ax`, why it shows nothing (`clear`: without its ticks and frame, so that no
-    empty scale or black map stands in for the words)."""
+    """Say in words, in the middle of `ax`, why it shows nothing (`clear`: without its ticks and frame)."""
     if clear:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -92,8 +88,7 @@ def empty_note(ax: plt.Axes, text: str, clear: bool = True, size: int = 9) -> No
 
 
 def annotate_cells(ax: plt.Axes, values: np.ndarray, most: int = 64) -> None:
-    """Write each cell's value on a heatmap drawn with `imshow` (on a 0..1 scale) when it has at most `most` cells:
-    a map of small values is dark, and the numbers say how small."""
+    """Write each cell's value on an `imshow` heatmap (0..1 scale) when it has at most `most` cells."""
     if values.size > most:
         return
     for (r, c), v in np.ndenumerate(values):
@@ -102,8 +97,7 @@ def annotate_cells(ax: plt.Axes, values: np.ndarray, most: int = 64) -> None:
 
 
 def index_ticks(ax: plt.Axes, labels: Sequence[str], most: int = 10) -> None:
-    """x ticks at 0..n-1 labelled `labels`, at most `most` of them labelled (evenly spaced, the last one kept), so
-    that the labels of many checkpoints do not run into each other."""
+    """x ticks at 0..n-1 labelled `labels`, at most `most` of them labelled (evenly spaced, the last one kept)."""
     n = len(labels)
     every = max(1, -(-n // most))
     shown = sorted({*range(0, n, every), n - 1}) if n else []
@@ -115,8 +109,7 @@ def index_ticks(ax: plt.Axes, labels: Sequence[str], most: int = 10) -> None:
 
 def swatches_html(names: Sequence[str], colors: dict[str, str] = CLASS_COLORS,
                   labels: dict[str, str] = CLASS_LABELS) -> str:
-    """An HTML legend of `names` in their figure colours (a coloured square, then the label), for the pages and the
-    leaderboard, so that a class has the same colour in the PNGs and the HTML."""
+    """An HTML legend of `names` in their figure colours (a coloured square, then the label)."""
     items = "".join(f'<span class="swatch" data-class="{n}"><i style="display:inline-block;width:.9em;height:.7em;'
                     f'background:{colors[n]}"></i> {html.escape(labels[n])}</span> ' for n in names)
     return f'<span class="swatches">{items.strip()}</span>'

@@ -3,15 +3,11 @@ objectives, data sets, probe protocols, post-hoc methods, results): a name -> it
 
     KINDS: Registry[type[AttentionKind]] = Registry("attention kind", "a module of vitsinks/models/kinds/")
 
-    @KINDS.register                       # the name from the item's `name` attribute (`key=` picks another one)
+    @KINDS.register  # named by the item's `name` attribute; or KINDS.register(item, name="mine")
     class Softmax(AttentionKind):
         name = "softmax"
 
-    OBJECTIVES.register(MyObjective, name="mine")   # or an explicit name (set on a class that has none)
-
-A name is registered once (the same object again is a no-op); `get` of an unknown name is a `BadValue` naming the
-value, the registered names and where a new one is added. `import_members` imports every module of a package, so
-that a new member is one new module there.
+`get` of an unknown name is a `BadValue` naming the value, the registered names and where a new one is added.
 """
 
 from __future__ import annotations
@@ -28,14 +24,10 @@ Item = TypeVar("Item")  # the registered item, as the decorator returns it
 
 
 class Registry(Generic[T]):
-    """Items of one open set by name.
-
-    `what`: what an item is, in messages ("data set"); `where`: how to add one (the module or folder, the page).
-    `fields`: the config keys whose value must be one of its names ("data.name"): checked when a config is
-    composed (`vitsinks.configs.schema.check_config`, once the registry's module is imported) and listed by the
-    options page; the first names the value in `get`'s message. `key`: the attribute an item names itself by
-    (`name`, `family`, `kind`). `order`: iteration in registration order, or sorted by name. `check`: called with
-    each item before it is registered (a `ValueError` refuses it)."""
+    """Items of one open set by name. `what`: what an item is, in messages ("data set"); `where`: how to add one.
+    `fields`: the config keys whose value must be one of its names ("data.name"; checked by
+    `vitsinks.configs.checks.check_config`, listed by the options page). `key`: the attribute an item names itself
+    by. `order`: registration order, or sorted by name. `check`: called with each item before it is registered."""
 
     def __init__(self, what: str, where: str, *, fields: tuple[str, ...] = (), key: str = "name",
                  order: Literal["registration", "sorted"] = "registration",
@@ -53,8 +45,8 @@ class Registry(Generic[T]):
     def register(self, item: None = None, *, name: str | None = None) -> Callable[[Item], Item]: ...
 
     def register(self, item: Item | None = None, *, name: str | None = None) -> Item | Callable[[Item], Item]:
-        """Add `item` under `name` (default: its `key` attribute; an explicit name is also set as that attribute
-        of a class). A decorator with or without the name: `@R.register`, `@R.register(name="x")`."""
+        """Add `item` under `name` (default: its `key` attribute; an explicit name is set on a class). Also a
+        decorator: `@R.register`, `@R.register(name="x")`; the same item again is a no-op."""
         if item is None:
             return lambda it: self.register(it, name=name)
         if name is not None and isinstance(item, type):
@@ -71,7 +63,7 @@ class Registry(Generic[T]):
         return item
 
     def unregister(self, name: str) -> T:
-        """Remove `name` (what a test that registered a throwaway item calls afterwards) and return its item."""
+        """Remove `name` and return its item."""
         return self._items.pop(name)
 
     def get(self, name: str) -> T:
@@ -83,8 +75,7 @@ class Registry(Generic[T]):
     __getitem__ = get
 
     def unknown(self, value: object, field: str | None = None) -> str:
-        """The one-line message for an unregistered `value` (of config key `field`, default the first of `fields`):
-        the value, the registered names and how to add one."""
+        """The one-line message for an unregistered `value` of config key `field` (default: the first of `fields`)."""
         field = field or (self.fields[0] if self.fields else "")
         given = f"{field}={value} is no registered {self.what}" if field else f"unknown {self.what} {value!r}"
         return f"{given}: choose one of {', '.join(self.names()) or 'none'}; a new one is {self.where}"
@@ -123,8 +114,7 @@ def _label(item: object) -> str:
 
 
 def import_members(package: str) -> None:
-    """Import every module of `package` (sorted by name; not a `__main__`), so that the members each registers are
-    known."""
+    """Import every module of `package` (sorted by name; not a `__main__`): a new member is one new module there."""
     path = importlib.import_module(package).__path__
     for info in sorted(pkgutil.iter_modules(path), key=lambda i: i.name):
         if info.name != "__main__":
@@ -132,8 +122,7 @@ def import_members(package: str) -> None:
 
 
 def import_plugins(modules: Iterable[str]) -> None:
-    """Import the user's modules that `plugins=` names (what they register becomes known); a module that is not
-    there is a `BadValue` saying where Python looks."""
+    """Import the modules `plugins=` names; one that is not there is a `BadValue` saying where Python looks."""
     for name in modules:
         try:
             importlib.import_module(name)

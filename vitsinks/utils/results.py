@@ -1,13 +1,6 @@
 """Typed results: what one producer (diagnostics, interventions, a probe) writes into a run directory, and the
-leaderboard columns it contributes. The leaderboard only collects registered results and renders their columns.
-
-A result type subclasses `Result`: `to_json()` / `from_json()` (the file on disk, unchanged from what the producer
-wrote before the type existed), `columns()` (its leaderboard columns) and `collect(run)` (its leaderboard values
-for one run: every column's key, NaN where the run has no such result). A column a probe measured names that
-probe's protocol (`Column.probe`: one protocol per column), and `probed(run)` says how each such value of the run
-was made (`Probed`: the probe's seed and the checkpoint it read), so that the leaderboard compares a derived run
-with its source only where both were measured alike. `@RESULTS.register` adds a type to the registry that
-`vitsinks.report` iterates, in the order of the types' `rank`.
+leaderboard columns it contributes. `@RESULTS.register` adds a `Result` type to the registry that the leaderboard
+(`vitsinks.report`) iterates, in the order of the types' `rank`.
 """
 
 from __future__ import annotations
@@ -24,8 +17,7 @@ from vitsinks.utils.rundir import RunDir
 
 @dataclass(frozen=True)
 class Probed:
-    """How one probe value of a run was made: the probe's seed and the file name of the checkpoint it read (None:
-    not recorded)."""
+    """How one probe value of a run was made: the probe's seed and the checkpoint's file name (None: unknown)."""
 
     seed: int | None
     checkpoint: str | None
@@ -57,8 +49,7 @@ class Result(ABC):
     @classmethod
     @abstractmethod
     def collect(cls, run: RunDir) -> dict[str, Any]:
-        """This result's leaderboard values for `run`: every column key (NaN without the result) and any extra
-        fields the leaderboard reads (e.g. where the strongest sink sits)."""
+        """This result's leaderboard values for `run`: every column key (NaN without the result), and extra fields."""
 
     @classmethod
     def extra_columns(cls, keys: set[str]) -> list[Column]:
@@ -67,8 +58,8 @@ class Result(ABC):
 
     @classmethod
     def probed(cls, run: RunDir) -> dict[str, Probed]:
-        """How each of `run`'s values in this result's probe columns (`Column.probe`) was made, by column key; a key
-        left out is one whose seed and checkpoint are unknown."""
+        """How each of `run`'s values in this result's probe columns (`Column.probe`) was made, by column key, so that
+        the leaderboard compares a derived run with its source only where both were measured alike."""
         return {}
 
     @classmethod

@@ -1,8 +1,7 @@
 """A run's directory: the one place that knows its layout. One writer at a time.
 
     <runs_dir>/<name>/config.yaml                  the resolved config of the latest launch
-                      status.json                  running | finished | interrupted | failed, with the step
-                                                   (a derived run: running | finished | failed | stopped)
+                      status.json                  running | finished | interrupted | failed | stopped, the step
                       metrics.jsonl                (vitsinks.train.tracking)
                       checkpoints/                 last.pt and step_XXXXXXX.pt (written atomically, never with NaN)
                       diagnostics/<checkpoint>/    summary.json, per_image.npz, sink_table.*, plots
@@ -14,11 +13,9 @@
                       wandb/                       wandb's own files (`wandb.init(dir=<run>)` names this folder)
                       .lock                        held while a process trains the run
 
-A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`
-(`RunDir.of_checkpoint` finds the run of a checkpoint path). The final diagnosis after training is `final`.
-A pretrained model becomes a run by its import (`run.imported`); a loose checkpoint file has its analyses laid out
-as a run's under `<runs_dir>/diagnostics|interventions|quant/<model>` (`model_folder`), each folder recording which
-file it holds.
+A checkpoint `<run>/checkpoints/<stem>.pt` has its analyses under `diagnostics/<stem>` and `interventions/<stem>`;
+the diagnosis after training is `final`. A loose checkpoint file has its analyses laid out as a run's under
+`<runs_dir>/diagnostics|interventions|quant/<model>` (`model_folder`), each folder recording which file it holds.
 """
 
 from __future__ import annotations
@@ -50,8 +47,7 @@ PER_IMAGE = "per_image.npz"  # in a diagnosis's folder: its per-image fields
 LOCK = ".lock"  # held while a process writes a run (or a diagnosis its folder)
 LEADERBOARD = "leaderboard"  # the default folder of a leaderboard of a runs folder, sweep or run
 LEADERBOARD_INPUTS = "inputs"  # in a leaderboard's folder, beside the tables: the files it read
-# A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`); `legacy`: the names the
-# versions before the record wrote (a fixed list; `inputs` with everything in it)
+# A leaderboard's folder holds one generation of its tables and inputs (`utils.generations`)
 LEADERBOARD_FILES = Kind("leaderboard", marks=("leaderboard.md", f"{LEADERBOARD_INPUTS}/leaderboard.json"), legacy=(
     "leaderboard.md", "leaderboard.csv", "leaderboard.html", "leaderboard.png", "runs.csv", LEADERBOARD_INPUTS))
 STEP_DIR_RE = re.compile(r"^step_(\d+)$")  # a periodic checkpoint's diagnosis folder
@@ -73,7 +69,6 @@ class RunDir:
     def name(self) -> str:
         return self.path.name
 
-    # --- the layout -------------------------------------------------------------------------------------------
     @property
     def config(self) -> Path:
         """`config.yaml`: the resolved config of the latest launch (a folder with one is a run, `is_run`)."""
@@ -140,10 +135,8 @@ class RunDir:
         return self.diagnostics(stem) / PER_IMAGE
 
     def latest_summary(self) -> Path | None:
-        """The summary of the final checkpoint's newest diagnosis (`final`, written after training, or `last`, a
-        later `diagnose ckpt=<run>/checkpoints/last.pt`), else of the newest step's, else None."""
-        found = [p for p in (self.summary(FINAL), self.summary(self.last.stem)) if p.is_file()]
-        if found:
+        """The summary of the final checkpoint's newest diagnosis (`final`, `last`), else the newest step's, or None."""
+        if found := [p for p in (self.summary(FINAL), self.summary(self.last.stem)) if p.is_file()]:
             return max(found, key=lambda p: p.stat().st_mtime_ns)
         steps = self.diagnosed_steps()
         return steps[max(steps)] if steps else None
@@ -193,8 +186,7 @@ class RunDir:
         return self.path / "eval_cache"
 
     def quantized(self, fmt: str) -> Path:
-        """`quant/<fmt>/`: the derived run holding the run's model quantized in format `fmt` (`w8a8`), whose result
-        is the run's `results/quant.json` (`vitsinks.quantize`)."""
+        """`quant/<fmt>/`: the derived run holding the run's model quantized in format `fmt` (`w8a8`)."""
         return self.path / "quant" / fmt
 
     def quantized_runs(self) -> list[RunDir]:
@@ -209,11 +201,9 @@ class RunDir:
     def is_run(self) -> bool:
         return self.config.is_file()
 
-    # --- writing ----------------------------------------------------------------------------------------------
     def lock(self, fix: str = "wait for it to finish, or give this run another name (name=...)") -> None:
-        """Take the run's lock (until `unlock` or the process ends); another live writer is a `BadValue` ending in
-        `fix` (what the refused command can do instead), and so is a file system without `flock` (Lustre mounted
-        without `-o flock`)."""
+        """Take the run's lock (until `unlock` or the process ends); another live writer, or a file system without
+        `flock`, is a `BadValue` ending in `fix`."""
         if not self.is_main or self._lock is not None:
             return
         self._lock = files.FileLock(self.lock_file, f"run directory {self.path}", fix).acquire()
@@ -225,8 +215,8 @@ class RunDir:
 
     @contextmanager
     def locked(self, fix: str) -> Iterator[RunDir]:
-        """The run's lock around a block (`lock(fix)`); a lock this object holds already is kept past the block. A
-        folder the lock made that holds nothing else afterwards (a refused or failed command) is removed."""
+        """The run's lock around a block (`lock(fix)`; one held already is kept past it); the folders the lock made
+        are removed when they hold nothing else afterwards."""
         held = self._lock is not None
         made = [p for p in (self.path, *self.path.parents) if not p.exists()]  # the folders the lock will make
         self.lock(fix)
@@ -253,8 +243,7 @@ class RunDir:
         files.write_text(self.config, OmegaConf.to_yaml(cfg, resolve=True))
 
     def write_status(self, status: str, quiet: bool = False, **info: Any) -> None:
-        """`status.json`, atomically (sweeps read it while the run writes it). `quiet` (on the way out of a
-        failure): a status the file system refuses (a full disk) is a printed warning, not a second error."""
+        """`status.json`, atomically; with `quiet` (on the way out of a failure) a refused write is only a warning."""
         if not (self.is_main and self.path.is_dir()):
             return
         try:
@@ -274,11 +263,9 @@ class RunDir:
 
     @contextmanager
     def working(self, **info: Any) -> Iterator[None]:
-        """`status.json` around work on a run that is not training (a derived run's fit and analyses): `running`
-        during the block, `finished` only once it returned, else `failed` (an exception, with its message) or
-        `stopped` (SIGINT or SIGTERM, with the signal); `info` joins what `status.json` said already (e.g. a derived
-        run's source). SIGTERM, when it would kill the process (its default handler, in the main thread), unwinds
-        the block instead and then ends the process by the same signal."""
+        """`status.json` around work on a run that is not training: `running` during the block, then `finished`,
+        `failed` (with the message) or `stopped` (SIGINT or SIGTERM); `info` joins what it said already. A SIGTERM
+        that would kill the process unwinds the block first, then ends the process by the same signal."""
         info = {**self.status_info(), **info}
         self.write_status("running", **info)
         catch = threading.current_thread() is threading.main_thread() and \
@@ -328,15 +315,13 @@ def find_runs(src: Path | str) -> list[RunDir]:
 
 
 def leaderboard_dir(src: Path | str) -> Path:
-    """Where the leaderboard of `runs=src` goes by default: `<src>/leaderboard` (a runs folder, a sweep folder or a
-    run), or next to a sweep's manifest (`<sweep>/leaderboard` for `<sweep>/sweep.json`)."""
+    """Where the leaderboard of `runs=src` goes by default: `<src>/leaderboard`, or beside a sweep's manifest."""
     src = Path(src)
     return src.parent / LEADERBOARD if src.suffix == ".json" else src / LEADERBOARD
 
 
 def model_name(source: str | None, name: str) -> str:
-    """What a model that is not a run is called in the runs folder: a weights or checkpoint file by its file name
-    (no folders, no suffix), a timm name with '/' written '_', else `name` (the config's)."""
+    """What a model that is not a run is called in the runs folder: a file by its stem, a hub name with '/' as '_'."""
     if source and Path(source).expanduser().is_file():
         return Path(source).stem
     return str(source or name).replace("/", "_")
@@ -348,10 +333,8 @@ def _source_id(source: str | None, name: str) -> str:
 
 
 def _held(folder: Path) -> str | None:
-    record = folder / SOURCE
-    if not record.is_file():
-        return None
-    return files.read_json(record, f"delete {folder} and rerun the command that wrote it").get("source")
+    record, fix = folder / SOURCE, f"delete {folder} and rerun the command that wrote it"
+    return files.read_json(record, fix).get("source") if record.is_file() else None
 
 
 def holds(folder: Path, source: str | None, name: str = "") -> bool:
@@ -360,10 +343,8 @@ def holds(folder: Path, source: str | None, name: str = "") -> bool:
 
 
 def model_folder(base: Path | str, source: str | None, name: str, folder_name: str | None = None) -> Path:
-    """`<base>/<model_name>` (or `<base>/<folder_name>`), recorded (`source.json`) as holding the results of `source`
-    (a file by its absolute path); `BadValue` when it holds another model's results, e.g. a second weights file of
-    the same name, so that neither overwrites the other's. A folder with the record alone (an attempt that wrote
-    nothing: a lock, temp files and empty folders at most) is taken over."""
+    """`<base>/<model_name>` (or `<base>/<folder_name>`), recorded (`source.json`) as holding the results of `source`;
+    a `BadValue` when it holds another model's results (a folder of a failed attempt is taken over)."""
     folder = model_folder_path(base, source, name, folder_name)
     folder.mkdir(parents=True, exist_ok=True)
     files.write_json(folder / SOURCE, {"source": _source_id(source, name)})
@@ -380,8 +361,7 @@ def model_folder_path(base: Path | str, source: str | None, name: str, folder_na
 
 
 def _holds_results(p: Path) -> bool:
-    """Whether `p`, in a model's folder, is a result: not the record, a lock, a temp file or an empty folder (what a
-    refused or failed attempt leaves)."""
+    """Whether `p`, in a model's folder, is a result: not the record, a lock, a temp file or an empty folder."""
     if p.name in (SOURCE, LOCK) or p.name.endswith(files.TMP_SUFFIX):
         return False
     return not p.is_dir() or any(_holds_results(c) for c in p.iterdir())
@@ -394,9 +374,8 @@ def in_run(ckpt: Path | str) -> bool:
 
 def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str, claim: bool = True) -> Path:
     """Where the `kind` analyses (`diagnostics`, `interventions`, `quant`) of checkpoint `ckpt` go: its run's
-    `<kind>/<stem>` (a run's folder itself for `quant`, whose result is `results/quant.json`), or for a loose
-    checkpoint file `<runs_dir>/<kind>/<file name>` (`model_folder`; without `claim`, `model_folder_path`: looks
-    only), laid out as a run's."""
+    `<kind>/<stem>` (for `quant` the run's folder), or for a loose file `<runs_dir>/<kind>/<file name>`
+    (`model_folder`; without `claim`, `model_folder_path`: looks only)."""
     ckpt = Path(ckpt)
     if in_run(ckpt):
         run = RunDir.of_checkpoint(ckpt)
@@ -405,9 +384,8 @@ def analyses_dir(ckpt: Path | str, kind: str, runs_dir: Path | str, claim: bool 
 
 
 def quant_result(ckpt: Path | str, runs_dir: Path | str) -> dict[str, Any] | None:
-    """The W8A8 result made of checkpoint `ckpt` where `quantize` writes it (`analyses_dir(ckpt, "quant", ...)`,
-    `results/quant.json`), or None. A run holds one result, which belongs to the checkpoint it names; a loose file's
-    folder must record that file. Looks only: nothing is claimed or written."""
+    """The W8A8 result of checkpoint `ckpt` where `quantize` writes it, or None (one that names another checkpoint,
+    or in a folder recording another file, too). Looks only."""
     ckpt = Path(ckpt)
     folder = RunDir.of_checkpoint(ckpt).path if in_run(ckpt) else Path(runs_dir) / "quant" / model_name(str(ckpt), "")
     path = RunDir(folder).result("quant")

@@ -1,6 +1,5 @@
-"""What the files of a run and of a sweep say about their state, read without the code that makes them
-(`vitsinks.run.sweep`, the trainer): whether a process holds a run's lock (`lock_held`, `locked_here`) and a
-sweep's manifest, `sweep.json` (`write_manifest`, `read_manifest`). The leaderboard reads them too."""
+"""The state of runs and sweeps read from their files: whether a process holds a run's lock (`lock_held`,
+`locked_here`) and a sweep's manifest, `sweep.json` (`write_manifest`, `read_manifest`)."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ from vitsinks.utils.rundir import RunDir
 
 
 def lock_held(run: RunDir) -> bool | None:
-    """Whether a process holds the run's lock (`<run>/.lock`, flocked by the process that trains it), probed with a
-    shared lock taken and dropped at once (nothing is written); None where it cannot tell (no flock there, no
-    permission)."""
+    """Whether a process holds the run's lock (`<run>/.lock`), probed with a shared lock taken and dropped at once;
+    None where it cannot tell (no flock there, no permission)."""
     try:
         with run.lock_file.open("rb") as f:
             try:
@@ -34,9 +32,8 @@ def lock_held(run: RunDir) -> bool | None:
 
 
 def locked_here(run: RunDir) -> bool:
-    """Whether the run's last writer ran on this machine (its `.lock` records `pid N on <host>`), where the lock probe
-    can see it: flock may be local to a node (Lustre -o localflock), so a run of another node is never called killed
-    from here."""
+    """Whether the run's last writer ran on this machine (its `.lock` records `pid N on <host>`): flock may be local
+    to a node (Lustre -o localflock), so only here can the lock probe tell a killed run."""
     try:
         said = run.lock_file.read_text().strip()
     except OSError:

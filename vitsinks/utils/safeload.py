@@ -1,11 +1,7 @@
 """The one way vitsinks reads a `torch.save` file: `torch.load(weights_only=True)`, so that no file it reads can
-run code it carries.
-
-Only tensors, plain containers (dict, list, tuple), numbers, strings and `argparse.Namespace` (what timm's own
-training checkpoints carry, as timm allows it) are read. A file that names any other Python object (a class, a
-function such as `os.system`, numpy arrays) is refused with an `UnsafeFile`: one line naming the file, the objects
-it names, and how to convert it once, deliberately, when its origin is trusted (`python -m vitsinks.convert`).
-Checkpoints of earlier vitsinks versions held numpy's random state as numpy arrays; they are converted the same way.
+run code it carries. A file that names Python objects beyond tensors, plain data and `argparse.Namespace` (as timm
+allows) is refused with an `UnsafeFile` naming them and, for data types, the one-off conversion of a trusted file
+(`python -m vitsinks.convert`).
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ ALLOWED = [argparse.Namespace]  # beyond torch's own weights-only set; timm allo
 # What checkpoints of earlier vitsinks versions name beyond the allowed set: numpy's random state (its arrays)
 EARLIER_VITSINKS = re.compile(r"^numpy(\._core|\.core)?\.(multiarray\._reconstruct|ndarray|dtype|dtypes\.\w+)$")
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
-# The data types `vitsinks.convert` turns into plain data (numpy arrays and scalars, OmegaConf configs, containers,
-# paths, numbers): the only objects a file may name and still be offered the conversion. Anything else (a function
-# such as os.system or timeit.timeit, a script's own class) is named and refused, never advised to convert.
+# The data types `vitsinks.convert` turns into plain data: the only objects a file may name and still be offered the
+# conversion; anything else (a function such as os.system, a script's own class) is refused outright.
 CONVERTIBLE = re.compile(r"^(numpy(\._core|\.core)?\.(multiarray\.(_reconstruct|scalar)|ndarray|dtype|dtypes\.\w+)|"
                          r"omegaconf\.(dictconfig\.DictConfig|listconfig\.ListConfig|nodes\.\w+|base\.\w+)|"
                          r"collections\.(OrderedDict|defaultdict|deque|Counter)|argparse\.Namespace|"
@@ -46,11 +41,6 @@ class UnsafeFile(BadFile):
     """A file names Python objects beyond tensors and plain data: reading it could run code, so it is not read."""
 
 
-def convert_hint(path: Path) -> str:
-    """The one-off conversion command for `path`, for a file whose origin the user trusts."""
-    return f"python -m vitsinks.convert file={path} trust=true"
-
-
 def unsafe_globals(path: Path, err: BaseException | None = None) -> list[str]:
     """The Python objects a `torch.save` file names beyond what weights-only loading allows, read without running
     anything (torch's own scan of a zip archive; for the legacy format, the one named in `err`)."""
@@ -66,8 +56,7 @@ def _torch_allowed() -> list[str]:
     """What torch's weights-only unpickler reads by itself (a private list: none when it moves)."""
     from torch import _weights_only_unpickler as unpickler
 
-    allowed = getattr(unpickler, "_get_allowed_globals", dict)
-    return list(allowed())
+    return list(getattr(unpickler, "_get_allowed_globals", dict)())
 
 
 def pickle_globals(path: Path, pickles: int = 5) -> list[str]:
@@ -93,10 +82,11 @@ def pickle_globals(path: Path, pickles: int = 5) -> list[str]:
 def refusal(path: Path, names: list[str]) -> UnsafeFile:
     """The one-line `UnsafeFile` for a file that names `names`."""
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    convert = f"python -m vitsinks.convert file={path} trust=true"  # the one-off conversion of a trusted file
     if all(EARLIER_VITSINKS.match(n) for n in names):
         return UnsafeFile(f"{path} was written by an earlier vitsinks (its random state holds numpy arrays: {shown}), "
                           f"which only an unsafe load could read: if you trust the file, convert it once with "
-                          f"`{convert_hint(path)}`")
+                          f"`{convert}`")
     if not convertible(names):
         odd = [n for n in names if not CONVERTIBLE.match(n)]
         return UnsafeFile(f"{path} names {', '.join(odd[:3])}, which is no data type: unpickling it could run code "
@@ -105,24 +95,18 @@ def refusal(path: Path, names: list[str]) -> UnsafeFile:
                           f"(torch.save(model.state_dict(), ...))")
     return UnsafeFile(f"{path} holds Python objects beyond tensors and plain data ({shown}); loading it could run "
                       f"code it carries, so nothing was loaded or run: use weights from a source you trust, or, if "
-                      f"you trust this file, convert it once with `{convert_hint(path)}`")
+                      f"you trust this file, convert it once with `{convert}`")
 
 
 def torch_load(path: Path | str, mmap: bool = False) -> Any:
     """What a `torch.save` file holds, on the CPU, read weights-only (`mmap`: tensors mapped, not read). A file
-    naming other Python objects is an `UnsafeFile`; any other failure is raised as torch raised it (the callers
-    say what it means for their kind of file)."""
+    naming other Python objects is an `UnsafeFile`; any other failure is raised as torch raised it."""
     path = Path(path)
     try:
         with warnings.catch_warnings(), torch.serialization.safe_globals([*ALLOWED]):
             warnings.simplefilter("ignore")  # torch warns about pickle protocols of foreign files
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:  # a weights-only refusal, or no pickle at all
-        names = unsafe_globals(path, err)
-        if names:
+        if names := unsafe_globals(path, err):
             raise refusal(path, names) from None
         raise
-
-
-__all__ = ["ALLOWED", "CONVERTIBLE", "UnsafeFile", "convert_hint", "convertible", "refusal", "torch_load",
-           "unsafe_globals"]

@@ -41,8 +41,7 @@ def welch_p(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> flo
 
 
 def nan_mean_std(values: Iterable[float | None]) -> tuple[float, float, int]:
-    """(mean, sample std with ddof 1, count) over the values that are not NaN (None counts as NaN); NaN mean for
-    none, NaN std for fewer than two."""
+    """(mean, sample std with ddof 1, count) over the values that are not NaN or None (NaN where undefined)."""
     vals = np.array([math.nan if v is None else v for v in values], dtype=float)
     vals = vals[~np.isnan(vals)]
     return (float(vals.mean()) if vals.size else math.nan, float(vals.std(ddof=1)) if vals.size > 1 else math.nan,

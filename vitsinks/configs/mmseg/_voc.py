@@ -1,29 +1,26 @@
-# Pascal VOC 2012 (21 classes, 255 ignored) for mmsegmentation 1.x.
+# Pascal VOC 2012 in mmseg's PascalVOCDataset: 21 classes (background included), 255 (object borders) ignored,
+# under data_root = <data.root>/VOCdevkit/VOC2012; the splits are ImageSets/Segmentation/{train,val}.txt
+# (data.voc_aug=true: the command trains on SegmentationClassAug with train_aug.txt). Sizes as for ADE20K.
 dataset_type = "PascalVOCDataset"
-data_root = "data/VOCdevkit/VOC2012"
-crop_size = (512, 512)
 train_pipeline = [
-    dict(type="LoadImageFromFile"),
+    dict(type="LoadImageFromFile", imdecode_backend="pillow"),
     dict(type="LoadAnnotations"),
-    dict(type="RandomResize", scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True),
-    dict(type="RandomCrop", crop_size=crop_size, cat_max_ratio=0.75),
-    dict(type="RandomFlip", prob=0.5),
+    dict(type="Resize", scale=(size, size), keep_ratio=False, backend="pillow"),
     dict(type="PackSegInputs"),
 ]
 test_pipeline = [
-    dict(type="LoadImageFromFile"),
-    dict(type="Resize", scale=(2048, 512), keep_ratio=True),
+    dict(type="LoadImageFromFile", imdecode_backend="pillow"),
+    dict(type="Resize", scale=(4 * size, size), keep_ratio=True, backend="pillow"),
     dict(type="LoadAnnotations"),
     dict(type="PackSegInputs"),
 ]
 train_dataloader = dict(
-    batch_size=4, num_workers=4, sampler=dict(type="InfiniteSampler", shuffle=True),
+    batch_size=batch_size, num_workers=workers, sampler=dict(type="DefaultSampler", shuffle=True),
     dataset=dict(type=dataset_type, data_root=data_root, pipeline=train_pipeline,
                  ann_file="ImageSets/Segmentation/train.txt",
                  data_prefix=dict(img_path="JPEGImages", seg_map_path="SegmentationClass")))
 val_dataloader = dict(
-    batch_size=1, num_workers=4, sampler=dict(type="DefaultSampler", shuffle=False),
+    batch_size=1, num_workers=workers, sampler=dict(type="DefaultSampler", shuffle=False),
     dataset=dict(type=dataset_type, data_root=data_root, pipeline=test_pipeline,
                  ann_file="ImageSets/Segmentation/val.txt",
                  data_prefix=dict(img_path="JPEGImages", seg_map_path="SegmentationClass")))
-test_dataloader = val_dataloader

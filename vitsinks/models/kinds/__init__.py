@@ -1,9 +1,6 @@
-"""The attention kinds: one module per kind in this package, found and imported automatically.
-
-A kind is an `AttentionKind` subclass (`kind.py`) registered with `@KINDS.register`; `registered.py` imports them
-all. Adding a kind is one new module here (and, to train it, one `configs/exp/<name>.yaml`): `ATTN_KINDS`,
-`FUSED_KINDS`, `FLEX_KINDS`, the config enum `Attn`, the variant names, the bench and the parametrised tests derive
-from the registry.
+"""The attention kinds: one module per kind in this package, each registering an `AttentionKind` (`kind.py`) with
+`@KINDS.register`; everything else (`ATTN_KINDS`, the config enum, the variant names, the tests) derives from the
+registry, so a new kind is one module here (docs/extending.md).
 """
 
 from vitsinks.models.kinds.kind import DEFAULT_KIND, KINDS, TINY, AttentionKind, ScoreMod, flex_lse, kind_names

@@ -1,10 +1,6 @@
-"""The attention kind's interface (`AttentionKind`), its registry (`KINDS`) and FlexAttention's (out, lse).
-
-A kind says how one head's scores become its attention matrix (`matrix`, causal masking included), whether its
-rows are normalised, its fused paths if it has them (`fused_heads` through SDPA, `flex_heads` through FlexAttention;
-`SinkAttention.kernel` picks one), the parameters it adds to the attention module (`parameters`, state-dict names
-kept), how the redirect edit is computed from the scores (`redirected`) and its formula written out naively
-(`reference`, for the tests).
+"""The attention kind's interface (`AttentionKind`), its registry (`KINDS`) and FlexAttention's (out, lse). A kind
+says how a head's scores become its attention matrix, its fused paths if any, the parameters it adds, the redirect
+edit and its formula written out naively (`reference`, for the tests).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
 
 DEFAULT_KIND = "softmax"
 # The smallest normal float32: log-weight score mods treat weights below it as exact zeros (-inf), so that their
-# gradient 1 / weight stays finite (a denormal weight is below float32's resolution of any row it is in).
+# gradient 1 / weight stays finite.
 TINY = torch.finfo(torch.float32).tiny
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 FlexWithAux = Callable[..., tuple[torch.Tensor, AuxOutput]]  # `flex_attention` called with `return_aux`
@@ -38,12 +34,10 @@ def _compiled_flex() -> FlexWithAux:
 
 def flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              score_mod: ScoreMod | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlexAttention's (out, lse): out_i = sum_j softmax_j(w_ij) v_j and lse_i = log sum_j exp(w_ij) (natural log,
-    float32 or wider) for w = score_mod(scale q k^T); a row whose w are all -inf gives out 0, lse -inf. A kind whose
-    weights are a_ij = exp(w_ij) (w = log a, any a >= 0) gets sum_j a_ij v_j = out * exp(lse) exactly.
-
-    On CUDA the compiled (fused, memory-efficient) kernel; elsewhere torch's eager reference, which materialises
-    the scores and on CPU has no backward. q and k are cast to v's dtype (what SDPA does under autocast)."""
+    """FlexAttention's (out, lse): out_i = sum_j softmax_j(w_ij) v_j and lse_i = log sum_j exp(w_ij) (float32 or
+    wider) for w = score_mod(scale q k^T); an all -inf row gives out 0, lse -inf. So weights a_ij = exp(w_ij) give
+    sum_j a_ij v_j = out * exp(lse). On CUDA the compiled kernel, elsewhere the eager reference (no backward on CPU);
+    q and k are cast to v's dtype, as SDPA under autocast."""
     q, k = q.to(v.dtype), k.to(v.dtype)
     fn = _compiled_flex() if q.is_cuda else cast(FlexWithAux, flex_attention)
     try:
@@ -56,8 +50,7 @@ def flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 
 class AttentionKind:
-    """How a head turns scores into attention. Methods take the `SinkAttention` module (`attn`) for its
-    parameters."""
+    """How a head turns scores into attention; methods take the `SinkAttention` (`attn`) for its parameters."""
 
     name: ClassVar[str]
     normalised: ClassVar[bool] = True  # every row sums to 1 (the null key's share included)
@@ -78,8 +71,7 @@ class AttentionKind:
     @staticmethod
     def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:
         """Attention (B, heads, N, K) from the scaled scores `s` (B, heads, N, K'); `future` (N, K') marks keys a
-        causal query may not see (None: bidirectional). K = K' + 1 for a kind with a `null_key` (its column last,
-        in the key layout of `vitsinks.models.layout`), else K = K'."""
+        causal query may not see (None: bidirectional). K = K' + 1 with a `null_key` (its column last), else K'."""
         raise NotImplementedError
 
     @staticmethod
@@ -90,23 +82,22 @@ class AttentionKind:
 
     @staticmethod
     def flex_heads(attn: SinkAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Per-head outputs (B, heads, N, head_dim) through FlexAttention (`flex_lse`), bidirectional, without
-        dropout, equal to `matrix(...) @ v` up to rounding (only kinds with `flex`). Returns v's dtype."""
+        """Per-head outputs (B, heads, N, head_dim) in v's dtype through FlexAttention, bidirectional, without
+        dropout, `matrix(...) @ v` up to rounding (only kinds with `flex`)."""
         raise NotImplementedError
 
     @staticmethod
     def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """Head `head`'s attention (B, N, K) from its scores `s` (B, N, K') with the sink key (`is_sink`, (B, N, K),
-        every key of the layout: a null key's column last) removed and its share given to the other keys; `hidden`
-        (N, K) marks future keys of a causal query. A row with no key left is 0."""
+        """Head `head`'s attention (B, N, K) from its scores `s` (B, N, K') with the sink key (`is_sink`, (B, N, K))
+        removed and its share given to the other keys; `hidden` (N, K) marks future keys. A row with no key left is
+        0."""
         raise NotImplementedError
 
     @staticmethod
     def reference(attn: SinkAttention, s: torch.Tensor, head: int, n: int) -> torch.Tensor:
-        """The kind's formula written out naively on one query's visible scores `s` (K,) of head `head` in a
-        sequence of `n` tokens (causal masking done by the caller: K <= n), in float64: the tests' independent
-        truth. Kinds with a `null_key` return K + 1 weights, the null key's share last."""
+        """The kind's formula written out naively on one query's visible scores `s` (K,) of head `head` in a sequence
+        of `n` tokens, in float64: the tests' independent truth (a `null_key`'s share last)."""
         raise NotImplementedError
 
 
@@ -116,7 +107,6 @@ KINDS: Registry[type[AttentionKind]] = Registry(
 
 
 def kind_names(flag: str = "") -> tuple[str, ...]:
-    """The registered kinds, the default first (the closed set's messages list it first), then by name; with
-    `flag` (`fused`, `flex`), those that have it."""
+    """The registered kinds, the default first, then by name; with `flag` (`fused`, `flex`), those that have it."""
     names = (DEFAULT_KIND, *sorted(k for k in KINDS if k != DEFAULT_KIND))
     return tuple(k for k in names if not flag or getattr(KINDS[k], flag))

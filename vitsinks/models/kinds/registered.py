@@ -1,6 +1,5 @@
-"""Every kind of this package registered (each module registers its own), and the names derived from the registry:
-`ATTN_KINDS` (the default first, then by name), `FUSED_KINDS` and `FLEX_KINDS` (those with an SDPA / a FlexAttention
-path)."""
+"""Every kind of this package registered, and the names derived from the registry: `ATTN_KINDS` (the default first),
+`FUSED_KINDS` and `FLEX_KINDS` (those with an SDPA / a FlexAttention path)."""
 
 from vitsinks.models.kinds.kind import kind_names
 from vitsinks.utils.registry import import_members

@@ -1,9 +1,7 @@
 """ReLU attention, relu(s) / N: rows are not normalised, so no forced sink.
 
-Fused, exactly: relu(s_ij) = exp(w_ij) with w = log s where s > 0 and -inf elsewhere, so FlexAttention with score
-mod w gives out_i = sum_j relu(s_ij) v_j / sum_j relu(s_ij) and lse_i = log sum_j relu(s_ij); the heads' output is
-out * exp(lse - log N) (`flex_heads`). A row without a positive score is out 0, lse -inf: output 0, as relu's.
-On CUDA nothing N x N is kept for the backward, which recomputes the weights blockwise.
+Fused, exactly: relu(s) = exp(w) with w = log s where s > 0, else -inf, so the heads' output is FlexAttention's out *
+exp(lse - log N) (`flex_heads`; a row without a positive score gives 0, as relu's).
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ class ReLU(AttentionKind):
     @staticmethod
     def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """Column s zeroed and the row rescaled to its old sum. relu's zeros are exact: a row with no positive
-        score off the sink stays 0."""
+        """Column s zeroed and the row rescaled to its old sum; a row with no positive score off the sink stays 0."""
         a = (F.relu(s) / s.shape[-1]).masked_fill(hidden, 0.0)
         rest = a.masked_fill(is_sink, 0.0)
         total, kept = a.sum(-1, keepdim=True), rest.sum(-1, keepdim=True)

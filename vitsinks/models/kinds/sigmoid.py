@@ -1,8 +1,5 @@
-"""Sigmoid attention, sigmoid(s - log N): rows are not normalised, so no forced sink.
-
-Fused, exactly: a_ij = exp(w_ij) with w = logsigmoid(s - log N), so FlexAttention with score mod w gives out_i =
-sum_j a_ij v_j / sum_j a_ij and lse_i = log sum_j a_ij; the heads' output is out * exp(lse) (`flex_heads`).
-"""
+"""Sigmoid attention, sigmoid(s - log N): rows are not normalised, so no forced sink. Fused, exactly: with the score
+mod logsigmoid(s - log N) the heads' output is FlexAttention's out * exp(lse) (`flex_heads`)."""
 
 from __future__ import annotations
 
@@ -19,17 +16,15 @@ if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
 
 
 def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)) from elementwise primitives (FlexAttention score mods lower
-    them on every backend), overflow-free; exp's argument is a branch (x or -x), not |x|, so the gradient at x = 0
-    is sigmoid(0) = 1/2 and never NaN."""
+    """logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)) from elementwise primitives (score mods lower them on every
+    backend); exp's argument is a branch (x or -x), not |x|, so the gradient at 0 is 1/2, never NaN."""
     neg = x < 0
     return torch.where(neg, x, 0.0) - torch.log1p(torch.exp(torch.where(neg, x, -x)))
 
 
 def _score_mod(n: int, like: torch.Tensor) -> ScoreMod:
-    """The log weights of `n` keys (scores on `like`'s device, float32 or wider). log n is a captured 0-d tensor,
-    not a Python float: under an outer `torch.compile` that sees several lengths (multi-crop) a changing float
-    becomes an unbacked symbol, which FlexAttention's tracing rejects; a tensor is a kernel input."""
+    """The log weights of `n` keys (on `like`'s device, float32 or wider). log n is a 0-d tensor, not a float: under
+    an outer `torch.compile` seeing several lengths a float becomes an unbacked symbol FlexAttention rejects."""
     shift = torch.full((), math.log(n), dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
     return lambda score, b, h, q_idx, kv_idx: log_sigmoid(score - shift)
 
@@ -53,8 +48,7 @@ class Sigmoid(AttentionKind):
     @staticmethod
     def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """Column s zeroed and the row rescaled to its old sum, in log space (log A = logsigmoid, sums by
-        logsumexp), so rows whose other weights underflow are still right."""
+        """Column s zeroed and the row rescaled to its old sum, in log space (underflow-safe)."""
         log_a = F.logsigmoid(s - math.log(s.shape[-1])).masked_fill(hidden, float("-inf"))
         log_total = log_a.logsumexp(-1, keepdim=True)
         log_rest = log_a.masked_fill(is_sink, float("-inf"))

@@ -1,10 +1,8 @@
 """Softmax with one extra, always-present key of zero value and a learnable per-head logit c: a head can put its mass
-on the null key instead of on a token. The null key is the last slot of the key layout (`vitsinks.models.layout`):
-its column is part of the attention matrix, its value is 0.
+on the null key (the key layout's last slot) instead of on a token.
 
-Fused, exactly: with lse_i = log sum_j exp(s_ij) over the tokens, A_ij = exp(s_ij) / (exp(c) + exp(lse_i)) =
-softmax_j(s_ij) * sigmoid(lse_i - c), so the heads' output is FlexAttention's plain softmax output times
-sigmoid(lse - c) (`flex_heads`); the SDPA path instead appends the zero key and a dense bias (`fused_heads`).
+Fused, exactly: A_ij = softmax_j(s_ij) * sigmoid(lse_i - c), so the heads' output is FlexAttention's softmax output
+times sigmoid(lse - c) (`flex_heads`); the SDPA path appends the zero key and a dense bias (`fused_heads`).
 """
 
 from __future__ import annotations
@@ -70,9 +68,7 @@ class SinkLogit(AttentionKind):
     @classmethod
     def redirected(cls, attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """The softmax over [scores, null logit] with the sink key masked out: a token sink's share goes to the other
-        tokens and the null key (the model's own off-switch), the null key's (a sink on the null key) to the
-        tokens."""
+        """The softmax over [scores, null logit] with the sink key (a token or the null key) masked out."""
         null = cls.null_logit(attn)[head].to(s.dtype).expand(*s.shape[:-1], 1)
         return torch.cat([s, null], dim=-1).masked_fill(is_sink | hidden, float("-inf")).softmax(dim=-1)
 

@@ -1,17 +1,11 @@
 """Softpick attention (Zuhri et al. 2025, arXiv 2504.20966): `softpick(s)_i = relu(exp(s_i) - 1) / sum_j
-|exp(s_j) - 1|`. Rows sum to at most 1 and a head can attend to nothing (every score <= 0 gives a zero row), so
-softmax's forced sink is gone; the paper reports no sinks and no massive activations.
+|exp(s_j) - 1|`. Rows sum to at most 1 and a head can attend to nothing, so softmax's forced sink is gone.
 
-Computed stably as the paper's reference implementation: with m the row maximum, numerator relu(exp(s_i - m) -
-exp(-m)) and denominator sum_j |exp(s_j - m) - exp(-m)| + EPS, future keys of a causal query left out of both. m is
-clamped at 0: for m >= 0 this is the reference's computation; a row of very negative scores would otherwise
-overflow exp(-m) (and give NaN gradients), while without a positive score exp(s) <= 1 needs no shift.
-
-Fused (`flex_heads`): A_ij = relu(expm1 s_ij) / (D_i + EPS e^m) with D_i = sum_j |expm1 s_ij|. Two FlexAttention
-passes with the log weights log relu(expm1 s) and log |expm1 s| give (out1, lse1) and lse2 = log D; then sum_j
-A_ij v_j = out1 exp(lse1) / (exp(lse2) + EPS e^m). FlexAttention returns no row maximum on CPU, so e^m = 1 + max_j
-relu(expm1 s_ij) is replaced by 1 + exp(lse1) (the sum for the maximum): both lie in [1, 1 + D], so the denominator
-changes by at most EPS relative: exact to float32 rounding.
+Computed as the paper's reference: with m the row maximum (clamped at 0, so very negative rows do not overflow),
+numerator relu(exp(s_i - m) - exp(-m)), denominator sum_j |exp(s_j - m) - exp(-m)| + EPS. Fused (`flex_heads`): two
+FlexAttention passes with the log weights log relu(expm1 s) and log |expm1 s| give (out1, lse1) and lse2 = log D,
+and sum_j A_ij v_j = out1 exp(lse1) / (exp(lse2) + EPS e^m), with e^m replaced by 1 + exp(lse1) (both in [1, 1 + D]:
+exact to float32 rounding; FlexAttention gives no row maximum on CPU).
 """
 
 from __future__ import annotations
@@ -30,11 +24,8 @@ EPS = 1e-8  # the reference implementation's: only matters when every score is e
 
 
 def _shifted(s: torch.Tensor, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exp(s - m) - exp(-m), with hidden keys at 0, m) for scores `s`; `hidden` marks keys left out.
-
-    Without cancellation at small |s| (in float32 the plain difference loses ~1e-3 of A at init-sized scores):
-    exp(-m) expm1(s) for s <= 0, -exp(s - m) expm1(-s) for s > 0, every factor bounded; each branch gets 0 where
-    the other is taken, so no inf * 0 reaches the gradient."""
+    """(exp(s - m) - exp(-m), with `hidden` keys at 0, m) for scores `s`, without cancellation at small |s|: exp(-m)
+    expm1(s) for s <= 0, -exp(s - m) expm1(-s) for s > 0; each branch gets 0 where the other is taken (no inf * 0)."""
     if hidden is not None:
         s = s.masked_fill(hidden, float("-inf"))  # before exp: a hidden score above m must not overflow
     m = s.amax(-1, keepdim=True).clamp_min(0.0)
@@ -87,10 +78,9 @@ class Softpick(AttentionKind):
     @staticmethod
     def redirected(attn: SinkAttention, s: torch.Tensor, head: int, is_sink: torch.Tensor,
                    hidden: torch.Tensor) -> torch.Tensor:
-        """Column s zeroed and the row rescaled to its old sum (as relu). The other keys' weights are recomputed
-        shifted by their own maximum, not the sink's: off a strong sink they underflow to exactly 0 in float32
-        A, but their proportions relu(exp(s_j) - 1) survive in the scores. A row with no positive score off the
-        sink stays 0."""
+        """Column s zeroed and the row rescaled to its old sum (as relu), the other keys' weights recomputed shifted
+        by their own maximum (off a strong sink they underflow to 0 in A). A row with no positive score off the sink
+        stays 0."""
         e, _ = _shifted(s, hidden)
         total = F.relu(e).sum(-1, keepdim=True) / (e.abs().sum(-1, keepdim=True) + EPS)
         rest, _ = _shifted(s, is_sink | hidden)

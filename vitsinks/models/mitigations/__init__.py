@@ -1,9 +1,6 @@
-"""The block mitigations: one module per mitigation in this package, found and imported automatically.
-
-A mitigation is a `BlockMitigation` subclass (`mitigation.py`, which says what it declares) registered with
-`@MITIGATIONS.register`. `ModelConfig`, `build_vit`, `SinkBlock`, `checkpoint.ARCH_KEYS`, the variant names, the
-diagnostics summary, the interventions and the leaderboard's columns (`mitigation_columns`) derive from the
-registry, so a new mitigation is one module here plus its exp config.
+"""The block mitigations: one module per mitigation in this package, found and imported automatically; each registers
+a `BlockMitigation` (`mitigation.py`) with `@MITIGATIONS.register`. Everything else derives from the registry, so a new
+mitigation is one module here plus its exp config (docs/extending.md).
 """
 
 from vitsinks.models.mitigations.mitigation import (

@@ -1,13 +1,10 @@
 """Explicit attention biases (Sun et al. 2024, "Massive Activations in Large Language Models", Sec. 4.3): one learnable
-key k' and value v' per head in every block, an extra key every query can attend to,
+key k' and value v' per head in every block, an extra key every query can attend to (the key layout's slot `bias`),
 
     Attention(Q, K, V; k', v') = softmax(Q [K; k'^T]^T / sqrt(d_h)) [V; v'^T]
 
-so a head can put its spare attention on a fixed, image-independent key instead of on a token. Init as the paper's
-code (its GPT-2 `model_attn_bias.py`): k' and v' normal with std 0.02. k' enters after the key norm (it is a
-parameter, not a token's projection). The pair is the key layout's extra slot `bias`, after the tokens.
-
-Config: `model.attn_bias=true|false`; state dict: `attn.attn_bias.{k,v}` (1, heads, 1, head_dim).
+k' and v' normal with std 0.02 as the paper's code; k' enters after the key norm (it is a parameter, not a token's
+projection). Config: `model.attn_bias=true|false`; state dict: `attn.attn_bias.{k,v}` (1, heads, 1, head_dim).
 """
 
 from __future__ import annotations

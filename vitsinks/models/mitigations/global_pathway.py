@@ -1,18 +1,10 @@
-"""The explicit global pathway (docs/fidelity.md, the seed paper's Eqs. 4-5) beside attention in every block.
+"""The explicit global pathway beside attention in every block (docs/pathway.md; the seed paper's Eqs. 4-5): from the
+same pre-normed tokens z as attention,
 
-A block with a pathway computes, from the same pre-normed tokens z as its attention,
+    pi_j = softmax_j(w_P . z_j),   g = sum_j pi_j W_VG z_j,   x_i <- x_i + ls1 * o_i^attn + ls3 * gamma_i W_OG g
 
-    pi_j = softmax_j(w_P . z_j),   g = sum_j pi_j W_VG z_j,   gamma_i = sigmoid(w_gamma . z_i + b_gamma)
-    x_i <- x_i + ls1 * o_i^attn + ls3 * gamma_i W_OG g
-
-a broadcast channel that needs no attention sink (w_P, W_VG, W_OG without biases, trunc-normal std 0.02; b_gamma = 0,
-so gamma = 0.5 at init; ls3 LayerScale or none). The `hier` recipient gate is the reference's per-token
-hierarchical gate: `[a_i, r_i0, r_ibc] = W_h z_i + b_h` (one Linear(dim, 3), trunc-normal 0.02, bias 0) and
-`gamma_i = sigmoid(a_i) * softmax([r_i0, r_ibc])_bc`, a parent gate times a two-way choice between "no update" and
-"the broadcast" (0.25 at init).
-
-Config: `model.global_pathway.{enabled,state_dim,gate,layerscale_init}` (`GlobalPathwayConfig`, the one home of its
-defaults); state dict: `pathway.*` of every block.
+with the recipient gate gamma_i = sigmoid(w_gamma . z_i + b_gamma) (`learned`) or the reference's hierarchical
+sigmoid(a_i) * softmax([r_i0, r_ibc])_bc (`hier`). Config: `model.global_pathway.*`; state dict: `pathway.*`.
 """
 
 from __future__ import annotations
@@ -68,13 +60,9 @@ class PathwayInternals(NamedTuple):
 
 class GlobalPathway(nn.Module):
     """Attention-free broadcast: one softmax pool over the tokens into a `state_dim` state, written back to every
-    token through a recipient gate.
-
-    The maps of the tokens (pooling score w_P, the recipient gate's logits, state value W_VG) are the rows of one
-    bias-free `inp` Linear (one matmul: the pathway is small, so kernel launches, not FLOPs, set its cost); the gate
-    logits have their own bias `gamma_bias` (1 logit for `learned`, 3 for `hier`). `w_pool`, `w_gamma`, `w_value`
-    name the rows.
-    """
+    token through a recipient gate. w_P, the gate's logit rows and W_VG are the rows of one bias-free `inp` Linear
+    (one matmul: kernel launches, not FLOPs, set its cost), named by `w_pool`, `w_gamma`, `w_value`; the gate logits
+    have their own bias `gamma_bias` (1 logit for `learned`, 3 for `hier`)."""
 
     GATE_LOGITS = {"learned": 1, "hier": 3}
 

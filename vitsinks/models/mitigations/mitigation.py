@@ -1,27 +1,8 @@
 """The block mitigation's interface (`BlockMitigation`, `SwitchMitigation`), its registry (`MITIGATIONS`) and what
-derives from it. A mitigation is a `BlockMitigation` subclass registered with `@MITIGATIONS.register`. It declares
-
-- its config: one field `model.<name>` of `ModelConfig` (`config_field`: an enum, or a dataclass of settings);
-- its tag in variant names (`tag`, placed by `vitsinks.models.config.TAG_ORDER`);
-- the module it adds to every block (`build`), stored at `attr` of the attention or of the block, by `site`:
-  - `"heads"`: a gate on the per-head outputs before the output projection, `values(z)` broadcastable to
-    (B, N, heads, head_dim) (the G1 gate);
-  - `"keys"`: extra keys every query can attend to, `keys(batch)` -> (k, v) each (batch, heads, E, head_dim),
-    appended after the tokens as the key layout's extra slots named `slots` (the explicit attention biases);
-  - `"update"`: `add_to(o, z)` adds to the attention update o, inside the same residual branch (the global
-    pathway);
-- its diagnostics fields (`diagnostics`, `diagnostic_fields`) and how they summarise (`summarise`: by default each
-  field's mean per block, `<field>_by_block`), its leaderboard columns (`columns`, with `leaderboard_values`: by
-  default the mean over blocks of `<column>_by_block`);
-- its interventions: the edits it brings (`edits`, applied by `edit`) and, for a keys-site mitigation, the sink-value
-  edits that mean something when the sink is on its slot (`slot_edits`: an image-independent value gains nothing
-  from a donor's or a held-out mean);
-- `example`: a setting that switches it on, which the generic tests over the registry build, train, diagnose and
-  intervene.
-
-`ModelConfig`, `build_vit`, `SinkBlock`, `checkpoint.ARCH_KEYS`, the variant names, the diagnostics summary, the
-interventions and the leaderboard's columns (`mitigation_columns`) derive from the registry, so a new mitigation is
-one module here plus its exp config.
+derives from it. A mitigation declares its config field, variant tag, the module it adds to every block by `site`
+(`heads`: a gate on the per-head outputs; `keys`: extra keys every query can attend to, the key layout's slots
+`slots`; `update`: an addition to the attention update), its diagnostics, leaderboard columns and interventions, and
+an `example` setting for the generic tests: docs/extending.md, "A new block mitigation".
 """
 
 from __future__ import annotations
@@ -81,8 +62,7 @@ class BlockMitigation:
 
     @classmethod
     def arch(cls, value: Any) -> Any:
-        """What two configs must share for a checkpoint to fit (plain data; an off switch's details do not
-        matter)."""
+        """What two configs must share for a checkpoint to fit (plain data)."""
         raise NotImplementedError
 
     @classmethod
@@ -93,9 +73,8 @@ class BlockMitigation:
     @classmethod
     def diagnostics(cls, block: Block, z: torch.Tensor, it: AttnInternals,
                     attn_energy: torch.Tensor) -> dict[str, torch.Tensor] | None:
-        """Its fields of one block (per image (B,) or per head (B, heads)) from the pre-normed input z, the
-        attention internals `it` and the attention update's mean square per image; None where the block lacks
-        it."""
+        """Its fields of one block (per image (B,) or per head (B, heads)) from the pre-normed input z, the attention
+        internals `it` and the attention update's mean square per image; None where the block lacks it."""
         return None
 
     @classmethod
@@ -105,8 +84,8 @@ class BlockMitigation:
 
     @classmethod
     def summarise(cls, d: Mapping[str, np.ndarray], layout: KeyLayout) -> dict[str, Any]:
-        """Its part of a diagnostics summary from the per-image fields `d` (arrays (images, blocks[, heads])) and the
-        key layout: by default `<field>_by_block`, each field's mean per block (None where no block has it)."""
+        """Its part of a diagnostics summary from the per-image fields `d` (images, blocks[, heads]): by default
+        `<field>_by_block`, each field's mean per block (None where no block has it)."""
         out: dict[str, Any] = {}
         for k in cls.diagnostic_fields:
             if k in d and not np.isnan(d[k]).all():
@@ -116,8 +95,8 @@ class BlockMitigation:
 
     @classmethod
     def leaderboard_values(cls, summary: Mapping[str, Any]) -> dict[str, float]:
-        """Its leaderboard columns' values from a diagnostics summary (missing: not in the dict): by default each
-        column's `<key>_by_block` averaged over the blocks that have it."""
+        """Its leaderboard columns' values from a diagnostics summary: by default each column's `<key>_by_block`
+        averaged over the blocks that have it (missing: not in the dict)."""
         out = {}
         for c in cls.columns:
             values = [v for v in summary.get(f"{c.key}_by_block") or [] if v is not None]
@@ -127,14 +106,12 @@ class BlockMitigation:
 
     @classmethod
     def edit(cls, name: str, it: AttnInternals, head: int) -> AttnInternals:
-        """One of its `edits` applied to head `head` of a block's attention internals `it` (`AttnInternals`): the
-        edited internals (copies of what changes)."""
+        """One of its `edits` applied to head `head` of a block's attention internals `it`: edited copies."""
         raise NotImplementedError(f"{cls.name} brings no edit {name!r}")
 
 
 class SwitchMitigation(BlockMitigation):
-    """A mitigation switched on or off (`model.<name>=true|false`, off by default), tagged `tag_name` (default its
-    name) in variant names: the config half of the contract written once."""
+    """A mitigation switched on or off (`model.<name>=true|false`), tagged `tag_name` (default its name)."""
 
     tag_name: ClassVar[str | None] = None
     example = True
@@ -215,9 +192,8 @@ def brought_edits() -> dict[str, type[BlockMitigation]]:
 
 
 def slot_edits(slot: str) -> tuple[str, ...]:
-    """The sink-value edits that apply to a sink on extra key slot `slot`: a keys-site mitigation's `slot_edits`;
-    for a kind's null key (its value is 0 in every image: zeroed, rescaled, a donor's, a mean or a shuffled one are
-    0 again) only `donor_nonsink_value`."""
+    """The sink-value edits that apply to a sink on extra key slot `slot`: a keys-site mitigation's `slot_edits`; for
+    a kind's null key (value 0 in every image) only `donor_nonsink_value`."""
     for m in at_site("keys"):
         if slot in m.slots:
             return m.slot_edits

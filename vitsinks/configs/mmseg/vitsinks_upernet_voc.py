@@ -1,5 +1,0 @@
-# vitsinks ViT-B, upernet head, voc. Set the checkpoint (a vitsinks training checkpoint) and run mmseg's trainer:
-#   python tools/train.py vitsinks/configs/mmseg/vitsinks_upernet_voc.py \
-#     --cfg-options model.backbone.checkpoint=<last.pt>
-_base_ = ["./_base_vitsinks.py", "./_voc.py", "./_upernet.py"]
-model = dict(data_preprocessor={{_base_.data_preprocessor}}, decode_head=dict(num_classes=21))
