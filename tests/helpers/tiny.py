@@ -29,6 +29,16 @@ def tiny_vit(**overrides: Any) -> SinkViT:
     return build_vit("vit_cpu", **{**TINY_VIT, **overrides})
 
 
+def near_identity(blocks: list[Any]) -> None:
+    """Make each block (almost) the identity: its attention update ~1e-6 and its MLP update 0, in place."""
+    with torch.no_grad():
+        for blk in blocks:
+            blk.attn.proj.weight.mul_(1e-6)  # the attention update ~1e-6: the residual stream carries x on
+            blk.attn.proj.bias.zero_()
+            blk.mlp.fc2.weight.zero_()
+            blk.mlp.fc2.bias.zero_()
+
+
 def tiny_cfg(runs: Path, *overrides: str) -> DictConfig:
     """A tiny run configuration under `runs`; later overrides win."""
     return load_config([*TINY, f"runs_dir={runs}", *overrides])
