@@ -28,6 +28,7 @@ from vitsinks.interventions.edits import MODEL_EDITS, resolve_edits
 from vitsinks.models import ATTN_KINDS, KINDS, MITIGATIONS, SinkAttention, SinkViT, arch_keys, model_from_config
 from vitsinks.models.attention import select_kernel, set_fused_attention
 from vitsinks.models.config import Attn, ModelConfig, variant_name
+from vitsinks.models.kinds import HeadSpec
 from vitsinks.models.layout import NULL_SLOT, TOKEN_LOCATIONS, KeyLayout
 from vitsinks.models.mitigations import (
     SINK_VALUE_EDITS,
@@ -61,7 +62,7 @@ def _vit(kind: str, mitigation: str | None, **overrides: Any) -> SinkViT:
 
 def _own_parameters(model: SinkViT, kind: str, mitigation: str | None) -> dict[str, nn.Parameter]:
     """The parameters the kind and the mitigation add (by the state-dict names they declare)."""
-    kind_names = set(KINDS[kind].parameters(1))
+    kind_names = set(KINDS[kind].parameters(HeadSpec(1, 16)))
     attr = None if mitigation is None else MITIGATIONS[mitigation].attr
     return {n: p for n, p in model.named_parameters()
             if n.rsplit(".", 1)[-1] in kind_names or (attr is not None and f".{attr}." in f".{n}")}
@@ -75,7 +76,7 @@ def test_every_kind_with_every_mitigation_builds_trains_and_keeps_its_layout(com
     if mitigation is not None:
         assert all(MITIGATIONS[mitigation].present(blk) for blk in model.blocks)
     own = _own_parameters(model, kind, mitigation)
-    assert bool(own) == bool(KINDS[kind].parameters(1) or mitigation is not None)
+    assert bool(own) == bool(KINDS[kind].parameters(HeadSpec(1, 16)) or mitigation is not None)
     x = images(4)
 
     # one training step: every trainable parameter (the kind's and the mitigation's too) gets a finite gradient

@@ -70,7 +70,8 @@ def test_summary_has_the_planted_numbers(planted: tuple) -> None:
     assert m["cv_by_block"][0] == pytest.approx(CV9, rel=1e-5) and m["cv_by_block"][2] is None
     assert m["cv"] == pytest.approx(CV9 / 2, rel=1e-4)
     h = s["head_shape"]
-    assert set(h) == {"concentration_by_block", "diag_mass_by_block", "head_util_by_block"}
+    assert set(h) == {"concentration_by_block", "diag_mass_by_block", "head_util_by_block", "dead_by_block",
+                      "neg_mass_by_block"}
     assert all(len(v) == 3 for v in h.values())
     assert DiagnosticsSummary.from_json(s).to_json() == s
 

@@ -37,17 +37,24 @@ def reference_rows(attn: SinkAttention, s: torch.Tensor, head: int, causal: bool
 
 
 def _redirect64(attn: SinkAttention, s: torch.Tensor, sink: torch.Tensor, causal: bool, head: int = 1) -> torch.Tensor:
-    """float64 redirect from one head's scores s (B, N, N): the kind's attention (its naive formula), column sink[b]
-    zeroed, the row's mass given back to the other keys in proportion: the old row sum (1 for softmax), shared with
-    the null key (the layout's last key) for kinds that have one. float64 holds these weights at leads of a few
-    hundred nats."""
-    a, p_null = reference_rows(attn, s, head, causal)
-    if KINDS[attn.attn_kind].null_key:  # the null key is the layout's last key: it takes its share like a token
-        a = torch.cat([a, p_null], dim=-1)
-    off = a.clone()
-    off[torch.arange(len(s)), :, sink] = 0.0
-    kept = off.sum(-1, keepdim=True)
-    return torch.where(kept > 0, off / kept * a.sum(-1, keepdim=True), 0.0)
+    """float64 redirect from one head's scores s (B, N, N), row by row from the kind's naive redirect
+    (`AttentionKind.reference_redirected`; by default the kind's attention with column sink[b] zeroed and the row's
+    mass given back to the other keys in proportion, shared with a null key, the layout's last key). float64 holds
+    these weights at leads of a few hundred nats."""
+    kind = KINDS[attn.attn_kind]
+    B, n, _ = s.shape
+    keys = n + int(kind.null_key)
+    out = torch.zeros(B, n, keys, dtype=torch.float64)
+    for b in range(B):
+        for i in range(n):
+            seen = i + 1 if causal else n
+            at = int(sink[b])
+            pos = seen if at == n else (at if at < seen else None)  # a null key's share is the row's last
+            row = kind.reference_redirected(attn, s[b, i, :seen].double(), head, n, pos)
+            out[b, i, :seen] = row[:seen]
+            if kind.null_key:
+                out[b, i, -1] = row[-1]
+    return out
 
 
 def _strong_sink_head(kind: str, sink: torch.Tensor) -> tuple[SinkAttention, torch.Tensor]:
@@ -67,7 +74,7 @@ def _strong_sink_head(kind: str, sink: torch.Tensor) -> tuple[SinkAttention, tor
         w[8:16] = torch.eye(8)  # k = x (+ the offset below)
         b[12:16] = offset * u
         w[16:24] = torch.randn(8, 8, generator=g)
-        for name in KINDS[kind].parameters(2):  # the kind's own parameters (sink_logit's null logit) away from 0
+        for name in attn.kind_parameter_names:  # the kind's own parameters (sink_logit's null logit) away from 0
             getattr(attn, name).fill_(0.5)
     x = torch.randn(3, 6, 8, generator=g)
     x[torch.arange(3), sink, 4:8] += 150.0 * u  # the sink's key leads by ~150 nats
@@ -120,10 +127,10 @@ def test_the_redirect_check_passes_the_scores_of_a_and_catches_other_scores(kind
     sink = torch.tensor([0, 2, 5])
     with torch.no_grad():
         a = attn.internals(x).attn[:, 1]
-        err, rows = check_redirect(a, attn.redirected(x, 1, sink), sink)
+        err, rows = check_redirect(a, attn.redirected(x, 1, sink), sink, attn.kind)
         assert err < 1e-5 and rows >= 15  # a diffuse head: (almost) every row is checked
         attn.qkv.weight[4:8] *= 1.5  # other queries than those A was computed from
-        assert check_redirect(a, attn.redirected(x, 1, sink), sink)[0] > REDIRECT_TOL
+        assert check_redirect(a, attn.redirected(x, 1, sink), sink, attn.kind)[0] > REDIRECT_TOL
 
 
 def test_redirect_of_non_finite_scores_is_non_finite_not_zero() -> None:

@@ -31,7 +31,7 @@ def attention(kind: str, dim: int = 32, heads: int = 2) -> SinkAttention:
     torch.manual_seed(0)
     attn = SinkAttention(dim, heads, attn=kind, qkv_bias=True).double()
     with torch.no_grad():
-        for name in KINDS[kind].parameters(heads):
+        for name in attn.kind_parameter_names:
             getattr(attn, name).copy_(torch.linspace(-1.0, 2.0, heads))
     return attn
 
@@ -124,7 +124,7 @@ def test_flex_heads_cast_to_the_values_dtype_as_under_autocast(kind: str) -> Non
 def test_flex_heads_gradients_equal_the_explicit_paths_in_float64(kind: str, cpu_flex_backward: None) -> None:
     attn = attention(kind)
     q, k, v = (t.requires_grad_() for t in edge_qkv(17))
-    params = [q, k, v, *(getattr(attn, name) for name in KINDS[kind].parameters(2))]
+    params = [q, k, v, *(getattr(attn, name) for name in attn.kind_parameter_names)]
     g = torch.randn(q.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     fused = torch.autograd.grad((KINDS[kind].flex_heads(attn, q, k, v) * g).sum(), params)
     explicit = torch.autograd.grad((explicit_heads(attn, q, k, v) * g).sum(), params)

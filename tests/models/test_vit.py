@@ -23,6 +23,7 @@ from vitsinks.models import (
     run_variant,
     variant_name,
 )
+from vitsinks.models.kinds import HeadSpec
 
 TINY_MODEL = {"size": "vit_cpu", **TINY_VIT}
 EXPS = exp_names()  # every vitsinks/configs/exp/*.yaml
@@ -73,7 +74,7 @@ def test_variant_parameter_deltas() -> None:
     assert n_params(build_vit("vit_cpu", **TINY_VIT, gate="elementwise")) - base == depth * (d * d + d)
     assert n_params(build_vit("vit_cpu", **TINY_VIT, gate="headwise")) - base == depth * (d * h + h)
     for kind in ATTN_KINDS:  # a kind adds exactly its declared parameters (sink_logit: one logit per head)
-        extra = sum(p.numel() for p in KINDS[kind].parameters(h).values())
+        extra = sum(p.numel() for p in KINDS[kind].parameters(HeadSpec(h, d // h)).values())
         assert n_params(build_vit("vit_cpu", **TINY_VIT, attn=kind)) - base == depth * extra
     assert n_params(build_vit("vit_cpu", **TINY_VIT, attn="sink_logit")) - base == depth * h
 
@@ -198,7 +199,7 @@ def test_attention_matches_a_naive_reference(kind: str, gate: str, causal: bool)
     with torch.no_grad():
         if attn.gate is not None:  # an input-dependent gate, different per channel and head
             torch.nn.init.normal_(attn.gate.weight, std=1.0)
-        for name in KINDS[kind].parameters(3):  # the kind's own parameters away from their init
+        for name in attn.kind_parameter_names:  # the kind's own parameters away from their init
             getattr(attn, name).copy_(torch.tensor([-1.0, 0.5, 2.0]))
     x = torch.randn(2, 5, 12)
     ref = naive_attention(attn, x, causal)

@@ -203,3 +203,7 @@ class BlockView(nn.Module):
     def from_heads(self, x: torch.Tensor, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """The block's output for input `x` given its heads' outputs (B, heads, N, head_dim) and gate."""
         return self.mlp_residual(x + self.ls1(self.attn.combine(heads_out, gate)))
+
+    def entering(self, update: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The attention update as it enters the residual stream: unchanged (no update-site module)."""
+        return update

@@ -13,9 +13,10 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from vitsinks.configs.user_inputs import name_problem
+from vitsinks.models.kinds import KINDS
 from vitsinks.models.vit import SIZES
 from vitsinks.utils.bounded import Range, range_of
-from vitsinks.utils.errors import ConfigError
+from vitsinks.utils.errors import BadValue, ConfigError
 from vitsinks.utils.registry import FIELDS, import_plugins
 
 
@@ -77,6 +78,11 @@ def check_config(cfg: DictConfig) -> None:
             problems.append(f"model.img_size={img} is not a multiple of model.patch_size={patch}")
         if dim > 0 and heads > 0 and dim % heads:
             problems.append(f"model.embed_dim={dim} is not divisible by model.num_heads={heads}")
+    if str(m.attn) in KINDS:
+        try:
+            KINDS[str(m.attn)].settings(m.get("kind_settings"))
+        except BadValue as err:
+            problems.append(str(err))
     if cfg.get("imported"):
         problems.append(f"imported={cfg.imported} (set by vitsinks on the run it imports a pretrained model as: pass "
                         f"model.pretrained=<timm name or weights file>)")

@@ -28,6 +28,7 @@ from vitsinks.diagnostics.persistence import massive_emergence
 from vitsinks.diagnostics.residual import block_stats
 from vitsinks.models.attention import AttnInternals
 from vitsinks.models.common_mode import common_mode_terms_per_image
+from vitsinks.models.kinds import KINDS
 from vitsinks.models.mitigations import MITIGATIONS, BlockMitigation
 from vitsinks.models.passes import eval_mode
 from vitsinks.models.seam import Backbone, Block
@@ -75,7 +76,7 @@ def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = Fal
         errors.append(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
         for k, v in update_fields(blk, x, it, mitigations).items():
             update.setdefault(k, []).append(v)
-        fields = head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk))
+        fields = head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk), KINDS[blk.attn.attn_kind].signed)
         for k in FIELDS:
             per_block[k].append(fields[k])
         per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
@@ -119,17 +120,19 @@ def diagnosed_mitigations(blocks: list[Block]) -> list[type[BlockMitigation]]:
 
 def update_fields(blk: Block, x: torch.Tensor, it: AttnInternals,
                   mitigations: Iterable[type[BlockMitigation]]) -> dict[str, torch.Tensor]:
-    """Per image (B,) of one block: the common-mode terms `cm_num` / `cm_den` of its attention update, the heads'
-    shares of it (`head_shape.update_shares`: `update_share` per head, `head_util`), and each mitigation's fields (per
+    """Per image (B,) of one block: the common-mode terms `cm_num` / `cm_den` of its attention update where it enters
+    the residual stream (with what update-site mitigations add, `Block.entering`), the heads' shares of it
+    (`head_shape.update_shares`: `update_share` per head, `head_util`), and each mitigation's fields (per
     head or per image; its `diagnostic_fields` fill values in a block without it)."""
+    z = blk.norm1(x)
     with projection_input(blk.attn) as seen:
         o = blk.ls1(blk.attn.combine(it.attn @ it.v, it.gate))
-    num, den = common_mode_terms_per_image(o)
+    num, den = common_mode_terms_per_image(blk.entering(o, z))
+    attn_energy = o.float().square().mean(dim=(1, 2))  # the attention's own update, before update-site modules
     norms = head_update_norms(seen[-1], blk.attn.proj.weight, blk.attn.num_heads, layerscale(blk))
     out = {"cm_num": num, "cm_den": den, **update_shares(norms)}
-    z = blk.norm1(x)
     for m in mitigations:
-        got = m.diagnostics(blk, z, it, den)
+        got = m.diagnostics(blk, z, it, attn_energy)
         if got is None:
             shape = it.attn.shape[:2] if m.site != "update" else den.shape  # on the attention: per head
             got = {k: torch.full(shape, fill, device=den.device) for k, fill in m.diagnostic_fields.items()}

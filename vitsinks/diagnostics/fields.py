@@ -48,17 +48,20 @@ def _gram_stable_rank(gram: torch.Tensor) -> torch.Tensor:
     return torch.where(top > 0, fro2 / top.clamp_min(1e-300), torch.nan).float()
 
 
-def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor,
-                ls: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The diagnostics fields (docs/fidelity.md) of every (image, head) of one block, each shaped (B, H).
+def head_fields(attn: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor, ls: torch.Tensor | None,
+                signed: bool = False) -> dict[str, torch.Tensor]:
+    """The diagnostics fields (docs/fidelity.md) of every (image, head) of one block, each shaped (B, H). With
+    `signed` (a kind whose weights may be negative) the sink's column, mass, routed share and min_a read the weights'
+    magnitudes |A| (a strongly negative column is a sink too); the stable rank reads A itself.
 
     u_j = ls * (W_O^h v_j) and U = A u are never formed: with K_h = W_h'^T W_h' (hd x hd), ||u_j||^2 =
     v_j^T K_h v_j, and U = (A v) W_h'^T has the Gram matrix C^T (A v)^T (A v) C (hd x hd, K_h = C C^T) with the
     same nonzero eigenvalues as U^T U, so the stable rank needs only hd x hd eigenvalues.
     """
     attn, v = attn.float(), v.float()
-    s = attn.mean(-2).argmax(-1)  # dominant column: argmax_j mean_i A_ij
-    col = attn.gather(-1, s[..., None, None].expand(*attn.shape[:-1], 1)).squeeze(-1)  # A_is over queries i
+    read = attn.abs() if signed else attn
+    s = read.mean(-2).argmax(-1)  # dominant column: argmax_j mean_i A_ij
+    col = read.gather(-1, s[..., None, None].expand(*attn.shape[:-1], 1)).squeeze(-1)  # A_is over queries i
     K = head_output_gram(w_o.float(), attn.shape[1], None if ls is None else ls.float())
     u_norm = torch.einsum("bhnd,hde,bhne->bhn", v, K, v).clamp_min(0).sqrt()
     evals, evecs = torch.linalg.eigh(K.double())

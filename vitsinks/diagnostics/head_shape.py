@@ -19,7 +19,7 @@ from torch import nn
 
 from vitsinks.diagnostics.fields import head_output_gram
 
-ATTENTION_FIELDS = ("concentration", "diag_mass")  # per (image, head), from A
+ATTENTION_FIELDS = ("concentration", "diag_mass", "dead", "neg_mass")  # per (image, head), from A
 
 
 def median_last(x: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,19 @@ def median_last(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_shape(attn: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per (image, head), (B, H): `concentration` max_j c_j / median_j c_j of the column sums c_j = sum_i A_ij over
-    every key j (inf where the median is 0 and the maximum is not, NaN where every column is 0), and `diag_mass`
-    (1/N) sum_i A_ii, the mean attention a query pays itself."""
+    """Per (image, head), (B, H), on the weights' magnitudes |A| (A itself unless the kind is signed):
+    `concentration` max_j c_j / median_j c_j of the column sums c_j = sum_i |A_ij| over every key j (inf where the
+    median is 0 and the maximum is not, NaN where every column is 0), `diag_mass` (1/N) sum_i |A_ii|, the mean
+    attention a query pays itself, `dead` 1 where every weight is exactly 0 (the head attends to nothing) else 0, and
+    `neg_mass` the share of sum |A_ij| on negative weights (0 unless the kind is signed; NaN for a dead head)."""
     attn = attn.float()
-    col = attn.sum(-2)  # (B, H, K)
+    mag = attn.abs()
+    col = mag.sum(-2)  # (B, H, K)
+    total = col.sum(-1)
     return {"concentration": col.amax(-1) / median_last(col),
-            "diag_mass": attn.diagonal(dim1=-2, dim2=-1).mean(-1)}
+            "diag_mass": mag.diagonal(dim1=-2, dim2=-1).mean(-1),
+            "dead": (total == 0).float(),
+            "neg_mass": (attn.clamp_max(0).abs().sum((-2, -1)) / total)}
 
 
 def head_update_norms(y: torch.Tensor, w_o: torch.Tensor, num_heads: int, ls: torch.Tensor | None) -> torch.Tensor:
@@ -86,6 +92,10 @@ def shape_summary(d: dict[str, np.ndarray]) -> dict[str, list[float | None]]:
         warnings.simplefilter("ignore", RuntimeWarning)
         conc = np.nanmedian(d["concentration"].astype(np.float64), axis=(0, 2))
         util = np.nanmean(d["head_util"].astype(np.float64), axis=0)
+        neg = np.nanmean(d["neg_mass"].astype(np.float64), axis=(0, 2)) if "neg_mass" in d else None
     return {"concentration_by_block": [_finite_or_none(x) for x in conc],
             "diag_mass_by_block": [_finite_or_none(x) for x in d["diag_mass"].astype(np.float64).mean(axis=(0, 2))],
-            "head_util_by_block": [_finite_or_none(x) for x in util]}
+            "head_util_by_block": [_finite_or_none(x) for x in util],
+            **({"dead_by_block": [_finite_or_none(x) for x in d["dead"].astype(np.float64).mean(axis=(0, 2))]}
+               if "dead" in d else {}),
+            **({"neg_mass_by_block": [_finite_or_none(x) for x in neg]} if neg is not None else {})}

@@ -129,17 +129,20 @@ def describe_rule(r: dict[str, Any] | None) -> str:
 
 
 def strongest_heads(d: dict[str, np.ndarray], ratio: str = "ratio_out") -> dict[str, list]:
-    """Per block, the head with the largest mean `mass` over images: its index, that mass, where its dominant key
-    sits most often, the median value `ratio` of that key, and its mean `prefix_mass` (docs/sinks.md)."""
+    """Per block, the head with the largest mean `mass` over images among those that attend to something (not `dead`
+    in every image): its index, that mass, where its dominant key sits most often ("dead" where every head of the
+    block attends to nothing), the median value `ratio` of that key, and its mean `prefix_mass` (docs/sinks.md)."""
     mean_mass = d["mass"].mean(axis=0)  # (L, H)
-    heads = mean_mass.argmax(axis=1)
+    all_dead = d["dead"].min(axis=0).astype(bool) if "dead" in d else np.zeros(mean_mass.shape, dtype=bool)
+    heads = np.where(all_dead, -np.inf, mean_mass).argmax(axis=1)
     blocks = np.arange(len(heads))
     loc = location(d)[:, blocks, heads]  # (images, L)
     names = layout_of(d).locations
     out = {
         "head": heads.tolist(),
         "mass": [_fmt(x) for x in mean_mass[blocks, heads]],
-        "location": [names[int(np.bincount(loc[:, b], minlength=len(names)).argmax())] for b in blocks],
+        "location": ["dead" if all_dead[b].all() else names[int(np.bincount(loc[:, b], minlength=len(names)).argmax())]
+                     for b in blocks],
         "ratio": [_fmt(x) for x in np.nanmedian(d[ratio][:, blocks, heads], axis=0)],
     }
     if "prefix_mass" in d:
@@ -304,6 +307,8 @@ _STRONGEST = (("max_mass", "strongest head mass"), ("prefix_mass", "its mass on 
 # (key, label, section, format) of the columns of `head_shape`, `sink_lifetime` and `massive_emergence`
 _DEPTH = (("concentration", "max / median key attention", "mechanism", "g"),
           ("diag_mass", "attention on itself", "mechanism", "f"), ("head_util", "head utilisation", "mechanism", "f"),
+          ("dead", "heads attending to nothing", "mechanism", "f"),
+          ("neg_mass", "negative attention share", "mechanism", "f"),
           ("sink_keys", "sink keys / image", "sinks", "f"), ("sink_span", "sink lifetime (blocks)", "sinks", "f"),
           ("massive_first", "first massive block", "residual", "f"),
           ("massive_cv", "massive norm CV afterwards", "residual", "g"))
@@ -416,13 +421,14 @@ class DiagnosticsSummary(Result):
 def shape_columns(s: DiagnosticsSummary) -> dict[str, float]:
     """The `_DEPTH` leaderboard columns (docs/evaluation.md) of a summary (NaN where it lacks the part): the largest
     per-block concentration (a null one is inf: a median column sum of 0) and diagonal mass, the mean head
-    utilisation over blocks, the sink keys per image and their mean lifetime, the median first massive block and the
+    utilisation, share of dead heads and negative attention share over blocks, the sink keys per image and their
+    mean lifetime, the median first massive block and the
     massive tokens' mean coefficient of variation."""
     out = {k: math.nan for k, _, _, _ in _DEPTH}
     if s.head_shape:
         for key, agg, null in (("concentration", max, math.inf), ("diag_mass", max, None),
-                               ("head_util", np.mean, None)):
-            given = [float(v) if v is not None else null for v in s.head_shape[f"{key}_by_block"]]
+                               ("head_util", np.mean, None), ("dead", np.mean, None), ("neg_mass", np.mean, None)):
+            given = [float(v) if v is not None else null for v in s.head_shape.get(f"{key}_by_block") or []]
             vals = [v for v in given if v is not None]
             out[key] = float(agg(vals)) if vals else math.nan
     if s.sink_lifetime:

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from vitsinks.models.kinds import KINDS
+from vitsinks.models.kinds import KINDS, AttentionKind
 from vitsinks.models.mitigations import brought_edits
 from vitsinks.utils.errors import BadValue, CheckFailed
 
@@ -29,7 +29,6 @@ SHUFFLE_EDITS = ("shuffle_sink_value", "shuffle_registers")  # the donor is pi(b
 CONTROLS_SEED_OFFSET = 500  # the controls generator: seed + 1000 * shard + 500, never a patch generator's seed
 VALUE_CHECK_TOL = 1e-8  # float64, relative to the head update's largest entry
 REDIRECT_TOL = 1e-3  # the redirect from the scores vs A's own rescaling, on rows A holds well (relative, L1)
-REDIRECT_CHECK_SHARE = 1e-30  # ... those whose attention off the sink is at least this share of the row
 REF_REDIRECT_CLAMP = 1e-12  # the reference's clamp of the new row sum (vit_causal/interventions.py)
 
 
@@ -163,17 +162,14 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
     return out
 
 
-def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor) -> tuple[float, int]:
-    """(largest relative L1 error, rows checked) of the redirect from the scores against A (B, N, K) rescaled, on the
-    rows where A holds `REDIRECT_CHECK_SHARE` off the sink: a guard that the scores are the ones A came from."""
-    a = attn.double()
-    off = a.clone()
-    off[torch.arange(len(a), device=a.device), :, sink] = 0.0
-    total, rest = a.sum(-1, keepdim=True), off.sum(-1, keepdim=True)
-    keep = (rest.squeeze(-1) >= REDIRECT_CHECK_SHARE * total.squeeze(-1)) & (rest.squeeze(-1) > 0)
+def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor,
+                   kind: type[AttentionKind]) -> tuple[float, int]:
+    """(largest relative L1 error, rows checked) of the redirect from the scores against the `kind`'s prediction from
+    A (`AttentionKind.expected_redirect`; by default A rescaled, on the rows A holds off the sink): a guard that the
+    scores are the ones A came from."""
+    expected, keep = kind.expected_redirect(attn, sink)
     if not keep.any():
         return 0.0, 0
-    expected = off / rest * total  # the row keeps its sum (a null key is a column of A: it takes its share)
     r = redirected.double()[keep]
     err = (r - expected[keep]).abs().sum(-1) / expected[keep].abs().sum(-1).clamp_min(1e-300)
     return float(err.max()), int(keep.sum())

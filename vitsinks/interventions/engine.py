@@ -39,6 +39,7 @@ from vitsinks.interventions.edits import (
     register_control,
     value_edit,
 )
+from vitsinks.models.kinds import KINDS
 from vitsinks.models.mitigations import SINK_VALUE_EDITS, slot_edits
 from vitsinks.models.seam import Backbone
 from vitsinks.utils.errors import BadValue
@@ -144,7 +145,7 @@ def require_events(d: dict[str, np.ndarray], rules: SinkRules, heads: Sequence[H
 
 
 def _fields(blk: Any, it: Any) -> dict[str, torch.Tensor]:
-    return head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk))
+    return head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk), KINDS[blk.attn.attn_kind].signed)
 
 
 @torch.no_grad()
@@ -271,12 +272,12 @@ def edited_final(backbone: Backbone, b: int, x_in: torch.Tensor, it: Any, heads_
         new_head = it.attn[:, h] @ v_new
     elif edit == "redirect_sink_attention":
         red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=backbone.causal)
-        err, n_rows = check_redirect(it.attn[:, h], red, sink)
+        err, n_rows = check_redirect(it.attn[:, h], red, sink, KINDS[blk.attn.attn_kind])
         checks.redirect_error = max(checks.redirect_error, err)
         checks.redirect_rows_checked += n_rows
         if not err < REDIRECT_TOL:
             raise EditCheckFailed(f"redirect_sink_attention on head {b}:{h}: the attention rebuilt from the scores "
-                                  f"differs by {err:.2e} from A's own rescaling where A holds it exactly (tolerance "
+                                  f"differs by {err:.2e} from what A predicts of it where A holds it (tolerance "
                                   f"{REDIRECT_TOL:.0e}): the scores are not the ones A was computed from")
         new_head = red @ it.v[:, h]
     elif edit == "redirect_sink_attention_ref":

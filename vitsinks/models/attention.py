@@ -9,6 +9,7 @@ FlexAttention (exact, on CUDA), SDPA or the explicit path; `internals` and `redi
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from functools import partialmethod
 from typing import Any, NamedTuple
 
@@ -16,7 +17,7 @@ import torch
 from timm.layers import use_fused_attn
 from torch import nn
 
-from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind, HeadSpec
 from vitsinks.models.layout import NULL_SLOT
 from vitsinks.models.mitigations import at_site
 from vitsinks.models.mitigations.gate import G1Gate
@@ -24,6 +25,9 @@ from vitsinks.utils.errors import BadValue
 
 HEAD_MITIGATIONS = at_site("heads")
 KEY_MITIGATIONS = at_site("keys")
+OUTPUT_MITIGATIONS = at_site("outputs")
+MASK_MITIGATIONS = at_site("mask")
+ATTENTION_SITES = (*HEAD_MITIGATIONS, *KEY_MITIGATIONS, *OUTPUT_MITIGATIONS, *MASK_MITIGATIONS)
 # model.fused_attention: auto = FlexAttention on CUDA, else SDPA, else explicit; flex = FlexAttention on any device
 # (CPU: inference only); sdpa = SDPA where the kind has it; off = always explicit
 FUSED_MODES: tuple[str, ...] = ("auto", "flex", "sdpa", "off")
@@ -63,13 +67,15 @@ class AttnInternals(NamedTuple):
 
 
 class SinkAttention(nn.Module):
-    """Multi-head self-attention of a registered kind (`attn`) with mitigations by config name (`gate=...`)."""
+    """Multi-head self-attention of a registered kind (`attn`, with its `kind_settings`) with mitigations by config
+    name (`gate=...`); `block` and `depth` place it in its model (a kind's parameters may depend on them; `place`)."""
 
     gate: G1Gate | None  # the G1 gate, set with the other mitigations' modules
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  norm_layer: type[nn.Module] | None = None, attn: str = DEFAULT_KIND,
+                 kind_settings: Mapping[str, Any] | None = None, block: int = 0, depth: int = 1,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  **mitigations: Any) -> None:
         super().__init__()
@@ -78,7 +84,7 @@ class SinkAttention(nn.Module):
             raise BadValue(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         if attn not in KINDS:
             raise BadValue(f"unknown attention kind {attn!r}; choose one of {ATTN_KINDS}")
-        unknown = set(mitigations) - {m.name for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS)}
+        unknown = set(mitigations) - {m.name for m in ATTENTION_SITES}
         if unknown:
             raise TypeError(f"SinkAttention got unknown arguments {sorted(unknown)}")
         if (qk_norm or scale_norm) and norm_layer is None:
@@ -88,6 +94,8 @@ class SinkAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.kind = KINDS[attn]
         self.attn_kind = str(attn)
+        self.kind_settings = self.kind.settings(kind_settings)
+        self.block, self.depth = int(block), int(depth)
         self.fused_attn = use_fused_attn()
         self.fused_mode = "auto"  # one of FUSED_MODES (`set_fused_attention`)
 
@@ -96,17 +104,36 @@ class SinkAttention(nn.Module):
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm and norm_layer else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim, **dd) if scale_norm and norm_layer else nn.Identity()
-        for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
+        for m in ATTENTION_SITES:
             setting = m.setting(mitigations.get(m.name))
             module = None if setting is None else m.build(setting, dim, num_heads)
             if module is not None and (device is not None or dtype is not None):
                 module.to(device=device, dtype=dtype)
             setattr(self, m.attr, module)
-        for name, param in self.kind.parameters(num_heads, device=device, dtype=dtype).items():
-            self.register_parameter(name, param)
+        self.kind_parameter_names: tuple[str, ...] = ()  # the kind's own parameters' names
+        self._build_kind_parameters(device, dtype)
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
+
+    def _build_kind_parameters(self, device: torch.device | str | None = None,
+                               dtype: torch.dtype | None = None) -> None:
+        spec = HeadSpec(self.num_heads, self.head_dim, self.block, self.depth, self.kind_settings, device, dtype)
+        params = self.kind.parameters(spec)
+        self.kind_parameter_names = tuple(params)
+        for name, param in params.items():
+            self.register_parameter(name, param)
+
+    def place(self, block: int, depth: int) -> None:
+        """Tell the module it is block `block` of `depth` (0-based; a `SinkViT` does for each of its blocks): the
+        kind's parameters are built again for that place and initialised."""
+        if (block, depth) == (self.block, self.depth) or not self.kind_parameter_names:
+            self.block, self.depth = int(block), int(depth)
+            return
+        like = getattr(self, self.kind_parameter_names[0])
+        self.block, self.depth = int(block), int(depth)
+        self._build_kind_parameters(like.device, like.dtype)
+        self.kind.init_parameters(self)
 
     @property
     def gate_kind(self) -> str:
@@ -121,7 +148,7 @@ class SinkAttention(nn.Module):
 
     def init_weights(self) -> None:
         """Reference init of the mitigations' modules and the kind's parameters (timm's ViT init calls it last)."""
-        for m in (*HEAD_MITIGATIONS, *KEY_MITIGATIONS):
+        for m in ATTENTION_SITES:
             module = getattr(self, m.attr)
             if module is not None:
                 module.init_weights()
@@ -130,7 +157,8 @@ class SinkAttention(nn.Module):
     def kernel(self, device: torch.device | str | None = None, is_causal: bool = False) -> str:
         """The kernel `heads` runs on `device` (default: the module's): flex | sdpa | explicit (`select_kernel`)."""
         device = torch.device(self.qkv.weight.device if device is None else device)
-        return select_kernel(self.kind, self.fused_mode, device.type, causal=is_causal,
+        masked = any(getattr(self, m.attr) is not None for m in MASK_MITIGATIONS)  # explicit, like causal
+        return select_kernel(self.kind, self.fused_mode, device.type, causal=is_causal or masked,
                              dropout=self.training and self.attn_drop.p > 0, sdpa=self.fused_attn,
                              head_dim=self.head_dim)
 
@@ -163,6 +191,26 @@ class SinkAttention(nn.Module):
         return torch.ones(n, k, dtype=torch.bool, device=device).triu_(1).logical_and_(
             torch.arange(k, device=device) < n)
 
+    def hidden(self, n: int, k: int, device: torch.device, causal: bool = False) -> torch.Tensor | None:
+        """(n, k): the keys each of the n queries may not see (causal future, mask-site mitigations'), or None."""
+        out = self._future(n, k, device) if causal else None
+        for m in MASK_MITIGATIONS:
+            module = getattr(self, m.attr)
+            if module is not None:
+                mask = module.hidden(n, k, device)
+                out = mask if out is None else out | mask
+        return out
+
+    def head_output(self, heads_out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (B, heads, N, head_dim) as the output projection reads them before the gate: the kind's
+        `head_output`, then the outputs-site mitigations'."""
+        heads_out = self.kind.head_output(self, heads_out)
+        for m in OUTPUT_MITIGATIONS:
+            module = getattr(self, m.attr)
+            if module is not None:
+                heads_out = module(heads_out)
+        return heads_out
+
     def _gate(self, x: torch.Tensor) -> torch.Tensor | None:
         gate = None
         for m in HEAD_MITIGATIONS:
@@ -173,9 +221,8 @@ class SinkAttention(nn.Module):
         return gate
 
     def _attention_matrix(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        s = (q * self.scale) @ k.transpose(-2, -1)
-        future = self._future(q.shape[-2], k.shape[-2], s.device) if causal else None
-        return self.kind.matrix(self, s, future)
+        s = self.kind.scores(self, q, k)
+        return self.kind.matrix(self, s, self.hidden(q.shape[-2], k.shape[-2], s.device, causal))
 
     def internals(self, x: torch.Tensor, causal: bool = False) -> AttnInternals:
         """Explicit attention matrix, values and gate for a pre-normed input `x` (B, N, dim); `causal` masks future
@@ -188,17 +235,20 @@ class SinkAttention(nn.Module):
         given to the other keys (`AttentionKind.redirected`), computed from the scores: A's entries off a strong sink
         underflow to exactly 0 in float32. A row with no key left is 0."""
         q, k, _ = self._qkv(x)
-        s = (q[:, head] * self.scale) @ k[:, head].transpose(-2, -1)  # (B, N, N + E), as in `_attention_matrix`
-        B, n = s.shape[:2]
+        s = self.kind.scores(self, q, k)[:, head]  # (B, [maps,] N, N + E), as in `_attention_matrix`
+        B, n = s.shape[0], s.shape[-2]
         keys = s.shape[-1] + int(self.kind.null_key)  # every key of the layout
         is_sink = torch.zeros(B, n, keys, dtype=torch.bool, device=s.device)
         is_sink[torch.arange(B, device=s.device), :, sink] = True
-        hidden = self._future(n, keys, s.device) if causal else torch.zeros(n, keys, dtype=torch.bool, device=s.device)
+        hidden = self.hidden(n, keys, s.device, causal)
+        if hidden is None:
+            hidden = torch.zeros(n, keys, dtype=torch.bool, device=s.device)
         return self.kind.redirected(self, s, head, is_sink, hidden)
 
     def combine(self, heads_out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): scale-norm, gate, output projection."""
-        return self.proj_drop(self.proj(merge_heads(heads_out, gate, self.norm)))
+        """(B, heads, N, head_dim) per-head outputs -> (B, N, dim): the head output (`head_output`), scale-norm,
+        gate, output projection."""
+        return self.proj_drop(self.proj(merge_heads(self.head_output(heads_out), gate, self.norm)))
 
     def heads(self, x: torch.Tensor, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head outputs (B, heads, N, head_dim), fused where possible, and the gate (see `AttnInternals`)."""
@@ -227,10 +277,13 @@ def set_fused_attention(model: nn.Module, mode: str) -> None:
 
 
 @functools.cache
-def attention_layer(attn: str = DEFAULT_KIND, **mitigations: Any) -> type[SinkAttention]:
-    """`SinkAttention` with its kind and mitigations fixed, as timm's `Block(attn_layer=...)` takes it: a subclass
-    (timm calls `issubclass` on it), cached, so equal arguments give the same class."""
-    label = "_".join([attn, *(f"{k}-{v}" for k, v in sorted(mitigations.items()))])
+def attention_layer(attn: str = DEFAULT_KIND, **fixed: Any) -> type[SinkAttention]:
+    """`SinkAttention` with its kind, mitigations and placement fixed (`fixed`: hashable keyword arguments; the kind
+    settings as a tuple of (name, value) pairs), as timm's `Block(attn_layer=...)` takes it: a subclass (timm calls
+    `issubclass` on it), cached, so equal arguments give the same class."""
+    label = "_".join([attn, *(f"{k}-{v}" for k, v in sorted(fixed.items()))])
+    if "kind_settings" in fixed:
+        fixed = {**fixed, "kind_settings": dict(fixed["kind_settings"])}
     return type(f"SinkAttention[{label}]", (SinkAttention,),
-                {"__init__": partialmethod(SinkAttention.__init__, attn=attn, **mitigations),
+                {"__init__": partialmethod(SinkAttention.__init__, attn=attn, **fixed),
                  "__module__": __name__, "__doc__": SinkAttention.__doc__})

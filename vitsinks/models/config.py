@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from vitsinks.models.attention import FUSED_MODES
-from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND
+from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.mitigations import MITIGATIONS, mitigation_fields
 from vitsinks.utils.bounded import RANGE, Range
 
@@ -61,6 +61,8 @@ class ArchitectureConfig:
     # [CLS] / register init: None timm's (normal std 1e-6); x: trunc-normal std x. An init: a checkpoint overrides it
     prefix_init_std: float | None = _field(None, arch=False, ge=0)
     attn: Attn = Attn[DEFAULT_KIND]
+    # the attention kind's settings by name (its `Settings`; absent ones their defaults): e.g. clipped softmax's gamma
+    kind_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 if TYPE_CHECKING:  # what a type checker sees of the class made from the registry below
@@ -104,10 +106,13 @@ def config_values(cfg: ArchitectureConfig | Mapping[str, Any]) -> dict[str, Any]
 
 def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
     """The one name of an architecture, from a model config (or any mapping with its fields): the attention kind
-    unless softmax, then the tags of registers and mitigations in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
+    unless softmax (with its settings that differ from the defaults: `clipped_softmax(gamma=-0.01)`), then the tags
+    of registers and mitigations in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
     `softpick+reg`, `reg+global`, ..."""
     values = config_values(model)
     attn = str(values.get("attn") or DEFAULT_KIND)
+    kind = KINDS[attn] if attn in KINDS else None
+    tagged = attn + kind.settings_tag(kind.settings(values.get("kind_settings"))) if kind is not None else attn
     registers = int(values.get("registers") or 0)
     tags: dict[str, str] = {}
     if registers:
@@ -117,7 +122,7 @@ def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
         if tag:
             tags[name] = tag
     order = [*TAG_ORDER, *(name for name in MITIGATIONS if name not in TAG_ORDER)]
-    parts = ([] if attn == DEFAULT_KIND else [attn]) + [tags[name] for name in order if name in tags]
+    parts = ([] if tagged == DEFAULT_KIND else [tagged]) + [tags[name] for name in order if name in tags]
     return "+".join(parts) or "base"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,7 +37,7 @@ from vitsinks.utils.errors import BadValue
 PATCH_EMBEDS: tuple[str, ...] = tuple(p.value for p in PatchEmbed)
 POS_EMBEDS: tuple[str, ...] = tuple(p.value for p in PosEmbed)
 UPDATE_MITIGATIONS = at_site("update")
-ATTENTION_MITIGATIONS = at_site("heads", "keys")  # modules of the attention
+ATTENTION_MITIGATIONS = at_site("heads", "keys", "outputs", "mask")  # modules of the attention
 
 
 @dataclass(frozen=True)
@@ -82,18 +82,22 @@ class UpdateSiteModule(Protocol):
 
 
 class SinkBlock(Block):
-    """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` with the heads- and keys-site
-    mitigations, and the update-site ones beside it, all by their config names (`gate="elementwise"`, ...). Without
-    update hooks and update-site modules it runs timm's own forward."""
+    """timm's pre-norm `Block` whose attention is a `SinkAttention` of kind `attn` (with its `kind_settings`) with
+    the attention's mitigations, and the update-site ones beside it, all by their config names (`gate="elementwise"`,
+    ...); timm's `depth` is the block's index among `n_blocks`. Without update hooks and update-site modules it runs
+    timm's own forward."""
 
     attn: SinkAttention
 
-    def __init__(self, dim: int, num_heads: int, *, attn: str = DEFAULT_KIND, **kwargs: Any) -> None:
+    def __init__(self, dim: int, num_heads: int, *, attn: str = DEFAULT_KIND,
+                 kind_settings: Mapping[str, Any] | None = None, n_blocks: int = 1, **kwargs: Any) -> None:
         values = {name: kwargs.pop(name) for name in MITIGATIONS if name in kwargs}
         kwargs.pop("attn_layer", None)  # a VisionTransformer passes timm's default Attention
         heads = {m.name: m.setting(values.get(m.name)) for m in ATTENTION_MITIGATIONS}
-        layer = attention_layer(attn, **{k: v for k, v in heads.items() if v is not None})
+        settings = {"kind_settings": tuple(sorted(kind_settings.items()))} if kind_settings else {}
+        layer = attention_layer(attn, **settings, **{k: v for k, v in heads.items() if v is not None})
         super().__init__(dim, num_heads, attn_layer=layer, **kwargs)
+        self.attn.place(int(kwargs.get("depth", 0)), n_blocks)  # timm's `depth`: the block's index
         for m in UPDATE_MITIGATIONS:
             setting = m.setting(values.get(m.name))
             setattr(self, m.attr, None if setting is None else m.build(setting, dim, num_heads))
@@ -121,6 +125,13 @@ class SinkBlock(Block):
     def _update_modules(self) -> list[UpdateSiteModule]:
         return [mod for m in UPDATE_MITIGATIONS if (mod := getattr(self, m.attr, None)) is not None]
 
+    def entering(self, update: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The attention update `ls1 * attn(z)` (B, N, dim) as it enters the residual stream: with what the
+        update-site mitigations add to it (`z` the pre-normed input)."""
+        for module in self._update_modules():
+            update = module.add_to(update, z)
+        return update
+
     def forward_explicit(self, x: torch.Tensor, causal: bool = False) -> tuple[torch.Tensor, AttnInternals]:
         """The block computed from the attention's explicit internals; returns (output, internals)."""
         it = self.attn.internals(self.norm1(x), causal=causal)
@@ -145,10 +156,7 @@ class SinkBlock(Block):
 
             for fn in list(self._update_hooks.values()):
                 fn(self, update, pre_gate)
-        o = update
-        for module in self._update_modules():
-            o = module.add_to(o, z)  # one residual branch: stochastic depth drops them together
-        x = x + self.drop_path1(o)
+        x = x + self.drop_path1(self.entering(update, z))  # one residual branch: stochastic depth drops it whole
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -168,9 +176,9 @@ class SinkViT(VisionTransformer):
     sweep's), where it also covers the registers. `load_timm_state_dict` converts timm's register layouts exactly.
     """
 
-    def __init__(self, *, attn: str = DEFAULT_KIND, mlp: bool = True, patch_embed: str = "learned",
-                 register_pos_embed: bool = False, prefix_init_std: float | None = None,
-                 norm_eps: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, attn: str = DEFAULT_KIND, kind_settings: Mapping[str, Any] | None = None, mlp: bool = True,
+                 patch_embed: str = "learned", register_pos_embed: bool = False,
+                 prefix_init_std: float | None = None, norm_eps: float | None = None, **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
         if not mlp:
@@ -179,9 +187,13 @@ class SinkViT(VisionTransformer):
             kwargs["norm_layer"] = partial(LayerNorm, eps=float(norm_eps))
         # the canonical setting of every mitigation (None: off), passed to every block by its config name
         settings = {name: m.setting(kwargs.pop(name, None)) for name, m in MITIGATIONS.items()}
-        # timm annotates block_fn as a class; it calls it, so a partial of one is what it takes
-        super().__init__(block_fn=cast(type[nn.Module], partial(SinkBlock, attn=attn, **settings)), **kwargs)
-        self.attn_kind, self.mitigations = str(attn), settings
+        kind_settings = dict(kind_settings or {})
+        KINDS[attn].settings(kind_settings)  # checked before any block is built
+        depth = int(kwargs.get("depth", 12))
+        placed = partial(SinkBlock, attn=attn, kind_settings=kind_settings, n_blocks=depth, **settings)
+        # timm annotates block_fn as a class; it calls it (with `depth=i`, the block's index), so a partial of one
+        super().__init__(block_fn=cast(type[nn.Module], placed), **kwargs)
+        self.attn_kind, self.kind_settings, self.mitigations = str(attn), kind_settings, settings
         self.register_pos_embed = bool(register_pos_embed)
         # post-hoc edits (training-free methods) as (label, registers they added), named by `variant`
         self.edits: list[tuple[str, int]] = []
@@ -223,7 +235,8 @@ class SinkViT(VisionTransformer):
     def variant(self) -> str:
         """The architecture's `variant_name`, then its post-hoc edits: `base + test-time register`."""
         trained = self.num_reg_tokens - sum(added for _, added in self.edits)
-        name = variant_name({"attn": self.attn_kind, "registers": trained, **self.mitigations})
+        name = variant_name({"attn": self.attn_kind, "kind_settings": self.kind_settings, "registers": trained,
+                             **self.mitigations})
         return " + ".join([name, *(label for label, _ in self.edits)])
 
     def _num_patches(self, img_size: int | tuple[int, int] | None) -> int:
@@ -275,12 +288,14 @@ def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_siz
               patch_embed: str = "learned", pos_embed: str = "learn", layerscale_init: float | None = None,
               norm_eps: float | None = None, drop_path: float = 0.0, registers: int = 0,
               register_pos_embed: bool = False, prefix_init_std: float | None = None, attn: str = DEFAULT_KIND,
-              num_classes: int = 0, global_pool: str = "token", dynamic_img_size: bool = True,
+              kind_settings: Mapping[str, Any] | None = None, num_classes: int = 0, global_pool: str = "token",
+              dynamic_img_size: bool = True,
               **mitigations: Any) -> SinkViT:
     """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
 
     The arguments are `ModelConfig`'s fields (docs/commands-options.md): `attn` a registered attention kind
-    (`ATTN_KINDS`), `mitigations` by their config names (`gate="headwise"`, `global_pathway={...}`); `mlp=False`
+    (`ATTN_KINDS`) with its `kind_settings` (by name; absent ones their defaults), `mitigations` by their config
+    names (`gate="headwise"`, `global_pathway={...}`); `mlp=False`
     builds attention-only blocks; `patch_embed="orthonormal"` and `pos_embed="none"` are for the sink tasks;
     `prefix_init_std`: trunc-normal std of [CLS] and the registers and `norm_eps` every LayerNorm's eps (None: timm's
     init, 1e-6). `dynamic_img_size` lets multi-crop views of other sizes through; it changes no parameter.
@@ -299,7 +314,8 @@ def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_siz
     if registers < 0:
         raise BadValue(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
-    return SinkViT(attn=str(attn), mlp=mlp, patch_embed=str(patch_embed), register_pos_embed=register_pos_embed,
+    return SinkViT(attn=str(attn), kind_settings=kind_settings, mlp=mlp, patch_embed=str(patch_embed),
+                   register_pos_embed=register_pos_embed,
                    prefix_init_std=prefix_init_std, norm_eps=norm_eps, pos_embed=str(pos_embed), proj_bias=proj_bias,
                    img_size=img_size or spec.img_size, patch_size=patch_size or spec.patch_size,
                    embed_dim=embed_dim or spec.embed_dim, depth=depth or spec.depth,

@@ -3,8 +3,18 @@
 registry, so a new kind is one module here (docs/extending.md).
 """
 
-from vitsinks.models.kinds.kind import DEFAULT_KIND, KINDS, TINY, AttentionKind, ScoreMod, flex_lse, kind_names
+from vitsinks.models.kinds.kind import (
+    DEFAULT_KIND,
+    KINDS,
+    TINY,
+    AttentionKind,
+    HeadSpec,
+    NoSettings,
+    ScoreMod,
+    flex_lse,
+    kind_names,
+)
 from vitsinks.models.kinds.registered import ATTN_KINDS, FLEX_KINDS, FUSED_KINDS  # imports every kind's module
 
-__all__ = ["ATTN_KINDS", "DEFAULT_KIND", "FLEX_KINDS", "FUSED_KINDS", "KINDS", "TINY", "AttentionKind", "ScoreMod",
-           "flex_lse", "kind_names"]
+__all__ = ["ATTN_KINDS", "DEFAULT_KIND", "FLEX_KINDS", "FUSED_KINDS", "KINDS", "TINY", "AttentionKind", "HeadSpec",
+           "NoSettings", "ScoreMod", "flex_lse", "kind_names"]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitsinks.models.kinds.kind import KINDS, AttentionKind, flex_lse
+from vitsinks.models.kinds.kind import KINDS, AttentionKind, HeadSpec, flex_lse
 
 if TYPE_CHECKING:  # annotations only: the attention module imports the kinds
     from vitsinks.models.attention import SinkAttention
@@ -27,9 +27,8 @@ class SinkLogit(AttentionKind):
     null_key = True
 
     @staticmethod
-    def parameters(num_heads: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> dict[str, nn.Parameter]:
-        return {"sink_logit": nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))}
+    def parameters(spec: HeadSpec) -> dict[str, nn.Parameter]:
+        return {"sink_logit": nn.Parameter(torch.zeros(spec.num_heads, device=spec.device, dtype=spec.dtype))}
 
     @staticmethod
     def init_parameters(attn: SinkAttention) -> None:

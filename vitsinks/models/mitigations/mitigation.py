@@ -1,7 +1,9 @@
 """The block mitigation's interface (`BlockMitigation`, `SwitchMitigation`), its registry (`MITIGATIONS`) and what
 derives from it. A mitigation declares its config field, variant tag, the module it adds to every block by `site`
 (`heads`: a gate on the per-head outputs; `keys`: extra keys every query can attend to, the key layout's slots
-`slots`; `update`: an addition to the attention update), its diagnostics, leaderboard columns and interventions, and
+`slots`; `outputs`: a module mapping the per-head outputs (B, heads, N, head_dim) to new ones between A v and the
+output projection, before the gate; `mask`: a module whose `hidden(n_queries, n_keys, device)` marks keys queries may
+not see; `update`: an addition to the attention update), its diagnostics, leaderboard columns and interventions, and
 an `example` setting for the generic tests: docs/extending.md, "A new block mitigation".
 """
 
@@ -24,8 +26,8 @@ if TYPE_CHECKING:  # annotations only: the attention module imports the mitigati
     from vitsinks.models.attention import AttnInternals
     from vitsinks.models.seam import Block
 
-Site = Literal["heads", "keys", "update"]
-SITES: tuple[str, ...] = ("heads", "keys", "update")
+Site = Literal["heads", "keys", "outputs", "mask", "update"]
+SITES: tuple[str, ...] = ("heads", "keys", "outputs", "mask", "update")
 SINK_VALUE_EDITS: tuple[str, ...] = ("zero_sink_value", "mean_sink_value", "noise_sink_value", "donor_sink_value",
                                      "shuffle_sink_value", "donor_nonsink_value")  # edit the value at the sink
 
@@ -35,7 +37,7 @@ class BlockMitigation:
 
     name: ClassVar[str]  # the config field, model.<name>
     site: ClassVar[Site]
-    attr: ClassVar[str]  # attribute of the attention (heads, keys) or block (update): its state-dict prefix
+    attr: ClassVar[str]  # attribute of the attention (every site but update) or block (update): its state-dict prefix
     columns: ClassVar[tuple[Column, ...]] = ()
     diagnostic_fields: ClassVar[dict[str, float]] = {}  # field -> its value in a block without the mitigation
     always_diagnosed: ClassVar[bool] = False  # its fields are in every diagnosis (else only where a block has it)
@@ -80,7 +82,7 @@ class BlockMitigation:
     @classmethod
     def present(cls, block: Block) -> bool:
         """Whether `block` has this mitigation's module."""
-        return getattr(block.attn if cls.site in ("heads", "keys") else block, cls.attr, None) is not None
+        return getattr(block.attn if cls.site != "update" else block, cls.attr, None) is not None
 
     @classmethod
     def summarise(cls, d: Mapping[str, np.ndarray], layout: KeyLayout) -> dict[str, Any]:
