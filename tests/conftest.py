@@ -64,6 +64,16 @@ if SLURM_BIN.is_dir() and str(SLURM_BIN) not in os.environ.get("PATH", ""):
 
 
 @pytest.fixture
+def cpu_flex_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let FlexAttention's eager reference run its backward on CPU: torch refuses it through the public API; lifting
+    the refusal (`_validate_device`) runs the eager reference's own backward (the score mod's joint graph, the
+    log-sum-exp's gradient), which checks a kind's FlexAttention construction without a GPU."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+
+
+@pytest.fixture
 def figures(monkeypatch) -> list:
     """Every matplotlib figure saved during the test, in order, kept open so a test can read the data it draws."""
     import matplotlib.pyplot as plt

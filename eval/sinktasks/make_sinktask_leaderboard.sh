@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ViT sink tasks x the variants of configs/study/sinktasks.yaml (base, gate, reg, gate+reg, relu, softpick,
-# softmax1, attn_bias and the global-pathway family), 2 seeds each (48 runs of 256 steps; about 20 minutes on 2 CPU
-# cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
+# softmax1, attn_bias, the global-pathway family, diff, entmax15, clipped_softmax, headnorm, qknorm and cores), 2 seeds
+# each (72 runs of 256 steps; about 35 minutes on 2 CPU cores), trained by the real pipeline (launch -> trainer -> checkpoints -> diagnostics), the causal interventions
 # of every final checkpoint (256 images, heads selected by docs/fidelity.md; a run without a qualifying head and
 # without registers has nothing to edit and is said so), then one leaderboard with a row per (task, variant), and
 # every run's intervention report copied to eval/sinktasks/interventions/<run>/.

@@ -28,8 +28,13 @@ def cls_sink_vit() -> torch.nn.Module:
     normed tokens entering block 0; [CLS]'s is the same for every image), up to a few % per query; head 0:1 as
     initialised."""
     torch.manual_seed(0)
-    model = tiny_vit(num_heads=2).eval()
-    attn, dim = model.blocks[0].attn, 48
+    return plant_cls_sink(tiny_vit(num_heads=2).eval())
+
+
+def plant_cls_sink(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (a ViT of 32 px inputs, a qkv bias) with head 0:0 made the [CLS] sink of `cls_sink_vit`, in place (a
+    random direction u of the head drawn from torch's global generator)."""
+    attn, dim = model.blocks[0].attn, model.embed_dim
     hd = attn.head_dim
     u = torch.randn(hd)
     u /= u.norm()

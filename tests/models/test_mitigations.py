@@ -38,6 +38,9 @@ def test_a_mitigation_adds_its_module_at_its_attribute_to_every_block_and_nothin
     model = build_vit("vit_cpu", **TINY_VIT, **{name: ON[name]})
     prefix = m.attr if m.site == "update" else "attn." + m.attr  # heads and keys: on the attention module
     added = set(model.state_dict()) - set(base.state_dict())
+    tokens = {"reg_token"} if m.prefix_tokens(m.setting(ON[name])) else set()  # its own tokens: the register slots
+    assert tokens <= added
+    added -= tokens
     assert added and all(k.split(".", 2)[2].startswith(prefix + ".") for k in added)
     assert {k.split(".")[1] for k in added} == {str(i) for i in range(TINY_VIT["depth"])}
     assert set(base.state_dict()) <= set(model.state_dict())

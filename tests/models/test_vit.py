@@ -23,7 +23,7 @@ from vitsinks.models import (
     run_variant,
     variant_name,
 )
-from vitsinks.models.kinds import HeadSpec
+from vitsinks.models.kinds import AttentionKind, HeadSpec
 
 TINY_MODEL = {"size": "vit_cpu", **TINY_VIT}
 EXPS = exp_names()  # every vitsinks/configs/exp/*.yaml
@@ -166,24 +166,34 @@ def naive_attention(attn: SinkAttention, x: torch.Tensor, causal: bool) -> torch
     """SPEC's formulas written out per image, head and query with plain tensor ops, from the module's weights only:
     scores s_ij = q_i . k_j / sqrt(d); the kind's naive formula (`AttentionKind.reference`: softmax, relu(s) / N,
     sigmoid(s - log N), softmax over [s_i, b_h] without the null column, softpick, ...); future keys masked when
-    causal; the G1 gate sigmoid(x W_g^T + b_g) per channel (elementwise) or per head (headwise); then the output
-    projection."""
+    causal; the kind's head output; the G1 gate sigmoid(x W_g^T + b_g) per channel (elementwise) or per head
+    (headwise); then the output projection. A kind with its own scores (differential attention's two maps per head)
+    forms them from q_i and the keys, and its head output is its own: the kind's tests check both by hand."""
     B, N, C = x.shape
     H = attn.num_heads
     d = C // H
     W, bias = attn.qkv.weight, attn.qkv.bias
     kind = KINDS[attn.attn_kind]
-    out = torch.zeros(B, N, C)
+    heads = torch.zeros(B, H, N, d)
     for b in range(B):
         qkv = x[b] @ W.T + (bias if bias is not None else 0)
-        gate = None if attn.gate is None else torch.sigmoid(x[b] @ attn.gate.weight.T + attn.gate.bias)
         for h in range(H):
             q, k, v = (qkv[:, j * C + h * d : j * C + (h + 1) * d] for j in range(3))
             for i in range(N):
                 keys = range(i + 1) if causal else range(N)
-                s = torch.stack([q[i] @ k[j] / math.sqrt(d) for j in keys])
+                if kind.scores is AttentionKind.scores:
+                    s = torch.stack([q[i] @ k[j] / math.sqrt(d) for j in keys])
+                else:
+                    s = kind.scores(attn, q[i].view(1, 1, 1, d), k[: len(keys)].view(1, 1, -1, d))[0, 0, ..., 0, :]
                 a = kind.reference(attn, s.double(), h, N)[: len(keys)].float()
-                y = sum(a[t] * v[j] for t, j in enumerate(keys))
+                heads[b, h, i] = sum(a[t] * v[j] for t, j in enumerate(keys))
+    heads = kind.head_output(attn, heads)
+    out = torch.zeros(B, N, C)
+    for b in range(B):
+        gate = None if attn.gate is None else torch.sigmoid(x[b] @ attn.gate.weight.T + attn.gate.bias)
+        for h in range(H):
+            for i in range(N):
+                y = heads[b, h, i]
                 if gate is not None:
                     y = y * (gate[i, h * d : (h + 1) * d] if attn.gate_kind == "elementwise" else gate[i, h])
                 out[b, i, h * d : (h + 1) * d] = y
@@ -199,8 +209,9 @@ def test_attention_matches_a_naive_reference(kind: str, gate: str, causal: bool)
     with torch.no_grad():
         if attn.gate is not None:  # an input-dependent gate, different per channel and head
             torch.nn.init.normal_(attn.gate.weight, std=1.0)
-        for name in attn.kind_parameter_names:  # the kind's own parameters away from their init
-            getattr(attn, name).copy_(torch.tensor([-1.0, 0.5, 2.0]))
+        for i, name in enumerate(attn.kind_parameter_names):  # the kind's own parameters away from their init
+            p = getattr(attn, name)  # (sink_logit's null logits: -1, 0.5, 2)
+            p.copy_(torch.linspace(-1.0, 2.0, p.numel()).view_as(p) * 0.5**i)
     x = torch.randn(2, 5, 12)
     ref = naive_attention(attn, x, causal)
     for fused in (True, False):  # the module's fused (SDPA) path where it has one, and its explicit path

@@ -1,10 +1,11 @@
-"""`python -m vitsinks.bench models`: train-step time of every variant (each `exp` config) against plain timm,
-interleaved, and of `global+pen` against `base`; the activation memory of each variant's step beside it."""
+"""`python -m vitsinks.bench models`: train-step time of every variant (each `exp` config, or those of `variants=`)
+against plain timm and against `base`, interleaved in one run, and of `global+pen` against `base`; the kernel each
+variant's forward runs and the activation memory of its step beside it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -13,6 +14,7 @@ from vitsinks.benchmarks.timing import interleaved, ratio_stats, table
 from vitsinks.configs.schema import exp_names, load_config
 from vitsinks.models import SIZES, SinkBlock, model_from_config
 from vitsinks.objectives.penalty import CommonModePenalty
+from vitsinks.utils.errors import BadValue
 
 
 def gate_flop_share(dim: int, tokens: int) -> float:
@@ -68,7 +70,8 @@ def activation_mib(step: Callable[[], None], model: torch.nn.Module) -> float:
 
 
 def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: list[str] | None = None) -> str:
-    """Return the Markdown table of time ratios to timm (and of global+pen to base)."""
+    """Return the Markdown table of each variant's time ratio to timm and to `base` (always measured beside them),
+    its kernel and its activation memory (and of global+pen to base); `variants`: exp names (default: every one)."""
     torch.manual_seed(0)
     spec = SIZES[size]
     x = torch.randn(batch, 3, spec.img_size, spec.img_size)
@@ -76,7 +79,11 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: lis
                             depth=spec.depth, num_heads=spec.num_heads, num_classes=0, dynamic_img_size=True)
     fns = {"timm": _step(ref, x)}
     models: dict[str, torch.nn.Module] = {"timm": ref}
-    for name in variants or exp_names():
+    names = list(variants or exp_names())
+    unknown = sorted(set(names) - set(exp_names()))
+    if unknown:
+        raise BadValue(f"no exp config named {', '.join(unknown)}: choose among {', '.join(exp_names())}")
+    for name in ["base", *(n for n in names if n != "base")]:
         fns[name], models[name] = _exp_step(name, size, x)
     memory = {name: activation_mib(fns[name], models[name]) for name in fns}
     times = interleaved(fns, repeats=repeats)
@@ -88,12 +95,15 @@ def run(size: str = "vit_cpu", batch: int = 32, repeats: int = 15, variants: lis
         if name == "timm":
             continue
         med, lo, hi = ratio_stats(times[name], times["timm"])
-        rows.append([name, f"{med:.3f}", f"{lo:.3f}-{hi:.3f}", target.get(name, ""), f"{memory[name]:.1f}",
-                     f"{memory[name] / memory['timm']:.3f}"])
+        to_base = ratio_stats(times[name], times["base"])[0]
+        kernel = cast("SinkBlock", cast(Any, models[name]).blocks[0]).attn.kernel()
+        rows.append([name, kernel, f"{med:.3f}", f"{lo:.3f}-{hi:.3f}", target.get(name, ""), f"{to_base:.3f}",
+                     f"{memory[name]:.1f}", f"{memory[name] / memory['timm']:.3f}"])
     out = (f"train step (forward + backward + AdamW), {size}, batch {batch}, {tokens} tokens, {repeats} interleaved "
            f"rounds; ratio to timm VisionTransformer (median, IQR); activations: MiB kept for the backward "
            f"(timm: {memory['timm']:.1f})\n\n"
-           + table(rows, ["variant", "time / timm", "IQR", "target", "activations MiB", "activations / timm"]))
+           + table(rows, ["variant", "kernel", "time / timm", "IQR", "target", "time / base", "activations MiB",
+                          "activations / timm"]))
     if "global+pen" in fns and "base" in fns:
         med, lo, hi = ratio_stats(times["global+pen"], times["base"])
         share = pathway_flop_share(spec.embed_dim, tokens)

@@ -13,6 +13,8 @@ linear heads is trained together in one pass over them (SGD, momentum 0.9, cosin
 reported with its top-5 in `<run>/results/linear.json` (a loose checkpoint file's or a hub model's `<run>`:
 `<runs_dir>/quant/<model>/`, where `quantize` reads it). With `eval.knn` (on by default) the same cached features
 also give the k-NN probe (DINO's weighted k-NN, `eval.knn_protocol`, no training) in `<run>/results/knn.json`.
+`eval.linear_protocol=patches`: every head reads [CLS] with the concatenated patches (the last block's patch tokens
+average-pooled to a 2 x 2 grid) instead, in `<run>/results/linear_patches.json`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ from typing import NamedTuple
 
 import torch
 
-from vitsinks.models.kinds import KINDS, AttentionKind
-from vitsinks.models.mitigations import brought_edits
+from vitsinks.models.attention import SinkAttention
+from vitsinks.models.kinds import KINDS
+from vitsinks.models.mitigations import MITIGATIONS, brought_edits
 from vitsinks.utils.errors import BadValue, CheckFailed
 
 # the mitigations' own edits (`BlockMitigation.edits`: the gate's open_gate / close_gate) -> their mitigation
@@ -58,9 +59,14 @@ def resolve_edits(requested: list[str], mitigations: Collection[str], registers:
     unknown = [e for e in requested if e not in EDITS]
     if unknown:
         raise BadValue(f"unknown edit(s) {', '.join(unknown)}: choose from {', '.join(EDITS)}")
-    # the reference's redirect renormalises every row to 1: only for rows that sum to 1 without a null key (softmax)
-    other = sorted(k for k in set(kinds) if not (KINDS[k].normalised and not KINDS[k].null_key))
+    # the reference's redirect renormalises every row to 1: only for rows that sum to 1 without a null key (softmax);
+    # not for a sparse kind either, whose own redirect may select keys that A gives exactly 0 (rescaling keeps them 0)
+    other = sorted(k for k in set(kinds) if not (KINDS[k].normalised and not KINDS[k].null_key and not KINDS[k].sparse))
+    refused = {e: name for name in mitigations if name in MITIGATIONS for e in MITIGATIONS[name].refused_edits}
     for e in requested:
+        if e in refused:
+            raise BadValue(f"edit {e} does not apply to a model with the {refused[e]} mitigation (model."
+                           f"{refused[e]}); choose other edits: intervene.edits=[...] without {e}")
         if e in MITIGATION_EDITS and MITIGATION_EDITS[e].name not in mitigations:
             m = MITIGATION_EDITS[e]
             raise BadValue(f"edit {e} needs a model with the {m.name} mitigation (e.g. model.{m.name}={m.example}); "
@@ -73,6 +79,7 @@ def resolve_edits(requested: list[str], mitigations: Collection[str], registers:
     if requested:
         return list(dict.fromkeys(requested))
     return [e for e in EDITS if (e not in MITIGATION_EDITS or MITIGATION_EDITS[e].name in mitigations)
+            and e not in refused
             and (e not in MODEL_EDITS or registers)
             and (e not in REFERENCE_EDITS or (reference and not other))]
 
@@ -163,11 +170,11 @@ def apply_value(v: torch.Tensor, edit: ValueEdit) -> torch.Tensor:
 
 
 def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Tensor,
-                   kind: type[AttentionKind]) -> tuple[float, int]:
-    """(largest relative L1 error, rows checked) of the redirect from the scores against the `kind`'s prediction from
-    A (`AttentionKind.expected_redirect`; by default A rescaled, on the rows A holds off the sink): a guard that the
-    scores are the ones A came from."""
-    expected, keep = kind.expected_redirect(attn, sink)
+                   module: SinkAttention) -> tuple[float, int]:
+    """(largest relative L1 error, rows checked) of the redirect from the scores against the prediction from A of
+    the `module`'s kind (`AttentionKind.expected_redirect`; by default A rescaled, on the rows A holds off the sink):
+    a guard that the scores are the ones A came from."""
+    expected, keep = module.kind.expected_redirect(module, attn, sink)
     if not keep.any():
         return 0.0, 0
     r = redirected.double()[keep]

@@ -272,7 +272,7 @@ def edited_final(backbone: Backbone, b: int, x_in: torch.Tensor, it: Any, heads_
         new_head = it.attn[:, h] @ v_new
     elif edit == "redirect_sink_attention":
         red = blk.attn.redirected(blk.norm1(x_in), h, sink, causal=backbone.causal)
-        err, n_rows = check_redirect(it.attn[:, h], red, sink, KINDS[blk.attn.attn_kind])
+        err, n_rows = check_redirect(it.attn[:, h], red, sink, blk.attn)
         checks.redirect_error = max(checks.redirect_error, err)
         checks.redirect_rows_checked += n_rows
         if not err < REDIRECT_TOL:

@@ -208,7 +208,10 @@ def to_markdown(summary: dict[str, Any]) -> str:
               + (f"; the redirect from the scores vs A's own rescaling on the {ch['redirect_rows_checked']} rows "
                  f"that float32 holds off the sink, max rel. error {ch['redirect_error_max']} (< "
                  f"{ch['redirect_tol']})"
-                 if ch.get("redirect_rows_checked") else "") + "."]
+                 if ch.get("redirect_rows_checked") else
+                 "; the redirect from the scores checked on 0 rows (A predicts none of them: docs/interventions.md"
+                 "#built-in-checks)" if summary.get("selected") and "redirect_sink_attention" in summary["edits"]
+                 else "") + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,7 @@ from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS, AttentionKind
 from vitsinks.models.layout import NULL_SLOT
 from vitsinks.models.mitigations import at_site
 from vitsinks.models.mitigations.gate import G1Gate
+from vitsinks.models.rope import PatchRope
 from vitsinks.utils.errors import BadValue
 
 HEAD_MITIGATIONS = at_site("heads")
@@ -71,6 +72,7 @@ class SinkAttention(nn.Module):
     name (`gate=...`); `block` and `depth` place it in its model (a kind's parameters may depend on them; `place`)."""
 
     gate: G1Gate | None  # the G1 gate, set with the other mitigations' modules
+    rope: PatchRope | None  # the model's RoPE of the patch tokens, shared by its blocks (`SinkViT` sets it)
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -102,6 +104,7 @@ class SinkAttention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and norm_layer else nn.Identity()
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm and norm_layer else nn.Identity()
+        self.rope = None
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim, **dd) if scale_norm and norm_layer else nn.Identity()
         for m in ATTENTION_SITES:
@@ -169,11 +172,13 @@ class SinkAttention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, heads, N, hd); k, v (B, heads, N + E, hd) with the keys-site mitigations' E extra keys (after the key
-        norm: they are parameters)."""
+        norm and the RoPE of the patches: they are parameters)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q, k)
         for m in KEY_MITIGATIONS:
             module = getattr(self, m.attr)
             if module is not None:

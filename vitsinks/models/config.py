@@ -19,7 +19,8 @@ from vitsinks.utils.bounded import RANGE, Range
 ARCH = "vitsinks.arch"  # field metadata key: False for a field that does not shape the architecture
 # The order of the tags in a variant name after the attention kind (unlisted mitigations last, in registry order).
 # Committed run names depend on it: the listed ones keep their order.
-TAG_ORDER: tuple[str, ...] = ("gate", "registers", "attn_bias", "global_pathway")
+TAG_ORDER: tuple[str, ...] = ("gate", "registers", "attn_bias", "global_pathway", "qk_norm", "rope")
+ARCH_TAGS: dict[str, str] = {"qk_norm": "qknorm", "rope": "rope"}  # architecture switches named in a variant
 
 # Attn and FusedAttention take their members from the registry and FUSED_MODES: a type checker sees no member
 Attn = StrEnum("Attn", " ".join(ATTN_KINDS), module=__name__)  # type: ignore[misc]
@@ -63,6 +64,8 @@ class ArchitectureConfig:
     attn: Attn = Attn[DEFAULT_KIND]
     # the attention kind's settings by name (its `Settings`; absent ones their defaults): e.g. clipped softmax's gamma
     kind_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    qk_norm: bool = False  # each head's q and k through a LayerNorm of its own (timm's qk_norm; ViT-5's QK-norm)
+    rope: bool = False  # 2D RoPE on the patches' q and k, beside the position embedding (ViT-5; models/rope.py)
 
 
 if TYPE_CHECKING:  # what a type checker sees of the class made from the registry below
@@ -107,8 +110,8 @@ def config_values(cfg: ArchitectureConfig | Mapping[str, Any]) -> dict[str, Any]
 def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
     """The one name of an architecture, from a model config (or any mapping with its fields): the attention kind
     unless softmax (with its settings that differ from the defaults: `clipped_softmax(gamma=-0.01)`), then the tags
-    of registers and mitigations in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
-    `softpick+reg`, `reg+global`, ..."""
+    of registers, mitigations and the `ARCH_TAGS` switches in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
+    `softpick+reg`, `reg+global`, `gate+qknorm+rope`, ..."""
     values = config_values(model)
     attn = str(values.get("attn") or DEFAULT_KIND)
     kind = KINDS[attn] if attn in KINDS else None
@@ -117,6 +120,7 @@ def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
     tags: dict[str, str] = {}
     if registers:
         tags["registers"] = "reg" if registers == 4 else f"reg{registers}"
+    tags.update({name: tag for name, tag in ARCH_TAGS.items() if values.get(name) is True})
     for name, m in MITIGATIONS.items():
         tag = m.tag(m.setting(values[name])) if name in values else None
         if tag:

@@ -23,6 +23,7 @@ from vitsinks.models.kinds import ATTN_KINDS, DEFAULT_KIND, KINDS
 from vitsinks.models.layout import KeyLayout
 from vitsinks.models.mitigations import MITIGATIONS, at_site
 from vitsinks.models.mlp import MLPParts, timm_mlp_parts
+from vitsinks.models.rope import PatchRope
 from vitsinks.models.weights import (
     DAMAGED,
     architecture,
@@ -174,11 +175,13 @@ class SinkViT(VisionTransformer):
     Registers follow Darcet et al. by default: R learned tokens after [CLS] without position embedding, so
     `pos_embed` covers [CLS] + patches whatever R is; `register_pos_embed=True` is timm's layout (the reference
     sweep's), where it also covers the registers. `load_timm_state_dict` converts timm's register layouts exactly.
+    `rope=True` adds the 2D RoPE of the patch tokens (`models.rope`), one `PatchRope` every block's attention reads.
     """
 
     def __init__(self, *, attn: str = DEFAULT_KIND, kind_settings: Mapping[str, Any] | None = None, mlp: bool = True,
                  patch_embed: str = "learned", register_pos_embed: bool = False,
-                 prefix_init_std: float | None = None, norm_eps: float | None = None, **kwargs: Any) -> None:
+                 prefix_init_std: float | None = None, norm_eps: float | None = None, rope: bool = False,
+                 **kwargs: Any) -> None:
         if not kwargs.get("class_token", True) or kwargs.get("no_embed_class", False):
             raise ValueError("vitsinks ViTs always have a [CLS] token with its own position embedding")
         if not mlp:
@@ -187,6 +190,13 @@ class SinkViT(VisionTransformer):
             kwargs["norm_layer"] = partial(LayerNorm, eps=float(norm_eps))
         # the canonical setting of every mitigation (None: off), passed to every block by its config name
         settings = {name: m.setting(kwargs.pop(name, None)) for name, m in MITIGATIONS.items()}
+        # a mitigation's own learned tokens (the cores) fill the register slots after [CLS]
+        owners = {name: n for name, m in MITIGATIONS.items() if (n := m.prefix_tokens(settings[name]))}
+        if owners:
+            if kwargs.get("reg_tokens"):
+                raise BadValue(f"model.{next(iter(owners))} puts its learned tokens in the register slots and "
+                               f"model.registers={kwargs['reg_tokens']} does not stack with it: set model.registers=0")
+            kwargs["reg_tokens"] = sum(owners.values())
         kind_settings = dict(kind_settings or {})
         KINDS[attn].settings(kind_settings)  # checked before any block is built
         depth = int(kwargs.get("depth", 12))
@@ -194,7 +204,14 @@ class SinkViT(VisionTransformer):
         # timm annotates block_fn as a class; it calls it (with `depth=i`, the block's index), so a partial of one
         super().__init__(block_fn=cast(type[nn.Module], placed), **kwargs)
         self.attn_kind, self.kind_settings, self.mitigations = str(attn), kind_settings, settings
+        self.mitigation_tokens = sum(owners.values())  # of the register slots, the mitigation's tokens
         self.register_pos_embed = bool(register_pos_embed)
+        self.qk_norm = bool(kwargs.get("qk_norm", False))
+        self.rope = PatchRope(self.embed_dim // int(kwargs.get("num_heads", 12)),
+                              tuple(self.patch_embed.grid_size)) if rope else None
+        if self.rope is not None:
+            for blk in self.blocks:
+                cast(SinkBlock, blk).attn.rope = self.rope
         # post-hoc edits (training-free methods) as (label, registers they added), named by `variant`
         self.edits: list[tuple[str, int]] = []
         if patch_embed == "orthonormal":
@@ -206,6 +223,8 @@ class SinkViT(VisionTransformer):
             for token in (self.cls_token, self.reg_token):
                 if token is not None:
                     trunc_normal_(token, std=prefix_init_std)
+        elif owners and self.reg_token is not None:
+            MITIGATIONS[next(iter(owners))].init_prefix(self.reg_token)
 
     def _fix_patch_embed(self) -> None:
         """A frozen, bias-free patch embedding with orthonormal columns, orthogonal to the all-ones direction: patch
@@ -234,9 +253,9 @@ class SinkViT(VisionTransformer):
     @property
     def variant(self) -> str:
         """The architecture's `variant_name`, then its post-hoc edits: `base + test-time register`."""
-        trained = self.num_reg_tokens - sum(added for _, added in self.edits)
+        trained = self.num_reg_tokens - self.mitigation_tokens - sum(added for _, added in self.edits)
         name = variant_name({"attn": self.attn_kind, "kind_settings": self.kind_settings, "registers": trained,
-                             **self.mitigations})
+                             "qk_norm": self.qk_norm, "rope": self.rope is not None, **self.mitigations})
         return " + ".join([name, *(label for label, _ in self.edits)])
 
     def _num_patches(self, img_size: int | tuple[int, int] | None) -> int:
@@ -251,6 +270,9 @@ class SinkViT(VisionTransformer):
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         # timm's private method, overridden: timm has no layout with registers outside the position embedding
+        if self.rope is not None:  # the blocks' RoPE turns the patches of this batch's grid
+            grid = x.shape[1:3] if x.ndim == 4 else self.patch_embed.grid_size
+            self.rope.set_grid((int(grid[0]), int(grid[1])), self.num_prefix_tokens)
         if not self.num_reg_tokens or self.pos_embed is None or self.register_pos_embed:
             return super()._pos_embed(x)
         B = x.shape[0]
@@ -288,8 +310,8 @@ def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_siz
               patch_embed: str = "learned", pos_embed: str = "learn", layerscale_init: float | None = None,
               norm_eps: float | None = None, drop_path: float = 0.0, registers: int = 0,
               register_pos_embed: bool = False, prefix_init_std: float | None = None, attn: str = DEFAULT_KIND,
-              kind_settings: Mapping[str, Any] | None = None, num_classes: int = 0, global_pool: str = "token",
-              dynamic_img_size: bool = True,
+              kind_settings: Mapping[str, Any] | None = None, qk_norm: bool = False, rope: bool = False,
+              num_classes: int = 0, global_pool: str = "token", dynamic_img_size: bool = True,
               **mitigations: Any) -> SinkViT:
     """Build a ViT of a named `size` (any field overridable) with the requested sink mitigations.
 
@@ -298,7 +320,8 @@ def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_siz
     names (`gate="headwise"`, `global_pathway={...}`); `mlp=False`
     builds attention-only blocks; `patch_embed="orthonormal"` and `pos_embed="none"` are for the sink tasks;
     `prefix_init_std`: trunc-normal std of [CLS] and the registers and `norm_eps` every LayerNorm's eps (None: timm's
-    init, 1e-6). `dynamic_img_size` lets multi-crop views of other sizes through; it changes no parameter.
+    init, 1e-6). `qk_norm` LayerNorms each head's q and k (timm's); `rope` turns the patches' q and k by their row
+    and column (`models.rope`). `dynamic_img_size` lets multi-crop views of other sizes through (no parameter).
     """
     if size not in SIZES:
         raise BadValue(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -315,7 +338,7 @@ def build_vit(size: str = "vit_small", *, img_size: int | None = None, patch_siz
         raise BadValue(f"registers must be >= 0, got {registers}")
     spec = SIZES[size]
     return SinkViT(attn=str(attn), kind_settings=kind_settings, mlp=mlp, patch_embed=str(patch_embed),
-                   register_pos_embed=register_pos_embed,
+                   register_pos_embed=register_pos_embed, qk_norm=bool(qk_norm), rope=bool(rope),
                    prefix_init_std=prefix_init_std, norm_eps=norm_eps, pos_embed=str(pos_embed), proj_bias=proj_bias,
                    img_size=img_size or spec.img_size, patch_size=patch_size or spec.patch_size,
                    embed_dim=embed_dim or spec.embed_dim, depth=depth or spec.depth,

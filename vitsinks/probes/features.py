@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import Dataset, Subset
@@ -30,6 +31,16 @@ def global_features(model: Backbone | nn.Module, images: torch.Tensor, n_last: i
     """(the pooled token of each of the last `n_last` blocks after the final norm (B, n_last, D), the mean patch
     token of the last block (B, D)): the DINOv2 linear-probe features, through the seam (`Backbone`: each block's
     real forward, the readout). The pooled token is [CLS], or the mean patch token of a model without one."""
+    cls, patch_mean, _ = linear_features(model, images, n_last)
+    return cls, patch_mean
+
+
+@torch.no_grad()
+def linear_features(model: Backbone | nn.Module, images: torch.Tensor, n_last: int, patch_grid: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`global_features` and, in one forward, the concatenated patches: the last block's final-norm patch tokens
+    ([CLS] and registers dropped) average-pooled to a `patch_grid` x `patch_grid` grid (`grid_pool`), (B,
+    patch_grid**2 * D); (B, 0) when `patch_grid` is 0."""
     bb = adapt(model)
     x, first, kept = bb.embed_tokens(images), len(bb.blocks) - n_last, []
     for i in range(len(bb.blocks)):
@@ -38,7 +49,19 @@ def global_features(model: Backbone | nn.Module, images: torch.Tensor, n_last: i
             kept.append(bb.readout(x))
     p = bb.num_prefix
     cls = torch.stack([t[:, 0] if bb.num_cls else t[:, p:].mean(1) for t in kept], dim=1)
-    return cls, kept[-1][:, p:].mean(1)
+    patches = kept[-1][:, p:]
+    grid = (grid_pool(patches, images.shape[-2] // bb.patch_size[0], patch_grid) if patch_grid
+            else patches.new_zeros(len(patches), 0))
+    return cls, patches.mean(1), grid
+
+
+def grid_pool(patches: torch.Tensor, rows: int, side: int) -> torch.Tensor:
+    """Patch tokens (B, P, D) of a map `rows` patches high, average-pooled to a `side` x `side` grid (adaptive
+    bins, as `F.adaptive_avg_pool2d`) and concatenated cell by cell, row-major: (B, side * side * D), of the same
+    size at every input resolution."""
+    B, P, D = patches.shape
+    pooled = F.adaptive_avg_pool2d(patches.transpose(1, 2).reshape(B, D, rows, P // rows), side)
+    return pooled.flatten(2).transpose(1, 2).flatten(1)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.configs.search import options, yaml_description
 from vitsinks.models import MITIGATIONS, SIZES, SinkBlock, run_variant
-from vitsinks.models.config import config_values
+from vitsinks.models.config import ARCH_TAGS, config_values
 from vitsinks.models.kinds import DEFAULT_KIND
 from vitsinks.probes.probe_results import DenseResult, LinearResult
 from vitsinks.publish.provenance import Source
@@ -78,13 +78,15 @@ def shown(value: Any) -> str:
 
 
 def variant_settings(model_cfg: Any) -> dict[str, str]:
-    """`model.<field>` -> value of what makes the variant: a non-softmax attention kind, registers, mitigations."""
+    """`model.<field>` -> value of what makes the variant: a non-softmax attention kind, registers, the qk-norm and
+    RoPE switches, mitigations."""
     values = config_values(model_cfg)
     out = {}
     if str(values.get("attn") or DEFAULT_KIND) != DEFAULT_KIND:
         out["model.attn"] = str(values["attn"])
     if int(values.get("registers") or 0):
         out["model.registers"] = str(values["registers"])
+    out.update({f"model.{name}": "true" for name in ARCH_TAGS if values.get(name) is True})
     for name, m in MITIGATIONS.items():
         if m.setting(values.get(name)) is not None:
             arch = m.arch(values[name])
@@ -100,6 +102,7 @@ def hub_tags(model_cfg: Any) -> list[str]:
         tags.append(f"{values['attn']}-attention")
     if int(values.get("registers") or 0):
         tags.append("registers")
+    tags += [name.replace("_", "-") for name in ARCH_TAGS if values.get(name) is True]  # qk-norm, rope
     tags += [m.hub_tag or name.replace("_", "-") for name, m in MITIGATIONS.items()
              if m.setting(values.get(name)) is not None]
     return list(dict.fromkeys(tags))

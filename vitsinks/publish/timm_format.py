@@ -68,6 +68,8 @@ def unmappable(model: SinkViT) -> list[str]:
     blk = cast(SinkBlock, model.blocks[0])
     if isinstance(blk.mlp, NoMLP):
         reasons.append("its blocks are attention-only (model.mlp=false)")
+    if model.rope is not None:
+        reasons.append("its patches' RoPE (model.rope) is not the RoPE of a timm config")
     eps = sorted({float(n.eps) for n in model.modules() if isinstance(n, nn.LayerNorm)} - {TIMM_EPS})
     if eps:
         reasons.append(f"its LayerNorm eps is {', '.join(f'{e:g}' for e in eps)} (timm's configs build {TIMM_EPS:g})")
@@ -90,7 +92,8 @@ def _architecture(model: SinkViT, layerscale_init: float | None) -> dict[str, An
             "in_chans": model.patch_embed.proj.in_channels, "embed_dim": dim, "depth": len(model.blocks),
             "num_heads": blk.attn.num_heads, "mlp_ratio": hidden / dim, "qkv_bias": blk.attn.qkv.bias is not None,
             "init_values": (float(layerscale_init) if layerscale_init else 1.0) if has_ls else None,
-            "class_token": True, "global_pool": "token", "num_classes": 0}
+            "class_token": True, "global_pool": "token", "num_classes": 0,
+            **({"qk_norm": True} if model.qk_norm else {})}  # timm's q_norm / k_norm: the same LayerNorms
 
 
 def vit_state(model: SinkViT) -> dict[str, torch.Tensor]:

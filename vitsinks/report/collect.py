@@ -7,6 +7,7 @@ its source run is in the leaderboard, probed the same way (column, seed, checkpo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,8 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and std over the seeds of each experiment, one row each, named by what `differs`."""
     order = {v: i for i, v in enumerate(variant_order())}
     def place(key: tuple[str, str]) -> tuple:  # a post-hoc edit's row right after its trained variant's
-        trained, _, edit = key[1].partition(" + ")
-        return key[0], order.get(trained, 99), trained, edit
+        trained, _, edit = key[1].partition(" + ")  # numbers in a name by value: reg8 before reg16
+        return key[0], order.get(trained, 99), [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", trained)], edit
 
     keys = sorted({(r["data"], r["variant"]) for r in rows}, key=place)
     several = len({k[0] for k in keys}) > 1

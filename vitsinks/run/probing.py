@@ -28,7 +28,7 @@ from vitsinks.probes.dense_head import (
     predict_examples,
 )
 from vitsinks.probes.dense_protocols import resolve
-from vitsinks.probes.features import cache_key, extract, global_features, patch_features, width
+from vitsinks.probes.features import cache_key, extract, global_features, linear_features, patch_features, width
 from vitsinks.probes.knn_probe import knn_scores
 from vitsinks.probes.knn_protocols import KNN_PROTOCOLS, KnnProtocol, knn_kind
 from vitsinks.probes.linear_grid import train_grid
@@ -54,10 +54,13 @@ def linear_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, A
     backbone, device = model.backbone, model.device
     tf = model.inputs.transform(cfg.selection)
     blocks = sorted({min(b, len(backbone.blocks)) for b in e.linear_last_blocks})  # "last 4" of a 2-block model: 2
-    n_max = max(blocks)
+    n_max, grid = max(blocks), protocol.grid  # grid: the concatenated patches' (`cls+patches`), else 0
 
     def features(items: list) -> dict[str, torch.Tensor]:
         x = torch.stack([tf(img) for img, _ in items]).to(device)
+        if grid:
+            cls, pm, patches = linear_features(backbone, x, n_max, grid)
+            return {"cls": cls, "patch_mean": pm, "patches": patches, "label": torch.tensor([y for _, y in items])}
         cls, pm = global_features(backbone, x, n_max)
         return {"cls": cls, "patch_mean": pm, "label": torch.tensor([y for _, y in items])}
 
@@ -69,7 +72,7 @@ def linear_probe(cfg: DictConfig, data: DictConfig | None = None) -> dict[str, A
     splits = {}
     for split, ds in datasets.items():
         key = cache_key(model.source.identity(), data, ds, seed, split=split, size=model.inputs.size[0],
-                        n_max=n_max, preprocess=preprocess)
+                        n_max=n_max, preprocess=preprocess, **({"patch_grid": grid} if grid else {}))
         splits[split] = extract(ds, features, run.eval_cache / f"lin-{key}.pt", e.batch_size,
                                 f"features ({split})", data.on_bad_image)
     if knn is not None:

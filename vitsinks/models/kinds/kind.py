@@ -178,11 +178,12 @@ class AttentionKind:
         return off / kept * a.sum() if kept > 0 else torch.zeros_like(a)
 
     @staticmethod
-    def expected_redirect(a: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The built-in check's prediction of the redirect from one head's A (B, N, K) alone, in float64, and the
-        rows (B, N) on which it is a prediction: by default the sink's column zeroed and each row rescaled to its
-        old sum, on the rows that keep `REDIRECT_CHECK_SHARE` of their weight off the sink. A kind whose redirect is
-        no function of A returns no rows."""
+    def expected_redirect(attn: SinkAttention, a: torch.Tensor,
+                          sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The built-in check's prediction of the redirect from one head's A (B, N, K) alone (and the kind's
+        settings, `attn.kind_settings`), in float64, and the rows (B, N) on which it is a prediction: by default the
+        sink's column zeroed and each row rescaled to its old sum, on the rows that keep `REDIRECT_CHECK_SHARE` of
+        their weight off the sink. A kind whose redirect is no function of A returns no rows."""
         a = a.double()
         off = a.clone()
         off[torch.arange(len(a), device=a.device), :, sink] = 0.0

@@ -3,8 +3,9 @@ derives from it. A mitigation declares its config field, variant tag, the module
 (`heads`: a gate on the per-head outputs; `keys`: extra keys every query can attend to, the key layout's slots
 `slots`; `outputs`: a module mapping the per-head outputs (B, heads, N, head_dim) to new ones between A v and the
 output projection, before the gate; `mask`: a module whose `hidden(n_queries, n_keys, device)` marks keys queries may
-not see; `update`: an addition to the attention update), its diagnostics, leaderboard columns and interventions, and
-an `example` setting for the generic tests: docs/extending.md, "A new block mitigation".
+not see; `update`: an addition to the attention update), any learned tokens of its own in the register slots
+(`prefix_tokens`), its diagnostics, leaderboard columns and interventions, and an `example` setting for the generic
+tests: docs/extending.md, "A new block mitigation".
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class BlockMitigation:
     slots: ClassVar[tuple[str, ...]] = ()  # keys site: the names of the extra key slots it appends
     slot_edits: ClassVar[tuple[str, ...]] = SINK_VALUE_EDITS  # keys site: the value edits of a sink on its slots
     edits: ClassVar[tuple[str, ...]] = ()  # the interventions it brings (applied by `edit`)
+    refused_edits: ClassVar[tuple[str, ...]] = ()  # interventions that mean nothing on a model with it (refused)
     example: ClassVar[Any] = None  # a config value that switches it on (the generic tests use it)
     hub_tag: ClassVar[str] = ""  # the Hugging Face hub tag of a model with it (empty: its name, hyphenated)
 
@@ -71,6 +73,16 @@ class BlockMitigation:
     def build(cls, setting: Any, dim: int, num_heads: int) -> nn.Module:
         """The module for one block of width `dim` with `num_heads` heads (the setting is not None)."""
         raise NotImplementedError
+
+    @classmethod
+    def prefix_tokens(cls, setting: Any) -> int:
+        """Learned tokens the model adds for it after [CLS], in the register slots of the key layout (0: none; such a
+        mitigation takes those slots: `model.registers` must be 0)."""
+        return 0
+
+    @classmethod
+    def init_prefix(cls, tokens: torch.Tensor) -> None:
+        """Initialise its prefix tokens (1, n, dim) in place (unless `model.prefix_init_std` sets them)."""
 
     @classmethod
     def diagnostics(cls, block: Block, z: torch.Tensor, it: AttnInternals,
