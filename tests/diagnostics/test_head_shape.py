@@ -64,7 +64,31 @@ def _gated() -> torch.nn.Module:
     return tiny_vit(gate="elementwise", registers=1).eval()
 
 
-CASES = [*(pytest.param(t.build, id=t.name) for t in TINY_MODELS), pytest.param(_gated, id="vitsinks_gated")]
+def _diff() -> torch.nn.Module:
+    """Differential attention with lambda = 1 in every block: weights of both signs, |A| read."""
+    torch.manual_seed(0)
+    model = tiny_vit(attn="diff").eval()
+    with torch.no_grad():
+        for b, blk in enumerate(model.blocks):  # exp(q1 . k1) - exp(0) + lambda_init = 1
+            dot = math.log(2 - (0.8 - 0.6 * math.exp(-0.3 * b)))
+            blk.attn.lambda_q1.fill_(math.sqrt(dot / blk.attn.lambda_q1.numel())), blk.attn.lambda_k1.copy_(
+                blk.attn.lambda_q1)
+            blk.attn.lambda_q2.zero_(), blk.attn.lambda_k2.zero_()
+    return model
+
+
+def _clipped_dead() -> torch.nn.Module:
+    """Clipped softmax where the near-uniform heads clip to all 0 and head 0, made peaked, stays alive."""
+    torch.manual_seed(0)
+    model = tiny_vit(attn="clipped_softmax", kind_settings={"gamma": -0.07}).eval()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.weight[: blk.attn.head_dim] *= 30.0
+    return model
+
+
+CASES = [*(pytest.param(t.build, id=t.name) for t in TINY_MODELS), pytest.param(_gated, id="vitsinks_gated"),
+         pytest.param(_diff, id="vitsinks_diff"), pytest.param(_clipped_dead, id="vitsinks_clipped")]
 
 
 @pytest.mark.parametrize("build", CASES)
@@ -75,7 +99,7 @@ def test_fields_equal_their_float64_reference(build: Callable[[], torch.nn.Modul
     ref = float64_pass(model, x)
     a = attention_reference(ref["attn"])
     np.testing.assert_array_equal(d["sink_idx"], a["sink_idx"])
-    for k in ("concentration", "diag_mass"):
+    for k in ("concentration", "diag_mass", "dead", "neg_mass"):
         np.testing.assert_allclose(d[k], a[k], rtol=1e-4, atol=1e-7, err_msg=k)
     for k, v in shares_reference(ref["head_norm"]).items():
         np.testing.assert_allclose(d[k], v, rtol=1e-4, atol=1e-7, err_msg=k)

@@ -42,20 +42,25 @@ def float64_pass(model: nn.Module | Backbone, images: torch.Tensor) -> dict[str,
 
 
 def attention_reference(attn: np.ndarray) -> dict[str, np.ndarray]:
-    """Per (image, block, head) of float64 attention (images, L, H, N, K): `sink_idx` argmax of the column means,
-    `mass` and `routed_frac` its mean and the share of queries with A_is >= 0.5, `concentration` max / numpy
-    median of the column sums and `diag_mass` the mean of A_ii over the N queries."""
+    """Per (image, block, head) of float64 attention (images, L, H, N, K), on the weights' magnitudes: `sink_idx`
+    argmax of the column means, `mass` and `routed_frac` its mean and the share of queries with |A_is| >= 0.5,
+    `concentration` max / numpy median of the column sums, `diag_mass` the mean of |A_ii| over the N queries, `dead`
+    1 where every weight is 0 and `neg_mass` the share of the absolute weight on negative weights (NaN if dead)."""
     n, n_blocks, heads, n_q, _ = attn.shape
-    out = {k: np.zeros((n, n_blocks, heads)) for k in ("sink_idx", "mass", "routed_frac", "concentration", "diag_mass")}
+    names = ("sink_idx", "mass", "routed_frac", "concentration", "diag_mass", "dead", "neg_mass")
+    out = {k: np.zeros((n, n_blocks, heads)) for k in names}
     for idx in np.ndindex(n, n_blocks, heads):
-        a = attn[idx]
+        a = np.abs(attn[idx])
         col = a.sum(axis=0)
         s = int(col.argmax())
         out["sink_idx"][idx] = s
         out["mass"][idx] = a[:, s].mean()
         out["routed_frac"][idx] = float((a[:, s] >= 0.5).mean())
-        out["concentration"][idx] = col.max() / np.median(col)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["concentration"][idx] = col.max() / np.median(col)
+            out["neg_mass"][idx] = sum(-w for w in attn[idx].ravel() if w < 0) / a.sum()
         out["diag_mass"][idx] = np.mean([a[i, i] for i in range(n_q)])
+        out["dead"][idx] = float(not a.any())
     out["sink_idx"] = out["sink_idx"].astype(int)
     return out
 

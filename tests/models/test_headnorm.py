@@ -23,9 +23,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 def naive_headnorm(x: torch.Tensor, gain: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """Each (image, head, token) row of `x` (B, H, N, hd) over the root of its mean square plus eps, times the head's
     gain, in float64, one row at a time."""
-    x, gain = x.double(), gain.double()
-    out = torch.empty_like(x)
     B, H, N, D = x.shape
+    x, gain = x.double(), gain.double().view(H, D)  # the gain is stored flat, head by head
+    out = torch.empty_like(x)
     for b in range(B):
         for h in range(H):
             for n in range(N):
@@ -53,7 +53,7 @@ def test_a_hand_computed_row() -> None:
     x = torch.tensor([[[[3.0, 4.0], [0.0, -2.0]]]])  # RMS 5 / sqrt(2) and sqrt(2)
     torch.testing.assert_close(norm(x), torch.tensor([[[[3 * 2**0.5 / 5, 4 * 2**0.5 / 5], [0.0, -2**0.5]]]]))
     with torch.no_grad():
-        norm.weight.copy_(torch.tensor([[2.0, -1.0]]))
+        norm.weight.copy_(torch.tensor([2.0, -1.0]))
     torch.testing.assert_close(norm(x * 7.0), torch.tensor([[[[6 * 2**0.5 / 5, -4 * 2**0.5 / 5], [0.0, 2**0.5]]]]))
 
 
@@ -62,7 +62,7 @@ def test_the_switch_builds_it_into_every_blocks_attention_with_a_unit_gain_per_h
     assert (m.site, m.attr, m.setting(m.example), m.tag(True)) == ("outputs", "headnorm", True, "headnorm")
     model = tiny_vit(headnorm=True)
     for blk in model.blocks:
-        assert isinstance(blk.attn.headnorm, HeadRMSNorm) and torch.equal(blk.attn.headnorm.weight, torch.ones(3, 16))
+        assert isinstance(blk.attn.headnorm, HeadRMSNorm) and torch.equal(blk.attn.headnorm.weight, torch.ones(3 * 16))
     assert set(model.state_dict()) - set(tiny_vit().state_dict()) == {f"blocks.{i}.attn.headnorm.weight"
                                                                       for i in range(2)}
     cfg = load_config(["exp=headnorm"])

@@ -79,7 +79,7 @@ def diagnose_tokens(blocks: Iterable[Block], x: torch.Tensor, causal: bool = Fal
         fields = head_fields(it.attn, it.v, blk.attn.proj.weight, layerscale(blk), KINDS[blk.attn.attn_kind].signed)
         for k in FIELDS:
             per_block[k].append(fields[k])
-        per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().sum(-1).mean(-1))
+        per_block["prefix_mass"].append(it.attn[..., :num_prefix].float().abs().sum(-1).mean(-1))  # |A|: signed
         for k, v in attention_shape(it.attn).items():
             per_block[k].append(v)
         if keep_maps:

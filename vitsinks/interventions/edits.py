@@ -174,7 +174,7 @@ def check_redirect(attn: torch.Tensor, redirected: torch.Tensor, sink: torch.Ten
     """(largest relative L1 error, rows checked) of the redirect from the scores against the prediction from A of
     the `module`'s kind (`AttentionKind.expected_redirect`; by default A rescaled, on the rows A holds off the sink):
     a guard that the scores are the ones A came from."""
-    expected, keep = module.kind.expected_redirect(module, attn, sink)
+    expected, keep = KINDS[module.attn_kind].expected_redirect(module, attn, sink)
     if not keep.any():
         return 0.0, 0
     r = redirected.double()[keep]

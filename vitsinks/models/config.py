@@ -109,7 +109,7 @@ def config_values(cfg: ArchitectureConfig | Mapping[str, Any]) -> dict[str, Any]
 
 def variant_name(model: ArchitectureConfig | Mapping[str, Any]) -> str:
     """The one name of an architecture, from a model config (or any mapping with its fields): the attention kind
-    unless softmax (with its settings that differ from the defaults: `clipped_softmax(gamma=-0.01)`), then the tags
+    unless softmax (with its settings that differ from the defaults: `clipped_softmax(gamma=-0.003)`), then the tags
     of registers, mitigations and the `ARCH_TAGS` switches in `TAG_ORDER`: `base`, `gate`, `gate_headwise+reg`,
     `softpick+reg`, `reg+global`, `gate+qknorm+rope`, ..."""
     values = config_values(model)

@@ -4,6 +4,7 @@ kind with the registered block mitigations (`vitsinks.models.kinds`, `vitsinks.m
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -203,6 +204,8 @@ class SinkViT(VisionTransformer):
         placed = partial(SinkBlock, attn=attn, kind_settings=kind_settings, n_blocks=depth, **settings)
         # timm annotates block_fn as a class; it calls it (with `depth=i`, the block's index), so a partial of one
         super().__init__(block_fn=cast(type[nn.Module], placed), **kwargs)
+        for i, blk in enumerate(self.blocks):  # whatever timm passed as `depth`: each block knows its index
+            cast(SinkBlock, blk).attn.place(i, depth)
         self.attn_kind, self.kind_settings, self.mitigations = str(attn), kind_settings, settings
         self.mitigation_tokens = sum(owners.values())  # of the register slots, the mitigation's tokens
         self.register_pos_embed = bool(register_pos_embed)
@@ -214,6 +217,9 @@ class SinkViT(VisionTransformer):
                 cast(SinkBlock, blk).attn.rope = self.rope
         # post-hoc edits (training-free methods) as (label, registers they added), named by `variant`
         self.edits: list[tuple[str, int]] = []
+        problem = KINDS[attn].problem(KINDS[attn].settings(kind_settings), self.key_layout().n_keys)
+        if problem:
+            warnings.warn(problem, stacklevel=2)
         if patch_embed == "orthonormal":
             self._fix_patch_embed()
         if self.num_reg_tokens and self.pos_embed is not None and not self.register_pos_embed:

@@ -6,6 +6,7 @@ run's config differs from the reference's recipe (`recipe=paper`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from vitsinks.configs.schema import exp_names, load_config, to_container
 from vitsinks.configs.search import options, yaml_description
 from vitsinks.models import MITIGATIONS, SIZES, SinkBlock, run_variant
 from vitsinks.models.config import ARCH_TAGS, config_values
-from vitsinks.models.kinds import DEFAULT_KIND
+from vitsinks.models.kinds import DEFAULT_KIND, KINDS
 from vitsinks.probes.probe_results import DenseResult, LinearResult
 from vitsinks.publish.provenance import Source
 from vitsinks.quant.quant_results import QuantResult
@@ -84,6 +85,11 @@ def variant_settings(model_cfg: Any) -> dict[str, str]:
     out = {}
     if str(values.get("attn") or DEFAULT_KIND) != DEFAULT_KIND:
         out["model.attn"] = str(values["attn"])
+        kind = KINDS[str(values["attn"])]
+        settings = kind.settings(values.get("kind_settings"))
+        for f in dataclasses.fields(settings):  # the settings that differ from the kind's defaults
+            if getattr(settings, f.name) != f.default:
+                out[f"model.kind_settings.{f.name}"] = shown(getattr(settings, f.name))
     if int(values.get("registers") or 0):
         out["model.registers"] = str(values["registers"])
     out.update({f"model.{name}": "true" for name in ARCH_TAGS if values.get(name) is True})

@@ -4,6 +4,7 @@ run's edit is put back by the `reapply` function the caller passes (`vitsinks.po
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import secrets
@@ -19,6 +20,7 @@ from torch import nn
 
 from vitsinks.configs.upgrade import upgrade
 from vitsinks.models import MITIGATIONS, SinkViT, arch_keys, model_from_config, variant_name
+from vitsinks.models.kinds import DEFAULT_KIND, KINDS
 from vitsinks.models.weights import backbone_state, check_finite, load, non_finite  # noqa: F401 - re-exported
 from vitsinks.objectives.lejepa import online_probe
 from vitsinks.utils import files
@@ -246,6 +248,9 @@ def _arch(model_cfg: dict[str, Any]) -> dict[str, Any]:
     out = dict(model_cfg)
     for name, m in MITIGATIONS.items():
         out[name] = m.arch(out[name])
+    attn = str(out.get("attn") or DEFAULT_KIND)
+    if attn in KINDS:  # every setting, defaults filled: {} and the defaults written out are one architecture
+        out["kind_settings"] = dataclasses.asdict(KINDS[attn].settings(out.get("kind_settings")))
     return out
 
 

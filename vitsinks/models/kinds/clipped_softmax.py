@@ -39,6 +39,16 @@ class ClipSettings:
                            f"{self.gamma}, zeta={self.zeta}); e.g. model.kind_settings.gamma=-0.01")
 
 
+def _dead_at_uniform(settings: ClipSettings, n_keys: int) -> str | None:
+    """The warning for settings that clip every weight of a uniform row of `n_keys` keys, else None."""
+    bound = -settings.zeta / max(n_keys - 1, 1)
+    if settings.gamma > bound:
+        return None
+    return (f"clipped_softmax at gamma={settings.gamma:g} clips every weight of a uniform row of {n_keys} keys to 0: "
+            f"a ViT's rows start nearly uniform, so every head is dead from step 0 and clipped weights pass no "
+            f"gradient; choose gamma > {bound:.4g} (e.g. model.kind_settings.gamma={bound / 2:.2g})")
+
+
 def _stretch(attn: SinkAttention) -> tuple[float, float]:
     """(zeta - gamma, gamma) of the module's settings."""
     st = attn.kind_settings
@@ -81,6 +91,7 @@ class ClippedSoftmax(AttentionKind):
     sparse = True
     flex = True
     Settings: ClassVar[type] = ClipSettings
+    problem = staticmethod(_dead_at_uniform)
 
     @staticmethod
     def matrix(attn: SinkAttention, s: torch.Tensor, future: torch.Tensor | None) -> torch.Tensor:

@@ -55,6 +55,22 @@ def flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, aux.lse.to(torch.promote_types(aux.lse.dtype, torch.float32))
 
 
+def _typed(kind: str, name: str, value: Any, want: type) -> Any:
+    """`value` as a setting of type `want` (a number from text, true/false for a bool; an int only if integral)."""
+    try:
+        if want is bool and str(value).lower() in ("true", "false"):
+            return str(value).lower() == "true"
+        if want in (int, float) and not isinstance(value, bool):
+            number = float(value)
+            if want is float or number.is_integer():
+                return want(number)
+        elif want not in (bool, int, float):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise BadValue(f"model.kind_settings.{name}={value!r} is not a {want.__name__} (attention kind {kind!r})")
+
+
 @dataclass(frozen=True)
 class NoSettings:
     """The settings of a kind that has none."""
@@ -98,15 +114,8 @@ class AttentionKind:
             have = ", ".join(f"{n}={f.default!r}" for n, f in known.items()) or "none"
             raise BadValue(f"model.kind_settings: attention kind {cls.name!r} has no setting {unknown[0]!r} (its "
                            f"settings: {have})")
-        typed = {}
-        for name, value in values.items():
-            want = type(known[name].default)
-            try:
-                typed[name] = want(value) if want in (int, float, bool) and not isinstance(value, bool) else value
-            except (TypeError, ValueError):
-                raise BadValue(f"model.kind_settings.{name}={value!r} is not a {want.__name__} (attention kind "
-                               f"{cls.name!r})") from None
-        return cls.Settings(**typed)
+        return cls.Settings(**{name: _typed(cls.name, name, value, type(known[name].default))
+                                for name, value in values.items()})
 
     @classmethod
     def settings_tag(cls, settings: Any) -> str:
@@ -114,6 +123,12 @@ class AttentionKind:
         changed = [f"{f.name}={getattr(settings, f.name)!r}" for f in dataclasses.fields(settings)
                    if getattr(settings, f.name) != f.default]
         return f"({','.join(changed)})" if changed else ""
+
+    @staticmethod
+    def problem(settings: Any, n_keys: int) -> str | None:
+        """What is wrong with these settings for rows of `n_keys` keys (the model warns with it when it is built),
+        or None."""
+        return None
 
     @staticmethod
     def parameters(spec: HeadSpec) -> dict[str, nn.Parameter]:

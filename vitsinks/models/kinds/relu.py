@@ -29,6 +29,7 @@ def log_relu(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch
 class ReLU(AttentionKind):
     name = "relu"
     normalised = False
+    sparse = True
     flex = True
 
     @staticmethod

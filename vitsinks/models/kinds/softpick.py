@@ -57,6 +57,7 @@ def _log_denominator(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_id
 class Softpick(AttentionKind):
     name = "softpick"
     normalised = False
+    sparse = True
     flex = True
 
     @staticmethod

@@ -29,7 +29,9 @@ class HeadRMSNorm(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, eps: float = EPS) -> None:
         super().__init__()
         self.eps = float(eps)
-        self.weight = nn.Parameter(torch.empty(num_heads, head_dim))
+        self.num_heads = num_heads
+        # flat (heads * head_dim,): 1-D like every norm gain, so the optimiser spares it from weight decay
+        self.weight = nn.Parameter(torch.empty(num_heads * head_dim))
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -38,7 +40,8 @@ class HeadRMSNorm(nn.Module):
 
     def forward(self, heads_out: torch.Tensor) -> torch.Tensor:
         x = heads_out.to(torch.promote_types(heads_out.dtype, torch.float32))
-        y = F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight.to(x.dtype).unsqueeze(1)
+        gain = self.weight.to(x.dtype).view(self.num_heads, 1, -1)
+        y = F.rms_norm(x, (x.shape[-1],), eps=self.eps) * gain
         return y.to(heads_out.dtype)
 
 
