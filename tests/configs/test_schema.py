@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.commands import run_command
 from vitsinks.configs.schema import load_config
-from vitsinks.models import model_from_config
+from vitsinks.models import ATTN_KINDS, model_from_config
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
@@ -56,7 +56,7 @@ def test_cli_unknown_exp_lists_the_options_and_cfg_job_prints() -> None:
 
 @pytest.mark.parametrize("key, bad, allowed", [
     ("model.gate", "sideways", "none, elementwise, headwise"),
-    ("model.attn", "tanh", "softmax, relu, sigmoid, sink_logit"),
+    ("model.attn", "tanh", ", ".join(ATTN_KINDS)),  # every registered kind, in the enum's order
     ("model.patch_embed", "conv", "learned, orthonormal"),
     ("model.global_pathway.gate", "open", "learned, hier"),
     ("train.precision", "fp16", "auto, bf16, fp32"),

@@ -103,7 +103,7 @@ def test_diagnose_every_variant_shapes_and_recomputation(kw: dict) -> None:
     assert ((d["sink_idx"] >= 0) & (d["sink_idx"] < layout.n_keys)).all()
     assert (d["routed_frac"] <= 1).all() and (d["min_a"] <= d["mass"] + 1e-6).all()
     s = summarize(d)
-    assert s["shape"] == {"images": 5, "blocks": 3, "heads": 3, "registers": kw.get("registers", 0)}
+    assert s["shape"] == {"images": 5, "blocks": 3, "heads": 3, "registers": model.num_reg_tokens}  # cores: too
 
 
 def test_events_rules_and_summary_counts_by_hand() -> None:
